@@ -1,0 +1,186 @@
+#!/usr/bin/env bash
+# Installs the test bed's tools into a cache outside the work tree, keyed by
+# version, so every clone on a machine shares one build of each.
+#
+#   hack/tools.sh install   build or install whatever is missing (prints timings)
+#   hack/tools.sh env       print the environment the tests read (shell syntax)
+#
+# Go tools are built from the small modules under hack/tools/, which pin their
+# versions (the module proxy lists no versions of kopia or kubevirt, so
+# `go install pkg@version` is not an option). Debian packages are installed
+# with apt when missing. GUESTBACKUP_CACHE moves the cache.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+TOOLS="$ROOT/hack/tools"
+CACHE="${GUESTBACKUP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/guestbackup}"
+
+log() { printf 'tools: %s\n' "$*" >&2; }
+die() { printf 'tools: error: %s\n' "$*" >&2; exit 1; }
+
+# modversion DIR MODULE prints the version DIR's go.mod requires of MODULE.
+modversion() {
+	awk -v m="$2" '$1 == m && $2 ~ /^v/ { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$TOOLS/$1/go.mod"
+}
+
+KUBERNETES_VERSION="$(modversion kube-apiserver k8s.io/kubernetes)"
+KOPIA_VERSION="$(modversion kopia github.com/kopia/kopia)"
+CONTROLLER_TOOLS_VERSION="$(modversion controller-gen sigs.k8s.io/controller-tools)"
+HELM_VERSION="$(modversion helm helm.sh/helm/v3)"
+HELM_K8S_VERSION="$(modversion helm k8s.io/client-go)"
+for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION; do
+	[[ -n "${!v}" ]] || die "cannot read $v from hack/tools/*/go.mod"
+done
+
+KUBE_APISERVER="$CACHE/kube-apiserver/$KUBERNETES_VERSION/kube-apiserver"
+KOPIA="$CACHE/kopia/$KOPIA_VERSION/kopia"
+CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
+HELM="$CACHE/helm/$HELM_VERSION/helm"
+# envtest looks for kube-apiserver and etcd side by side in one folder.
+ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
+# Debian's cloud-init, unpacked, not installed: the version is apt's candidate,
+# recorded at install time so `env` needs no apt lookup.
+CLOUD_INIT_STAMP="$CACHE/cloud-init/current"
+
+SUDO=()
+if [[ $(id -u) -ne 0 ]]; then
+	command -v sudo >/dev/null || die "not root and no sudo: cannot install Debian packages"
+	SUDO=(sudo)
+fi
+
+APT_UPDATED=""
+apt_update_once() {
+	[[ -n "$APT_UPDATED" ]] && return
+	log "apt-get update"
+	"${SUDO[@]}" apt-get update -qq >&2
+	APT_UPDATED=1
+}
+
+# apt_install PKG... installs the Debian packages that are not installed yet.
+apt_install() {
+	local missing=()
+	for p in "$@"; do
+		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+	done
+	((${#missing[@]})) || return 0
+	apt_update_once
+	log "apt-get install ${missing[*]}"
+	local out
+	if ! out=$("${SUDO[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" 2>&1); then
+		printf '%s\n' "$out" >&2
+		die "apt-get install ${missing[*]} failed"
+	fi
+}
+
+# timed NAME CMD... runs CMD and reports how long it took.
+timed() {
+	local name=$1 start=$SECONDS
+	shift
+	log "building $name"
+	"$@"
+	log "built $name in $((SECONDS - start))s"
+}
+
+# gobuild CGO DIR OUT PKG [go build flags...] builds PKG inside the tool module
+# DIR into OUT with CGO_ENABLED=CGO, atomically, so an interrupted build never
+# leaves a broken binary behind.
+gobuild() {
+	local cgo=$1 dir=$2 out=$3 pkg=$4
+	shift 4
+	mkdir -p "$(dirname "$out")"
+	(cd "$TOOLS/$dir" && CGO_ENABLED=$cgo GOFLAGS=-mod=readonly go build -trimpath "$@" -o "$out.tmp" "$pkg")
+	mv -f "$out.tmp" "$out"
+}
+
+install_go_tools() {
+	[[ -x "$KUBE_APISERVER" ]] || timed "kube-apiserver $KUBERNETES_VERSION (about 6 minutes on 2 cores)" \
+		gobuild 1 kube-apiserver "$KUBE_APISERVER" k8s.io/kubernetes/cmd/kube-apiserver
+	# Static, so the same binary runs in the server image and in test guests.
+	[[ -x "$KOPIA" ]] || timed "kopia $KOPIA_VERSION" \
+		gobuild 0 kopia "$KOPIA" github.com/kopia/kopia
+	[[ -x "$CONTROLLER_GEN" ]] || timed "controller-gen $CONTROLLER_TOOLS_VERSION" \
+		gobuild 1 controller-gen "$CONTROLLER_GEN" sigs.k8s.io/controller-tools/cmd/controller-gen
+	if [[ ! -x "$HELM" ]]; then
+		# Without these helm believes the cluster is Kubernetes 1.20 and
+		# refuses charts that declare a newer kubeVersion.
+		local major minor ldflags
+		major=$(( $(cut -d. -f1 <<<"${HELM_K8S_VERSION#v}") + 1 ))
+		minor=$(cut -d. -f2 <<<"$HELM_K8S_VERSION")
+		ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+		for p in pkg/chartutil pkg/lint/rules; do
+			ldflags+=" -X helm.sh/helm/v3/$p.k8sVersionMajor=$major -X helm.sh/helm/v3/$p.k8sVersionMinor=$minor"
+		done
+		timed "helm $HELM_VERSION" gobuild 0 helm "$HELM" helm.sh/helm/v3/cmd/helm -ldflags "$ldflags"
+	fi
+}
+
+install_etcd() {
+	apt_install etcd-server
+	mkdir -p "$ASSETS"
+	ln -sfn "$KUBE_APISERVER" "$ASSETS/kube-apiserver"
+	ln -sfn "$(command -v etcd || echo /usr/bin/etcd)" "$ASSETS/etcd"
+	"$ASSETS/etcd" --version >/dev/null || die "etcd from etcd-server does not run"
+}
+
+# Packages that cloud-init's schema validation imports. Without jsonschema it
+# silently calls every document valid, which is why the tests keep a known-bad
+# sample.
+CLOUD_INIT_DEBS=(cloud-init python3-requests python3-urllib3 python3-idna python3-certifi
+	python3-charset-normalizer python3-chardet python3-configobj python3-jsonpatch
+	python3-json-pointer python3-jsonschema python3-attr python3-pyrsistent python3-yaml)
+
+install_cloud_init() {
+	apt_install python3 python3-minimal
+	if [[ -s "$CLOUD_INIT_STAMP" && -x "$(cat "$CLOUD_INIT_STAMP")/cloud-init-schema" ]]; then
+		return
+	fi
+	apt_update_once
+	local version dir tmp
+	version=$(apt-cache policy cloud-init | awk '/Candidate:/ { print $2 }')
+	[[ -n "$version" && "$version" != "(none)" ]] || die "apt has no cloud-init candidate"
+	dir="$CACHE/cloud-init/$version"
+	local start=$SECONDS
+	log "unpacking Debian cloud-init $version (not installed system-wide)"
+	tmp=$(mktemp -d)
+	chmod 755 "$tmp" # apt's sandbox user downloads into it
+	(cd "$tmp" && apt-get download -qq "${CLOUD_INIT_DEBS[@]}" >&2)
+	rm -rf "$dir.tmp" && mkdir -p "$dir.tmp/root"
+	for deb in "$tmp"/*.deb; do dpkg-deb -x "$deb" "$dir.tmp/root"; done
+	rm -rf "$tmp"
+	cat >"$dir.tmp/cloud-init-schema" <<'EOF'
+#!/bin/sh
+# Validates cloud-config files with Debian's cloud-init, unpacked beside this script.
+here=$(dirname "$(readlink -f "$0")")
+PYTHONPATH="$here/root/usr/lib/python3/dist-packages" exec /usr/bin/python3 "$here/root/usr/bin/cloud-init" schema "$@"
+EOF
+	chmod +x "$dir.tmp/cloud-init-schema"
+	rm -rf "$dir" && mv "$dir.tmp" "$dir"
+	echo "$dir" >"$CLOUD_INIT_STAMP"
+	log "unpacked cloud-init in $((SECONDS - start))s"
+}
+
+print_env() {
+	local ci=""
+	[[ -s "$CLOUD_INIT_STAMP" ]] && ci="$(cat "$CLOUD_INIT_STAMP")/cloud-init-schema"
+	cat <<EOF
+export KUBEBUILDER_ASSETS=$ASSETS
+export GUESTBACKUP_KOPIA=$KOPIA
+export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
+export GUESTBACKUP_HELM=$HELM
+export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
+EOF
+}
+
+case "${1:-install}" in
+install)
+	mkdir -p "$CACHE/cloud-init"
+	command -v go >/dev/null || die "go is not on PATH (Go 1.26 is required)"
+	start=$SECONDS
+	install_go_tools
+	install_etcd
+	install_cloud_init
+	log "tools ready in $CACHE ($((SECONDS - start))s)"
+	;;
+env) print_env ;;
+*) die "usage: $0 [install|env]" ;;
+esac
