@@ -1,0 +1,356 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// DefaultServerPort is the port the Kopia repository server listens on.
+const DefaultServerPort = 51515
+
+// BackupStorageLocationServerSpec is what a cluster admin asks for: where the
+// repository lives, how the server is reached and secured, and who may use it.
+type BackupStorageLocationServerSpec struct {
+	// Storage is where the Kopia repository lives. Exactly one kind is set.
+	Storage StorageSpec `json:"storage"`
+
+	// Repository configures the Kopia repository kept in Storage.
+	// +optional
+	Repository RepositorySpec `json:"repository,omitempty"`
+
+	// TLS configures the server's certificate. The server presents its leaf
+	// and CA certificates, and guests pin the CA, so leaf renewals never
+	// invalidate a guest's pin. When empty, the chart's default cert-manager
+	// issuer is used, or, without cert-manager, a CA the controller issues.
+	// +optional
+	TLS TLSSpec `json:"tls,omitempty"`
+
+	// Access decides which VirtualMachines may use this server and what
+	// their guests may do with their snapshots.
+	// +optional
+	Access AccessSpec `json:"access,omitempty"`
+
+	// Service configures the Service in front of the server.
+	// +optional
+	Service ServiceSpec `json:"service,omitempty"`
+
+	// PodConfig configures where and with which resources the server runs.
+	// +optional
+	PodConfig PodConfig `json:"podConfig,omitempty"`
+
+	// Replicas is the number of server pods. Zero stops the server without
+	// touching the repository.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// ClientURL is the URL guests are told to connect to, for guests that
+	// cannot reach the Service's cluster DNS name: VMs on bridged or
+	// secondary networks, or a LoadBalancer or ingress in front of the
+	// server. Default: https://<service>.<namespace>.svc:51515.
+	// +kubebuilder:validation:Pattern=`^https://[^\s/?#]+(/[^\s?#]*)?$`
+	// +kubebuilder:validation:MaxLength=2048
+	// +optional
+	ClientURL string `json:"clientURL,omitempty"`
+}
+
+// StorageSpec names where the repository lives.
+// +kubebuilder:validation:XValidation:rule="(has(self.filesystem) ? 1 : 0) + (has(self.s3) ? 1 : 0) + (has(self.backupStorageLocation) ? 1 : 0) == 1",message="set exactly one of storage.filesystem, storage.s3 or storage.backupStorageLocation"
+type StorageSpec struct {
+	// Filesystem keeps the repository on a PersistentVolumeClaim in the
+	// BSLS's namespace.
+	// +optional
+	Filesystem *FilesystemStorage `json:"filesystem,omitempty"`
+
+	// S3 keeps the repository in an S3-compatible bucket.
+	// +optional
+	S3 *S3Storage `json:"s3,omitempty"`
+
+	// BackupStorageLocation reuses the bucket, prefix, configuration and
+	// credentials of a Velero BackupStorageLocation, so storage credentials
+	// are never duplicated by hand.
+	// +optional
+	BackupStorageLocation *BackupStorageLocationRef `json:"backupStorageLocation,omitempty"`
+}
+
+// FilesystemStorage keeps the repository on a PersistentVolumeClaim: an
+// existing one, or one the controller creates from Size and StorageClassName.
+// +kubebuilder:validation:XValidation:rule="!has(self.claimName) || (!has(self.size) && !has(self.storageClassName))",message="storage.filesystem.claimName uses an existing claim; size and storageClassName only apply to a claim the controller creates"
+type FilesystemStorage struct {
+	// ClaimName is an existing PersistentVolumeClaim in the BSLS's namespace.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +optional
+	ClaimName string `json:"claimName,omitempty"`
+
+	// Size of the claim the controller creates when ClaimName is empty.
+	// Default: 10Gi.
+	// +optional
+	Size *resource.Quantity `json:"size,omitempty"`
+
+	// StorageClassName of the claim the controller creates; empty means the
+	// cluster's default class.
+	// +optional
+	StorageClassName *string `json:"storageClassName,omitempty"`
+}
+
+// S3Storage keeps the repository in an S3-compatible bucket.
+type S3Storage struct {
+	// Bucket is the bucket's name.
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=63
+	Bucket string `json:"bucket"`
+
+	// Endpoint is the S3 endpoint as host[:port], without a scheme.
+	// Default: s3.amazonaws.com.
+	// +kubebuilder:validation:Pattern=`^[^\s/:]+(:[0-9]+)?$`
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// Region is the bucket's region.
+	// +optional
+	Region string `json:"region,omitempty"`
+
+	// Prefix is prepended to every object the repository writes, so one
+	// bucket can hold several repositories.
+	// +optional
+	Prefix string `json:"prefix,omitempty"`
+
+	// CredentialsSecret is a Secret in the BSLS's namespace with the keys
+	// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (and optionally
+	// AWS_SESSION_TOKEN). It is read only by the server pod; guests never
+	// see it.
+	CredentialsSecret corev1.LocalObjectReference `json:"credentialsSecret"`
+
+	// CABundle is a PEM bundle of CAs that sign the endpoint's certificate,
+	// for endpoints with a private CA.
+	// +optional
+	CABundle []byte `json:"caBundle,omitempty"`
+
+	// DisableTLS talks plain HTTP to the endpoint. Only for endpoints on a
+	// trusted network.
+	// +optional
+	DisableTLS bool `json:"disableTLS,omitempty"`
+}
+
+// BackupStorageLocationRef names a Velero BackupStorageLocation.
+type BackupStorageLocationRef struct {
+	// Name of the BackupStorageLocation.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+
+	// Namespace of the BackupStorageLocation, usually Velero's namespace.
+	// +kubebuilder:validation:MinLength=1
+	Namespace string `json:"namespace"`
+}
+
+// RepositorySpec configures the Kopia repository.
+type RepositorySpec struct {
+	// PasswordSecretRef is the Secret key holding the repository password.
+	// When unset, the controller generates a Secret named
+	// <bsls-name>-repository. The Secret is never deleted with the BSLS:
+	// without it every backup in the repository is lost.
+	// +optional
+	PasswordSecretRef *corev1.SecretKeySelector `json:"passwordSecretRef,omitempty"`
+
+	// PathPrefix is where the repository lives inside the storage: a
+	// directory on the filesystem claim, or a key prefix after the S3 prefix.
+	// +kubebuilder:validation:Pattern=`^[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*$`
+	// +kubebuilder:validation:MaxLength=256
+	// +optional
+	PathPrefix string `json:"pathPrefix,omitempty"`
+
+	// DefaultPolicy is the repository's global policy, applied when the
+	// repository is created.
+	// +optional
+	DefaultPolicy *PolicySpec `json:"defaultPolicy,omitempty"`
+}
+
+// PolicySpec is the part of a Kopia policy an admin sets for every guest.
+type PolicySpec struct {
+	// Retention says how many snapshots of each age to keep.
+	// +optional
+	Retention *RetentionPolicy `json:"retention,omitempty"`
+
+	// Compression is the compressor for new data; "none" stores it as is.
+	// +kubebuilder:validation:Enum=none;zstd;zstd-fastest;zstd-better-compression;s2-default;s2-better;pgzip;gzip;deflate-default;lz4
+	// +optional
+	Compression string `json:"compression,omitempty"`
+}
+
+// RetentionPolicy is Kopia's retention: how many snapshots to keep per period.
+type RetentionPolicy struct {
+	// KeepLatest keeps the newest N snapshots.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepLatest *int32 `json:"keepLatest,omitempty"`
+	// KeepHourly keeps the newest snapshot of each of the last N hours.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepHourly *int32 `json:"keepHourly,omitempty"`
+	// KeepDaily keeps the newest snapshot of each of the last N days.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepDaily *int32 `json:"keepDaily,omitempty"`
+	// KeepWeekly keeps the newest snapshot of each of the last N weeks.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepWeekly *int32 `json:"keepWeekly,omitempty"`
+	// KeepMonthly keeps the newest snapshot of each of the last N months.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepMonthly *int32 `json:"keepMonthly,omitempty"`
+	// KeepAnnual keeps the newest snapshot of each of the last N years.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	KeepAnnual *int32 `json:"keepAnnual,omitempty"`
+}
+
+// TLSSpec chooses where the server's certificate comes from.
+// +kubebuilder:validation:XValidation:rule="!(has(self.issuerRef) && has(self.secretName))",message="set at most one of tls.issuerRef and tls.secretName"
+type TLSSpec struct {
+	// IssuerRef is the cert-manager Issuer or ClusterIssuer that signs the
+	// server's certificate.
+	// +optional
+	IssuerRef *IssuerReference `json:"issuerRef,omitempty"`
+
+	// SecretName is a kubernetes.io/tls Secret in the BSLS's namespace,
+	// managed by the admin, with tls.crt, tls.key and ca.crt.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	SecretName string `json:"secretName,omitempty"`
+}
+
+// IssuerReference names a cert-manager issuer.
+type IssuerReference struct {
+	// Name of the issuer.
+	// +kubebuilder:validation:MinLength=1
+	Name string `json:"name"`
+
+	// Kind of the issuer.
+	// +kubebuilder:validation:Enum=Issuer;ClusterIssuer
+	// +kubebuilder:default=ClusterIssuer
+	// +optional
+	Kind string `json:"kind,omitempty"`
+
+	// Group of the issuer, for external issuers.
+	// +kubebuilder:default=cert-manager.io
+	// +optional
+	Group string `json:"group,omitempty"`
+}
+
+// AccessSpec decides which VMs may use the server and what their guests may do.
+type AccessSpec struct {
+	// NamespaceSelector selects the namespaces whose VirtualMachines may use
+	// this server. When unset, only VMs in the BSLS's own namespace may; an
+	// empty selector ({}) admits every namespace.
+	// +optional
+	NamespaceSelector *metav1.LabelSelector `json:"namespaceSelector,omitempty"`
+
+	// AppendOnly lets guests create and read their own snapshots but not
+	// delete them, so a compromised guest cannot erase its history.
+	// +optional
+	AppendOnly bool `json:"appendOnly,omitempty"`
+}
+
+// ServiceSpec configures the Service in front of the server.
+type ServiceSpec struct {
+	// Type of the Service.
+	// +kubebuilder:validation:Enum=ClusterIP;NodePort;LoadBalancer
+	// +kubebuilder:default=ClusterIP
+	// +optional
+	Type corev1.ServiceType `json:"type,omitempty"`
+
+	// Port the Service exposes.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +kubebuilder:default=51515
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// Annotations added to the Service, e.g. for a cloud load balancer.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+}
+
+// PodConfig configures the server pods.
+type PodConfig struct {
+	// Resources of the server container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitempty"`
+
+	// NodeSelector constrains the nodes the server runs on.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Tolerations of the server pods.
+	// +optional
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+
+	// Affinity of the server pods.
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+
+	// PriorityClassName of the server pods.
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+}
+
+// BackupStorageLocationServerStatus is what the controller observed.
+type BackupStorageLocationServerStatus struct {
+	// ObservedGeneration is the generation the status describes.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+
+	// Conditions: Ready, RepositoryReady, CertificateReady, ServerAvailable
+	// and UsersSynced.
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// Endpoint is the URL guests connect to.
+	// +optional
+	Endpoint string `json:"endpoint,omitempty"`
+
+	// TLSFingerprint is the SHA-256 of the server's CA certificate (DER, hex),
+	// the pin guests pass to `kopia repository connect server
+	// --server-cert-fingerprint`. It survives renewals of the leaf.
+	// +optional
+	TLSFingerprint string `json:"tlsFingerprint,omitempty"`
+
+	// Users is the number of guest users provisioned in the repository.
+	// +optional
+	Users int32 `json:"users,omitempty"`
+}
+
+// BackupStorageLocationServer runs a managed Kopia repository server that
+// VirtualMachines opt into with the guestbackup.io/server annotation.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:shortName=bsls,categories=guestbackup
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
+// +kubebuilder:printcolumn:name="Users",type=integer,JSONPath=`.status.users`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+type BackupStorageLocationServer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   BackupStorageLocationServerSpec   `json:"spec"`
+	Status BackupStorageLocationServerStatus `json:"status,omitempty"`
+}
+
+// BackupStorageLocationServerList is a list of BackupStorageLocationServers.
+// +kubebuilder:object:root=true
+type BackupStorageLocationServerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []BackupStorageLocationServer `json:"items"`
+}
+
+func init() {
+	SchemeBuilder.Register(&BackupStorageLocationServer{}, &BackupStorageLocationServerList{})
+}

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Writes every generated file of the repository under OUT (default: the
+# repository itself):
+#   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
+#   charts/guestbackup/crds/                   controller-gen crd (our API)
+#   config/rbac/role.yaml                      controller-gen rbac (markers in cmd/ and pkg/)
+#   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
+#   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
+# hack/verify-generated.sh runs it into a temporary OUT and compares.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+OUT="$(mkdir -p "${1:-$ROOT}" && cd "${1:-$ROOT}" && pwd)"
+cd "$ROOT"
+
+CONTROLLER_GEN="${GUESTBACKUP_CONTROLLER_GEN:-}"
+if [[ -z "$CONTROLLER_GEN" ]]; then
+	eval "$(hack/tools.sh env)"
+	CONTROLLER_GEN="$GUESTBACKUP_CONTROLLER_GEN"
+fi
+[[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
+
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/config/rbac" \
+	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager"
+
+"$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
+"$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/crds"
+"$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/... paths=./pkg/... \
+	output:rbac:dir="$OUT/config/rbac"
+
+# KubeVirt builds its CRDs at runtime in virt-operator; generate the same schema
+# from the pinned kubevirt.io/api and add what the operator adds.
+tmp="$(mktemp -d)"
+trap 'rm -rf "$tmp"' EXIT
+"$CONTROLLER_GEN" crd:allowDangerousTypes=true,maxDescLen=0 paths=kubevirt.io/api/core/v1 \
+	output:crd:dir="$tmp"
+go run ./hack/kubevirtcrd "$tmp/kubevirt.io_virtualmachines.yaml" \
+	"$OUT/test/crds/kubevirt/kubevirt.io_virtualmachines.yaml"
+
+certmanager="$(go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"
+rm -f "$OUT"/test/crds/cert-manager/*.yaml
+install -m 0644 "$certmanager"/deploy/crds/*.yaml "$OUT/test/crds/cert-manager/"
