@@ -1,0 +1,183 @@
+// Package pki issues the certificates a Kopia repository server presents when
+// cert-manager is not there to do it, and computes the pin guests trust.
+//
+// Guests pin the CA, not the leaf: Kopia accepts a fingerprint that matches
+// any certificate in the chain the server presents, so a server that presents
+// leaf + CA keeps every guest's pin valid across leaf renewals.
+package pki
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"time"
+)
+
+// clockSkew backdates NotBefore so a certificate is valid at once on hosts
+// whose clocks lag the issuer's a little.
+const clockSkew = 5 * time.Minute
+
+// CA is a certificate authority: its certificate and signing key.
+type CA struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+}
+
+// KeyPair is an issued certificate and its private key.
+type KeyPair struct {
+	Cert *x509.Certificate
+	Key  *ecdsa.PrivateKey
+}
+
+// NewCA creates a self-signed CA valid for the given duration from now.
+func NewCA(commonName string, validFor time.Duration) (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate CA key: %w", err)
+	}
+	now := time.Now()
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber:          serial,
+		Subject:               pkix.Name{CommonName: commonName},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(validFor),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, fmt.Errorf("self-sign CA %q: %w", commonName, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse CA %q: %w", commonName, err)
+	}
+	return &CA{Cert: cert, Key: key}, nil
+}
+
+// IssueServing issues a TLS server certificate for the given DNS names and
+// IP addresses, valid for the given duration from now.
+func (ca *CA) IssueServing(dnsNames []string, ips []net.IP, validFor time.Duration) (*KeyPair, error) {
+	if len(dnsNames) == 0 && len(ips) == 0 {
+		return nil, errors.New("a serving certificate needs at least one DNS name or IP address")
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("generate serving key: %w", err)
+	}
+	serial, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	notAfter := now.Add(validFor)
+	if notAfter.After(ca.Cert.NotAfter) {
+		notAfter = ca.Cert.NotAfter
+	}
+	cn := ""
+	if len(dnsNames) > 0 {
+		cn = dnsNames[0]
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn},
+		DNSNames:     dnsNames,
+		IPAddresses:  ips,
+		NotBefore:    now.Add(-clockSkew),
+		NotAfter:     notAfter,
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, fmt.Errorf("sign serving certificate for %v %v: %w", dnsNames, ips, err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("parse serving certificate: %w", err)
+	}
+	return &KeyPair{Cert: cert, Key: key}, nil
+}
+
+// CertPEM encodes the CA's certificate.
+func (ca *CA) CertPEM() []byte { return EncodeCert(ca.Cert) }
+
+// KeyPEM encodes the CA's private key.
+func (ca *CA) KeyPEM() ([]byte, error) { return EncodeKey(ca.Key) }
+
+// ChainPEM encodes the leaf followed by the CA: what a Kopia server must
+// present so that guests pinning the CA accept it.
+func (kp *KeyPair) ChainPEM(ca *x509.Certificate) []byte {
+	return append(EncodeCert(kp.Cert), EncodeCert(ca)...)
+}
+
+// KeyPEM encodes the key pair's private key.
+func (kp *KeyPair) KeyPEM() ([]byte, error) { return EncodeKey(kp.Key) }
+
+// Fingerprint is the pin Kopia clients take in --server-cert-fingerprint:
+// the lowercase hex SHA-256 of the certificate's DER encoding.
+func Fingerprint(cert *x509.Certificate) string {
+	sum := sha256.Sum256(cert.Raw)
+	return hex.EncodeToString(sum[:])
+}
+
+// EncodeCert encodes a certificate as PEM.
+func EncodeCert(cert *x509.Certificate) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+}
+
+// EncodeKey encodes a private key as PKCS#8 PEM.
+func EncodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
+	der, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, fmt.Errorf("encode private key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
+}
+
+// ParseCerts decodes every CERTIFICATE block of a PEM bundle, in order.
+func ParseCerts(data []byte) ([]*x509.Certificate, error) {
+	var certs []*x509.Certificate
+	for {
+		var block *pem.Block
+		block, data = pem.Decode(data)
+		if block == nil {
+			break
+		}
+		if block.Type != "CERTIFICATE" {
+			continue
+		}
+		cert, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("parse certificate %d: %w", len(certs)+1, err)
+		}
+		certs = append(certs, cert)
+	}
+	if len(certs) == 0 {
+		return nil, errors.New("no PEM CERTIFICATE block found")
+	}
+	return certs, nil
+}
+
+func randomSerial() (*big.Int, error) {
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("generate serial number: %w", err)
+	}
+	return serial, nil
+}

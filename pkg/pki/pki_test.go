@@ -1,0 +1,111 @@
+package pki
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"net"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestIssueServing(t *testing.T) {
+	ca, err := NewCA("guestbackup test CA", 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		dnsNames []string
+		ips      []net.IP
+		validFor time.Duration
+		verify   string // host name or IP the leaf must verify for
+		wantErr  string
+	}{
+		{name: "service DNS name", dnsNames: []string{"bsls.ns.svc", "bsls.ns.svc.cluster.local"}, validFor: time.Hour, verify: "bsls.ns.svc.cluster.local"},
+		{name: "loopback IP", ips: []net.IP{net.IPv4(127, 0, 0, 1)}, validFor: time.Hour, verify: "127.0.0.1"},
+		{name: "validity capped at the CA's", dnsNames: []string{"a.example"}, validFor: 1000 * time.Hour, verify: "a.example"},
+		{name: "no names", validFor: time.Hour, wantErr: "at least one DNS name or IP address"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			kp, err := ca.IssueServing(tt.dnsNames, tt.ips, tt.validFor)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			roots := x509.NewCertPool()
+			roots.AddCert(ca.Cert)
+			if _, err := kp.Cert.Verify(x509.VerifyOptions{DNSName: tt.verify, Roots: roots}); err != nil {
+				t.Fatalf("leaf does not verify for %s against the CA: %v", tt.verify, err)
+			}
+			if kp.Cert.NotAfter.After(ca.Cert.NotAfter) {
+				t.Errorf("leaf outlives its CA: %v > %v", kp.Cert.NotAfter, ca.Cert.NotAfter)
+			}
+			if kp.Cert.IsCA {
+				t.Error("leaf is a CA")
+			}
+		})
+	}
+}
+
+func TestChainPEMRoundTrip(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueServing([]string{"server"}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	certs, err := ParseCerts(kp.ChainPEM(ca.Cert))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(certs) != 2 || !certs[0].Equal(kp.Cert) || !certs[1].Equal(ca.Cert) {
+		t.Fatalf("chain = %d certificates, want leaf then CA", len(certs))
+	}
+	for _, enc := range []func() ([]byte, error){ca.KeyPEM, kp.KeyPEM} {
+		pemKey, err := enc()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasPrefix(string(pemKey), "-----BEGIN PRIVATE KEY-----") {
+			t.Errorf("key PEM starts with %q", strings.SplitN(string(pemKey), "\n", 2)[0])
+		}
+	}
+}
+
+func TestParseCertsRejectsGarbage(t *testing.T) {
+	for name, in := range map[string]string{
+		"empty":        "",
+		"not PEM":      "hello",
+		"only a key":   "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+		"corrupt cert": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+	} {
+		if _, err := ParseCerts([]byte(in)); err == nil {
+			t.Errorf("%s: no error", name)
+		}
+	}
+}
+
+func TestFingerprint(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(ca.Cert.Raw)
+	want := hex.EncodeToString(sum[:])
+	if got := Fingerprint(ca.Cert); got != want {
+		t.Fatalf("Fingerprint = %s, want %s", got, want)
+	}
+	if strings.ToLower(want) != want || len(want) != 64 {
+		t.Fatalf("fingerprint %q is not 64 lowercase hex digits", want)
+	}
+}
