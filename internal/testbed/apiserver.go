@@ -1,0 +1,95 @@
+package testbed
+
+import (
+	"path/filepath"
+	"time"
+
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	guestbackupv1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// NewScheme returns a scheme with every type the test bed's API server
+// serves: Kubernetes' own, guestbackup's, KubeVirt's and cert-manager's.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	utilruntime.Must(guestbackupv1alpha1.AddToScheme(s))
+	utilruntime.Must(kubevirtv1.AddToScheme(s))
+	utilruntime.Must(certmanagerv1.AddToScheme(s))
+	return s
+}
+
+// CRDPaths are the folders of every CRD the test bed installs: guestbackup's
+// (the chart's crds/), KubeVirt's VirtualMachine and cert-manager's.
+func CRDPaths() ([]string, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	return []string{
+		filepath.Join(root, "charts", "guestbackup", "crds"),
+		filepath.Join(root, "test", "crds", "kubevirt"),
+		filepath.Join(root, "test", "crds", "cert-manager"),
+	}, nil
+}
+
+// APIServer is a running kube-apiserver and etcd with the test bed's CRDs.
+type APIServer struct {
+	Env    *envtest.Environment
+	Config *rest.Config
+	Client client.Client
+	Scheme *runtime.Scheme
+}
+
+// APIServerOptions adjusts StartAPIServer.
+type APIServerOptions struct {
+	// Webhooks registers admission webhooks with the API server.
+	Webhooks envtest.WebhookInstallOptions
+}
+
+// StartAPIServer starts kube-apiserver and etcd on loopback, installs the
+// CRDs and waits until they are served. The test's cleanup stops both.
+func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
+	tb.Helper()
+	tools := MustTools(tb)
+	paths, err := CRDPaths()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	scheme := NewScheme()
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: tools.Assets,
+		CRDDirectoryPaths:     paths,
+		ErrorIfCRDPathMissing: true,
+		CRDInstallOptions:     envtest.CRDInstallOptions{Scheme: scheme, MaxTime: time.Minute},
+		WebhookInstallOptions: opts.Webhooks,
+		Scheme:                scheme,
+		// The API server's first start on a cold machine can be slow.
+		ControlPlaneStartTimeout: 2 * time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	cfg, err := env.Start()
+	if err != nil {
+		tb.Fatalf("start API server (kube-apiserver and etcd from %s): %v", tools.Assets, err)
+	}
+	tb.Cleanup(func() {
+		if err := env.Stop(); err != nil {
+			tb.Logf("stop API server: %v", err)
+		}
+	})
+	c, err := client.New(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		tb.Fatalf("API server client: %v", err)
+	}
+	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme}
+}

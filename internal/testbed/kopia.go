@@ -1,0 +1,316 @@
+package testbed
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+const (
+	// kopiaCommandTimeout bounds one kopia CLI call.
+	kopiaCommandTimeout = 2 * time.Minute
+	// kopiaStartTimeout bounds a server's start, repository open included.
+	kopiaStartTimeout = time.Minute
+	controlUsername   = "server-control"
+)
+
+// kopiaEnv is the environment every kopia process of the test bed gets: no
+// update checks, no lingering, logs beside the process.
+func kopiaEnv(extra ...string) []string {
+	return append([]string{"KOPIA_CHECK_FOR_UPDATES=false"}, extra...)
+}
+
+// KopiaServerOptions adjusts StartKopiaServer.
+type KopiaServerOptions struct {
+	// RepoPath is a filesystem repository to serve; it is created when it
+	// holds none. Default: a new temporary folder.
+	RepoPath string
+	// RepoPassword is the repository password. Default: a random one.
+	RepoPassword string
+	// CA signs the server's certificate. Default: a new CA, so servers of one
+	// test can share a pin by sharing a CA.
+	CA *pki.CA
+}
+
+// KopiaServer is a running `kopia server start` on loopback with TLS: it
+// presents a leaf certificate for 127.0.0.1 followed by its CA.
+type KopiaServer struct {
+	// URL is what clients connect to: https://127.0.0.1:<port>.
+	URL string
+	// CA signed the server's certificate; CAPin is its fingerprint, the
+	// value clients pass to --server-cert-fingerprint.
+	CA    *pki.CA
+	CAPin string
+	// RepoPath and RepoPassword identify the repository.
+	RepoPath     string
+	RepoPassword string
+	// ConfigFile is the server's repository connection.
+	ConfigFile string
+	Process    *Process
+
+	controlPassword string
+	tools           Tools
+	dir             string
+}
+
+// StartKopiaServer creates (when needed) a filesystem repository and serves
+// it with a real kopia server on a free loopback port. It returns once the
+// server answers its control API. The test's cleanup stops it.
+func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
+	tb.Helper()
+	tools := MustTools(tb)
+	dir := tb.TempDir()
+	s := &KopiaServer{
+		RepoPath:        opts.RepoPath,
+		RepoPassword:    opts.RepoPassword,
+		CA:              opts.CA,
+		ConfigFile:      filepath.Join(dir, "repository.config"),
+		controlPassword: RandomPassword(),
+		tools:           tools,
+		dir:             dir,
+	}
+	if s.RepoPath == "" {
+		s.RepoPath = filepath.Join(dir, "repository")
+	}
+	if s.RepoPassword == "" {
+		s.RepoPassword = RandomPassword()
+	}
+	if s.CA == nil {
+		ca, err := pki.NewCA("guestbackup test bed CA", 24*time.Hour)
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+		s.CA = ca
+	}
+	s.CAPin = pki.Fingerprint(s.CA.Cert)
+
+	ctx := context.Background()
+	verb := "connect"
+	if _, err := os.Stat(filepath.Join(s.RepoPath, "kopia.repository.f")); os.IsNotExist(err) {
+		verb = "create"
+	}
+	if out, err := s.admin(ctx, "repository", verb, "filesystem", "--path="+s.RepoPath); err != nil {
+		tb.Fatalf("kopia repository %s: %v\n%s", verb, err, out)
+	}
+
+	certFile, keyFile, err := s.writeServingCert()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	port, err := FreePort()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
+	s.Process = StartProcess(tb, ProcessSpec{
+		Name: "kopia-server-" + strconv.Itoa(port),
+		Path: tools.Kopia,
+		Args: []string{
+			"server", "start",
+			"--config-file=" + s.ConfigFile,
+			"--address=127.0.0.1:" + strconv.Itoa(port),
+			"--tls-cert-file=" + certFile,
+			"--tls-key-file=" + keyFile,
+			"--server-control-username=" + controlUsername,
+			"--no-ui",
+		},
+		Env: kopiaEnv(
+			"KOPIA_PASSWORD="+s.RepoPassword,
+			"KOPIA_SERVER_CONTROL_PASSWORD="+s.controlPassword,
+		),
+		Dir: filepath.Join(dir, "server"),
+	})
+	err = WaitFor(kopiaStartTimeout, 200*time.Millisecond, func() (bool, error) {
+		if exited, err := s.Process.Exited(); exited {
+			return false, fmt.Errorf("kopia server exited: %v", err)
+		}
+		var status struct {
+			Connected bool `json:"connected"`
+		}
+		if err := s.control(ctx, http.MethodGet, "status", &status); err != nil {
+			return false, err
+		}
+		return status.Connected, nil
+	})
+	if err != nil {
+		tb.Fatalf("kopia server at %s: %v\n%s", s.URL, err, tail(s.Process.LogPath, 40))
+	}
+	return s
+}
+
+// writeServingCert issues a certificate for 127.0.0.1 and writes the chain
+// (leaf, then CA) and key, readable by the owner only.
+func (s *KopiaServer) writeServingCert() (certFile, keyFile string, err error) {
+	kp, err := s.CA.IssueServing([]string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, 24*time.Hour)
+	if err != nil {
+		return "", "", err
+	}
+	keyPEM, err := kp.KeyPEM()
+	if err != nil {
+		return "", "", err
+	}
+	certFile = filepath.Join(s.dir, "tls.crt")
+	keyFile = filepath.Join(s.dir, "tls.key")
+	if err := os.WriteFile(certFile, kp.ChainPEM(s.CA.Cert), 0o600); err != nil {
+		return "", "", err
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
+}
+
+// admin runs a kopia command as the repository owner, with the server's
+// configuration.
+func (s *KopiaServer) admin(ctx context.Context, args ...string) (string, error) {
+	args = append(args, "--config-file="+s.ConfigFile)
+	return Run(ctx, kopiaCommandTimeout, s.dir, kopiaEnv("KOPIA_PASSWORD="+s.RepoPassword), s.tools.Kopia, args...)
+}
+
+// control calls the server's control API as the server-control user, over
+// TLS pinned to the test bed's CA.
+func (s *KopiaServer) control(ctx context.Context, method, endpoint string, into any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, s.URL+"/api/v1/control/"+endpoint, http.NoBody)
+	if err != nil {
+		return err
+	}
+	req.SetBasicAuth(controlUsername, s.controlPassword)
+	roots := x509.NewCertPool()
+	roots.AddCert(s.CA.Cert)
+	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
+	defer client.CloseIdleConnections()
+	resp, err := client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s", method, endpoint, resp.Status)
+	}
+	if into == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(into)
+}
+
+// Refresh makes the running server re-read the repository's manifests, so
+// users written by another process authenticate at once.
+func (s *KopiaServer) Refresh(ctx context.Context) error {
+	return s.control(ctx, http.MethodPost, "refresh", nil)
+}
+
+// SetUsers opens the repository in this process, as another writer beside
+// the server, puts (or replaces) the given users and deletes the listed
+// ones, then refreshes the server.
+func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Hash, del ...string) error {
+	r, err := repo.Open(ctx, s.ConfigFile, s.RepoPassword, &repo.Options{})
+	if err != nil {
+		return fmt.Errorf("open repository %s: %w", s.RepoPath, err)
+	}
+	defer r.Close(ctx)
+	err = repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "guestbackup test bed users"},
+		func(ctx context.Context, w repo.RepositoryWriter) error {
+			for name, h := range put {
+				if err := kopiauser.Put(ctx, w, name, h); err != nil {
+					return err
+				}
+			}
+			for _, name := range del {
+				if err := kopiauser.Delete(ctx, w, name); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	return s.Refresh(ctx)
+}
+
+// AddUser hashes password and adds username to the repository (see SetUsers).
+func (s *KopiaServer) AddUser(tb TB, username, password string) {
+	tb.Helper()
+	h, err := kopiauser.NewHash(password, kopiauser.Scrypt)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	if err := s.SetUsers(context.Background(), map[string]kopiauser.Hash{username: h}); err != nil {
+		tb.Fatalf("add kopia user %s: %v", username, err)
+	}
+}
+
+// KopiaClient is a kopia CLI with its own configuration and cache, as a guest
+// would have.
+type KopiaClient struct {
+	ConfigFile string
+	tools      Tools
+	dir        string
+}
+
+// NewKopiaClient prepares a client with a fresh configuration.
+func NewKopiaClient(tb TB) *KopiaClient {
+	tb.Helper()
+	dir := tb.TempDir()
+	return &KopiaClient{ConfigFile: filepath.Join(dir, "repository.config"), tools: MustTools(tb), dir: dir}
+}
+
+// Connect runs `kopia repository connect server` as user@host, trusting only
+// a server whose chain has a certificate with the given fingerprint.
+func (c *KopiaClient) Connect(ctx context.Context, url, pin, username, password string) (string, error) {
+	user, host, ok := strings.Cut(username, "@")
+	if !ok || user == "" || host == "" {
+		return "", fmt.Errorf("%q is not user@host", username)
+	}
+	return Run(ctx, kopiaCommandTimeout, c.dir, kopiaEnv("KOPIA_PASSWORD="+password), c.tools.Kopia,
+		"repository", "connect", "server",
+		"--config-file="+c.ConfigFile,
+		"--url="+url,
+		"--server-cert-fingerprint="+pin,
+		"--override-username="+user,
+		"--override-hostname="+host,
+	)
+}
+
+// Run runs a kopia command with the client's configuration.
+func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
+	args = append(args, "--config-file="+c.ConfigFile)
+	return Run(ctx, kopiaCommandTimeout, c.dir, kopiaEnv(), c.tools.Kopia, args...)
+}
+
+// RandomPassword returns 128 random bits, hex encoded.
+func RandomPassword() string {
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		panic(err) // crypto/rand never fails on Linux
+	}
+	return hex.EncodeToString(b)
+}
+
+// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
+func FreePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("find a free loopback port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}

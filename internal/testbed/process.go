@@ -1,0 +1,187 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// stopGrace is how long a process has to exit after SIGTERM before SIGKILL.
+const stopGrace = 10 * time.Second
+
+// ProcessSpec describes a process to start.
+type ProcessSpec struct {
+	// Name identifies the process in logs and errors.
+	Name string
+	// Path is the binary; Args are its arguments (never secrets: pass those in Env).
+	Path string
+	Args []string
+	// Env is added to a minimal environment (PATH, HOME=Dir).
+	Env []string
+	// Dir is the working directory and HOME; a temporary one when empty.
+	Dir string
+}
+
+// Process is a running child process, in its own process group so that
+// stopping it stops everything it started.
+type Process struct {
+	Spec    ProcessSpec
+	LogPath string
+
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error // set before done closes
+
+	stopOnce sync.Once
+}
+
+// StartProcess starts spec with stdout and stderr captured in a log file. The
+// test's cleanup stops it and, when the test failed, prints the log's tail.
+func StartProcess(tb TB, spec ProcessSpec) *Process {
+	tb.Helper()
+	p, err := startProcess(tb.TempDir(), spec)
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	tb.Cleanup(func() {
+		p.Stop()
+		if tb.Failed() {
+			tb.Logf("%s log (%s):\n%s", spec.Name, p.LogPath, tail(p.LogPath, 60))
+		}
+	})
+	return p
+}
+
+func startProcess(tmp string, spec ProcessSpec) (*Process, error) {
+	if spec.Dir == "" {
+		spec.Dir = filepath.Join(tmp, spec.Name)
+	}
+	if err := os.MkdirAll(spec.Dir, 0o700); err != nil {
+		return nil, err
+	}
+	logPath := filepath.Join(tmp, spec.Name+".log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(spec.Path, spec.Args...)
+	cmd.Dir = spec.Dir
+	cmd.Env = append(baseEnv(spec.Dir), spec.Env...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Own process group: Stop signals the group, so grandchildren go too.
+	// Pdeathsig: if the test binary dies, the kernel kills the child.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("start %s: %w", spec.Name, err)
+	}
+	p := &Process{Spec: spec, LogPath: logPath, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// baseEnv is a minimal environment, so a developer's settings (KOPIA_*,
+// KUBECONFIG, proxies) never leak into a test's processes.
+func baseEnv(home string) []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + home, "LANG=C.UTF-8"}
+}
+
+// Exited reports whether the process has exited, and its error if so.
+func (p *Process) Exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// Stop sends SIGTERM to the process group, then SIGKILL after a grace
+// period, and waits for the process to be reaped. It is safe to call twice.
+func (p *Process) Stop() {
+	p.stopOnce.Do(func() {
+		pgid := -p.cmd.Process.Pid
+		_ = syscall.Kill(pgid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(stopGrace):
+			_ = syscall.Kill(pgid, syscall.SIGKILL)
+			<-p.done
+		}
+		// Anything of the group that outlived its leader goes now.
+		_ = syscall.Kill(pgid, syscall.SIGKILL)
+	})
+}
+
+// Log returns what the process wrote so far.
+func (p *Process) Log() string {
+	data, _ := os.ReadFile(p.LogPath)
+	return string(data)
+}
+
+// Run runs a short-lived command to completion within timeout and returns its
+// combined output. Secrets go in env, never in args.
+func Run(ctx context.Context, timeout time.Duration, dir string, env []string, path string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path, args...)
+	cmd.Dir = dir
+	cmd.Env = append(baseEnv(dir), env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
+	cmd.WaitDelay = time.Second
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return string(out), fmt.Errorf("%s %s: timed out after %v", filepath.Base(path), strings.Join(args, " "), timeout)
+	}
+	if err != nil {
+		return string(out), fmt.Errorf("%s %s: %w", filepath.Base(path), strings.Join(args, " "), err)
+	}
+	return string(out), nil
+}
+
+// WaitFor polls cond every interval until it returns true, returns an error,
+// or timeout passes; the last error explains a timeout.
+func WaitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			if last != nil {
+				return fmt.Errorf("not ready after %v: %w", timeout, last)
+			}
+			return fmt.Errorf("not ready after %v", timeout)
+		}
+		time.Sleep(interval)
+	}
+}
+
+func tail(path string, lines int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	all := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	if len(all) > lines {
+		all = all[len(all)-lines:]
+	}
+	return strings.Join(all, "\n")
+}

@@ -1,0 +1,66 @@
+package testbed
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestStopLeavesNoOrphans starts a shell that forks a grandchild, stops the
+// shell, and checks that the grandchild is gone too.
+func TestStopLeavesNoOrphans(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "grandchild.pid")
+	p := StartProcess(t, ProcessSpec{
+		Name: "forker",
+		Path: "/bin/sh",
+		Args: []string{"-c", `sleep 600 & echo $! > "$PIDFILE"; wait`},
+		Env:  []string{"PIDFILE=" + pidFile},
+	})
+	var pid int
+	if err := WaitFor(10*time.Second, 20*time.Millisecond, func() (bool, error) {
+		data, err := os.ReadFile(pidFile)
+		if err != nil {
+			return false, err
+		}
+		pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+		return err == nil, err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	p.Stop()
+	if exited, _ := p.Exited(); !exited {
+		t.Fatal("process still running after Stop")
+	}
+	if err := WaitFor(5*time.Second, 20*time.Millisecond, func() (bool, error) {
+		return syscall.Kill(pid, 0) == syscall.ESRCH, nil
+	}); err != nil {
+		t.Fatalf("grandchild %d outlived Stop: %v", pid, err)
+	}
+	p.Stop() // a second Stop is harmless
+}
+
+func TestRunTimesOut(t *testing.T) {
+	start := time.Now()
+	_, err := Run(t.Context(), 200*time.Millisecond, t.TempDir(), nil, "/bin/sleep", "30")
+	if err == nil || !strings.Contains(err.Error(), "timed out") {
+		t.Fatalf("error = %v, want a time-out", err)
+	}
+	if elapsed := time.Since(start); elapsed > 10*time.Second {
+		t.Fatalf("Run returned after %v, long past its time-out", elapsed)
+	}
+}
+
+func TestRunKeepsTheEnvironmentMinimal(t *testing.T) {
+	t.Setenv("KOPIA_PASSWORD", "from-the-developer")
+	out, err := Run(t.Context(), 10*time.Second, t.TempDir(), []string{"EXTRA=1"}, "/usr/bin/env")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "KOPIA_PASSWORD") || !strings.Contains(out, "EXTRA=1") {
+		t.Fatalf("environment leaked or lost:\n%s", out)
+	}
+}

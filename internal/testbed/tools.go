@@ -1,0 +1,116 @@
+package testbed
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+)
+
+// Tools are the test bed's binaries, built by hack/tools.sh.
+type Tools struct {
+	// Assets is the folder holding kube-apiserver and etcd (KUBEBUILDER_ASSETS).
+	Assets string
+	// Kopia is the kopia binary.
+	Kopia string
+	// Helm is the helm binary.
+	Helm string
+	// ControllerGen is the controller-gen binary.
+	ControllerGen string
+	// CloudInitSchema runs Debian's `cloud-init schema`.
+	CloudInitSchema string
+}
+
+var toolEnv = map[string]func(*Tools) *string{
+	"KUBEBUILDER_ASSETS":            func(t *Tools) *string { return &t.Assets },
+	"GUESTBACKUP_KOPIA":             func(t *Tools) *string { return &t.Kopia },
+	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
+	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
+	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
+}
+
+var (
+	toolsOnce sync.Once
+	tools     Tools
+	toolsErr  error
+)
+
+// LoadTools finds the test bed's binaries: from the environment
+// `hack/tools.sh env` prints, or, when it is not set, from the script itself.
+// It fails, telling what to run, when one of them is not built.
+func LoadTools() (Tools, error) {
+	toolsOnce.Do(func() { tools, toolsErr = loadTools() })
+	return tools, toolsErr
+}
+
+// MustTools is LoadTools that fails the test when a tool is missing.
+func MustTools(tb TB) Tools {
+	tb.Helper()
+	t, err := LoadTools()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	return t
+}
+
+func loadTools() (Tools, error) {
+	var t Tools
+	missing := false
+	for name, field := range toolEnv {
+		*field(&t) = os.Getenv(name)
+		missing = missing || *field(&t) == ""
+	}
+	if missing {
+		root, err := RepoRoot()
+		if err != nil {
+			return t, err
+		}
+		out, err := exec.Command(filepath.Join(root, "hack", "tools.sh"), "env").Output()
+		if err != nil {
+			return t, fmt.Errorf("hack/tools.sh env: %w", err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(out))
+		for sc.Scan() {
+			name, value, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "export "), "=")
+			if field, known := toolEnv[name]; ok && known && *field(&t) == "" {
+				*field(&t) = value
+			}
+		}
+	}
+	var errs []error
+	for name, field := range toolEnv {
+		path := *field(&t)
+		if name == "KUBEBUILDER_ASSETS" {
+			path = filepath.Join(path, "kube-apiserver")
+		}
+		if info, err := os.Stat(path); path == "" || err != nil || info.IsDir() {
+			errs = append(errs, fmt.Errorf("%s: %q is not built", name, path))
+		}
+	}
+	if len(errs) > 0 {
+		return t, fmt.Errorf("test bed tools missing, run `make tools` (or `make test`): %w", errors.Join(errs...))
+	}
+	return t, nil
+}
+
+// RepoRoot is the repository's root folder: the one holding go.mod.
+func RepoRoot() (string, error) {
+	_, file, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", errors.New("cannot locate the testbed package's source")
+	}
+	for dir := filepath.Dir(file); ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if parent := filepath.Dir(dir); parent == dir {
+			return "", fmt.Errorf("no go.mod above %s", file)
+		}
+	}
+}

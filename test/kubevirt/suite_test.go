@@ -1,0 +1,24 @@
+// Package kubevirt is guestbackup's end-to-end suite for KubeVirt
+// VirtualMachines. It runs on the local test bed: a real kube-apiserver with
+// KubeVirt's VirtualMachine CRD as virt-operator installs it.
+package kubevirt
+
+import (
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/guestbackup/guestbackup/internal/testbed"
+)
+
+var apiServer *testbed.APIServer
+
+func TestKubeVirt(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines")
+}
+
+var _ = BeforeSuite(func() {
+	apiServer = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+})

@@ -1,0 +1,103 @@
+package kubevirt
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// typicalVM is an opted-in VM the way the webhook leaves it: a containerDisk,
+// a NoCloud volume reading its user-data from a Secret, and a pod network.
+func typicalVM(name string) *kubevirtv1.VirtualMachine {
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: name, Namespace: "default",
+			Annotations: map[string]string{v1alpha1.AnnotationServer: "backup/default"},
+		},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"kubevirt.io/vm": name}},
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{
+						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
+						Devices: kubevirtv1.Devices{
+							Disks: []kubevirtv1.Disk{
+								{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+								{Name: "cloudinit", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+							},
+							Interfaces: []kubevirtv1.Interface{{
+								Name:                   "default",
+								InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}},
+							}},
+						},
+					},
+					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
+					Volumes: []kubevirtv1.Volume{
+						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}},
+						{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{
+							UserDataSecretRef: &corev1.LocalObjectReference{Name: name + "-guestbackup"},
+						}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+var _ = Describe("The VirtualMachine CRD of the test bed", func() {
+	var ctx context.Context
+	BeforeEach(func() { ctx = context.Background() })
+
+	It("stores an opted-in VM with containerDisk, cloudInitNoCloud secretRef and interfaces unchanged", func() {
+		vm := typicalVM("typical")
+		want := vm.Spec.DeepCopy()
+		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
+
+		got := &kubevirtv1.VirtualMachine{}
+		Expect(apiServer.Client.Get(ctx, client.ObjectKeyFromObject(vm), got)).To(Succeed())
+		Expect(got.Spec).To(Equal(*want))
+		Expect(got.Annotations).To(HaveKeyWithValue(v1alpha1.AnnotationServer, "backup/default"))
+	})
+
+	It("stores a disk-mode VM, a secret volume on a disk with a serial, unchanged", func() {
+		vm := typicalVM("disk-mode")
+		spec := &vm.Spec.Template.Spec
+		// The VM keeps its own cloud-init; the bootstrap arrives on a second disk.
+		spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: "#cloud-config\nhostname: disk-mode\n"}
+		spec.Volumes = append(spec.Volumes, kubevirtv1.Volume{Name: "guestbackup", VolumeSource: kubevirtv1.VolumeSource{
+			Secret: &kubevirtv1.SecretVolumeSource{SecretName: "disk-mode-guestbackup", VolumeLabel: "GUESTBACKUP"},
+		}})
+		spec.Domain.Devices.Disks = append(spec.Domain.Devices.Disks, kubevirtv1.Disk{
+			Name: "guestbackup", Serial: "guestbackup", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}},
+		})
+		want := vm.Spec.DeepCopy()
+		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
+
+		got := &kubevirtv1.VirtualMachine{}
+		Expect(apiServer.Client.Get(ctx, client.ObjectKeyFromObject(vm), got)).To(Succeed())
+		Expect(got.Spec).To(Equal(*want))
+	})
+
+	It("is served with virt-operator's short names, category, status subresource and columns", func() {
+		crd := &apiextensionsv1.CustomResourceDefinition{}
+		Expect(apiServer.Client.Get(ctx, client.ObjectKey{Name: "virtualmachines.kubevirt.io"}, crd)).To(Succeed())
+		Expect(crd.Spec.Names.ShortNames).To(Equal([]string{"vm", "vms"}))
+		Expect(crd.Spec.Names.Categories).To(Equal([]string{"all"}))
+		Expect(crd.Spec.Versions).To(ContainElement(SatisfyAll(
+			HaveField("Name", "v1"),
+			HaveField("Subresources.Status", Not(BeNil())),
+			HaveField("AdditionalPrinterColumns", HaveLen(3)),
+		)))
+	})
+})
