@@ -1,0 +1,49 @@
+# guestbackup's developer entry points. `make test` is what CI runs.
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+# The tests find the test bed's binaries through the environment this prints.
+TOOLS_ENV = eval "$$(hack/tools.sh env)"
+# Packages that start API servers and Kopia servers take minutes on 2 cores.
+GO_TEST_FLAGS ?= -count=1 -timeout=45m
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: tools
+tools: ## Build or install the test bed's tools into the cache (~/.cache/guestbackup).
+	hack/tools.sh install
+
+.PHONY: generate
+generate: tools ## Regenerate deepcopy, CRDs, RBAC and the test bed's third-party CRDs.
+	hack/generate.sh
+
+.PHONY: verify-generated
+verify-generated: tools ## Fail when a generated file is stale or was edited by hand.
+	hack/verify-generated.sh
+
+.PHONY: build
+build: ## Build every package and both binaries into bin/.
+	go build ./...
+	go build -o bin/controller ./cmd/controller
+	go build -o bin/webhook ./cmd/webhook
+
+.PHONY: vet
+vet: ## Run go vet and check formatting.
+	go vet ./...
+	@unformatted="$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))"; \
+	if [[ -n "$$unformatted" ]]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
+
+.PHONY: lint-chart
+lint-chart: tools ## Lint the Helm chart strictly.
+	$(TOOLS_ENV); "$$GUESTBACKUP_HELM" lint --strict charts/guestbackup
+
+.PHONY: test
+test: tools verify-generated vet lint-chart ## Run every test against the real test bed (what CI runs).
+	$(TOOLS_ENV); go test $(GO_TEST_FLAGS) ./...
+
+.PHONY: bench
+bench: tools ## Run the benchmarks and print their figures.
+	$(TOOLS_ENV); go test -run='^$$' -bench=. -benchmem -count=1 ./...
