@@ -8,23 +8,19 @@ import (
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	guestbackupv1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/manager"
 )
 
 // NewScheme returns a scheme with every type the test bed's API server
-// serves: Kubernetes' own, guestbackup's, KubeVirt's and cert-manager's.
+// serves: the binaries' (Kubernetes', guestbackup's, KubeVirt's), CRDs and
+// cert-manager's.
 func NewScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	utilruntime.Must(clientgoscheme.AddToScheme(s))
+	s := manager.NewScheme()
 	utilruntime.Must(apiextensionsv1.AddToScheme(s))
-	utilruntime.Must(guestbackupv1alpha1.AddToScheme(s))
-	utilruntime.Must(kubevirtv1.AddToScheme(s))
 	utilruntime.Must(certmanagerv1.AddToScheme(s))
 	return s
 }
