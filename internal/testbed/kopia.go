@@ -3,13 +3,10 @@ package testbed
 import (
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -18,6 +15,7 @@ import (
 
 	"github.com/kopia/kopia/repo"
 
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
@@ -27,8 +25,10 @@ const (
 	kopiaCommandTimeout = 2 * time.Minute
 	// kopiaStartTimeout bounds a server's start, repository open included.
 	kopiaStartTimeout = time.Minute
-	controlUsername   = "server-control"
 )
+
+// ControlUsername is the test bed servers' server-control user.
+const ControlUsername = "server-control"
 
 // kopiaEnv is the environment every kopia process of the test bed gets: no
 // update checks, no lingering, logs beside the process.
@@ -63,10 +63,13 @@ type KopiaServer struct {
 	// ConfigFile is the server's repository connection.
 	ConfigFile string
 	Process    *Process
+	// Control calls the server's control API; ControlPassword is the
+	// server-control user's password (its name is ControlUsername).
+	Control         *kopiaserver.ControlClient
+	ControlPassword string
 
-	controlPassword string
-	tools           Tools
-	dir             string
+	tools Tools
+	dir   string
 }
 
 // StartKopiaServer creates (when needed) a filesystem repository and serves
@@ -81,7 +84,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		RepoPassword:    opts.RepoPassword,
 		CA:              opts.CA,
 		ConfigFile:      filepath.Join(dir, "repository.config"),
-		controlPassword: RandomPassword(),
+		ControlPassword: RandomPassword(),
 		tools:           tools,
 		dir:             dir,
 	}
@@ -118,6 +121,8 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		tb.Fatalf("%v", err)
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
+	s.Control = kopiaserver.NewControlClient(s.URL, ControlUsername, s.ControlPassword, []*x509.Certificate{s.CA.Cert})
+	tb.Cleanup(s.Control.Close)
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),
 		Path: tools.Kopia,
@@ -127,12 +132,12 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 			"--address=127.0.0.1:" + strconv.Itoa(port),
 			"--tls-cert-file=" + certFile,
 			"--tls-key-file=" + keyFile,
-			"--server-control-username=" + controlUsername,
+			"--server-control-username=" + ControlUsername,
 			"--no-ui",
 		},
 		Env: kopiaEnv(
 			"KOPIA_PASSWORD="+s.RepoPassword,
-			"KOPIA_SERVER_CONTROL_PASSWORD="+s.controlPassword,
+			"KOPIA_SERVER_CONTROL_PASSWORD="+s.ControlPassword,
 		),
 		Dir: filepath.Join(dir, "server"),
 	})
@@ -140,13 +145,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		if exited, err := s.Process.Exited(); exited {
 			return false, fmt.Errorf("kopia server exited: %v", err)
 		}
-		var status struct {
-			Connected bool `json:"connected"`
-		}
-		if err := s.control(ctx, http.MethodGet, "status", &status); err != nil {
-			return false, err
-		}
-		return status.Connected, nil
+		return s.Control.Connected(ctx)
 	})
 	if err != nil {
 		tb.Fatalf("kopia server at %s: %v\n%s", s.URL, err, tail(s.Process.LogPath, 40))
@@ -183,38 +182,10 @@ func (s *KopiaServer) admin(ctx context.Context, args ...string) (string, error)
 	return Run(ctx, kopiaCommandTimeout, s.dir, kopiaEnv("KOPIA_PASSWORD="+s.RepoPassword), s.tools.Kopia, args...)
 }
 
-// control calls the server's control API as the server-control user, over
-// TLS pinned to the test bed's CA.
-func (s *KopiaServer) control(ctx context.Context, method, endpoint string, into any) error {
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, s.URL+"/api/v1/control/"+endpoint, http.NoBody)
-	if err != nil {
-		return err
-	}
-	req.SetBasicAuth(controlUsername, s.controlPassword)
-	roots := x509.NewCertPool()
-	roots.AddCert(s.CA.Cert)
-	client := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}}
-	defer client.CloseIdleConnections()
-	resp, err := client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %s", method, endpoint, resp.Status)
-	}
-	if into == nil {
-		return nil
-	}
-	return json.NewDecoder(resp.Body).Decode(into)
-}
-
 // Refresh makes the running server re-read the repository's manifests, so
 // users written by another process authenticate at once.
 func (s *KopiaServer) Refresh(ctx context.Context) error {
-	return s.control(ctx, http.MethodPost, "refresh", nil)
+	return s.Control.Refresh(ctx)
 }
 
 // SetUsers opens the repository in this process, as another writer beside

@@ -1,0 +1,82 @@
+package kopiaserver
+
+import (
+	"bytes"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+)
+
+func hashOf(b byte, version kopiauser.HashVersion) kopiauser.Hash {
+	return kopiauser.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
+}
+
+func TestEncodeUsersRoundTrip(t *testing.T) {
+	users := map[string]kopiauser.Hash{
+		"web@prod": hashOf(1, kopiauser.Scrypt),
+		"db@prod":  hashOf(2, kopiauser.PBKDF2),
+	}
+	data := EncodeUsers(users)
+	want := "db@prod 2 " + strings.Repeat("AgIC", 21) + "Ag==\n" +
+		"web@prod 1 " + strings.Repeat("AQEB", 21) + "AQ==\n"
+	if string(data) != want {
+		t.Fatalf("EncodeUsers =\n%s\nwant\n%s", data, want)
+	}
+	got, err := DecodeUsers(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, users) {
+		t.Fatalf("round trip = %v, want %v", got, users)
+	}
+	if empty, err := DecodeUsers(nil); err != nil || len(empty) != 0 {
+		t.Fatalf("DecodeUsers(nil) = %v, %v", empty, err)
+	}
+}
+
+func TestDecodeUsersRejects(t *testing.T) {
+	valid := strings.TrimSpace(string(EncodeUsers(map[string]kopiauser.Hash{"a@b": hashOf(1, kopiauser.Scrypt)})))
+	fields := strings.Fields(valid)
+	tests := map[string]struct{ data, want string }{
+		"two fields":      {data: "a@b 1\n", want: "got 2 fields"},
+		"bad user":        {data: "A@b 1 " + fields[2] + "\n", want: "not a Kopia user name"},
+		"bad version":     {data: "a@b one " + fields[2] + "\n", want: `hash version "one"`},
+		"unknown version": {data: "a@b 9 " + fields[2] + "\n", want: "unknown password hash version 9"},
+		"not base64":      {data: "a@b 1 %%%\n", want: "hash of a@b"},
+		"short hash":      {data: "a@b 1 AAAA\n", want: "password hash is 3 bytes"},
+		"duplicate":       {data: valid + "\n" + valid + "\n", want: "line 2: user a@b listed twice"},
+	}
+	for name, tt := range tests {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeUsers([]byte(tt.data))
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("error = %v, want one containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+// TestShardsHoldTenThousandUsers checks the sizing the users Secrets rely
+// on: 10,000 users spread over every shard, none near a Secret's 1 MiB.
+func TestShardsHoldTenThousandUsers(t *testing.T) {
+	shards := make([]map[string]kopiauser.Hash, UserShards)
+	for i := range shards {
+		shards[i] = map[string]kopiauser.Hash{}
+	}
+	for i := range 10_000 {
+		name := fmt.Sprintf("vm-%05d@namespace-%03d", i, i%300)
+		shards[ShardOf(name)][name] = hashOf(byte(i), kopiauser.Scrypt)
+	}
+	for i, users := range shards {
+		size := len(EncodeUsers(users))
+		if len(users) == 0 || len(users) > 2*10_000/UserShards {
+			t.Errorf("shard %d holds %d of 10,000 users: the spread is uneven", i, len(users))
+		}
+		if size > 128<<10 {
+			t.Errorf("shard %d is %d bytes for %d users", i, size, len(users))
+		}
+	}
+}

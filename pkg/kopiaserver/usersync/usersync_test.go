@@ -1,0 +1,159 @@
+package usersync_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+)
+
+// provisioned bounds how long a Secret change may take to reach the server.
+const provisioned = 30 * time.Second
+
+// guest is a VM's identity and password, hashed once as the controller does.
+type guest struct {
+	user, password string
+	hash           kopiauser.Hash
+}
+
+func newGuest(user string) guest {
+	password := testbed.RandomPassword()
+	h, err := kopiauser.NewHash(password, kopiauser.Scrypt)
+	Expect(err).NotTo(HaveOccurred())
+	return guest{user: user, password: password, hash: h}
+}
+
+// writeUsers writes every shard Secret so that they list exactly guests.
+func writeUsers(guests ...guest) {
+	ctx := context.Background()
+	shards := make([]map[string]kopiauser.Hash, kopiaserver.UserShards)
+	for i := range shards {
+		shards[i] = map[string]kopiauser.Hash{}
+	}
+	for _, g := range guests {
+		shards[kopiaserver.ShardOf(g.user)][g.user] = g.hash
+	}
+	for i, users := range shards {
+		writeShard(ctx, i, kopiaserver.EncodeUsers(users))
+	}
+}
+
+func writeShard(ctx context.Context, shard int, data []byte) {
+	secret := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: kopiaserver.UsersSecretName(bsls, shard), Namespace: namespace,
+			Labels: map[string]string{kopiaserver.LabelUsersOf: bsls},
+		},
+		Data: map[string][]byte{kopiaserver.UsersKey: data},
+	}
+	err := apiServer.Client.Create(ctx, secret)
+	if apierrors.IsAlreadyExists(err) {
+		err = apiServer.Client.Update(ctx, secret)
+	}
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// connect runs a real kopia client as a guest would.
+func connect(user, password string) (*testbed.KopiaClient, error) {
+	client := testbed.NewKopiaClient(GinkgoT())
+	out, err := client.Connect(context.Background(), server.URL, server.CAPin, user, password)
+	if err != nil {
+		return nil, &connectError{err: err, out: out}
+	}
+	return client, nil
+}
+
+type connectError struct {
+	err error
+	out string
+}
+
+func (e *connectError) Error() string { return e.err.Error() + ": " + e.out }
+
+func canConnect(g guest) func() error {
+	return func() error { _, err := connect(g.user, g.password); return err }
+}
+
+var _ = Describe("The user-sync loop", Ordered, func() {
+	alice, bob := newGuest("alice@team-a"), newGuest("bob@team-b")
+
+	It("changes nothing until every shard Secret exists", func() {
+		// A user already in the repository, as on storage a new cluster attaches.
+		earlier := newGuest("earlier@team-a")
+		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{earlier.user: earlier.hash})).To(Succeed())
+
+		Eventually(syncer.Ready).WithTimeout(provisioned).Should(MatchError(ContainSubstring("main-users-0")))
+		writeShard(context.Background(), 0, nil)
+		Eventually(syncer.Ready).WithTimeout(provisioned).Should(MatchError(ContainSubstring("main-users-1")))
+		Expect(syncer.Ready()).To(MatchError(ContainSubstring("the controller writes all 16 shards")))
+		Expect(canConnect(earlier)()).To(Succeed(), "an incomplete view must not revoke anyone")
+	})
+
+	It("provisions users: a real client authenticates within seconds", func() {
+		writeUsers(alice, bob)
+		Eventually(syncer.Ready).WithTimeout(provisioned).Should(Succeed())
+		Expect(syncer.Users()).To(Equal(2))
+		Eventually(canConnect(alice)).WithTimeout(provisioned).Should(Succeed())
+		Eventually(canConnect(bob)).WithTimeout(provisioned).Should(Succeed())
+	})
+
+	It("keeps users apart: one cannot list the other's snapshots", func() {
+		ctx := context.Background()
+		aliceClient, err := connect(alice.user, alice.password)
+		Expect(err).NotTo(HaveOccurred())
+		data := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "secret.txt"), []byte("alice's\n"), 0o600)).To(Succeed())
+		out, err := aliceClient.Run(ctx, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), out)
+
+		bobClient, err := connect(bob.user, bob.password)
+		Expect(err).NotTo(HaveOccurred())
+		out, err = bobClient.Run(ctx, "snapshot", "list", "--all")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).NotTo(ContainSubstring("alice"))
+		Expect(out).NotTo(ContainSubstring(data))
+	})
+
+	It("applies a new password: the old one is refused, the new one accepted", func() {
+		oldPassword := alice.password
+		alice = newGuest(alice.user)
+		writeUsers(alice, bob)
+		Eventually(func() error { _, err := connect(alice.user, oldPassword); return err }).
+			WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
+		Expect(canConnect(alice)()).To(Succeed())
+	})
+
+	It("keeps every user while a shard is malformed", func() {
+		shard := kopiaserver.ShardOf(bob.user)
+		writeShard(context.Background(), shard, []byte("not a users list\n"))
+		Eventually(syncer.Ready).WithTimeout(provisioned).Should(MatchError(ContainSubstring("line 1")))
+		Expect(canConnect(bob)()).To(Succeed())
+		writeUsers(alice, bob)
+		Eventually(syncer.Ready).WithTimeout(provisioned).Should(Succeed())
+	})
+
+	It("revokes a user removed from its Secret", func() {
+		writeUsers(alice)
+		Eventually(canConnect(bob)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
+		Expect(canConnect(alice)()).To(Succeed())
+		Expect(syncer.Users()).To(Equal(1))
+	})
+
+	It("undoes, within a resync period, users another writer added behind its back", func() {
+		mallory := newGuest("mallory@team-c")
+		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{mallory.user: mallory.hash})).To(Succeed())
+		Expect(canConnect(mallory)()).To(Succeed())
+		Eventually(canConnect(mallory)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
+		Expect(canConnect(alice)()).To(Succeed())
+	})
+})
