@@ -144,6 +144,13 @@ func labels(username string) map[string]string {
 
 // Put creates or replaces the profile of username.
 func Put(ctx context.Context, w repo.RepositoryWriter, username string, h Hash) error {
+	return put(ctx, w, username, h, true)
+}
+
+// put writes the profile of username; replace also removes older profiles of
+// the user, which a user known to be new does not need (and a lookup per
+// user would make adding many users quadratic).
+func put(ctx context.Context, w repo.RepositoryWriter, username string, h Hash, replace bool) error {
 	if err := ValidateUsername(username); err != nil {
 		return err
 	}
@@ -151,7 +158,13 @@ func Put(ctx context.Context, w repo.RepositoryWriter, username string, h Hash) 
 		return fmt.Errorf("user %s: %w", username, err)
 	}
 	p := &profile{Username: username, PasswordHashVersion: int(h.Version), PasswordHash: h.Value}
-	if _, err := w.ReplaceManifests(ctx, labels(username), p); err != nil {
+	var err error
+	if replace {
+		_, err = w.ReplaceManifests(ctx, labels(username), p)
+	} else {
+		_, err = w.PutManifest(ctx, labels(username), p)
+	}
+	if err != nil {
 		return fmt.Errorf("write profile of %s: %w", username, err)
 	}
 	return nil

@@ -60,7 +60,9 @@ func Apply(ctx context.Context, w repo.RepositoryWriter, changes []Change) error
 	for _, c := range changes {
 		var err error
 		switch c.Op {
-		case OpAdd, OpUpdate:
+		case OpAdd:
+			err = put(ctx, w, c.Username, c.Hash, false)
+		case OpUpdate:
 			err = Put(ctx, w, c.Username, c.Hash)
 		case OpDelete:
 			err = Delete(ctx, w, c.Username)
