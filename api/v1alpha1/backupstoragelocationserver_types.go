@@ -175,7 +175,7 @@ type PolicySpec struct {
 	Retention *RetentionPolicy `json:"retention,omitempty"`
 
 	// Compression is the compressor for new data; "none" stores it as is.
-	// +kubebuilder:validation:Enum=none;zstd;zstd-fastest;zstd-better-compression;s2-default;s2-better;pgzip;gzip;deflate-default;lz4
+	// +kubebuilder:validation:Enum=none;zstd;zstd-fastest;zstd-better-compression;s2-default;s2-better;pgzip;gzip;deflate-default
 	// +optional
 	Compression string `json:"compression,omitempty"`
 }
