@@ -37,6 +37,9 @@ trap 'rm -rf "$tmp"' EXIT
 go run ./hack/kubevirtcrd "$tmp/kubevirt.io_virtualmachines.yaml" \
 	"$OUT/test/crds/kubevirt/kubevirt.io_virtualmachines.yaml"
 
+# `go list -m` names no folder for a module not yet in the module cache.
+go mod download github.com/cert-manager/cert-manager
 certmanager="$(go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"
+[[ -d "$certmanager/deploy/crds" ]] || { echo "generate: no CRDs in cert-manager's module at '$certmanager'" >&2; exit 1; }
 rm -f "$OUT"/test/crds/cert-manager/*.yaml
 install -m 0644 "$certmanager"/deploy/crds/*.yaml "$OUT/test/crds/cert-manager/"
