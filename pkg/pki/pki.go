@@ -19,6 +19,7 @@ import (
 	"fmt"
 	"math/big"
 	"net"
+	"slices"
 	"time"
 )
 
@@ -180,4 +181,29 @@ func randomSerial() (*big.Int, error) {
 		return nil, fmt.Errorf("generate serial number: %w", err)
 	}
 	return serial, nil
+}
+
+// Chain returns the certificates of certPEM (a leaf and any intermediates)
+// followed by those of caPEM it does not already hold: the file a Kopia
+// server must present so that guests pinning the CA accept it. cert-manager
+// writes the leaf in tls.crt and the CA in ca.crt; the result is PEM.
+func Chain(certPEM, caPEM []byte) ([]byte, error) {
+	certs, err := ParseCerts(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("certificate: %w", err)
+	}
+	cas, err := ParseCerts(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA: %w", err)
+	}
+	var out []byte
+	for _, c := range certs {
+		out = append(out, EncodeCert(c)...)
+	}
+	for _, ca := range cas {
+		if !slices.ContainsFunc(certs, ca.Equal) {
+			out = append(out, EncodeCert(ca)...)
+		}
+	}
+	return out, nil
 }

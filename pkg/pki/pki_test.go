@@ -109,3 +109,34 @@ func TestFingerprint(t *testing.T) {
 		t.Fatalf("fingerprint %q is not 64 lowercase hex digits", want)
 	}
 }
+
+func TestChain(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueServing([]string{"server"}, nil, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, caPEM := EncodeCert(kp.Cert), ca.CertPEM()
+	for name, certPEM := range map[string][]byte{
+		"leaf only (cert-manager's tls.crt)": leaf,
+		"leaf and CA already":                append(append([]byte{}, leaf...), caPEM...),
+	} {
+		chain, err := Chain(certPEM, caPEM)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		certs, err := ParseCerts(chain)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(certs) != 2 || !certs[0].Equal(kp.Cert) || !certs[1].Equal(ca.Cert) {
+			t.Errorf("%s: chain has %d certificates, want leaf then CA once", name, len(certs))
+		}
+	}
+	if _, err := Chain(leaf, nil); err == nil || !strings.Contains(err.Error(), "CA") {
+		t.Errorf("a missing CA: error = %v", err)
+	}
+}

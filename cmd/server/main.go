@@ -1,0 +1,214 @@
+// Command guestbackup-server runs beside the Kopia server in a
+// BackupStorageLocationServer's pod:
+//
+//	guestbackup-server init        connect to or create the repository, write the TLS chain
+//	guestbackup-server sync-users  keep the repository's users equal to the users Secrets
+//
+// Passwords and storage credentials come from the environment (KOPIA_PASSWORD,
+// KOPIA_SERVER_CONTROL_PASSWORD, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+// AWS_SESSION_TOKEN), never from flags.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	"k8s.io/client-go/kubernetes"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: guestbackup-server init|sync-users [flags]")
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "init":
+		err = runInit(os.Args[2:])
+	case "sync-users":
+		err = runSyncUsers(os.Args[2:])
+	default:
+		err = fmt.Errorf("unknown command %q: want init or sync-users", os.Args[1])
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "guestbackup-server:", err)
+		os.Exit(1)
+	}
+}
+
+// env returns a required environment variable.
+func env(name string) (string, error) {
+	v := os.Getenv(name)
+	if v == "" {
+		return "", fmt.Errorf("environment variable %s is not set", name)
+	}
+	return v, nil
+}
+
+func runInit(args []string) error {
+	fs := flag.NewFlagSet("init", flag.ContinueOnError)
+	var (
+		o             kopiaserver.PrepareOptions
+		fsPath        string
+		s3            kopiaserver.S3Location
+		s3CAFile      string
+		defaultPolicy string
+	)
+	fs.StringVar(&o.ConfigFile, "config-file", "", "Where to write the repository connection.")
+	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "The server's certificate (tls.crt).")
+	fs.StringVar(&o.TLSCAFile, "tls-ca-file", "", "The CA that signed it (ca.crt).")
+	fs.StringVar(&o.ChainFile, "tls-chain-file", "", "Where to write leaf + CA for the server.")
+	fs.StringVar(&fsPath, "filesystem-path", "", "Folder of a filesystem repository.")
+	fs.StringVar(&s3.Bucket, "s3-bucket", "", "Bucket of an S3 repository.")
+	fs.StringVar(&s3.Endpoint, "s3-endpoint", "", "S3 endpoint (host[:port]).")
+	fs.StringVar(&s3.Region, "s3-region", "", "S3 region.")
+	fs.StringVar(&s3.Prefix, "s3-prefix", "", "Prefix of the repository's objects.")
+	fs.BoolVar(&s3.DisableTLS, "s3-disable-tls", false, "Talk plain HTTP to the S3 endpoint.")
+	fs.StringVar(&s3CAFile, "s3-ca-file", "", "PEM bundle of CAs for the S3 endpoint.")
+	fs.StringVar(&defaultPolicy, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy, applied when the repository is created.")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var err error
+	if o.Password, err = env("KOPIA_PASSWORD"); err != nil {
+		return err
+	}
+	switch {
+	case fsPath != "" && s3.Bucket == "":
+		o.Storage.Filesystem = &kopiaserver.FilesystemLocation{Path: fsPath}
+	case s3.Bucket != "" && fsPath == "":
+		if s3.AccessKeyID, err = env("AWS_ACCESS_KEY_ID"); err != nil {
+			return err
+		}
+		if s3.SecretAccessKey, err = env("AWS_SECRET_ACCESS_KEY"); err != nil {
+			return err
+		}
+		s3.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
+		if s3CAFile != "" {
+			if s3.CABundle, err = os.ReadFile(s3CAFile); err != nil {
+				return fmt.Errorf("read S3 CA bundle: %w", err)
+			}
+		}
+		o.Storage.S3 = &s3
+	default:
+		return errors.New("set exactly one of --filesystem-path and --s3-bucket")
+	}
+	if defaultPolicy != "" {
+		o.Defaults = &v1alpha1.PolicySpec{}
+		if err := json.Unmarshal([]byte(defaultPolicy), o.Defaults); err != nil {
+			return fmt.Errorf("--default-policy: %w", err)
+		}
+	}
+	created, err := kopiaserver.Prepare(context.Background(), o)
+	if err != nil {
+		return err
+	}
+	if created {
+		fmt.Println("created a new repository")
+	} else {
+		fmt.Println("connected to the existing repository")
+	}
+	return nil
+}
+
+func runSyncUsers(args []string) error {
+	fs := flag.NewFlagSet("sync-users", flag.ContinueOnError)
+	var (
+		o           usersync.Options
+		configFile  string
+		serverURL   string
+		controlUser string
+		caFile      string
+		healthAddr  string
+		logOpts     zap.Options
+	)
+	fs.StringVar(&o.Namespace, "namespace", "", "Namespace of the BSLS and its users Secrets.")
+	fs.StringVar(&o.BSLS, "bsls", "", "Name of the BSLS.")
+	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
+	fs.StringVar(&configFile, "config-file", "", "The repository connection written by init.")
+	fs.StringVar(&serverURL, "server-url", "", "The Kopia server in this pod, e.g. https://127.0.0.1:51515.")
+	fs.StringVar(&controlUser, "server-control-username", "server-control", "The server's control user.")
+	fs.StringVar(&caFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
+	fs.StringVar(&healthAddr, "health-addr", ":8082", "Address of /healthz and /readyz (ready once users are synced).")
+	logOpts.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if o.Namespace == "" || o.BSLS == "" || configFile == "" || serverURL == "" || caFile == "" {
+		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
+	}
+	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
+	password, err := env("KOPIA_PASSWORD")
+	if err != nil {
+		return err
+	}
+	controlPassword, err := env("KOPIA_SERVER_CONTROL_PASSWORD")
+	if err != nil {
+		return err
+	}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		return fmt.Errorf("read CA: %w", err)
+	}
+	cas, err := pki.ParseCerts(caPEM)
+	if err != nil {
+		return fmt.Errorf("CA %s: %w", caFile, err)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("load kubeconfig: %w", err)
+	}
+	if o.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		return err
+	}
+
+	ctx := ctrl.SetupSignalHandler()
+	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
+	if err != nil {
+		return fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
+	o.Repository = r
+	control := kopiaserver.NewControlClient(serverURL, controlUser, controlPassword, cas)
+	defer control.Close()
+	o.Server = control
+	syncer := usersync.New(o)
+
+	health := &http.Server{Addr: healthAddr, Handler: healthHandler(syncer), ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := health.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			o.Log.Error(err, "health endpoint stopped")
+		}
+	}()
+	defer health.Close()
+	return syncer.Run(ctx)
+}
+
+// healthHandler serves /healthz (the process is up) and /readyz (the
+// repository holds exactly the desired users; the body says why not).
+func healthHandler(s *usersync.Syncer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := s.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintf(w, "ok: %d users\n", s.Users())
+	})
+	return mux
+}
