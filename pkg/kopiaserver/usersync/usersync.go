@@ -65,6 +65,12 @@ type Syncer struct {
 	mu     sync.Mutex
 	status error
 	users  int
+
+	// refreshPending is set when users were written but the server has not
+	// confirmed a refresh since (it may not be listening yet): the next
+	// sync refreshes even when it finds nothing to change. Only Run's
+	// goroutine touches it.
+	refreshPending bool
 }
 
 var errNotSynced = errors.New("users not synced yet")
@@ -172,11 +178,15 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 		return 0, err
 	}
 	if len(changes) > 0 {
+		s.refreshPending = true
+		added, updated, deleted := count(changes)
+		s.opts.Log.Info("users written", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
+	}
+	if s.refreshPending {
 		if err := s.opts.Server.Refresh(ctx); err != nil {
 			return 0, fmt.Errorf("users written, but the server did not refresh: %w", err)
 		}
-		added, updated, deleted := count(changes)
-		s.opts.Log.Info("users synced", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
+		s.refreshPending = false
 	}
 	return len(desired), nil
 }

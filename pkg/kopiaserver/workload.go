@@ -1,0 +1,369 @@
+package kopiaserver
+
+import (
+	"encoding/json"
+	"fmt"
+	"path"
+	"strconv"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// Paths and ports inside a server pod. Listeners bind 0.0.0.0; the
+// user-sync container reaches its server on 127.0.0.1.
+const (
+	KopiaBinary  = "/usr/local/bin/kopia"
+	ServerBinary = "/usr/local/bin/guestbackup-server"
+
+	configDir     = "/config"
+	tlsDir        = "/tls"
+	repositoryDir = "/repository"
+	s3CADir       = "/s3-ca"
+
+	// ControlUsername is the server-control user of every managed server.
+	ControlUsername = "server-control"
+	// HealthPort serves the user-sync container's /healthz and /readyz.
+	HealthPort = 8082
+
+	// AnnotationTLSChecksum on the pod template changes when the certificate
+	// does: Kopia does not reload certificates, so a renewal rolls the pod.
+	AnnotationTLSChecksum = "guestbackup.io/tls-checksum"
+	// LabelBSLS names the BSLS a server object belongs to.
+	LabelBSLS = "guestbackup.io/bsls"
+)
+
+// Names of the objects the controller keeps for a BSLS.
+func DeploymentName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-server" }
+
+// ServiceAccountName is the identity of the server pod (and of its Role).
+func ServiceAccountName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-server" }
+
+// TLSSecretName holds tls.crt, tls.key and ca.crt of the server.
+func TLSSecretName(b *v1alpha1.BackupStorageLocationServer) string {
+	if b.Spec.TLS.SecretName != "" {
+		return b.Spec.TLS.SecretName
+	}
+	return b.Name + "-tls"
+}
+
+// ControlSecretName holds the server-control user's password (key "password").
+func ControlSecretName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-control" }
+
+// RepositoryPassword is where the repository password is read from.
+func RepositoryPassword(b *v1alpha1.BackupStorageLocationServer) corev1.SecretKeySelector {
+	if ref := b.Spec.Repository.PasswordSecretRef; ref != nil {
+		sel := *ref
+		if sel.Key == "" {
+			sel.Key = "password"
+		}
+		return sel
+	}
+	return corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: b.Name + "-repository"}, Key: "password"}
+}
+
+// ClaimName is the PersistentVolumeClaim of a filesystem repository.
+func ClaimName(b *v1alpha1.BackupStorageLocationServer) string {
+	if fs := b.Spec.Storage.Filesystem; fs != nil && fs.ClaimName != "" {
+		return fs.ClaimName
+	}
+	return b.Name + "-repository"
+}
+
+// Labels are on every object of a BSLS's server; the pod selector uses them.
+func Labels(b *v1alpha1.BackupStorageLocationServer) map[string]string {
+	return map[string]string{
+		"app.kubernetes.io/name":     "guestbackup-server",
+		"app.kubernetes.io/instance": b.Name,
+		v1alpha1.LabelManagedBy:      v1alpha1.ManagedByValue,
+		LabelBSLS:                    b.Name,
+	}
+}
+
+// WorkloadInputs is what the reconciler resolved for the workload: things
+// the BSLS does not say by itself.
+type WorkloadInputs struct {
+	// Image holds kopia and guestbackup-server.
+	Image string
+	// TLSChecksum identifies the certificate the pod was started with.
+	TLSChecksum string
+	// S3CredentialsSecret holds AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY
+	// (and optionally AWS_SESSION_TOKEN) for S3 storage.
+	S3CredentialsSecret string
+	// S3 is the bucket to use, from the BSLS or a Velero BSL.
+	S3 *v1alpha1.S3Storage
+	// S3CABundleConfigMap holds the S3 endpoint's CA bundle (key ca.crt),
+	// when the endpoint has a private CA.
+	S3CABundleConfigMap string
+}
+
+func secretEnv(name string, sel corev1.SecretKeySelector, optional bool) corev1.EnvVar {
+	sel.Optional = ptr.To(optional)
+	return corev1.EnvVar{Name: name, ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &sel}}
+}
+
+func secretKey(secret, key string) corev1.SecretKeySelector {
+	return corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: secret}, Key: key}
+}
+
+// restricted is the container security context OpenShift's restricted SCC
+// and Kubernetes' restricted Pod Security Standard both admit: no fixed UID.
+func restricted() *corev1.SecurityContext {
+	return &corev1.SecurityContext{
+		AllowPrivilegeEscalation: ptr.To(false),
+		ReadOnlyRootFilesystem:   ptr.To(true),
+		RunAsNonRoot:             ptr.To(true),
+		Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+		SeccompProfile:           &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+}
+
+// Deployment is the server pod: an init container that prepares the
+// repository and the TLS chain, the Kopia server as the supervised main
+// container, and the user-sync container beside it.
+func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*appsv1.Deployment, error) {
+	configFile := path.Join(configDir, "repository.config")
+	chainFile := path.Join(configDir, "tls-chain.pem")
+	port := strconv.Itoa(v1alpha1.DefaultServerPort)
+	password := secretEnv("KOPIA_PASSWORD", RepositoryPassword(b), false)
+	control := secretEnv("KOPIA_SERVER_CONTROL_PASSWORD", secretKey(ControlSecretName(b), "password"), false)
+	// Kopia keeps its caches and logs under HOME; the root filesystem is read-only.
+	home := corev1.EnvVar{Name: "HOME", Value: configDir}
+	noUpdates := corev1.EnvVar{Name: "KOPIA_CHECK_FOR_UPDATES", Value: "false"}
+
+	volumes := []corev1.Volume{
+		{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+		{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: TLSSecretName(b), DefaultMode: ptr.To[int32](0o400)}}},
+	}
+	configMount := corev1.VolumeMount{Name: "config", MountPath: configDir}
+	tlsMount := corev1.VolumeMount{Name: "tls", MountPath: tlsDir, ReadOnly: true}
+	initMounts := []corev1.VolumeMount{configMount, tlsMount}
+	initArgs := []string{
+		"init",
+		"--config-file=" + configFile,
+		"--tls-cert-file=" + path.Join(tlsDir, "tls.crt"),
+		"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
+		"--tls-chain-file=" + chainFile,
+	}
+	initEnv := []corev1.EnvVar{password, home, noUpdates}
+
+	switch {
+	case b.Spec.Storage.Filesystem != nil:
+		volumes = append(volumes, corev1.Volume{Name: "repository", VolumeSource: corev1.VolumeSource{
+			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ClaimName(b)},
+		}})
+		initMounts = append(initMounts, corev1.VolumeMount{Name: "repository", MountPath: repositoryDir})
+		initArgs = append(initArgs, "--filesystem-path="+path.Join(repositoryDir, b.Spec.Repository.PathPrefix))
+	case in.S3 != nil:
+		s3 := in.S3
+		initArgs = append(initArgs, "--s3-bucket="+s3.Bucket, "--s3-prefix="+path.Join(s3.Prefix, b.Spec.Repository.PathPrefix)+"/")
+		if s3.Endpoint != "" {
+			initArgs = append(initArgs, "--s3-endpoint="+s3.Endpoint)
+		}
+		if s3.Region != "" {
+			initArgs = append(initArgs, "--s3-region="+s3.Region)
+		}
+		if s3.DisableTLS {
+			initArgs = append(initArgs, "--s3-disable-tls")
+		}
+		if in.S3CABundleConfigMap != "" {
+			volumes = append(volumes, corev1.Volume{Name: "s3-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: in.S3CABundleConfigMap},
+				Items:                []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}},
+			}}})
+			initMounts = append(initMounts, corev1.VolumeMount{Name: "s3-ca", MountPath: s3CADir, ReadOnly: true})
+			initArgs = append(initArgs, "--s3-ca-file="+path.Join(s3CADir, "ca.crt"))
+		}
+		initEnv = append(initEnv,
+			secretEnv("AWS_ACCESS_KEY_ID", secretKey(in.S3CredentialsSecret, "AWS_ACCESS_KEY_ID"), false),
+			secretEnv("AWS_SECRET_ACCESS_KEY", secretKey(in.S3CredentialsSecret, "AWS_SECRET_ACCESS_KEY"), false),
+			secretEnv("AWS_SESSION_TOKEN", secretKey(in.S3CredentialsSecret, "AWS_SESSION_TOKEN"), true),
+		)
+	default:
+		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
+	}
+	if p := b.Spec.Repository.DefaultPolicy; p != nil {
+		data, err := json.Marshal(p)
+		if err != nil {
+			return nil, fmt.Errorf("encode default policy: %w", err)
+		}
+		initArgs = append(initArgs, "--default-policy="+string(data))
+	}
+
+	labels := Labels(b)
+	pod := corev1.PodSpec{
+		ServiceAccountName: ServiceAccountName(b),
+		SecurityContext: &corev1.PodSecurityContext{
+			RunAsNonRoot:   ptr.To(true),
+			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		},
+		InitContainers: []corev1.Container{{
+			Name: "init", Image: in.Image,
+			Command: []string{ServerBinary}, Args: initArgs,
+			Env: initEnv, VolumeMounts: initMounts,
+			SecurityContext: restricted(),
+		}},
+		Containers: []corev1.Container{
+			{
+				Name: "kopia", Image: in.Image,
+				Command: []string{KopiaBinary},
+				Args: []string{
+					"server", "start",
+					"--config-file=" + configFile,
+					"--address=0.0.0.0:" + port,
+					"--tls-cert-file=" + chainFile,
+					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
+					"--server-control-username=" + ControlUsername,
+					"--no-ui",
+				},
+				Env:          []corev1.EnvVar{password, control, home, noUpdates},
+				Ports:        []corev1.ContainerPort{{Name: "kopia", ContainerPort: v1alpha1.DefaultServerPort, Protocol: corev1.ProtocolTCP}},
+				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
+				// A TCP probe: an HTTP probe of the control API would need
+				// the control password in the pod spec.
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("kopia")}},
+					PeriodSeconds: 5,
+				},
+				LivenessProbe: &corev1.Probe{
+					ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("kopia")}},
+					InitialDelaySeconds: 30, PeriodSeconds: 20, FailureThreshold: 3,
+				},
+				Resources:       b.Spec.PodConfig.Resources,
+				SecurityContext: restricted(),
+			},
+			{
+				Name: "user-sync", Image: in.Image,
+				Command: []string{ServerBinary},
+				Args: []string{
+					"sync-users",
+					"--namespace=$(POD_NAMESPACE)",
+					"--bsls=" + b.Name,
+					"--config-file=" + configFile,
+					"--server-url=https://127.0.0.1:" + port,
+					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
+					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
+				},
+				Env: []corev1.EnvVar{
+					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
+					password, control, home, noUpdates,
+				},
+				Ports:        []corev1.ContainerPort{{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP}},
+				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
+				ReadinessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
+					PeriodSeconds: 5,
+				},
+				LivenessProbe: &corev1.Probe{
+					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("health")}},
+					PeriodSeconds: 20, FailureThreshold: 3,
+				},
+				SecurityContext: restricted(),
+			},
+		},
+		Volumes:           volumes,
+		NodeSelector:      b.Spec.PodConfig.NodeSelector,
+		Tolerations:       b.Spec.PodConfig.Tolerations,
+		Affinity:          b.Spec.PodConfig.Affinity,
+		PriorityClassName: b.Spec.PodConfig.PriorityClassName,
+	}
+	strategy := appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType}
+	if b.Spec.Storage.Filesystem != nil {
+		// A ReadWriteOnce claim cannot be mounted by the old and new pod at once.
+		strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
+	}
+	return &appsv1.Deployment{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
+		ObjectMeta: metav1.ObjectMeta{Name: DeploymentName(b), Namespace: b.Namespace, Labels: labels},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: b.Spec.Replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Strategy: strategy,
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationTLSChecksum: in.TLSChecksum}},
+				Spec:       pod,
+			},
+		},
+	}, nil
+}
+
+// Service is the server's Service; guests reach it by its DNS name unless
+// the BSLS advertises a clientURL.
+func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
+	port := b.Spec.Service.Port
+	if port == 0 {
+		port = v1alpha1.DefaultServerPort
+	}
+	svcType := b.Spec.Service.Type
+	if svcType == "" {
+		svcType = corev1.ServiceTypeClusterIP
+	}
+	return &corev1.Service{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Service"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServiceName(b), Namespace: b.Namespace, Labels: Labels(b), Annotations: b.Spec.Service.Annotations},
+		Spec: corev1.ServiceSpec{
+			Type:     svcType,
+			Selector: Labels(b),
+			Ports:    []corev1.ServicePort{{Name: "kopia", Port: port, TargetPort: intstr.FromString("kopia"), Protocol: corev1.ProtocolTCP}},
+		},
+	}
+}
+
+// ServerRole lets the server pod's user-sync container read the users
+// Secrets of its namespace, and nothing else.
+func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding) {
+	name := ServiceAccountName(b)
+	meta := metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}
+	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta}
+	names := make([]string, UserShards)
+	for i := range names {
+		names[i] = UsersSecretName(b.Name, i)
+	}
+	role := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: meta,
+		Rules: []rbacv1.PolicyRule{
+			// list and watch cannot be limited to names; get can.
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: names},
+		},
+	}
+	binding := &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: meta,
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: b.Namespace}},
+	}
+	return sa, role, binding
+}
+
+// NetworkPolicy admits traffic to the server only from namespaces the BSLS
+// allows (its own when it names none) and from the controller's namespace.
+func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace string) *networkingv1.NetworkPolicy {
+	allowed := b.Spec.Access.NamespaceSelector
+	if allowed == nil {
+		allowed = &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: b.Namespace}}
+	}
+	return &networkingv1.NetworkPolicy{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
+		ObjectMeta: metav1.ObjectMeta{Name: DeploymentName(b), Namespace: b.Namespace, Labels: Labels(b)},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: Labels(b)},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)}},
+				From: []networkingv1.NetworkPolicyPeer{
+					{NamespaceSelector: allowed},
+					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: controllerNamespace}}},
+				},
+			}},
+		},
+	}
+}
