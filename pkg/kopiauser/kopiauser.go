@@ -204,3 +204,20 @@ func List(ctx context.Context, r repo.Repository) (map[string]Hash, error) {
 	}
 	return users, nil
 }
+
+// ParseHash decodes what Hash.String encoded, and validates it.
+func ParseHash(s string) (Hash, error) {
+	data, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return Hash{}, fmt.Errorf("password hash: %w", err)
+	}
+	var v struct {
+		Version int    `json:"passwordHashVersion"`
+		Value   []byte `json:"passwordHash"`
+	}
+	if err := json.Unmarshal(data, &v); err != nil {
+		return Hash{}, fmt.Errorf("password hash: %w", err)
+	}
+	h := Hash{Version: HashVersion(v.Version), Value: v.Value}
+	return h, h.Validate()
+}

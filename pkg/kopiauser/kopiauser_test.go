@@ -63,6 +63,18 @@ func TestHash(t *testing.T) {
 		if HashVersion(decoded.Version) != version || string(decoded.Value) != string(h.Value) {
 			t.Errorf("version %d: String does not round-trip: %s", version, data)
 		}
+		parsed, err := ParseHash(h.String())
+		if err != nil || parsed.Version != h.Version || string(parsed.Value) != string(h.Value) {
+			t.Errorf("version %d: ParseHash(String()) = %v, %v", version, parsed, err)
+		}
+	}
+}
+
+func TestParseHashRejects(t *testing.T) {
+	for _, s := range []string{"", "%%%", "bm90IGpzb24=", (Hash{Version: 7, Value: make([]byte, 64)}).String()} {
+		if _, err := ParseHash(s); err == nil {
+			t.Errorf("ParseHash(%q) accepted it", s)
+		}
 	}
 }
 

@@ -207,3 +207,31 @@ func Chain(certPEM, caPEM []byte) ([]byte, error) {
 	}
 	return out, nil
 }
+
+// ParseCA decodes a CA's certificate and PKCS#8 EC key, as CertPEM and KeyPEM
+// encode them, and checks that they belong together.
+func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
+	certs, err := ParseCerts(certPEM)
+	if err != nil {
+		return nil, fmt.Errorf("CA certificate: %w", err)
+	}
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		return nil, errors.New("CA key: no PEM block found")
+	}
+	parsed, err := x509.ParsePKCS8PrivateKey(block.Bytes)
+	if err != nil {
+		return nil, fmt.Errorf("CA key: %w", err)
+	}
+	key, ok := parsed.(*ecdsa.PrivateKey)
+	if !ok {
+		return nil, fmt.Errorf("CA key is a %T, want an ECDSA key", parsed)
+	}
+	if !key.PublicKey.Equal(certs[0].PublicKey) {
+		return nil, errors.New("CA key does not match the CA certificate")
+	}
+	if !certs[0].IsCA {
+		return nil, errors.New("CA certificate is not a CA")
+	}
+	return &CA{Cert: certs[0], Key: key}, nil
+}

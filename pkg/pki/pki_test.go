@@ -140,3 +140,31 @@ func TestChain(t *testing.T) {
 		t.Errorf("a missing CA: error = %v", err)
 	}
 }
+
+func TestParseCA(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := ca.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := ParseCA(ca.CertPEM(), key)
+	if err != nil || !parsed.Cert.Equal(ca.Cert) {
+		t.Fatalf("ParseCA = %v, %v", parsed, err)
+	}
+	other, err := NewCA("other", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	otherKey, _ := other.KeyPEM()
+	if _, err := ParseCA(ca.CertPEM(), otherKey); err == nil || !strings.Contains(err.Error(), "does not match") {
+		t.Errorf("mismatched key: error = %v", err)
+	}
+	leaf, _ := ca.IssueServing([]string{"a"}, nil, time.Hour)
+	leafKey, _ := leaf.KeyPEM()
+	if _, err := ParseCA(EncodeCert(leaf.Cert), leafKey); err == nil || !strings.Contains(err.Error(), "not a CA") {
+		t.Errorf("a leaf as CA: error = %v", err)
+	}
+}
