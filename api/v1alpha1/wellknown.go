@@ -46,3 +46,18 @@ const (
 	// LabelServerName is the name of the BSLS a Secret's user lives on.
 	LabelServerName = "guestbackup.io/server-name"
 )
+
+// Keys of a per-VM credential Secret. The webhook writes the first three; the
+// controller adds the hash, once per generation, for the server's user sync.
+const (
+	// SecretKeyUsername holds the VM's Kopia identity, <vm>@<namespace>.
+	SecretKeyUsername = "username"
+	// SecretKeyPassword holds the VM's Kopia password.
+	SecretKeyPassword = "password"
+	// SecretKeyGeneration is bumped whenever the password is rotated.
+	SecretKeyGeneration = "generation"
+	// SecretKeyPasswordHash is the password hashed as Kopia stores it.
+	SecretKeyPasswordHash = "passwordHash"
+	// SecretKeyPasswordHashGeneration is the generation the hash was computed for.
+	SecretKeyPasswordHashGeneration = "passwordHashGeneration"
+)
