@@ -17,9 +17,11 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/kopia/kopia/repo"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -67,6 +69,9 @@ func runInit(args []string) error {
 		s3            kopiaserver.S3Location
 		s3CAFile      string
 		defaultPolicy string
+		veleroSecret  string
+		veleroKey     string
+		veleroProfile string
 	)
 	fs.StringVar(&o.ConfigFile, "config-file", "", "Where to write the repository connection.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "The server's certificate (tls.crt).")
@@ -79,6 +84,9 @@ func runInit(args []string) error {
 	fs.StringVar(&s3.Prefix, "s3-prefix", "", "Prefix of the repository's objects.")
 	fs.BoolVar(&s3.DisableTLS, "s3-disable-tls", false, "Talk plain HTTP to the S3 endpoint.")
 	fs.StringVar(&s3CAFile, "s3-ca-file", "", "PEM bundle of CAs for the S3 endpoint.")
+	fs.StringVar(&veleroSecret, "s3-credentials-secret", "", "<namespace>/<name> of a Velero credential Secret to read the S3 credentials from, through the API, instead of the environment.")
+	fs.StringVar(&veleroKey, "s3-credentials-key", "cloud", "Key of that Secret holding an AWS shared credentials file.")
+	fs.StringVar(&veleroProfile, "s3-credentials-profile", "default", "Profile of that file to use.")
 	fs.StringVar(&defaultPolicy, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy, applied when the repository is created.")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -91,13 +99,19 @@ func runInit(args []string) error {
 	case fsPath != "" && s3.Bucket == "":
 		o.Storage.Filesystem = &kopiaserver.FilesystemLocation{Path: fsPath}
 	case s3.Bucket != "" && fsPath == "":
-		if s3.AccessKeyID, err = env("AWS_ACCESS_KEY_ID"); err != nil {
-			return err
+		if veleroSecret != "" {
+			if s3.AccessKeyID, s3.SecretAccessKey, s3.SessionToken, err = veleroCredentials(veleroSecret, veleroKey, veleroProfile); err != nil {
+				return err
+			}
+		} else {
+			if s3.AccessKeyID, err = env(kopiaserver.AWSAccessKeyID); err != nil {
+				return err
+			}
+			if s3.SecretAccessKey, err = env(kopiaserver.AWSSecretAccessKey); err != nil {
+				return err
+			}
+			s3.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
 		}
-		if s3.SecretAccessKey, err = env("AWS_SECRET_ACCESS_KEY"); err != nil {
-			return err
-		}
-		s3.SessionToken = os.Getenv("AWS_SESSION_TOKEN")
 		if s3CAFile != "" {
 			if s3.CABundle, err = os.ReadFile(s3CAFile); err != nil {
 				return fmt.Errorf("read S3 CA bundle: %w", err)
@@ -123,6 +137,35 @@ func runInit(args []string) error {
 		fmt.Println("connected to the existing repository")
 	}
 	return nil
+}
+
+// veleroCredentials reads S3 credentials from a Velero credential Secret
+// (an AWS shared credentials file) through the API; the pod's service
+// account may get that one Secret.
+func veleroCredentials(ref, key, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
+	namespace, name, ok := strings.Cut(ref, "/")
+	if !ok || namespace == "" || name == "" {
+		return "", "", "", fmt.Errorf("--s3-credentials-secret %q: want <namespace>/<name>", ref)
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return "", "", "", fmt.Errorf("load kubeconfig: %w", err)
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return "", "", "", err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	secret, err := cs.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", "", "", fmt.Errorf("read Velero's credentials: %w", err)
+	}
+	accessKeyID, secretAccessKey, sessionToken, err = kopiaserver.ParseAWSCredentials(secret.Data[key], profile)
+	if err != nil {
+		return "", "", "", fmt.Errorf("Secret %s, key %s: %w", ref, key, err)
+	}
+	return accessKeyID, secretAccessKey, sessionToken, nil
 }
 
 func runSyncUsers(args []string) error {

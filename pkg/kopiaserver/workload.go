@@ -38,6 +38,9 @@ const (
 	AnnotationTLSChecksum = "guestbackup.io/tls-checksum"
 	// LabelBSLS names the BSLS a server object belongs to.
 	LabelBSLS = "guestbackup.io/bsls"
+	// LabelBSLSNamespace is the BSLS's namespace, on objects kept in
+	// another namespace for it.
+	LabelBSLSNamespace = "guestbackup.io/bsls-namespace"
 )
 
 // Names of the objects the controller keeps for a BSLS.
@@ -102,6 +105,14 @@ type WorkloadInputs struct {
 	// S3CABundleConfigMap holds the S3 endpoint's CA bundle (key ca.crt),
 	// when the endpoint has a private CA.
 	S3CABundleConfigMap string
+	// VeleroCredentials, instead of S3CredentialsSecret, is a Velero
+	// credential Secret the init container reads through the API.
+	VeleroCredentials *VeleroCredentials
+}
+
+// VeleroCredentials name an AWS credentials file in a Velero Secret.
+type VeleroCredentials struct {
+	Namespace, Secret, Key, Profile string
 }
 
 func secretEnv(name string, sel corev1.SecretKeySelector, optional bool) corev1.EnvVar {
@@ -181,11 +192,20 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			initMounts = append(initMounts, corev1.VolumeMount{Name: "s3-ca", MountPath: s3CADir, ReadOnly: true})
 			initArgs = append(initArgs, "--s3-ca-file="+path.Join(s3CADir, "ca.crt"))
 		}
-		initEnv = append(initEnv,
-			secretEnv("AWS_ACCESS_KEY_ID", secretKey(in.S3CredentialsSecret, "AWS_ACCESS_KEY_ID"), false),
-			secretEnv("AWS_SECRET_ACCESS_KEY", secretKey(in.S3CredentialsSecret, "AWS_SECRET_ACCESS_KEY"), false),
-			secretEnv("AWS_SESSION_TOKEN", secretKey(in.S3CredentialsSecret, "AWS_SESSION_TOKEN"), true),
-		)
+		if v := in.VeleroCredentials; v != nil {
+			// A Secret in another namespace cannot be mounted: read it
+			// through the API, as the service account's Role allows.
+			initArgs = append(initArgs,
+				"--s3-credentials-secret="+v.Namespace+"/"+v.Secret,
+				"--s3-credentials-key="+v.Key,
+				"--s3-credentials-profile="+v.Profile)
+		} else {
+			initEnv = append(initEnv,
+				secretEnv(AWSAccessKeyID, secretKey(in.S3CredentialsSecret, AWSAccessKeyID), false),
+				secretEnv(AWSSecretAccessKey, secretKey(in.S3CredentialsSecret, AWSSecretAccessKey), false),
+				secretEnv("AWS_SESSION_TOKEN", secretKey(in.S3CredentialsSecret, "AWS_SESSION_TOKEN"), true),
+			)
+		}
 	default:
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
 	}
@@ -208,7 +228,10 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			Name: "init", Image: in.Image,
 			Command: []string{ServerBinary}, Args: initArgs,
 			Env: initEnv, VolumeMounts: initMounts,
-			SecurityContext: restricted(),
+			// Its last log lines say why the repository did not open; the
+			// controller puts them in RepositoryReady.
+			TerminationMessagePolicy: corev1.TerminationMessageFallbackToLogsOnError,
+			SecurityContext:          restricted(),
 		}},
 		Containers: []corev1.Container{
 			{

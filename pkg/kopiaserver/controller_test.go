@@ -1,0 +1,400 @@
+package kopiaserver_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+const (
+	controllerNamespace = "guestbackup-system"
+	// reconciled bounds how long the controller may take to act on a change.
+	reconciled = 20 * time.Second
+)
+
+// startController runs the controller's reconcilers in-process against
+// api, as cmd/controller wires them.
+func startController(api *testbed.APIServer) {
+	GinkgoHelper()
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme:                 api.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 GinkgoLogr,
+		// Each Describe starts its own manager in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	Expect(err).NotTo(HaveOccurred())
+	r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
+	Expect(r.SetupWithManager(mgr)).To(Succeed())
+	Expect((&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2)).To(Succeed())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	DeferCleanup(func() {
+		cancel()
+		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
+	})
+}
+
+// credentialSecret is a per-VM Secret as the webhook writes it.
+func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generation string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: vm + "-guestbackup", Namespace: namespace,
+			Labels: map[string]string{
+				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+				v1alpha1.LabelVM:              vm,
+				v1alpha1.LabelServerNamespace: bslsNamespace,
+				v1alpha1.LabelServerName:      bslsName,
+			},
+		},
+		Data: map[string][]byte{
+			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + namespace),
+			v1alpha1.SecretKeyPassword:   []byte(password),
+			v1alpha1.SecretKeyGeneration: []byte(generation),
+		},
+	}
+}
+
+var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
+	const ns = "storage"
+	var (
+		ctx      context.Context
+		api      *testbed.APIServer
+		binaries map[string]string
+	)
+
+	get := func(name string, obj client.Object) func() error {
+		return func() error { return api.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj) }
+	}
+	bslsNamed := func(name string) *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		b := &v1alpha1.BackupStorageLocationServer{}
+		Expect(get(name, b)()).To(Succeed())
+		return b
+	}
+	condition := func(name, t string) func() *metav1.Condition {
+		return func() *metav1.Condition {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			if err := get(name, b)(); err != nil {
+				return nil
+			}
+			return meta.FindStatusCondition(b.Status.Conditions, t)
+		}
+	}
+	haveCondition := func(status metav1.ConditionStatus, reason, message string) OmegaMatcher {
+		return And(Not(BeNil()), HaveField("Status", status), HaveField("Reason", reason), HaveField("Message", ContainSubstring(message)))
+	}
+	create := func(name string, spec v1alpha1.BackupStorageLocationServerSpec) *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}
+		Expect(api.Client.Create(ctx, b)).To(Succeed())
+		return b
+	}
+	events := func(name string) func() []string {
+		return func() []string {
+			list := &corev1.EventList{}
+			if err := api.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
+				return nil
+			}
+			var out []string
+			for _, e := range list.Items {
+				if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name {
+					out = append(out, e.Type+" "+e.Reason+": "+e.Message)
+				}
+			}
+			return out
+		}
+	}
+	filesystem := v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+		for _, name := range []string{ns, controllerNamespace, "team-a", "team-b"} {
+			labels := map[string]string{"backup": "allowed"}
+			if name == "team-b" {
+				labels = nil
+			}
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})).To(Succeed())
+		}
+		binaries = map[string]string{
+			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
+			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+		}
+		startController(api)
+	})
+
+	Describe("a filesystem BSLS with every default", Ordered, func() {
+		const name = "main"
+		var (
+			bsls       *v1alpha1.BackupStorageLocationServer
+			deployment *appsv1.Deployment
+			pod        *testbed.Pod
+			pin        string
+			claimDir   string
+		)
+		connect := func(user, password string) func() error {
+			return func() error {
+				out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, user, password)
+				if err != nil {
+					return fmt.Errorf("%w: %s", err, out)
+				}
+				return nil
+			}
+		}
+
+		BeforeAll(func() {
+			bsls = create(name, v1alpha1.BackupStorageLocationServerSpec{
+				Storage: filesystem,
+				Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
+			})
+			claimDir = GinkgoT().TempDir()
+		})
+
+		It("issues a CA of its own and reports its pin and the endpoint", func() {
+			Eventually(condition(name, v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
+				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret main-tls"))
+			ca := &corev1.Secret{}
+			Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
+			certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+			Expect(err).NotTo(HaveOccurred())
+			b := bslsNamed(name)
+			Expect(b.Status.TLSFingerprint).To(Equal(pki.Fingerprint(certs[0])))
+			Expect(b.Status.Endpoint).To(Equal("https://main.storage.svc:51515"))
+			pin = b.Status.TLSFingerprint
+
+			leaf := &corev1.Secret{}
+			Expect(get(kopiaserver.TLSSecretName(bsls), leaf)()).To(Succeed())
+			leafCerts, err := pki.ParseCerts(leaf.Data[corev1.TLSCertKey])
+			Expect(err).NotTo(HaveOccurred())
+			Expect(leafCerts[0].DNSNames).To(ContainElements("main.storage.svc", "main.storage.svc.cluster.local"))
+			Expect(leafCerts[0].CheckSignatureFrom(certs[0])).To(Succeed())
+		})
+
+		It("keeps what holds the backups when the BSLS goes: claim, repository password and CA have no owner", func() {
+			claim := &corev1.PersistentVolumeClaim{}
+			Eventually(get(kopiaserver.ClaimName(bsls), claim)).WithTimeout(reconciled).Should(Succeed())
+			Expect(claim.Spec.Resources.Requests[corev1.ResourceStorage]).To(Equal(resource.MustParse("10Gi")))
+			password, ca := &corev1.Secret{}, &corev1.Secret{}
+			Expect(get(kopiaserver.RepositoryPassword(bsls).Name, password)()).To(Succeed())
+			Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
+			for _, obj := range []client.Object{claim, password, ca} {
+				Expect(obj.GetOwnerReferences()).To(BeEmpty(), "%T %s", obj, obj.GetName())
+				Expect(obj.GetAnnotations()).To(HaveKeyWithValue(kopiaserver.AnnotationKeep, ContainSubstring("not deleted with it")))
+			}
+			Expect(password.Data["password"]).To(HaveLen(43)) // 256 bits
+			Eventually(events(name)).Should(ContainElement(ContainSubstring("RepositoryPasswordGenerated")))
+		})
+
+		It("writes a restricted server Deployment that carries no password in its spec", func() {
+			deployment = &appsv1.Deployment{}
+			Eventually(get(kopiaserver.DeploymentName(bsls), deployment)).WithTimeout(reconciled).Should(Succeed())
+			Expect(deployment.OwnerReferences).To(ConsistOf(HaveField("Name", name)))
+			Expect(deployment.Spec.Template.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationTLSChecksum, Not(BeEmpty())))
+			spec := deployment.Spec.Template.Spec
+			Expect(spec.Containers[0].Command).To(Equal([]string{kopiaserver.KopiaBinary}))
+			password := &corev1.Secret{}
+			Expect(get(kopiaserver.RepositoryPassword(bsls).Name, password)()).To(Succeed())
+			for _, c := range append(spec.InitContainers, spec.Containers...) {
+				Expect(strings.Join(c.Args, " ")).NotTo(ContainSubstring(string(password.Data["password"])))
+				for _, e := range c.Env {
+					Expect(e.Value).NotTo(ContainSubstring(string(password.Data["password"])))
+				}
+				Expect(c.SecurityContext).To(HaveField("RunAsUser", BeNil()))
+				Expect(*c.SecurityContext.ReadOnlyRootFilesystem).To(BeTrue())
+				Expect(c.SecurityContext.Capabilities.Drop).To(ConsistOf(corev1.Capability("ALL")))
+			}
+
+			svc := &corev1.Service{}
+			Expect(get(kopiaserver.ServiceName(bsls), svc)()).To(Succeed())
+			Expect(svc.Spec.Ports).To(ConsistOf(HaveField("Port", int32(51515))))
+			policy := &networkingv1.NetworkPolicy{}
+			Expect(get(kopiaserver.DeploymentName(bsls), policy)()).To(Succeed())
+			Expect(policy.Spec.Ingress[0].From).To(ConsistOf(
+				HaveField("NamespaceSelector.MatchLabels", map[string]string{"backup": "allowed"}),
+				HaveField("NamespaceSelector.MatchLabels", map[string]string{corev1.LabelMetadataName: controllerNamespace}),
+			))
+
+			Expect(condition(name, v1alpha1.ConditionServerAvailable)()).To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonServerStarting, "no available server pod"))
+			Expect(condition(name, v1alpha1.ConditionReady)()).To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonNotReady, "ServerAvailable"))
+		})
+
+		Describe("once the pod it specified runs", Ordered, func() {
+			BeforeAll(func() {
+				deployment = &appsv1.Deployment{}
+				Eventually(get(kopiaserver.DeploymentName(bsls), deployment)).WithTimeout(reconciled).Should(Succeed())
+				pod = testbed.RunPod(GinkgoT(), testbed.PodOptions{
+					Namespace: ns,
+					Spec:      deployment.Spec.Template.Spec,
+					Binaries:  binaries,
+					Claims:    map[string]string{kopiaserver.ClaimName(bsls): claimDir},
+					API:       api,
+				})
+				Expect(pod.WaitReady(2 * time.Minute)).To(Succeed())
+				markAvailable(ctx, api, deployment)
+			})
+
+			It("becomes Ready", func() {
+				Eventually(condition(name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+					Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, "https://main.storage.svc:51515"))
+				Expect(condition(name, v1alpha1.ConditionRepositoryReady)()).To(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonRepositoryOpened, "PersistentVolumeClaim main-repository"))
+				Expect(bslsNamed(name).Status.ObservedGeneration).To(Equal(bslsNamed(name).Generation))
+			})
+
+			It("provisions a VM's user from its credential Secret within seconds, pinned to status.tlsFingerprint", func() {
+				password := testbed.RandomPassword()
+				Expect(api.Client.Create(ctx, credentialSecret("web", "team-a", ns, name, password, "1"))).To(Succeed())
+				Eventually(connect("web@team-a", password)).WithTimeout(provisioned).Should(Succeed())
+				Eventually(func() int32 { return bslsNamed(name).Status.Users }).WithTimeout(reconciled).Should(Equal(int32(1)))
+				Expect(connect("web@team-a", "wrong")()).To(MatchError(ContainSubstring("access denied")))
+
+				By("hashing the password once and keeping the hash beside it")
+				s := &corev1.Secret{}
+				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
+				Expect(s.Data).To(HaveKeyWithValue(v1alpha1.SecretKeyPasswordHashGeneration, []byte("1")))
+				Expect(credentials.HashFor(s).Matches(password)).To(BeTrue())
+			})
+
+			It("accepts only the new password after a rotation", func() {
+				s := &corev1.Secret{}
+				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
+				old := string(s.Data[v1alpha1.SecretKeyPassword])
+				rotated := testbed.RandomPassword()
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(rotated)
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte("2")
+				Expect(api.Client.Update(ctx, s)).To(Succeed())
+				Eventually(connect("web@team-a", rotated)).WithTimeout(provisioned).Should(Succeed())
+				Expect(connect("web@team-a", old)()).To(MatchError(ContainSubstring("access denied")))
+			})
+
+			It("refuses a VM in a namespace its namespaceSelector does not select, and says why", func() {
+				password := testbed.RandomPassword()
+				Expect(api.Client.Create(ctx, credentialSecret("db", "team-b", ns, name, password, "1"))).To(Succeed())
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(
+					"Warning UserRefused: Credential Secret team-b/db-guestbackup is not provisioned: namespace team-b is not selected by spec.access.namespaceSelector"))
+				Expect(connect("db@team-b", password)()).To(MatchError(ContainSubstring("access denied")))
+
+				By("provisioning it once the namespace is selected")
+				nsObj := &corev1.Namespace{}
+				Expect(api.Client.Get(ctx, types.NamespacedName{Name: "team-b"}, nsObj)).To(Succeed())
+				nsObj.Labels = map[string]string{"backup": "allowed"}
+				Expect(api.Client.Update(ctx, nsObj)).To(Succeed())
+				Eventually(connect("db@team-b", password)).WithTimeout(provisioned).Should(Succeed())
+			})
+
+			It("revokes a user whose credential Secret is deleted", func() {
+				s := &corev1.Secret{}
+				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-b", Name: "db-guestbackup"}, s)).To(Succeed())
+				password := string(s.Data[v1alpha1.SecretKeyPassword])
+				Expect(api.Client.Delete(ctx, s)).To(Succeed())
+				Eventually(connect("db@team-b", password)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
+				Eventually(func() int32 { return bslsNamed(name).Status.Users }).WithTimeout(reconciled).Should(Equal(int32(1)))
+			})
+
+			It("renews the leaf under the same CA and rolls the server, so the guests' pin still holds", func() {
+				before := deployment.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
+				// A leaf that no longer names the Service is re-issued at once.
+				leaf := &corev1.Secret{}
+				Expect(get(kopiaserver.TLSSecretName(bsls), leaf)()).To(Succeed())
+				Expect(api.Client.Delete(ctx, leaf)).To(Succeed())
+				Eventually(func() string {
+					d := &appsv1.Deployment{}
+					if err := get(kopiaserver.DeploymentName(bsls), d)(); err != nil {
+						return ""
+					}
+					return d.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
+				}).WithTimeout(reconciled).ShouldNot(Or(BeEmpty(), Equal(before)))
+				Expect(bslsNamed(name).Status.TLSFingerprint).To(Equal(pin))
+			})
+		})
+	})
+
+	DescribeTable("reports a bad spec in the condition that names the fix",
+		func(name string, spec v1alpha1.BackupStorageLocationServerSpec, setup []client.Object, condType, reason, message string) {
+			for _, obj := range setup {
+				obj.SetNamespace(ns)
+				Expect(api.Client.Create(ctx, obj)).To(Succeed())
+			}
+			create(name, spec)
+			Eventually(condition(name, condType)).WithTimeout(reconciled).Should(haveCondition(metav1.ConditionFalse, reason, message))
+			Expect(condition(name, v1alpha1.ConditionReady)()).To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonNotReady, condType))
+			Eventually(events(name)).Should(ContainElement(ContainSubstring("Warning " + reason + ": " + condType + ": " + message)))
+			Expect(get(name+"-server", &appsv1.Deployment{})()).NotTo(Succeed(), "no server starts without its prerequisites")
+		},
+		Entry("a claim that does not exist", "missing-claim",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{ClaimName: "nope"}}}, nil,
+			v1alpha1.ConditionRepositoryReady, kopiaserver.ReasonClaimNotFound,
+			"PersistentVolumeClaim nope not found in namespace storage: create it, or remove storage.filesystem.claimName"),
+		Entry("S3 credentials without the secret key", "s3-half-credentials",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{Bucket: "backups", CredentialsSecret: corev1.LocalObjectReference{Name: "s3-creds"}}}},
+			[]client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-creds"}, Data: map[string][]byte{"AWS_ACCESS_KEY_ID": []byte("AKIA")}}},
+			v1alpha1.ConditionRepositoryReady, kopiaserver.ReasonCredentialsInvalid, "Secret s3-creds has no key AWS_SECRET_ACCESS_KEY"),
+		Entry("a repository password Secret that does not exist", "missing-password",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, Repository: v1alpha1.RepositorySpec{PasswordSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "repo-pass"}, Key: "pw"}}}, nil,
+			v1alpha1.ConditionRepositoryReady, kopiaserver.ReasonPasswordSecretInvalid,
+			"Secret repo-pass not found in namespace storage: create it with the repository password in key pw"),
+		Entry("a TLS Secret that does not exist", "missing-tls",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "my-tls"}}, nil,
+			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonTLSSecretNotFound, "Secret my-tls not found in namespace storage: create a kubernetes.io/tls Secret"),
+		Entry("a TLS Secret without its CA", "tls-without-ca",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "leaf-only"}},
+			[]client.Object{&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "leaf-only"}, Data: map[string][]byte{"tls.crt": []byte("x"), "tls.key": []byte("y")}}},
+			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonTLSSecretInvalid, "Secret leaf-only has no key ca.crt"),
+		Entry("a Velero BSL while Velero is not installed", "velero-missing",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Name: "default", Namespace: "velero"}}}, nil,
+			v1alpha1.ConditionRepositoryReady, kopiaserver.ReasonBackupStorageLocationInvalid,
+			"storage.backupStorageLocation names Velero BackupStorageLocation velero/default, but Velero's BackupStorageLocation CRD is not installed"),
+		Entry("a cert-manager issuer that does not issue", "pending-issuer",
+			v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{IssuerRef: &v1alpha1.IssuerReference{Name: "absent", Kind: "ClusterIssuer"}}}, nil,
+			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonCertificatePending, "Certificate pending-issuer-server from cert-manager ClusterIssuer absent is not issued yet"),
+	)
+
+	It("asks cert-manager for a certificate valid for the Service's names", func() {
+		cert := &certmanagerv1.Certificate{}
+		Eventually(get("pending-issuer-server", cert)).WithTimeout(reconciled).Should(Succeed())
+		Expect(cert.Spec.SecretName).To(Equal("pending-issuer-tls"))
+		Expect(cert.Spec.DNSNames).To(ContainElements("pending-issuer.storage.svc", "pending-issuer.storage.svc.cluster.local"))
+		Expect(cert.Spec.IssuerRef.Name).To(Equal("absent"))
+		Expect(cert.OwnerReferences).To(ConsistOf(HaveField("Name", "pending-issuer")))
+	})
+})
+
+// markAvailable records in a Deployment's status what the deployment
+// controller would once its pod is ready: envtest runs no controllers, and
+// the pod ran here, from that Deployment's template.
+func markAvailable(ctx context.Context, api *testbed.APIServer, d *appsv1.Deployment) {
+	GinkgoHelper()
+	Eventually(func() error {
+		cur := &appsv1.Deployment{}
+		if err := api.Client.Get(ctx, client.ObjectKeyFromObject(d), cur); err != nil {
+			return err
+		}
+		cur.Status = appsv1.DeploymentStatus{ObservedGeneration: cur.Generation, Replicas: 1, ReadyReplicas: 1, AvailableReplicas: 1, UpdatedReplicas: 1}
+		return api.Client.Status().Update(ctx, cur)
+	}).WithTimeout(10 * time.Second).Should(Succeed())
+}

@@ -1,0 +1,500 @@
+package kopiaserver
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"time"
+
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+)
+
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=configmaps;services;serviceaccounts,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
+// +kubebuilder:rbac:groups="",resources=pods;namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;list;watch;create;update;patch
+
+// FieldOwner is the server-side apply field manager of everything the
+// controller writes.
+const FieldOwner = "guestbackup-controller"
+
+// retryProblem is how soon a BSLS with a problem that no watch reports
+// fixed (a claim or an issuer created later) is looked at again.
+const retryProblem = 30 * time.Second
+
+// Reconciler turns each BackupStorageLocationServer into a running Kopia
+// server: storage, repository password, certificate, server workload and
+// the users Secrets its pod syncs from, and reports all of it in status.
+type Reconciler struct {
+	Client   client.Client
+	Scheme   *runtime.Scheme
+	Recorder record.EventRecorder
+	// Image holds kopia and guestbackup-server; server pods run it.
+	Image string
+	// ControllerNamespace is admitted by every server's NetworkPolicy.
+	ControllerNamespace string
+	// DefaultIssuer signs the servers of BSLSs that name no issuer, when
+	// cert-manager is installed; nil: the controller issues a CA itself.
+	DefaultIssuer *v1alpha1.IssuerReference
+	// CertManager is true when cert-manager's Certificate CRD is served;
+	// SetupWithManager detects it.
+	CertManager bool
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (r *Reconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+// SetupWithManager registers the reconciler and what it watches.
+func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.Scheme == nil {
+		r.Scheme = mgr.GetScheme()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorderFor(FieldOwner)
+	}
+	_, err := mgr.GetRESTMapper().RESTMapping(schema.GroupKind{Group: certmanagerv1.SchemeGroupVersion.Group, Kind: "Certificate"}, certmanagerv1.SchemeGroupVersion.Version)
+	switch {
+	case err == nil:
+		r.CertManager = true
+	case meta.IsNoMatchError(err):
+		r.CertManager = false
+	default:
+		return fmt.Errorf("look up cert-manager's Certificate kind: %w", err)
+	}
+
+	b := ctrl.NewControllerManagedBy(mgr).
+		Named("backupstoragelocationserver").
+		For(&v1alpha1.BackupStorageLocationServer{}, builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Owns(&appsv1.Deployment{}).
+		Owns(&corev1.Service{}).
+		Owns(&networkingv1.NetworkPolicy{}).
+		// Secrets: credential Secrets name their BSLS; any other Secret
+		// (an admin's TLS, S3 or password Secret) concerns the BSLSs of
+		// its namespace.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfSecret)).
+		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestsFromMapFunc(r.bslsInNamespace)).
+		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(bslsOfPod)).
+		// A namespace's labels decide whether its VMs may use a server.
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allBSLS), builder.WithPredicates(predicate.LabelChangedPredicate{}))
+	if r.CertManager {
+		b = b.Owns(&certmanagerv1.Certificate{})
+	}
+	return b.Complete(r)
+}
+
+func (r *Reconciler) bslsOfSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	l := o.GetLabels()
+	if credentials.Selector().Matches(labels.Set(l)) {
+		if ns, name := l[v1alpha1.LabelServerNamespace], l[v1alpha1.LabelServerName]; ns != "" && name != "" {
+			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
+		}
+		return nil
+	}
+	if l[LabelUsersOf] != "" {
+		return nil // written by this reconciler
+	}
+	return r.bslsInNamespace(ctx, o)
+}
+
+func (r *Reconciler) bslsInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.listBSLS(ctx, client.InNamespace(o.GetNamespace()))
+}
+
+func (r *Reconciler) allBSLS(ctx context.Context, _ client.Object) []reconcile.Request {
+	return r.listBSLS(ctx)
+}
+
+func (r *Reconciler) listBSLS(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
+	list := &v1alpha1.BackupStorageLocationServerList{}
+	if err := r.Client.List(ctx, list, opts...); err != nil {
+		log.FromContext(ctx).Error(err, "list BackupStorageLocationServers")
+		return nil
+	}
+	reqs := make([]reconcile.Request, len(list.Items))
+	for i := range list.Items {
+		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+	}
+	return reqs
+}
+
+func bslsOfPod(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[LabelBSLS]
+	if name == "" || o.GetLabels()[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+}
+
+// own sets b as obj's controlling owner.
+func (r *Reconciler) own(b *v1alpha1.BackupStorageLocationServer, obj client.Object) error {
+	if err := controllerutil.SetControllerReference(b, obj, r.Scheme); err != nil {
+		return fmt.Errorf("own %T %s: %w", obj, obj.GetName(), err)
+	}
+	return nil
+}
+
+// apply writes obj, owned by b, with server-side apply: fields the
+// controller does not set (defaults, other managers') are left alone, and
+// an unchanged object is not written.
+func (r *Reconciler) apply(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obj client.Object) error {
+	if err := r.own(b, obj); err != nil {
+		return err
+	}
+	obj.SetManagedFields(nil)
+	if err := r.Client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // typed objects; Apply configurations are not generated for our CRD's dependents
+		return fmt.Errorf("apply %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+	}
+	return nil
+}
+
+// Reconcile brings one BSLS's server to its spec and reports in status.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	b := &v1alpha1.BackupStorageLocationServer{}
+	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !b.DeletionTimestamp.IsZero() {
+		// Owned objects go with it; the repository, its password and the
+		// CA stay (see AnnotationKeep).
+		return ctrl.Result{}, r.finalize(ctx, b)
+	}
+	orig := b.DeepCopy()
+	conds := &b.Status.Conditions
+	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
+		meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: b.Generation})
+	}
+	setProblem := func(t string, p *problem) { set(t, metav1.ConditionFalse, p.Reason, p.Message) }
+	var requeue time.Duration
+	retry := func(d time.Duration) {
+		if d > 0 && (requeue == 0 || d < requeue) {
+			requeue = d
+		}
+	}
+
+	// Storage and the repository password: the server cannot start without.
+	in := WorkloadInputs{Image: r.Image}
+	repoProblem, err := r.storage(ctx, b, &in)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if repoProblem == nil {
+		if repoProblem, err = r.repositoryPassword(ctx, b); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+
+	// The certificate, and the CA pin guests are given.
+	cert, certProblem, err := r.certificate(ctx, b)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if certProblem != nil {
+		setProblem(v1alpha1.ConditionCertificateReady, certProblem)
+		retry(retryProblem)
+	} else {
+		in.TLSChecksum = cert.material.Checksum
+		b.Status.TLSFingerprint = cert.material.Pin
+		set(v1alpha1.ConditionCertificateReady, metav1.ConditionTrue, ReasonCertificateIssued,
+			fmt.Sprintf("Secret %s holds the server's certificate from %s; guests pin its CA", TLSSecretName(b), cert.source))
+		if !cert.renewAt.IsZero() {
+			retry(max(cert.renewAt.Sub(r.now()), time.Second))
+		}
+	}
+	b.Status.Endpoint = Endpoint(b)
+
+	// The workload. Identity, Service and NetworkPolicy do not depend on
+	// storage or certificate; the Deployment waits for both, and an
+	// existing one keeps running while either is broken.
+	if err := r.controlSecret(ctx, b); err != nil {
+		return ctrl.Result{}, err
+	}
+	sa, role, binding := ServerRole(b)
+	for _, obj := range []client.Object{sa, role, binding, Service(b), NetworkPolicy(b, r.ControllerNamespace)} {
+		if err := r.apply(ctx, b, obj); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	users, err := r.syncUsers(ctx, b)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	deployment := &appsv1.Deployment{}
+	if repoProblem == nil && certProblem == nil {
+		if deployment, err = Deployment(b, in); err != nil {
+			return ctrl.Result{}, err
+		}
+		if err := r.apply(ctx, b, deployment); err != nil {
+			return ctrl.Result{}, err
+		}
+	} else if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: DeploymentName(b)}, deployment); client.IgnoreNotFound(err) != nil {
+		return ctrl.Result{}, fmt.Errorf("get Deployment %s: %w", DeploymentName(b), err)
+	}
+	server, err := r.serverState(ctx, b, deployment)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+
+	// Conditions, from what each step found.
+	switch {
+	case repoProblem != nil:
+		setProblem(v1alpha1.ConditionRepositoryReady, repoProblem)
+		retry(retryProblem)
+	case server.initFailure != nil:
+		setProblem(v1alpha1.ConditionRepositoryReady, server.initFailure)
+	case server.available:
+		set(v1alpha1.ConditionRepositoryReady, metav1.ConditionTrue, ReasonRepositoryOpened, "The server opened the repository on "+storageDescription(b))
+	case meta.IsStatusConditionTrue(orig.Status.Conditions, v1alpha1.ConditionRepositoryReady):
+		// Opened before; a restarting pod does not make it unready.
+	default:
+		set(v1alpha1.ConditionRepositoryReady, metav1.ConditionUnknown, ReasonStorageResolved,
+			"Storage and password are in place on "+storageDescription(b)+"; waiting for the server pod to open the repository")
+	}
+	switch {
+	case repoProblem != nil || certProblem != nil:
+		if !server.available {
+			set(v1alpha1.ConditionServerAvailable, metav1.ConditionFalse, ReasonWaitingForPrerequisites, "The server starts once RepositoryReady and CertificateReady have no problem left")
+			break
+		}
+		fallthrough
+	default:
+		set(v1alpha1.ConditionServerAvailable, server.status, server.reason, server.message)
+	}
+	b.Status.Users = int32(users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
+	switch {
+	case len(users.Pending) > 0:
+		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonHashPending,
+			fmt.Sprintf("%d users written; %d wait for their password to be hashed: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
+	case !server.available:
+		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
+			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))
+	default:
+		msg := fmt.Sprintf("%d users written; the server applies them by diff at once", users.Count)
+		if len(users.Refused) > 0 {
+			msg += fmt.Sprintf("; %d credential Secrets refused (see Events)", len(users.Refused))
+		}
+		set(v1alpha1.ConditionUsersSynced, metav1.ConditionTrue, ReasonUsersSynced, msg)
+	}
+	var notReady []string
+	for _, t := range []string{v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionCertificateReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced} {
+		if !meta.IsStatusConditionTrue(*conds, t) {
+			notReady = append(notReady, t)
+		}
+	}
+	if len(notReady) == 0 {
+		set(v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "Guests can connect to "+b.Status.Endpoint)
+	} else {
+		set(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNotReady, "Not True: "+strings.Join(notReady, ", "))
+	}
+	b.Status.ObservedGeneration = b.Generation
+
+	r.recordTransitions(b, orig.Status.Conditions)
+	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
+		return ctrl.Result{}, fmt.Errorf("update status of %s: %w", req.NamespacedName, err)
+	}
+	return ctrl.Result{RequeueAfter: requeue}, nil
+}
+
+// recordTransitions emits an Event for every condition whose status or
+// reason changed: Normal when it became True, else Warning.
+func (r *Reconciler) recordTransitions(b *v1alpha1.BackupStorageLocationServer, before []metav1.Condition) {
+	for _, c := range b.Status.Conditions {
+		old := meta.FindStatusCondition(before, c.Type)
+		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
+			continue
+		}
+		kind := corev1.EventTypeWarning
+		if c.Status == metav1.ConditionTrue {
+			kind = corev1.EventTypeNormal
+		} else if c.Status == metav1.ConditionUnknown {
+			kind = corev1.EventTypeNormal
+		}
+		r.Recorder.Eventf(b, kind, c.Reason, "%s: %s", c.Type, c.Message)
+	}
+}
+
+// storageDescription names where the repository lives, without secrets.
+func storageDescription(b *v1alpha1.BackupStorageLocationServer) string {
+	st := b.Spec.Storage
+	switch {
+	case st.Filesystem != nil:
+		return "PersistentVolumeClaim " + ClaimName(b)
+	case st.S3 != nil:
+		return fmt.Sprintf("s3://%s/%s", st.S3.Bucket, st.S3.Prefix)
+	case st.BackupStorageLocation != nil:
+		return fmt.Sprintf("Velero BackupStorageLocation %s/%s", st.BackupStorageLocation.Namespace, st.BackupStorageLocation.Name)
+	}
+	return "no storage"
+}
+
+// abbreviate lists at most three names.
+func abbreviate(names []string) string {
+	if len(names) <= 3 {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:3], ", ") + fmt.Sprintf(" and %d more", len(names)-3)
+}
+
+// serverState is what the server's Deployment and pods say.
+type serverState struct {
+	available bool
+	status    metav1.ConditionStatus
+	reason    string
+	message   string
+	// initFailure is set when a pod's init container (which opens the
+	// repository) failed: that is the repository's problem.
+	initFailure *problem
+}
+
+func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, d *appsv1.Deployment) (serverState, error) {
+	if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
+		return serverState{status: metav1.ConditionFalse, reason: ReasonScaledToZero, message: "spec.replicas is 0: no server runs; the repository is untouched"}, nil
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(b.Namespace), client.MatchingLabels(Labels(b))); err != nil {
+		return serverState{}, fmt.Errorf("list server pods: %w", err)
+	}
+	st := serverState{status: metav1.ConditionFalse, reason: ReasonServerStarting, message: fmt.Sprintf("Deployment %s has no available server pod yet", DeploymentName(b))}
+	if d.Status.AvailableReplicas > 0 {
+		st = serverState{available: true, status: metav1.ConditionTrue, reason: ReasonServerAvailable,
+			message: fmt.Sprintf("%d of %d server pods available", d.Status.AvailableReplicas, d.Status.Replicas)}
+	}
+	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, pod := range pods.Items {
+		for _, cs := range pod.Status.InitContainerStatuses {
+			if t := failedTermination(cs); t != nil {
+				st.initFailure = &problem{ReasonRepositoryInitFailed, fmt.Sprintf("pod %s: the init container, which opens the repository, exited with code %d: %s", pod.Name, t.ExitCode, strings.TrimSpace(t.Message))}
+			}
+		}
+		if st.available {
+			continue
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+				st.message = fmt.Sprintf("pod %s, container %s: %s %s", pod.Name, cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return st, nil
+}
+
+// failedTermination is a container's latest failed exit, if any.
+func failedTermination(cs corev1.ContainerStatus) *corev1.ContainerStateTerminated {
+	if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+		return t
+	}
+	if cs.State.Terminated == nil && cs.State.Running == nil {
+		if t := cs.LastTerminationState.Terminated; t != nil && t.ExitCode != 0 {
+			return t
+		}
+	}
+	return nil
+}
+
+// syncUsers writes the users Secrets from the credential Secrets.
+func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (UserSet, error) {
+	secrets := &corev1.SecretList{}
+	if err := r.Client.List(ctx, secrets, client.MatchingLabels{
+		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+		v1alpha1.LabelServerNamespace: b.Namespace,
+		v1alpha1.LabelServerName:      b.Name,
+	}); err != nil {
+		return UserSet{}, fmt.Errorf("list credential Secrets of %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	allowed, err := r.allowedNamespaces(ctx, b)
+	if err != nil {
+		return UserSet{}, err
+	}
+	secrets.Items = slices.DeleteFunc(secrets.Items, func(s corev1.Secret) bool { return s.Labels[v1alpha1.LabelVM] == "" })
+	users := CollectUsers(secrets.Items, allowed, credentials.HashFor)
+	for shard, hashes := range users.Shards {
+		s := &corev1.Secret{
+			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{
+				Name: UsersSecretName(b.Name, shard), Namespace: b.Namespace,
+				Labels: mergeLabels(Labels(b), map[string]string{LabelUsersOf: b.Name}),
+			},
+			Type: corev1.SecretTypeOpaque,
+			Data: map[string][]byte{UsersKey: EncodeUsers(hashes)},
+		}
+		if err := r.apply(ctx, b, s); err != nil {
+			return UserSet{}, err
+		}
+	}
+	keys := make([]string, 0, len(users.Refused))
+	for k := range users.Refused {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		// Aggregated by the event recorder: a resync repeats, not floods.
+		r.Recorder.Eventf(b, corev1.EventTypeWarning, "UserRefused", "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
+	}
+	return users, nil
+}
+
+// allowedNamespaces returns whether a namespace's VMs may use b's server:
+// the BSLS's own namespace when it has no selector, else the namespaces
+// the selector matches.
+func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (func(string) bool, error) {
+	ls := b.Spec.Access.NamespaceSelector
+	if ls == nil {
+		return func(ns string) bool { return ns == b.Namespace }, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return nil, fmt.Errorf("spec.access.namespaceSelector of %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	list := &corev1.NamespaceList{}
+	if err := r.Client.List(ctx, list, client.MatchingLabelsSelector{Selector: sel}); err != nil {
+		return nil, fmt.Errorf("list namespaces: %w", err)
+	}
+	names := map[string]bool{}
+	for _, ns := range list.Items {
+		names[ns.Name] = true
+	}
+	return func(ns string) bool { return names[ns] }, nil
+}
+
+func mergeLabels(a, b map[string]string) map[string]string {
+	out := maps.Clone(a)
+	maps.Copy(out, b)
+	return out
+}

@@ -1,0 +1,196 @@
+package kopiaserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/base64"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// DefaultClaimSize is the size of a filesystem claim the controller creates
+// when the BSLS names none.
+var DefaultClaimSize = resource.MustParse("10Gi")
+
+// AnnotationKeep on an object the controller created says why it outlives
+// its BSLS: it has no ownerReference on purpose.
+const AnnotationKeep = "guestbackup.io/keep"
+
+// S3 credential keys, as AWS's tools name them.
+const (
+	AWSAccessKeyID     = "AWS_ACCESS_KEY_ID"
+	AWSSecretAccessKey = "AWS_SECRET_ACCESS_KEY"
+)
+
+// S3CABundleName is the ConfigMap holding an S3 endpoint's CA bundle.
+func S3CABundleName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-s3-ca" }
+
+// randomPassword returns 256 random bits, URL-safe base64 encoded.
+func randomPassword() (string, error) {
+	buf := make([]byte, 32)
+	if _, err := rand.Read(buf); err != nil {
+		return "", fmt.Errorf("read random bytes: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(buf), nil
+}
+
+// storage resolves where the repository lives into the workload's inputs,
+// creating the filesystem claim and the CA bundle ConfigMap when needed. A
+// problem says what the admin must fix.
+func (r *Reconciler) storage(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, in *WorkloadInputs) (*problem, error) {
+	switch st := b.Spec.Storage; {
+	case st.Filesystem != nil:
+		return r.claim(ctx, b)
+	case st.S3 != nil:
+		if p, err := r.checkS3Credentials(ctx, b.Namespace, st.S3.CredentialsSecret.Name); p != nil || err != nil {
+			return p, err
+		}
+		in.S3 = st.S3
+		in.S3CredentialsSecret = st.S3.CredentialsSecret.Name
+		if len(st.S3.CABundle) > 0 {
+			cm := &corev1.ConfigMap{
+				TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+				ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
+				Data:       map[string]string{"ca.crt": string(st.S3.CABundle)},
+			}
+			if err := r.apply(ctx, b, cm); err != nil {
+				return nil, err
+			}
+			in.S3CABundleConfigMap = cm.Name
+		}
+		return nil, nil
+	case st.BackupStorageLocation != nil:
+		return r.backupStorageLocation(ctx, b, in)
+	default:
+		// The CRD's validation makes this unreachable through the API.
+		return &problem{ReasonRepositoryInitFailed, "spec.storage sets no storage kind: set exactly one of filesystem, s3 or backupStorageLocation"}, nil
+	}
+}
+
+// claim checks the admin's claim, or creates the controller's own. The
+// controller's claim has no ownerReference: deleting the BSLS must not
+// delete the backups on it.
+func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*problem, error) {
+	fs := b.Spec.Storage.Filesystem
+	pvc := &corev1.PersistentVolumeClaim{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: ClaimName(b)}, pvc)
+	switch {
+	case err == nil:
+		return nil, nil
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("get PersistentVolumeClaim %s: %w", ClaimName(b), err)
+	case fs.ClaimName != "":
+		return &problem{ReasonClaimNotFound, fmt.Sprintf("PersistentVolumeClaim %s not found in namespace %s: create it, or remove storage.filesystem.claimName so that the controller creates one", fs.ClaimName, b.Namespace)}, nil
+	}
+	size := DefaultClaimSize
+	if fs.Size != nil {
+		size = *fs.Size
+	}
+	pvc = &corev1.PersistentVolumeClaim{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: ClaimName(b), Namespace: b.Namespace, Labels: Labels(b),
+			Annotations: map[string]string{AnnotationKeep: "holds the backups of BackupStorageLocationServer " + b.Name + "; not deleted with it"},
+		},
+		Spec: corev1.PersistentVolumeClaimSpec{
+			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			StorageClassName: fs.StorageClassName,
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
+		},
+	}
+	if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create PersistentVolumeClaim %s: %w", pvc.Name, err)
+	}
+	r.Recorder.Eventf(b, corev1.EventTypeNormal, "ClaimCreated", "Created PersistentVolumeClaim %s (%s) for the repository; it is kept when the BackupStorageLocationServer is deleted", pvc.Name, size.String())
+	return nil, nil
+}
+
+// checkS3Credentials checks that a Secret holds S3 credentials, without
+// reading them anywhere but here.
+func (r *Reconciler) checkS3Credentials(ctx context.Context, namespace, name string) (*problem, error) {
+	s := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, AWSAccessKeyID, AWSSecretAccessKey)}, nil
+		}
+		return nil, fmt.Errorf("get Secret %s: %w", name, err)
+	}
+	for _, key := range []string{AWSAccessKeyID, AWSSecretAccessKey} {
+		if len(s.Data[key]) == 0 {
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s has no key %s", name, key)}, nil
+		}
+	}
+	return nil, nil
+}
+
+// repositoryPassword checks the admin's password Secret, or generates the
+// controller's own. The generated Secret has no ownerReference: without it
+// every backup in the repository is lost.
+func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*problem, error) {
+	sel := RepositoryPassword(b)
+	s := &corev1.Secret{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sel.Name}, s)
+	switch {
+	case err == nil:
+		if len(s.Data[sel.Key]) == 0 {
+			return &problem{ReasonPasswordSecretInvalid, fmt.Sprintf("Secret %s has no key %s: it must hold the repository password", sel.Name, sel.Key)}, nil
+		}
+		return nil, nil
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("get Secret %s: %w", sel.Name, err)
+	case b.Spec.Repository.PasswordSecretRef != nil:
+		return &problem{ReasonPasswordSecretInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the repository password in key %s, or remove repository.passwordSecretRef so that the controller generates one", sel.Name, b.Namespace, sel.Key)}, nil
+	}
+	password, err := randomPassword()
+	if err != nil {
+		return nil, err
+	}
+	s = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: sel.Name, Namespace: b.Namespace, Labels: Labels(b),
+			Annotations: map[string]string{AnnotationKeep: "decrypts every backup of BackupStorageLocationServer " + b.Name + "; not deleted with it"},
+		},
+		Type: corev1.SecretTypeOpaque,
+		Data: map[string][]byte{sel.Key: []byte(password)},
+	}
+	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+		return nil, fmt.Errorf("create Secret %s: %w", s.Name, err)
+	}
+	r.Recorder.Eventf(b, corev1.EventTypeNormal, "RepositoryPasswordGenerated", "Generated the repository password in Secret %s; back it up: it is kept when the BackupStorageLocationServer is deleted, and without it the backups cannot be read", s.Name)
+	return nil, nil
+}
+
+// controlSecret makes sure the server-control password exists. It is the
+// BSLS's own: a new one is harmless, so it is owned and deleted with it.
+func (r *Reconciler) controlSecret(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+	s := &corev1.Secret{}
+	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: ControlSecretName(b)}, s)
+	if err == nil {
+		return nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return fmt.Errorf("get Secret %s: %w", ControlSecretName(b), err)
+	}
+	password, err := randomPassword()
+	if err != nil {
+		return err
+	}
+	s = &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: ControlSecretName(b), Namespace: b.Namespace, Labels: Labels(b)},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"password": []byte(password)},
+	}
+	if err := r.own(b, s); err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Secret %s: %w", s.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package kopiaserver
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/url"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+// Lifetimes of the certificates the controller issues itself (without
+// cert-manager). The CA is the guests' pin: it lives long. The leaf is
+// renewed once two thirds of its life have passed.
+const (
+	selfManagedCALifetime   = 10 * 365 * 24 * time.Hour
+	selfManagedLeafLifetime = 90 * 24 * time.Hour
+)
+
+// CASecretName holds the self-managed CA (tls.crt, tls.key). It outlives the
+// BSLS like the repository password: it is what guests pin.
+func CASecretName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-ca" }
+
+// ServingNames are the names the server's certificate is valid for: the
+// Service's DNS names, and the clientURL's host when the admin set one.
+func ServingNames(b *v1alpha1.BackupStorageLocationServer) (dnsNames []string, ips []net.IP) {
+	svc := ServiceName(b)
+	dnsNames = []string{svc, svc + "." + b.Namespace, svc + "." + b.Namespace + ".svc", svc + "." + b.Namespace + ".svc.cluster.local"}
+	if u, err := url.Parse(b.Spec.ClientURL); err == nil && u.Hostname() != "" {
+		if ip := net.ParseIP(u.Hostname()); ip != nil {
+			ips = append(ips, ip)
+		} else {
+			dnsNames = append(dnsNames, u.Hostname())
+		}
+	}
+	return dnsNames, ips
+}
+
+// tlsMaterial is a server certificate Secret's content, checked.
+type tlsMaterial struct {
+	// Pin is the SHA-256 of the CA, the value guests pin.
+	Pin string
+	// Checksum changes whenever any of the three files does.
+	Checksum string
+}
+
+// checkTLSSecret verifies that a Secret holds a usable server certificate:
+// tls.crt, tls.key and a ca.crt that signed tls.crt. The problem it returns
+// names the Secret and what is missing.
+func checkTLSSecret(s *corev1.Secret) (*tlsMaterial, *problem) {
+	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
+		if len(s.Data[key]) == 0 {
+			return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests pin)", s.Name, key)}
+		}
+	}
+	leaf, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+	if err != nil {
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key tls.crt: %v", s.Name, err)}
+	}
+	cas, err := pki.ParseCerts(s.Data["ca.crt"])
+	if err != nil {
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key ca.crt: %v", s.Name, err)}
+	}
+	if !verifies(leaf, cas) {
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt does not verify against the CA in ca.crt", s.Name)}
+	}
+	sum := sha256.New()
+	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
+		sum.Write(s.Data[key])
+	}
+	return &tlsMaterial{Pin: pki.Fingerprint(cas[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
+}
+
+// selfManagedTLS returns the CA and serving Secrets' data the controller
+// keeps without cert-manager: the CA is created once and kept; the leaf is
+// (re)issued when missing, expiring, or not valid for the current names.
+func selfManagedTLS(b *v1alpha1.BackupStorageLocationServer, caData, leafData map[string][]byte, now time.Time) (newCA, newLeaf map[string][]byte, err error) {
+	var ca *pki.CA
+	if len(caData[corev1.TLSCertKey]) > 0 {
+		ca, err = pki.ParseCA(caData[corev1.TLSCertKey], caData[corev1.TLSPrivateKeyKey])
+		if err != nil {
+			return nil, nil, fmt.Errorf("Secret %s: %w", CASecretName(b), err)
+		}
+	} else {
+		if ca, err = pki.NewCA(b.Namespace+"/"+b.Name+" guestbackup CA", selfManagedCALifetime); err != nil {
+			return nil, nil, err
+		}
+		key, err := ca.KeyPEM()
+		if err != nil {
+			return nil, nil, err
+		}
+		newCA = map[string][]byte{corev1.TLSCertKey: ca.CertPEM(), corev1.TLSPrivateKeyKey: key}
+	}
+	dnsNames, ips := ServingNames(b)
+	if newCA == nil && leafValid(leafData, ca, dnsNames, ips, now) {
+		return nil, nil, nil
+	}
+	kp, err := ca.IssueServing(dnsNames, ips, selfManagedLeafLifetime)
+	if err != nil {
+		return nil, nil, err
+	}
+	key, err := kp.KeyPEM()
+	if err != nil {
+		return nil, nil, err
+	}
+	return newCA, map[string][]byte{corev1.TLSCertKey: pki.EncodeCert(kp.Cert), corev1.TLSPrivateKeyKey: key, "ca.crt": ca.CertPEM()}, nil
+}
+
+// leafValid reports whether a serving Secret holds a leaf of ca, for all
+// names, with more than a third of its life left.
+func leafValid(data map[string][]byte, ca *pki.CA, dnsNames []string, ips []net.IP, now time.Time) bool {
+	certs, err := pki.ParseCerts(data[corev1.TLSCertKey])
+	if err != nil || len(data[corev1.TLSPrivateKeyKey]) == 0 || string(data["ca.crt"]) != string(ca.CertPEM()) {
+		return false
+	}
+	leaf := certs[0]
+	if leaf.CheckSignatureFrom(ca.Cert) != nil {
+		return false
+	}
+	life := leaf.NotAfter.Sub(leaf.NotBefore)
+	if now.After(leaf.NotAfter.Add(-life / 3)) {
+		return false
+	}
+	for _, n := range dnsNames {
+		if leaf.VerifyHostname(n) != nil {
+			return false
+		}
+	}
+	for _, ip := range ips {
+		if leaf.VerifyHostname(ip.String()) != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// verifies reports whether chain (leaf first, then intermediates) verifies
+// against cas, for any host name: guests pin the CA, not a name.
+func verifies(chain, cas []*x509.Certificate) bool {
+	roots, intermediates := x509.NewCertPool(), x509.NewCertPool()
+	for _, c := range cas {
+		roots.AddCert(c)
+	}
+	for _, c := range chain[1:] {
+		intermediates.AddCert(c)
+	}
+	_, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	return err == nil
+}

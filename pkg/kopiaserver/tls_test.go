@@ -1,0 +1,74 @@
+package kopiaserver
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+func TestSelfManagedTLS(t *testing.T) {
+	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
+	now := time.Now()
+
+	ca, leaf, err := selfManagedTLS(b, nil, nil, now)
+	if err != nil || ca == nil || leaf == nil {
+		t.Fatalf("first run: CA %v, leaf %v, error %v; want both issued", ca != nil, leaf != nil, err)
+	}
+	m, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "main-tls"}, Data: leaf})
+	if p != nil {
+		t.Fatalf("issued leaf does not check: %s", p.Message)
+	}
+	caCerts, _ := pki.ParseCerts(ca[corev1.TLSCertKey])
+	if m.Pin != pki.Fingerprint(caCerts[0]) {
+		t.Errorf("pin %s is not the CA's fingerprint", m.Pin)
+	}
+
+	if newCA, newLeaf, err := selfManagedTLS(b, ca, leaf, now.Add(time.Hour)); err != nil || newCA != nil || newLeaf != nil {
+		t.Errorf("a valid leaf: CA %v, leaf %v, error %v; want nothing new", newCA != nil, newLeaf != nil, err)
+	}
+
+	renewal := now.Add(2*selfManagedLeafLifetime/3 + time.Hour)
+	newCA, newLeaf, err := selfManagedTLS(b, ca, leaf, renewal)
+	if err != nil || newCA != nil || newLeaf == nil {
+		t.Fatalf("two thirds into its life: CA %v, leaf %v, error %v; want a new leaf only", newCA != nil, newLeaf != nil, err)
+	}
+	if m2, p := checkTLSSecret(&corev1.Secret{Data: newLeaf}); p != nil || m2.Pin != m.Pin || m2.Checksum == m.Checksum {
+		t.Errorf("renewed leaf: problem %v, same pin %v, new checksum %v", p, m2 != nil && m2.Pin == m.Pin, m2 != nil && m2.Checksum != m.Checksum)
+	}
+
+	moved := b.DeepCopy()
+	moved.Spec.ClientURL = "https://10.0.2.2:51515"
+	if _, newLeaf, _ := selfManagedTLS(moved, ca, leaf, now); newLeaf == nil {
+		t.Error("a new clientURL host: the leaf was not re-issued for it")
+	} else if certs, _ := pki.ParseCerts(newLeaf[corev1.TLSCertKey]); certs[0].VerifyHostname("10.0.2.2") != nil {
+		t.Error("the re-issued leaf is not valid for the clientURL's IP")
+	}
+
+	broken := map[string][]byte{corev1.TLSCertKey: ca[corev1.TLSCertKey], corev1.TLSPrivateKeyKey: []byte("not a key")}
+	if _, _, err := selfManagedTLS(b, broken, leaf, now); err == nil || !strings.Contains(err.Error(), "Secret main-ca") {
+		t.Errorf("a broken CA Secret: error = %v, want one naming Secret main-ca", err)
+	}
+}
+
+func TestCheckTLSSecretRefusesAForeignCA(t *testing.T) {
+	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
+	_, leaf, err := selfManagedTLS(b, nil, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _, err := selfManagedTLS(b, nil, nil, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf["ca.crt"] = other[corev1.TLSCertKey]
+	_, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mine"}, Data: leaf})
+	if p == nil || p.Reason != ReasonTLSSecretInvalid || p.Message != "Secret mine: tls.crt does not verify against the CA in ca.crt" {
+		t.Errorf("problem = %+v", p)
+	}
+}

@@ -1,0 +1,254 @@
+package kopiaserver
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/url"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// +kubebuilder:rbac:groups=velero.io,resources=backupstoragelocations,verbs=get;list;watch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=delete
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=update;patch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers/finalizers,verbs=update
+
+// VeleroBSL is the kind of a Velero BackupStorageLocation.
+var VeleroBSL = schema.GroupVersionKind{Group: "velero.io", Version: "v1", Kind: "BackupStorageLocation"}
+
+// Velero's defaults: the Secret its install mounts when a BSL names none,
+// and the key in it.
+const (
+	VeleroDefaultCredentialsSecret = "cloud-credentials"
+	VeleroDefaultCredentialsKey    = "cloud"
+)
+
+// FinalizerVeleroAccess is on a BSLS that reuses a Velero BSL: the Role
+// that lets its server read Velero's credential Secret lives in Velero's
+// namespace, where no ownerReference can remove it.
+const FinalizerVeleroAccess = "guestbackup.io/velero-access"
+
+// VeleroAccessName is the Role and RoleBinding, in Velero's namespace, that
+// let a BSLS's server read the one Secret holding the storage credentials.
+func VeleroAccessName(b *v1alpha1.BackupStorageLocationServer) string {
+	return "guestbackup-" + b.Namespace + "-" + b.Name
+}
+
+// VeleroStorage is what a Velero BSL says about its bucket, as the server
+// pod uses it.
+type VeleroStorage struct {
+	S3 v1alpha1.S3Storage
+	// Credentials name the Secret (in Velero's namespace) and key holding
+	// an AWS shared credentials file, and the profile in it.
+	Credentials corev1.SecretKeySelector
+	Profile     string
+}
+
+// ParseVeleroBSL reads an AWS-compatible Velero BackupStorageLocation. Its
+// errors say which field is wrong.
+func ParseVeleroBSL(bsl *unstructured.Unstructured) (*VeleroStorage, error) {
+	provider, _, _ := unstructured.NestedString(bsl.Object, "spec", "provider")
+	if p := strings.TrimPrefix(provider, "velero.io/"); p != "aws" {
+		return nil, fmt.Errorf("its spec.provider is %q: only aws (S3-compatible storage) is supported", provider)
+	}
+	bucket, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "bucket")
+	if bucket == "" {
+		return nil, fmt.Errorf("it has no spec.objectStorage.bucket")
+	}
+	prefix, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "prefix")
+	config, _, _ := unstructured.NestedStringMap(bsl.Object, "spec", "config")
+	vs := &VeleroStorage{
+		// Velero's own data lives under <prefix>/backups etc.; ours beside it.
+		S3:          v1alpha1.S3Storage{Bucket: bucket, Prefix: strings.Trim(prefix+"/guestbackup", "/"), Region: config["region"]},
+		Credentials: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: VeleroDefaultCredentialsSecret}, Key: VeleroDefaultCredentialsKey},
+		Profile:     config["profile"],
+	}
+	if caCert, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "caCert"); caCert != "" {
+		ca, err := base64.StdEncoding.DecodeString(caCert)
+		if err != nil {
+			return nil, fmt.Errorf("spec.objectStorage.caCert: %w", err)
+		}
+		vs.S3.CABundle = ca
+	}
+	if s3URL := config["s3Url"]; s3URL != "" {
+		u, err := url.Parse(s3URL)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("spec.config.s3Url %q is not a URL like https://host:port", s3URL)
+		}
+		vs.S3.Endpoint = u.Host
+		vs.S3.DisableTLS = u.Scheme == "http"
+	}
+	if name, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "name"); name != "" {
+		vs.Credentials.Name = name
+		if key, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "key"); key != "" {
+			vs.Credentials.Key = key
+		}
+	}
+	if vs.Profile == "" {
+		vs.Profile = "default"
+	}
+	return vs, nil
+}
+
+// ParseAWSCredentials reads one profile of an AWS shared credentials file,
+// the format of Velero's credential Secrets.
+func ParseAWSCredentials(data []byte, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
+	section := ""
+	found := false
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
+			continue
+		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
+			// ~/.aws/config writes [profile x]; credentials files write [x].
+			section = strings.TrimPrefix(strings.TrimSpace(line[1:len(line)-1]), "profile ")
+			found = found || section == profile
+			continue
+		}
+		if section != profile {
+			continue
+		}
+		key, value, ok := strings.Cut(line, "=")
+		if !ok {
+			continue
+		}
+		switch strings.TrimSpace(key) {
+		case "aws_access_key_id":
+			accessKeyID = strings.TrimSpace(value)
+		case "aws_secret_access_key":
+			secretAccessKey = strings.TrimSpace(value)
+		case "aws_session_token":
+			sessionToken = strings.TrimSpace(value)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", "", "", err
+	}
+	switch {
+	case !found:
+		return "", "", "", fmt.Errorf("no profile [%s]", profile)
+	case accessKeyID == "" || secretAccessKey == "":
+		return "", "", "", fmt.Errorf("profile [%s] lacks aws_access_key_id or aws_secret_access_key", profile)
+	}
+	return accessKeyID, secretAccessKey, sessionToken, nil
+}
+
+// backupStorageLocation resolves a Velero BSL into S3 storage. Velero's
+// credential Secret is not copied: a Role in Velero's namespace lets the
+// server's service account read that one Secret, and the server pod's init
+// container reads it through the API.
+func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, in *WorkloadInputs) (*problem, error) {
+	ref := b.Spec.Storage.BackupStorageLocation
+	name := fmt.Sprintf("Velero BackupStorageLocation %s/%s", ref.Namespace, ref.Name)
+	bsl := &unstructured.Unstructured{}
+	bsl.SetGroupVersionKind(VeleroBSL)
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: ref.Name}, bsl); err != nil {
+		switch {
+		case meta.IsNoMatchError(err):
+			return &problem{ReasonBackupStorageLocationInvalid, fmt.Sprintf("storage.backupStorageLocation names %s, but Velero's BackupStorageLocation CRD is not installed: install Velero, or use storage.s3 or storage.filesystem", name)}, nil
+		case apierrors.IsNotFound(err):
+			return &problem{ReasonBackupStorageLocationInvalid, fmt.Sprintf("%s not found: create it, or fix storage.backupStorageLocation", name)}, nil
+		}
+		return nil, fmt.Errorf("get %s: %w", name, err)
+	}
+	vs, err := ParseVeleroBSL(bsl)
+	if err != nil {
+		return &problem{ReasonBackupStorageLocationInvalid, fmt.Sprintf("%s cannot be used: %v", name, err)}, nil
+	}
+	s := &corev1.Secret{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: vs.Credentials.Name}, s); err != nil {
+		if apierrors.IsNotFound(err) {
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s (the credentials of %s): set the BSL's spec.credential, or create Velero's default Secret %s", vs.Credentials.Name, ref.Namespace, name, VeleroDefaultCredentialsSecret)}, nil
+		}
+		return nil, fmt.Errorf("get Secret %s/%s: %w", ref.Namespace, vs.Credentials.Name, err)
+	}
+	if _, _, _, err := ParseAWSCredentials(s.Data[vs.Credentials.Key], vs.Profile); err != nil {
+		return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s/%s, key %s, is not an AWS credentials file Kopia can use: %v", ref.Namespace, vs.Credentials.Name, vs.Credentials.Key, err)}, nil
+	}
+	if err := r.veleroAccess(ctx, b, vs.Credentials.Name); err != nil {
+		return nil, err
+	}
+	in.S3 = &vs.S3
+	in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
+	if len(vs.S3.CABundle) > 0 {
+		cm := &corev1.ConfigMap{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+			ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
+			Data:       map[string]string{"ca.crt": string(vs.S3.CABundle)},
+		}
+		if err := r.apply(ctx, b, cm); err != nil {
+			return nil, err
+		}
+		in.S3CABundleConfigMap = cm.Name
+	}
+	return nil, nil
+}
+
+// veleroAccess lets b's server read one Secret in Velero's namespace, and
+// puts the finalizer that removes that access with the BSLS.
+func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, secret string) error {
+	if !controllerutil.ContainsFinalizer(b, FinalizerVeleroAccess) {
+		patch := client.MergeFrom(b.DeepCopy())
+		controllerutil.AddFinalizer(b, FinalizerVeleroAccess)
+		if err := r.Client.Patch(ctx, b, patch); err != nil {
+			return fmt.Errorf("add finalizer %s: %w", FinalizerVeleroAccess, err)
+		}
+	}
+	ns := b.Spec.Storage.BackupStorageLocation.Namespace
+	meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns, Labels: mergeLabels(Labels(b), map[string]string{LabelBSLSNamespace: b.Namespace})}
+	role := &rbacv1.Role{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
+		ObjectMeta: meta,
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: []string{secret}}},
+	}
+	binding := &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: meta,
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ServiceAccountName(b), Namespace: b.Namespace}},
+	}
+	for _, obj := range []client.Object{role, binding} {
+		if err := r.Client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
+			return fmt.Errorf("apply %T %s/%s: %w", obj, ns, obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// finalize removes what a BSLS left outside its namespace, then its finalizer.
+func (r *Reconciler) finalize(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+	if !controllerutil.ContainsFinalizer(b, FinalizerVeleroAccess) {
+		return nil
+	}
+	if ref := b.Spec.Storage.BackupStorageLocation; ref != nil {
+		meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ref.Namespace}
+		for _, obj := range []client.Object{&rbacv1.RoleBinding{ObjectMeta: meta}, &rbacv1.Role{ObjectMeta: meta}} {
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete %T %s/%s: %w", obj, ref.Namespace, meta.Name, err)
+			}
+		}
+	}
+	patch := client.MergeFrom(b.DeepCopy())
+	controllerutil.RemoveFinalizer(b, FinalizerVeleroAccess)
+	if err := r.Client.Patch(ctx, b, patch); err != nil {
+		return fmt.Errorf("remove finalizer %s: %w", FinalizerVeleroAccess, err)
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package kopiaserver
+
+import (
+	"encoding/base64"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+func veleroBSL(t *testing.T, spec string) *unstructured.Unstructured {
+	t.Helper()
+	obj := map[string]any{}
+	if err := yaml.Unmarshal([]byte("apiVersion: velero.io/v1\nkind: BackupStorageLocation\nmetadata: {name: default, namespace: velero}\nspec:\n"+spec), &obj); err != nil {
+		t.Fatal(err)
+	}
+	return &unstructured.Unstructured{Object: obj}
+}
+
+func TestParseVeleroBSL(t *testing.T) {
+	ca := base64.StdEncoding.EncodeToString([]byte("-----BEGIN CERTIFICATE-----"))
+	tests := []struct {
+		name, spec string
+		want       *VeleroStorage
+		wantErr    string
+	}{
+		{
+			name: "MinIO over plain HTTP with its own credential Secret",
+			spec: `
+  provider: aws
+  objectStorage: {bucket: velero, prefix: cluster-a}
+  config: {region: minio, s3Url: "http://minio.velero.svc:9000", s3ForcePathStyle: "true"}
+  credential: {name: minio-creds, key: creds}`,
+			want: &VeleroStorage{
+				S3:          v1alpha1.S3Storage{Bucket: "velero", Prefix: "cluster-a/guestbackup", Region: "minio", Endpoint: "minio.velero.svc:9000", DisableTLS: true},
+				Credentials: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "minio-creds"}, Key: "creds"},
+				Profile:     "default",
+			},
+		},
+		{
+			name: "AWS with Velero's default Secret, a profile and a CA",
+			spec: `
+  provider: velero.io/aws
+  objectStorage: {bucket: b, caCert: "` + ca + `"}
+  config: {region: eu-west-1, profile: backup}`,
+			want: &VeleroStorage{
+				S3:          v1alpha1.S3Storage{Bucket: "b", Prefix: "guestbackup", Region: "eu-west-1", CABundle: []byte("-----BEGIN CERTIFICATE-----")},
+				Credentials: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cloud-credentials"}, Key: "cloud"},
+				Profile:     "backup",
+			},
+		},
+		{name: "another provider", spec: "  provider: gcp\n  objectStorage: {bucket: b}", wantErr: `its spec.provider is "gcp": only aws`},
+		{name: "no bucket", spec: "  provider: aws\n  objectStorage: {prefix: p}", wantErr: "no spec.objectStorage.bucket"},
+		{name: "a bad s3Url", spec: "  provider: aws\n  objectStorage: {bucket: b}\n  config: {s3Url: minio}", wantErr: `spec.config.s3Url "minio" is not a URL`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseVeleroBSL(veleroBSL(t, tt.spec))
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want it to contain %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("ParseVeleroBSL =\n%+v\nwant\n%+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseAWSCredentials(t *testing.T) {
+	file := []byte(`# written by velero install
+[default]
+aws_access_key_id = AKIADEFAULT
+aws_secret_access_key = secret/default
+
+[profile backup]
+aws_access_key_id=AKIABACKUP
+aws_secret_access_key=secret-backup
+aws_session_token=token
+[broken]
+aws_access_key_id=AKIA
+`)
+	for _, tt := range []struct {
+		profile, id, secret, token, wantErr string
+	}{
+		{profile: "default", id: "AKIADEFAULT", secret: "secret/default"},
+		{profile: "backup", id: "AKIABACKUP", secret: "secret-backup", token: "token"},
+		{profile: "broken", wantErr: "profile [broken] lacks aws_access_key_id or aws_secret_access_key"},
+		{profile: "absent", wantErr: "no profile [absent]"},
+	} {
+		id, secret, token, err := ParseAWSCredentials(file, tt.profile)
+		if tt.wantErr != "" {
+			if err == nil || err.Error() != tt.wantErr {
+				t.Errorf("profile %s: error = %v, want %q", tt.profile, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil || id != tt.id || secret != tt.secret || token != tt.token {
+			t.Errorf("profile %s = %q, %q, %q, %v", tt.profile, id, secret, token, err)
+		}
+	}
+}
