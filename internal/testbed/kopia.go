@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -265,6 +266,26 @@ func (c *KopiaClient) Connect(ctx context.Context, url, pin, username, password 
 func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
 	args = append(args, "--config-file="+c.ConfigFile)
 	return Run(ctx, kopiaCommandTimeout, c.dir, kopiaEnv(), c.tools.Kopia, args...)
+}
+
+// SnapshotIDs lists the manifest IDs of the snapshots of path the client's
+// user can see, oldest first.
+func (c *KopiaClient) SnapshotIDs(ctx context.Context, path string) ([]string, error) {
+	out, err := c.Run(ctx, "snapshot", "list", "--json", path)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", err, out)
+	}
+	var snapshots []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal([]byte(out), &snapshots); err != nil {
+		return nil, fmt.Errorf("snapshot list is not JSON: %w: %s", err, out)
+	}
+	ids := make([]string, len(snapshots))
+	for i, s := range snapshots {
+		ids[i] = s.ID
+	}
+	return ids, nil
 }
 
 // RandomPassword returns 128 random bits, hex encoded.

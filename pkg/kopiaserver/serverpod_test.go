@@ -114,6 +114,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: serverNamespace},
 			Spec: v1alpha1.BackupStorageLocationServerSpec{
 				Storage:    v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+				Access:     v1alpha1.AccessSpec{AppendOnly: true},
 				Repository: v1alpha1.RepositorySpec{PathPrefix: "guests", DefaultPolicy: &v1alpha1.PolicySpec{Compression: "zstd"}},
 				Replicas:   ptr.To[int32](1),
 			},
@@ -170,6 +171,26 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		out, err = bobClient.Run(ctx, "snapshot", "list", "--all")
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).NotTo(ContainSubstring(data))
+	})
+
+	It("lets an append-only guest create and read its snapshots, but not delete them", func() {
+		client := testbed.NewKopiaClient(GinkgoT())
+		out, err := client.Connect(ctx, url(pod), pki.Fingerprint(ca.Cert), alice.user, alice.password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		data := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "ledger.txt"), []byte("history a guest must not erase\n"), 0o600)).To(Succeed())
+		out, err = client.Run(ctx, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), out)
+		ids, err := client.SnapshotIDs(ctx, data)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+
+		out, err = client.Run(ctx, "snapshot", "delete", ids[0], "--delete")
+		Expect(err).To(HaveOccurred(), "an append-only guest deleted its snapshot: %s", out)
+		Expect(out).To(ContainSubstring("access denied"))
+		Expect(client.SnapshotIDs(ctx, data)).To(Equal(ids))
+		out, err = client.Run(ctx, "snapshot", "verify")
+		Expect(err).NotTo(HaveOccurred(), out)
 	})
 
 	It("refuses the old password and accepts the new one after a rotation", func() {

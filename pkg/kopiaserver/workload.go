@@ -273,6 +273,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--server-url=https://127.0.0.1:" + port,
 					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
+					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 				},
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},

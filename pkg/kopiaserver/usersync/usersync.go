@@ -47,6 +47,10 @@ type Options struct {
 	Repository repo.Repository
 	// Server is refreshed after every change.
 	Server Refresher
+	// AppendOnly keeps the repository's guestbackup ACLs at
+	// kopiauser.AppendOnlyACLs, so guests cannot delete snapshots; when
+	// false, guestbackup's ACLs are removed and Kopia's defaults apply.
+	AppendOnly bool
 	// Resync is how often the repository is compared with the Secrets even
 	// when no Secret changed, to undo changes made by other writers.
 	// Default: 5 minutes.
@@ -181,6 +185,18 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 		s.refreshPending = true
 		added, updated, deleted := count(changes)
 		s.opts.Log.Info("users written", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
+	}
+	var acls []kopiauser.ACL
+	if s.opts.AppendOnly {
+		acls = kopiauser.AppendOnlyACLs()
+	}
+	aclsChanged, err := kopiauser.SyncACLs(ctx, r, acls)
+	if err != nil {
+		return 0, err
+	}
+	if aclsChanged {
+		s.refreshPending = true
+		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly)
 	}
 	if s.refreshPending {
 		if err := s.opts.Server.Refresh(ctx); err != nil {
