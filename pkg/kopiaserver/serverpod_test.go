@@ -191,6 +191,14 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		Expect(client.SnapshotIDs(ctx, data)).To(Equal(ids))
 		out, err = client.Run(ctx, "snapshot", "verify")
 		Expect(err).NotTo(HaveOccurred(), out)
+
+		By("keeping retention the admin's: the server applies a source's policy after each snapshot")
+		out, err = client.Run(ctx, "policy", "set", data, "--keep-latest=1", "--keep-hourly=0", "--keep-daily=0", "--keep-weekly=0", "--keep-monthly=0", "--keep-annual=0")
+		Expect(err).To(HaveOccurred(), "an append-only guest changed its retention: %s", out)
+		Expect(out).To(ContainSubstring("access denied"))
+		out, err = client.Run(ctx, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(client.SnapshotIDs(ctx, data)).To(HaveLen(2))
 	})
 
 	It("refuses the old password and accepts the new one after a rotation", func() {

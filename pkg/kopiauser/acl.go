@@ -57,18 +57,20 @@ func (a ACL) key() string {
 	return b.String()
 }
 
-// AppendOnlyACLs are Kopia's default rules with two changes: a guest may
-// create and read its own snapshots but not delete or rewrite them, and
-// may read but not change its own user profile. Content writes stay
-// append-only, policies as Kopia's defaults have them (a guest's retention
-// cannot delete anything without delete access to snapshots).
+// AppendOnlyACLs are Kopia's default rules with three changes: a guest may
+// create and read its own snapshots but not delete them; may read but not
+// change its own policies, because the server itself applies a source's
+// retention policy after each snapshot, so a guest that could set
+// keep-latest=1 could still erase its history; and may read but not change
+// its own user profile. Retention is then the admin's (the repository's
+// global policy, repository.defaultPolicy).
 func AppendOnlyACLs() []ACL {
 	const anyone = "*@*"
 	return []ACL{
 		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: "content"}, Access: AccessAppend},
 		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.PolicyTypeLabel: policy.PolicyTypeGlobal}, Access: AccessRead},
 		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.PolicyTypeLabel: policy.PolicyTypeHost, policy.HostnameLabel: ownHost}, Access: AccessRead},
-		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.UsernameLabel: ownUser, policy.HostnameLabel: ownHost}, Access: AccessFull},
+		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.UsernameLabel: ownUser, policy.HostnameLabel: ownHost}, Access: AccessRead},
 		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: ownUser, snapshot.HostnameLabel: ownHost}, Access: AccessAppend},
 		{User: anyone, Target: map[string]string{manifest.TypeLabelKey: manifestType, usernameLabel: ownUser + "@" + ownHost}, Access: AccessRead},
 	}
