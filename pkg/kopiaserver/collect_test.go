@@ -1,6 +1,7 @@
 package kopiaserver
 
 import (
+	"fmt"
 	"reflect"
 	"slices"
 	"testing"
@@ -9,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 )
 
@@ -98,5 +100,28 @@ func TestCollectUsers(t *testing.T) {
 				t.Errorf("Refused = %v, want %v", got.Refused, tt.wantRefused)
 			}
 		})
+	}
+}
+
+// BenchmarkCollectUsers10000 is the controller's part of a full resync of
+// 10,000 VMs: decide the users from their credential Secrets (parsing each
+// stored hash, never hashing) and encode the 16 users Secrets.
+func BenchmarkCollectUsers10000(b *testing.B) {
+	secrets := make([]corev1.Secret, 10_000)
+	for i := range secrets {
+		ns, vm := fmt.Sprintf("ns-%d", i%50), fmt.Sprintf("vm-%05d", i)
+		secrets[i] = credential(ns, vm, vm+"@"+ns, false)
+		secrets[i].Data[v1alpha1.SecretKeyGeneration] = []byte("1")
+		secrets[i].Data[v1alpha1.SecretKeyPasswordHashGeneration] = []byte("1")
+		secrets[i].Data[v1alpha1.SecretKeyPasswordHash] = []byte(hashOf(byte(i), kopiauser.Scrypt).String())
+	}
+	for b.Loop() {
+		set := CollectUsers(secrets, func(string) bool { return true }, credentials.HashFor)
+		if set.Count != len(secrets) {
+			b.Fatalf("collected %d users of %d", set.Count, len(secrets))
+		}
+		for _, shard := range set.Shards {
+			_ = EncodeUsers(shard)
+		}
 	}
 }

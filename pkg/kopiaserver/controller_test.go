@@ -7,6 +7,7 @@ import (
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -35,29 +36,47 @@ const (
 	reconciled = 20 * time.Second
 )
 
-// startController runs the controller's reconcilers in-process against
-// api, as cmd/controller wires them.
-func startController(api *testbed.APIServer) {
-	GinkgoHelper()
+// runController starts the controller's reconcilers in-process against
+// api, as cmd/controller wires them; stop ends them and waits, bounded.
+func runController(api *testbed.APIServer, logger logr.Logger) (stop func() error, err error) {
 	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
 		Scheme:                 api.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: "0"},
 		HealthProbeBindAddress: "0",
-		Logger:                 GinkgoLogr,
-		// Each Describe starts its own manager in one process.
+		Logger:                 logger,
+		// Several managers run one after another in one process.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return nil, err
+	}
 	r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
-	Expect(r.SetupWithManager(mgr)).To(Succeed())
-	Expect((&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2)).To(Succeed())
+	if err := r.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	DeferCleanup(func() {
+	return func() error {
 		cancel()
-		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
-	})
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("the controller did not stop within 30s")
+		}
+	}, nil
+}
+
+// startController runs the controller in-process for the current container.
+func startController(api *testbed.APIServer) {
+	GinkgoHelper()
+	stop, err := runController(api, GinkgoLogr)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
 }
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
