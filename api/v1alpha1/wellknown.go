@@ -61,3 +61,50 @@ const (
 	// SecretKeyPasswordHashGeneration is the generation the hash was computed for.
 	SecretKeyPasswordHashGeneration = "passwordHashGeneration"
 )
+
+// Payload keys of a per-VM credential Secret.
+const (
+	// SecretKeyUserData is the cloud-init user-data, the key KubeVirt reads
+	// for a cloudInitNoCloud secretRef (modes cloud-init and merged).
+	SecretKeyUserData = "userdata"
+	// SecretKeyInstall is the disk-mode payload's installer: in mode disk
+	// the Secret's keys are the bootstrap's files (its "password" key is
+	// the one above), and the guest's one-time unit runs install.sh from
+	// the mounted disk to put them in place.
+	SecretKeyInstall = "install.sh"
+)
+
+// Injection modes, the values of the guestbackup.io/mode annotation and of
+// InjectionStatus.Mode.
+const (
+	// ModeCloudInit delivers the bootstrap as cloud-init user-data.
+	ModeCloudInit = "cloud-init"
+	// ModeDisk delivers the bootstrap as a secret disk the guest mounts.
+	ModeDisk = "disk"
+)
+
+// InjectionStatus is the JSON value of the guestbackup.io/status annotation:
+// what the webhook injected, so that re-admission injects nothing twice and
+// opting out removes exactly that. It never holds a secret.
+type InjectionStatus struct {
+	// Mode is ModeCloudInit or ModeDisk.
+	Mode string `json:"mode"`
+	// Server is the <namespace>/<name> of the BSLS the credentials are for.
+	Server string `json:"server"`
+	// Secret is the per-VM credential Secret, in the VM's namespace.
+	Secret string `json:"secret"`
+	// User is the VM's Kopia identity, <vm>@<namespace>.
+	User string `json:"user"`
+	// Generation of the credentials; bumped by every rotation.
+	Generation int64 `json:"generation"`
+	// Rotate is the guestbackup.io/rotate value the credentials were issued for.
+	Rotate string `json:"rotate,omitempty"`
+	// Volume and Disk are the names of what was added to the VM template.
+	// In merged cloud-init, Volume is the VM's own NoCloud volume.
+	Volume string `json:"volume"`
+	Disk   string `json:"disk,omitempty"`
+	// MergedFrom is set when the VM's own inline user-data was moved into
+	// the Secret: "userData" or "userDataBase64", the field it came from
+	// and is restored to when the VM opts out.
+	MergedFrom string `json:"mergedFrom,omitempty"`
+}

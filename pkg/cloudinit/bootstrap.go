@@ -1,0 +1,298 @@
+package cloudinit
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/url"
+	"path"
+	"regexp"
+	"strconv"
+	"strings"
+	"text/template"
+
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+)
+
+// Where the bootstrap lives in a guest.
+const (
+	ConfDir        = "/etc/guestbackup"
+	StateDir       = "/var/lib/guestbackup"
+	ConnectScript  = "/usr/local/sbin/guestbackup-connect"
+	SnapshotScript = "/usr/local/sbin/guestbackup-snapshot"
+	UnitDir        = "/etc/systemd/system"
+	ConnectUnit    = "guestbackup-connect.service"
+	SnapshotUnit   = "guestbackup-snapshot.service"
+	SnapshotTimer  = "guestbackup-snapshot.timer"
+	// DefaultSchedule is when a guest snapshots its paths unless the VM says.
+	DefaultSchedule = "daily"
+)
+
+// Bootstrap is everything a guest is given to back itself up: where its
+// server is, the CA pin, its identity and its own password. Never the
+// repository password or storage credentials.
+type Bootstrap struct {
+	// ServerURL is the BSLS's endpoint, https://host:port.
+	ServerURL string
+	// Pin is the SHA-256 (hex) of the server's CA certificate.
+	Pin string
+	// Username is the VM's Kopia identity, <vm>@<namespace>.
+	Username string
+	// Password is the VM's own Kopia password.
+	Password string
+	// Generation of the credentials; a new one makes the guest reconnect.
+	Generation int64
+	// Paths the guest snapshots on Schedule; none: the guest only connects.
+	Paths []string
+	// Schedule is a systemd OnCalendar expression; default DefaultSchedule.
+	Schedule string
+}
+
+// File is one file of the bootstrap, as it lands in the guest.
+type File struct {
+	Path    string
+	Mode    uint32
+	Content []byte
+}
+
+var (
+	pinPattern      = regexp.MustCompile(`^[0-9a-f]{64}$`)
+	schedulePattern = regexp.MustCompile(`^[A-Za-z0-9 *:,./~+-]{1,64}$`)
+)
+
+// ParsePaths reads the guestbackup.io/paths annotation: absolute paths,
+// separated by commas or newlines.
+func ParsePaths(value string) ([]string, error) {
+	var paths []string
+	for _, p := range strings.FieldsFunc(value, func(r rune) bool { return r == ',' || r == '\n' }) {
+		p = strings.TrimSpace(p)
+		if p == "" {
+			continue
+		}
+		if !path.IsAbs(p) || strings.ContainsAny(p, "\x00\r") {
+			return nil, fmt.Errorf("path %q is not an absolute path", p)
+		}
+		paths = append(paths, path.Clean(p))
+	}
+	return paths, nil
+}
+
+// ValidateSchedule checks a systemd OnCalendar expression for characters
+// that could break out of the timer unit; systemd itself judges the rest.
+func ValidateSchedule(s string) error {
+	if !schedulePattern.MatchString(s) {
+		return fmt.Errorf("schedule %q is not a systemd calendar expression (like daily, hourly or *-*-* 02:00:00)", s)
+	}
+	return nil
+}
+
+// Validate checks what the bootstrap would write into a guest.
+func (b Bootstrap) Validate() error {
+	u, err := url.Parse(b.ServerURL)
+	if err != nil || u.Scheme != "https" || u.Host == "" || strings.ContainsAny(b.ServerURL, "'\"\\ \n") {
+		return fmt.Errorf("server URL %q is not an https:// URL", b.ServerURL)
+	}
+	if !pinPattern.MatchString(b.Pin) {
+		return fmt.Errorf("TLS pin %q is not a lowercase hex SHA-256", b.Pin)
+	}
+	if err := kopiauser.ValidateUsername(b.Username); err != nil {
+		return err
+	}
+	if len(b.Password) < 16 || strings.ContainsAny(b.Password, "\x00\n") {
+		return errors.New("password: want at least 16 characters on one line")
+	}
+	for _, p := range b.Paths {
+		if !path.IsAbs(p) || strings.ContainsAny(p, "\x00\n\r") {
+			return fmt.Errorf("path %q is not an absolute path", p)
+		}
+	}
+	if b.Schedule != "" {
+		return ValidateSchedule(b.Schedule)
+	}
+	return nil
+}
+
+// Files renders the bootstrap's files, in a fixed order.
+func (b Bootstrap) Files() ([]File, error) {
+	if err := b.Validate(); err != nil {
+		return nil, fmt.Errorf("bootstrap: %w", err)
+	}
+	user, host, _ := strings.Cut(b.Username, "@")
+	var conf bytes.Buffer
+	fmt.Fprintf(&conf, "# Written by guestbackup: how this VM reaches its backup server.\n")
+	for _, kv := range [][2]string{
+		{"GUESTBACKUP_SERVER_URL", b.ServerURL},
+		{"GUESTBACKUP_SERVER_PIN", b.Pin},
+		{"GUESTBACKUP_USER", user},
+		{"GUESTBACKUP_HOST", host},
+		{"GUESTBACKUP_GENERATION", strconv.FormatInt(b.Generation, 10)},
+	} {
+		// Values are validated above: no quote can end the string.
+		fmt.Fprintf(&conf, "%s='%s'\n", kv[0], kv[1])
+	}
+	files := []File{
+		{Path: ConfDir + "/guestbackup.conf", Mode: 0o600, Content: conf.Bytes()},
+		// No newline: in disk mode this file is the Secret's own password key.
+		{Path: ConfDir + "/password", Mode: 0o600, Content: []byte(b.Password)},
+		{Path: ConnectScript, Mode: 0o755, Content: []byte(connectScript)},
+		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: []byte(connectUnit)},
+	}
+	if len(b.Paths) > 0 {
+		schedule := b.Schedule
+		if schedule == "" {
+			schedule = DefaultSchedule
+		}
+		var timer bytes.Buffer
+		if err := timerUnit.Execute(&timer, schedule); err != nil {
+			return nil, fmt.Errorf("render timer: %w", err)
+		}
+		files = append(files,
+			File{Path: ConfDir + "/paths", Mode: 0o600, Content: []byte(strings.Join(b.Paths, "\n") + "\n")},
+			File{Path: SnapshotScript, Mode: 0o755, Content: []byte(snapshotScript)},
+			File{Path: UnitDir + "/" + SnapshotUnit, Mode: 0o644, Content: []byte(snapshotUnit)},
+			File{Path: UnitDir + "/" + SnapshotTimer, Mode: 0o644, Content: timer.Bytes()},
+		)
+	}
+	return files, nil
+}
+
+// Units are the systemd units to enable, in order, once the files are in
+// place.
+func (b Bootstrap) Units() []string {
+	if len(b.Paths) > 0 {
+		return []string{ConnectUnit, SnapshotTimer}
+	}
+	return []string{ConnectUnit}
+}
+
+// connectScript connects the guest's kopia (root's default configuration,
+// so `kopia snapshot list` works as is) using only the injected files. It
+// is idempotent: connected with this generation's credentials, it does
+// nothing. The password reaches kopia through its environment only.
+const connectScript = `#!/bin/sh
+# guestbackup-connect: connects this VM's kopia to its guestbackup server,
+# using only what guestbackup injected into ` + ConfDir + `.
+set -u
+conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
+state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
+attempts=${GUESTBACKUP_ATTEMPTS:-40}
+kopia=${KOPIA:-kopia}
+export HOME="${HOME:-/root}"
+export KOPIA_CHECK_FOR_UPDATES=false
+
+log() { echo "guestbackup: $*"; }
+# mark records the outcome where an admin or the owner looks first.
+mark() {
+  mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+  printf '%s %s\n' "$(date -u +%Y-%m-%dT%H:%M:%SZ)" "$*" >"$state_dir/status"
+  log "$*"
+}
+
+. "$conf_dir/guestbackup.conf"
+who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
+
+if ! command -v "$kopia" >/dev/null 2>&1; then
+  mark "error: kopia is not installed in this guest; install the kopia CLI, then run: systemctl restart guestbackup-connect"
+  exit 1
+fi
+if [ "$(cat "$state_dir/connected-generation" 2>/dev/null)" = "$GUESTBACKUP_GENERATION" ] &&
+  "$kopia" repository status >/dev/null 2>&1; then
+  log "already connected to $GUESTBACKUP_SERVER_URL as $who"
+  exit 0
+fi
+
+mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+delay=2
+attempt=1
+while :; do
+  if KOPIA_PASSWORD="$(cat "$conf_dir/password")" "$kopia" repository connect server \
+    --url="$GUESTBACKUP_SERVER_URL" \
+    --server-cert-fingerprint="$GUESTBACKUP_SERVER_PIN" \
+    --override-username="$GUESTBACKUP_USER" \
+    --override-hostname="$GUESTBACKUP_HOST" >"$state_dir/connect.log" 2>&1; then
+    echo "$GUESTBACKUP_GENERATION" >"$state_dir/connected-generation"
+    mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
+    # A first snapshot right away, not at the first timer tick.
+    if [ -s "$conf_dir/paths" ] && command -v systemctl >/dev/null 2>&1; then
+      systemctl start --no-block ` + SnapshotUnit + ` || true
+    fi
+    exit 0
+  fi
+  why=$(tail -n 1 "$state_dir/connect.log")
+  if [ "$attempt" -ge "$attempts" ]; then
+    mark "error: cannot connect to $GUESTBACKUP_SERVER_URL as $who after $attempt attempts: $why"
+    exit 1
+  fi
+  log "attempt $attempt to connect to $GUESTBACKUP_SERVER_URL failed ($why); retrying in ${delay}s"
+  sleep "$delay"
+  attempt=$((attempt + 1))
+  delay=$((delay * 2))
+  [ "$delay" -gt 60 ] && delay=60
+done
+`
+
+// snapshotScript snapshots each configured path; one failing path does
+// not stop the others, but fails the run.
+const snapshotScript = `#!/bin/sh
+# guestbackup-snapshot: snapshots the paths guestbackup was told to back up.
+set -u
+conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
+state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
+kopia=${KOPIA:-kopia}
+export HOME="${HOME:-/root}"
+export KOPIA_CHECK_FOR_UPDATES=false
+status=0
+while IFS= read -r path; do
+  [ -n "$path" ] || continue
+  if "$kopia" snapshot create "$path"; then
+    echo "guestbackup: snapshot of $path taken"
+  else
+    echo "guestbackup: snapshot of $path failed" >&2
+    status=1
+  fi
+done <"$conf_dir/paths"
+mkdir -p "$state_dir" && date -u +%Y-%m-%dT%H:%M:%SZ >"$state_dir/last-snapshot-attempt"
+exit "$status"
+`
+
+// connectUnit runs the connect script at every boot, without holding the
+// boot up while the server is unreachable.
+const connectUnit = `[Unit]
+Description=Connect kopia to this VM's guestbackup server
+Documentation=https://github.com/guestbackup/guestbackup
+Wants=network-online.target
+After=network-online.target
+
+[Service]
+Type=simple
+Environment=HOME=/root
+ExecStart=` + ConnectScript + `
+
+[Install]
+WantedBy=multi-user.target
+`
+
+const snapshotUnit = `[Unit]
+Description=Snapshot this VM's guestbackup paths with kopia
+Wants=network-online.target
+After=network-online.target ` + ConnectUnit + `
+
+[Service]
+Type=oneshot
+Environment=HOME=/root
+Environment=GUESTBACKUP_ATTEMPTS=3
+ExecStartPre=` + ConnectScript + `
+ExecStart=` + SnapshotScript + `
+`
+
+var timerUnit = template.Must(template.New("timer").Parse(`[Unit]
+Description=Snapshot this VM's guestbackup paths on schedule
+
+[Timer]
+OnCalendar={{.}}
+Persistent=true
+RandomizedDelaySec=15min
+
+[Install]
+WantedBy=timers.target
+`))

@@ -1,0 +1,254 @@
+package cloudinit
+
+import (
+	"bytes"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/textproto"
+	"strconv"
+	"strings"
+
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// boundary separates the parts of a merged payload. Parts are base64
+// encoded, and base64 has no '-', so no part can contain it; a fixed
+// boundary keeps a rendered payload reproducible.
+const boundary = "guestbackup-part-boundary"
+
+// Part file names in a merged payload: cloud-init logs them, and UserPart
+// finds the VM's own by its name.
+const (
+	userPartName = "user-data"
+	ourPartName  = "guestbackup.cfg"
+)
+
+// mergeHow makes our part append to the VM's own lists (write_files,
+// runcmd) and never replace a key the VM's own cloud-config sets.
+const mergeHow = "list(append)+dict(no_replace,recurse_list)+str()"
+
+type writeFile struct {
+	Path        string `json:"path"`
+	Permissions string `json:"permissions"`
+	Owner       string `json:"owner"`
+	Content     string `json:"content"`
+}
+
+type cloudConfig struct {
+	WriteFiles []writeFile `json:"write_files"`
+	RunCmd     [][]string  `json:"runcmd"`
+}
+
+// CloudConfig renders the bootstrap as a #cloud-config document: the files
+// written with their modes, then the units enabled and started.
+func CloudConfig(b Bootstrap) ([]byte, error) {
+	files, err := b.Files()
+	if err != nil {
+		return nil, err
+	}
+	cc := cloudConfig{RunCmd: [][]string{{"systemctl", "daemon-reload"}}}
+	for _, f := range files {
+		cc.WriteFiles = append(cc.WriteFiles, writeFile{
+			Path: f.Path, Permissions: fmt.Sprintf("%#o", f.Mode), Owner: "root:root", Content: string(f.Content),
+		})
+	}
+	for _, unit := range b.Units() {
+		cc.RunCmd = append(cc.RunCmd, []string{"systemctl", "enable", "--now", unit})
+	}
+	body, err := yaml.Marshal(cc)
+	if err != nil {
+		return nil, fmt.Errorf("encode cloud-config: %w", err)
+	}
+	header := fmt.Sprintf("#cloud-config\n# guestbackup bootstrap for %s, credentials generation %d.\n", b.Username, b.Generation)
+	return append([]byte(header), body...), nil
+}
+
+// contentTypes are the user-data formats a merged payload can carry as
+// they are, with the MIME type cloud-init gives each.
+var contentTypes = map[Format]string{
+	FormatCloudConfig: "text/cloud-config",
+	FormatScript:      "text/x-shellscript",
+	FormatBoothook:    "text/cloud-boothook",
+	FormatInclude:     "text/x-include-url",
+}
+
+// ErrCannotMerge is returned by Merge for user-data that cannot carry a
+// second part safely; the webhook then uses disk mode.
+var ErrCannotMerge = errors.New("user-data cannot be merged")
+
+// CanMerge reports whether a VM's own user-data can be merged with ours.
+func CanMerge(userData []byte) bool {
+	_, ok := contentTypes[DetectFormat(userData)]
+	return ok
+}
+
+// Merge returns one MIME multipart user-data holding the VM's own user-data
+// byte for byte (base64, so no byte changes in transit) and then ours. The
+// VM's part comes first: cloud-init merges cloud-config parts in order, and
+// our part's merge type appends to the VM's lists and replaces none of its
+// keys.
+func Merge(userData, ours []byte) ([]byte, error) {
+	format := DetectFormat(userData)
+	userType, ok := contentTypes[format]
+	if !ok {
+		return nil, fmt.Errorf("%w: %s user-data cannot be combined with a second part; use disk mode", ErrCannotMerge, format)
+	}
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=%q\nMIME-Version: 1.0\n\n", boundary)
+	w := multipart.NewWriter(&b)
+	if err := w.SetBoundary(boundary); err != nil {
+		return nil, err
+	}
+	parts := []struct {
+		name, contentType string
+		data              []byte
+		extra             map[string]string
+	}{
+		{userPartName, userType, userData, nil},
+		{ourPartName, "text/cloud-config", ours, map[string]string{"Merge-Type": mergeHow}},
+	}
+	for _, p := range parts {
+		h := textproto.MIMEHeader{}
+		h.Set("Content-Type", p.contentType+`; charset="utf-8"`)
+		h.Set("Content-Transfer-Encoding", "base64")
+		h.Set("Content-Disposition", mime.FormatMediaType("attachment", map[string]string{"filename": p.name}))
+		for k, v := range p.extra {
+			h.Set(k, v)
+		}
+		pw, err := w.CreatePart(h)
+		if err != nil {
+			return nil, fmt.Errorf("write part %s: %w", p.name, err)
+		}
+		if _, err := pw.Write([]byte(wrap76(base64.StdEncoding.EncodeToString(p.data)))); err != nil {
+			return nil, err
+		}
+	}
+	if err := w.Close(); err != nil {
+		return nil, err
+	}
+	b.WriteString("\n")
+	return b.Bytes(), nil
+}
+
+// wrap76 breaks base64 into MIME's 76-character lines.
+func wrap76(s string) string {
+	var b strings.Builder
+	for len(s) > 76 {
+		b.WriteString(s[:76] + "\r\n")
+		s = s[76:]
+	}
+	b.WriteString(s + "\r\n")
+	return b.String()
+}
+
+// UserPart returns the VM's own user-data from a payload Merge wrote, byte
+// for byte: what the VM gets back when it opts out.
+func UserPart(merged []byte) ([]byte, error) {
+	parts, err := Parts(merged)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range parts {
+		if p.Name == userPartName {
+			return p.Data, nil
+		}
+	}
+	return nil, fmt.Errorf("no part %q in the merged user-data", userPartName)
+}
+
+// Part is one decoded part of a multipart user-data.
+type Part struct {
+	Name, ContentType string
+	Data              []byte
+}
+
+// Parts decodes a multipart user-data.
+func Parts(data []byte) ([]Part, error) {
+	header, body, ok := bytes.Cut(data, []byte("\n\n"))
+	if !ok {
+		return nil, errors.New("user-data has no MIME header")
+	}
+	var ct string
+	for _, line := range strings.Split(string(header), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.EqualFold(strings.TrimSpace(k), "Content-Type") {
+			ct = strings.TrimSpace(v)
+		}
+	}
+	mediaType, params, err := mime.ParseMediaType(ct)
+	if err != nil || !strings.HasPrefix(mediaType, "multipart/") {
+		return nil, fmt.Errorf("user-data is not multipart (Content-Type %q)", ct)
+	}
+	r := multipart.NewReader(bytes.NewReader(body), params["boundary"])
+	var parts []Part
+	for {
+		p, err := r.NextRawPart()
+		if errors.Is(err, io.EOF) {
+			return parts, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read part %d: %w", len(parts)+1, err)
+		}
+		raw, err := io.ReadAll(p)
+		if err != nil {
+			return nil, fmt.Errorf("read part %d: %w", len(parts)+1, err)
+		}
+		if strings.EqualFold(p.Header.Get("Content-Transfer-Encoding"), "base64") {
+			if raw, err = base64.StdEncoding.DecodeString(strings.Join(strings.Fields(string(raw)), "")); err != nil {
+				return nil, fmt.Errorf("part %d: %w", len(parts)+1, err)
+			}
+		}
+		_, dp, _ := mime.ParseMediaType(p.Header.Get("Content-Disposition"))
+		parts = append(parts, Part{Name: dp["filename"], ContentType: p.Header.Get("Content-Type"), Data: raw})
+	}
+}
+
+// DiskFiles is the disk-mode payload: the bootstrap's files under flat
+// names (a Secret's keys), plus install.sh, which the guest's one-time
+// unit runs from the mounted disk to put each file in place.
+func DiskFiles(b Bootstrap) (map[string][]byte, error) {
+	files, err := b.Files()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]byte{}
+	var install bytes.Buffer
+	install.WriteString(`#!/bin/sh
+# install.sh: puts guestbackup's bootstrap from this disk in place and
+# starts it. Run by the guest's guestbackup-disk unit; safe to run again.
+set -eu
+src=$(dirname "$0")
+`)
+	for _, f := range files {
+		key := diskKey(f.Path)
+		out[key] = f.Content
+		fmt.Fprintf(&install, "install -D -m %s %s %s\n", strconv.FormatUint(uint64(f.Mode), 8), shellQuote(`$src/`+key), shellQuote(f.Path))
+	}
+	install.WriteString("systemctl daemon-reload\n")
+	for _, unit := range b.Units() {
+		fmt.Fprintf(&install, "systemctl enable %s\n", unit)
+		// The connect unit restarts so that new credentials take effect.
+		fmt.Fprintf(&install, "systemctl restart %s\n", unit)
+	}
+	out[v1alpha1.SecretKeyInstall] = install.Bytes()
+	return out, nil
+}
+
+// diskKey names a file on the disk: its base name, which the bootstrap
+// keeps unique.
+func diskKey(p string) string {
+	return p[strings.LastIndex(p, "/")+1:]
+}
+
+// shellQuote quotes s for sh, leaving $src expandable.
+func shellQuote(s string) string {
+	if rest, ok := strings.CutPrefix(s, "$src/"); ok {
+		return `"$src"/'` + rest + `'`
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}

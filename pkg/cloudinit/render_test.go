@@ -1,0 +1,175 @@
+package cloudinit
+
+import (
+	"bytes"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// golden compares got with testdata/name, or rewrites it with -update.
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test ./pkg/cloudinit -update to create it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test ./pkg/cloudinit -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// A pin and password that are obviously not real ones.
+const (
+	testPin      = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+	testPassword = "not-a-real-password-0123456789"
+)
+
+func testBootstrap() Bootstrap {
+	return Bootstrap{ServerURL: "https://main.backup.svc:51515", Pin: testPin, Username: "web@team-a", Password: testPassword, Generation: 1}
+}
+
+func TestCloudConfigGolden(t *testing.T) {
+	withPaths := testBootstrap()
+	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
+	withPaths.Schedule = "*-*-* 02:30:00"
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(), "with-paths": withPaths} {
+		t.Run(name, func(t *testing.T) {
+			got, err := CloudConfig(b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, name+".cloud-config", got)
+			again, _ := CloudConfig(b)
+			if !bytes.Equal(got, again) {
+				t.Error("rendering twice gives two payloads")
+			}
+		})
+	}
+}
+
+func TestMergeKeepsTheUserPartByteForByte(t *testing.T) {
+	ours, err := CloudConfig(testBootstrap())
+	if err != nil {
+		t.Fatal(err)
+	}
+	users := map[string]string{
+		"cloud-config":      "#cloud-config\npackages: [htop]\nruncmd:\n  - [touch, /var/tmp/user-marker]\n",
+		"crlf and unicode":  "#cloud-config\r\nwrite_files:\r\n  - path: /etc/motd\r\n    content: \"Grüße — ünïcödé\"\r\n",
+		"no final newline":  "#cloud-config\nhostname: web",
+		"script":            "#!/bin/bash\necho 'user script' > /var/tmp/user-script\n",
+		"boothook":          "#cloud-boothook\n#!/bin/sh\necho early\n",
+		"include":           "#include\nhttps://config.example.invalid/base.cfg\n",
+		"trailing spaces  ": "#cloud-config\nbootcmd:\n  - echo hi   \n\n\n",
+	}
+	for name, user := range users {
+		t.Run(name, func(t *testing.T) {
+			merged, err := Merge([]byte(user), ours)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if DetectFormat(merged) != FormatMultipart {
+				t.Fatalf("merged payload is detected as %s", DetectFormat(merged))
+			}
+			back, err := UserPart(merged)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(back, []byte(user)) {
+				t.Errorf("the user's part changed:\n%q\nwant\n%q", back, user)
+			}
+			parts, err := Parts(merged)
+			if err != nil || len(parts) != 2 || !bytes.Equal(parts[1].Data, ours) {
+				t.Fatalf("want the user's part then ours, got %d parts, %v", len(parts), err)
+			}
+		})
+	}
+	golden(t, "merged.multipart", mustMerge(t, []byte(users["cloud-config"]), ours))
+}
+
+func mustMerge(t *testing.T, user, ours []byte) []byte {
+	t.Helper()
+	m, err := Merge(user, ours)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func TestMergeRefusesWhatCannotCarryASecondPart(t *testing.T) {
+	for _, user := range []string{
+		"Content-Type: multipart/mixed; boundary=XX\nMIME-Version: 1.0\n\n--XX--\n",
+		"#cloud-config-archive\n- type: text/cloud-config\n",
+		"#part-handler\ndef list_types(): pass\n",
+		"## template: jinja\n#cloud-config\n",
+		gzipped("#cloud-config\n"),
+		"hostname: web\n",
+	} {
+		if CanMerge([]byte(user)) {
+			t.Errorf("CanMerge(%q) = true", user)
+		}
+		if _, err := Merge([]byte(user), []byte("#cloud-config\n")); err == nil || !strings.Contains(err.Error(), "disk mode") {
+			t.Errorf("Merge(%q): error = %v, want one that points at disk mode", user, err)
+		}
+	}
+}
+
+func TestBootstrapRefusesWhatWouldBreakTheGuestFiles(t *testing.T) {
+	for name, mutate := range map[string]func(*Bootstrap){
+		"http URL":            func(b *Bootstrap) { b.ServerURL = "http://main.backup.svc:51515" },
+		"quote in URL":        func(b *Bootstrap) { b.ServerURL = "https://a'b:1" },
+		"upper-case pin":      func(b *Bootstrap) { b.Pin = strings.ToUpper(testPin) },
+		"invalid identity":    func(b *Bootstrap) { b.Username = "Web@team-a" },
+		"short password":      func(b *Bootstrap) { b.Password = "short" },
+		"relative path":       func(b *Bootstrap) { b.Paths = []string{"etc"} },
+		"newline in path":     func(b *Bootstrap) { b.Paths = []string{"/etc\n[Service]"} },
+		"schedule with quote": func(b *Bootstrap) { b.Schedule = "daily\nExecStart=/bin/sh" },
+	} {
+		b := testBootstrap()
+		mutate(&b)
+		if _, err := CloudConfig(b); err == nil {
+			t.Errorf("%s: rendered", name)
+		}
+	}
+}
+
+func TestDiskFiles(t *testing.T) {
+	b := testBootstrap()
+	b.Paths = []string{"/srv/data"}
+	files, err := DiskFiles(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(files["password"]) != testPassword {
+		t.Errorf("the disk's password file %q is not the Secret's password key", files["password"])
+	}
+	golden(t, "disk-install.sh", files["install.sh"])
+	fs, _ := b.Files()
+	if len(files) != len(fs)+1 {
+		t.Errorf("%d disk files for %d bootstrap files and install.sh", len(files), len(fs))
+	}
+}
+
+func TestParsePaths(t *testing.T) {
+	got, err := ParsePaths(" /etc, /home/alice/\n/srv//data ,")
+	if err != nil || strings.Join(got, "|") != "/etc|/home/alice|/srv/data" {
+		t.Errorf("ParsePaths = %q, %v", got, err)
+	}
+	if _, err := ParsePaths("/etc,relative"); err == nil {
+		t.Error("a relative path was accepted")
+	}
+}
