@@ -213,7 +213,7 @@ while :; do
     echo "$GUESTBACKUP_GENERATION" >"$state_dir/connected-generation"
     mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
     # A first snapshot right away, not at the first timer tick.
-    if [ -s "$conf_dir/paths" ] && command -v systemctl >/dev/null 2>&1; then
+    if [ -s "$conf_dir/paths" ] && [ -d /run/systemd/system ]; then
       systemctl start --no-block ` + SnapshotUnit + ` || true
     fi
     exit 0
