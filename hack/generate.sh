@@ -6,8 +6,13 @@
 #   config/rbac/role.yaml                      controller-gen rbac (markers in cmd/ and pkg/)
 #   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
+#   test/crds/velero/                          Velero's BackupStorageLocation CRD, from VELERO_VERSION
 # hack/verify-generated.sh runs it into a temporary OUT and compares.
 set -euo pipefail
+
+# Velero is not a dependency of guestbackup (its BSLs are read unstructured),
+# so its version is pinned here rather than in go.mod.
+VELERO_VERSION=v1.17.1
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="$(mkdir -p "${1:-$ROOT}" && cd "${1:-$ROOT}" && pwd)"
@@ -21,7 +26,7 @@ fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
 mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/config/rbac" \
-	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager"
+	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
 "$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/crds"
@@ -43,3 +48,13 @@ certmanager="$(go list -m -f '{{.Dir}}' github.com/cert-manager/cert-manager)"
 [[ -d "$certmanager/deploy/crds" ]] || { echo "generate: no CRDs in cert-manager's module at '$certmanager'" >&2; exit 1; }
 rm -f "$OUT"/test/crds/cert-manager/*.yaml
 install -m 0644 "$certmanager"/deploy/crds/*.yaml "$OUT/test/crds/cert-manager/"
+
+# Velero's module, downloaded outside any module so that go.mod stays free of
+# it; `go mod download` checks it against the checksum database. Only the
+# BackupStorageLocation CRD is taken: the controller reads no other kind.
+velero="$(cd "$tmp" && GOFLAGS= go mod download -json "github.com/vmware-tanzu/velero@$VELERO_VERSION" |
+	sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')"
+bslcrd="$velero/config/crd/v1/bases/velero.io_backupstoragelocations.yaml"
+[[ -f "$bslcrd" ]] || { echo "generate: no BackupStorageLocation CRD in Velero's module $VELERO_VERSION at '$velero'" >&2; exit 1; }
+rm -f "$OUT"/test/crds/velero/*.yaml
+install -m 0644 "$bslcrd" "$OUT/test/crds/velero/"

@@ -7,8 +7,9 @@
 #
 # Go tools are built from the small modules under hack/tools/, which pin their
 # versions (the module proxy lists no versions of kopia or kubevirt, so
-# `go install pkg@version` is not an option). Debian packages are installed
-# with apt when missing. GUESTBACKUP_CACHE moves the cache.
+# `go install pkg@version` is not an option, and MinIO tags no module
+# versions at all). Debian packages are installed with apt when missing.
+# GUESTBACKUP_CACHE moves the cache.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -28,7 +29,8 @@ KOPIA_VERSION="$(modversion kopia github.com/kopia/kopia)"
 CONTROLLER_TOOLS_VERSION="$(modversion controller-gen sigs.k8s.io/controller-tools)"
 HELM_VERSION="$(modversion helm helm.sh/helm/v3)"
 HELM_K8S_VERSION="$(modversion helm k8s.io/client-go)"
-for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION; do
+MINIO_VERSION="$(modversion minio github.com/minio/minio)"
+for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION MINIO_VERSION; do
 	[[ -n "${!v}" ]] || die "cannot read $v from hack/tools/*/go.mod"
 done
 
@@ -36,6 +38,7 @@ KUBE_APISERVER="$CACHE/kube-apiserver/$KUBERNETES_VERSION/kube-apiserver"
 KOPIA="$CACHE/kopia/$KOPIA_VERSION/kopia"
 CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
 HELM="$CACHE/helm/$HELM_VERSION/helm"
+MINIO="$CACHE/minio/$MINIO_VERSION/minio"
 # envtest looks for kube-apiserver and etcd side by side in one folder.
 ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
 # Debian's cloud-init, unpacked, not installed: the version is apt's candidate,
@@ -114,6 +117,12 @@ install_go_tools() {
 		done
 		timed "helm $HELM_VERSION" gobuild 0 helm "$HELM" helm.sh/helm/v3/cmd/helm -ldflags "$ldflags"
 	fi
+	# The S3 endpoint of the S3 and Velero specs. MinIO tags no module
+	# versions, so it is pinned by pseudo-version.
+	if [[ ! -x "$MINIO" ]]; then
+		log "minio takes about 4 minutes on 2 cores when nothing is cached"
+		timed "minio $MINIO_VERSION" gobuild 0 minio "$MINIO" github.com/minio/minio
+	fi
 }
 
 install_etcd() {
@@ -169,6 +178,7 @@ export KUBEBUILDER_ASSETS=$ASSETS
 export GUESTBACKUP_KOPIA=$KOPIA
 export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
 export GUESTBACKUP_HELM=$HELM
+export GUESTBACKUP_MINIO=$MINIO
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 EOF
 }

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"path/filepath"
+	"slices"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -26,7 +27,9 @@ func NewScheme() *runtime.Scheme {
 }
 
 // CRDPaths are the folders of every CRD the test bed installs: guestbackup's
-// (the chart's crds/), KubeVirt's VirtualMachine and cert-manager's.
+// (the chart's crds/), KubeVirt's VirtualMachine, cert-manager's and Velero's
+// BackupStorageLocation. StartAPIServer installs Velero's only when asked
+// (APIServerOptions.Velero): by default its cluster has no Velero.
 func CRDPaths() ([]string, error) {
 	root, err := RepoRoot()
 	if err != nil {
@@ -36,8 +39,11 @@ func CRDPaths() ([]string, error) {
 		filepath.Join(root, "charts", "guestbackup", "crds"),
 		filepath.Join(root, "test", "crds", "kubevirt"),
 		filepath.Join(root, "test", "crds", "cert-manager"),
+		veleroCRDPath(root),
 	}, nil
 }
+
+func veleroCRDPath(root string) string { return filepath.Join(root, "test", "crds", "velero") }
 
 // APIServer is a running kube-apiserver and etcd with the test bed's CRDs.
 type APIServer struct {
@@ -51,6 +57,9 @@ type APIServer struct {
 type APIServerOptions struct {
 	// Webhooks registers admission webhooks with the API server.
 	Webhooks envtest.WebhookInstallOptions
+	// Velero installs Velero's BackupStorageLocation CRD, as a cluster with
+	// Velero has it. Without it the cluster is one without Velero.
+	Velero bool
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
@@ -61,6 +70,10 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	paths, err := CRDPaths()
 	if err != nil {
 		tb.Fatalf("%v", err)
+	}
+	if !opts.Velero {
+		root, _ := RepoRoot() // CRDPaths found it
+		paths = slices.DeleteFunc(paths, func(p string) bool { return p == veleroCRDPath(root) })
 	}
 	scheme := NewScheme()
 	env := &envtest.Environment{

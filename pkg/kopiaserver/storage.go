@@ -45,6 +45,12 @@ func randomPassword() (string, error) {
 // creating the filesystem claim and the CA bundle ConfigMap when needed. A
 // problem says what the admin must fix.
 func (r *Reconciler) storage(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, in *WorkloadInputs) (*problem, error) {
+	if b.Spec.Storage.BackupStorageLocation == nil {
+		// No longer a Velero BSL's user: its server loses that access.
+		if err := r.finalize(ctx, b); err != nil {
+			return nil, err
+		}
+	}
 	switch st := b.Spec.Storage; {
 	case st.Filesystem != nil:
 		return r.claim(ctx, b)

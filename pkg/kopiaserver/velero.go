@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -185,6 +186,10 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 	if err := r.veleroAccess(ctx, b, vs.Credentials.Name); err != nil {
 		return nil, err
 	}
+	// A Velero BSL in another namespace, used before, grants nothing more.
+	if err := r.revokeVeleroAccess(ctx, b, ref.Namespace); err != nil {
+		return nil, err
+	}
 	in.S3 = &vs.S3
 	in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
 	if len(vs.S3.CABundle) > 0 {
@@ -232,18 +237,47 @@ func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorage
 	return nil
 }
 
-// finalize removes what a BSLS left outside its namespace, then its finalizer.
+// revokeVeleroAccess deletes the Roles and RoleBindings that let b's server
+// read a Velero Secret, in every namespace but keep ("" keeps none): those
+// the spec names, and those found by their labels, so that access granted
+// for a Velero BSL the BSLS no longer uses goes too.
+func (r *Reconciler) revokeVeleroAccess(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, keep string) error {
+	namespaces := map[string]bool{}
+	if ref := b.Spec.Storage.BackupStorageLocation; ref != nil {
+		namespaces[ref.Namespace] = true
+	}
+	sel := client.MatchingLabels{LabelBSLS: b.Name, LabelBSLSNamespace: b.Namespace}
+	for _, list := range []client.ObjectList{&rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+		if err := r.Client.List(ctx, list, sel); err != nil {
+			return fmt.Errorf("list the Velero access of %s/%s: %w", b.Namespace, b.Name, err)
+		}
+		if err := meta.EachListItem(list, func(o runtime.Object) error {
+			namespaces[o.(client.Object).GetNamespace()] = true
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	delete(namespaces, keep)
+	for ns := range namespaces {
+		om := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns}
+		for _, obj := range []client.Object{&rbacv1.RoleBinding{ObjectMeta: om}, &rbacv1.Role{ObjectMeta: om}} {
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete %T %s/%s: %w", obj, ns, om.Name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// finalize removes what a BSLS left outside its namespace, then its
+// finalizer. It also runs when a BSLS stops using a Velero BSL.
 func (r *Reconciler) finalize(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
 	if !controllerutil.ContainsFinalizer(b, FinalizerVeleroAccess) {
 		return nil
 	}
-	if ref := b.Spec.Storage.BackupStorageLocation; ref != nil {
-		meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ref.Namespace}
-		for _, obj := range []client.Object{&rbacv1.RoleBinding{ObjectMeta: meta}, &rbacv1.Role{ObjectMeta: meta}} {
-			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("delete %T %s/%s: %w", obj, ref.Namespace, meta.Name, err)
-			}
-		}
+	if err := r.revokeVeleroAccess(ctx, b, ""); err != nil {
+		return err
 	}
 	patch := client.MergeFrom(b.DeepCopy())
 	controllerutil.RemoveFinalizer(b, FinalizerVeleroAccess)

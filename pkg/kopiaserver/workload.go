@@ -174,7 +174,10 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		initArgs = append(initArgs, "--filesystem-path="+path.Join(repositoryDir, b.Spec.Repository.PathPrefix))
 	case in.S3 != nil:
 		s3 := in.S3
-		initArgs = append(initArgs, "--s3-bucket="+s3.Bucket, "--s3-prefix="+path.Join(s3.Prefix, b.Spec.Repository.PathPrefix)+"/")
+		initArgs = append(initArgs, "--s3-bucket="+s3.Bucket)
+		if prefix := path.Join(s3.Prefix, b.Spec.Repository.PathPrefix); prefix != "" {
+			initArgs = append(initArgs, "--s3-prefix="+prefix+"/")
+		}
 		if s3.Endpoint != "" {
 			initArgs = append(initArgs, "--s3-endpoint="+s3.Endpoint)
 		}

@@ -1,0 +1,331 @@
+package kopiaserver_test
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"math/big"
+	"time"
+
+	apiutil "github.com/cert-manager/cert-manager/pkg/api/util"
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	cmmeta "github.com/cert-manager/cert-manager/pkg/apis/meta/v1"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+// issued bounds how long cert-manager may take to issue or re-issue a
+// certificate. It issues in about a second; the first custom resource write
+// to a fresh API server alone takes about two.
+const issued = 30 * time.Second
+
+var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
+	const (
+		ns   = "secured"
+		name = "pinned"
+		// The CA hierarchy an admin builds: a selfSigned ClusterIssuer signs
+		// a CA Certificate, whose Secret backs the CA ClusterIssuer that
+		// signs the servers.
+		selfSignedIssuer = "selfsigned"
+		caIssuer         = "guestbackup-ca"
+		caCertificate    = "guestbackup-ca"
+	)
+	var (
+		ctx      context.Context
+		api      *testbed.APIServer
+		cm       *testbed.CertManager
+		bsls     *v1alpha1.BackupStorageLocationServer
+		binaries map[string]string
+		claimDir string
+		// pin is status.tlsFingerprint as first reported: what guests keep.
+		pin string
+		// guestPassword is the password of guest vm@secured.
+		guestPassword = testbed.RandomPassword()
+	)
+
+	get := func(namespace, name string, obj client.Object) func() error {
+		return func() error {
+			return api.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, obj)
+		}
+	}
+	current := func() *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		b := &v1alpha1.BackupStorageLocationServer{}
+		Expect(get(ns, name, b)()).To(Succeed())
+		return b
+	}
+	certificateReady := func() *metav1.Condition {
+		b := &v1alpha1.BackupStorageLocationServer{}
+		if err := get(ns, name, b)(); err != nil {
+			return nil
+		}
+		return meta.FindStatusCondition(b.Status.Conditions, v1alpha1.ConditionCertificateReady)
+	}
+	// serving is the server Secret's content: the leaf (first of tls.crt)
+	// and the CAs of ca.crt.
+	type serving struct {
+		secret *corev1.Secret
+		leaf   *x509.Certificate
+		chain  []*x509.Certificate
+		cas    []*x509.Certificate
+	}
+	servingSecret := func() serving {
+		GinkgoHelper()
+		s := &corev1.Secret{}
+		Expect(get(ns, kopiaserver.TLSSecretName(bsls), s)()).To(Succeed())
+		chain, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		Expect(err).NotTo(HaveOccurred(), "tls.crt of Secret %s", s.Name)
+		cas, err := pki.ParseCerts(s.Data["ca.crt"])
+		Expect(err).NotTo(HaveOccurred(), "ca.crt of Secret %s", s.Name)
+		return serving{secret: s, leaf: chain[0], chain: chain, cas: cas}
+	}
+	leafSerial := func() *big.Int {
+		s := &corev1.Secret{}
+		if err := get(ns, kopiaserver.TLSSecretName(bsls), s)(); err != nil {
+			return nil
+		}
+		certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		if err != nil {
+			return nil
+		}
+		return certs[0].SerialNumber
+	}
+	tlsChecksum := func() string {
+		d := &appsv1.Deployment{}
+		if err := get(ns, kopiaserver.DeploymentName(bsls), d)(); err != nil {
+			return ""
+		}
+		return d.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
+	}
+	serviceName := func() string { return kopiaserver.ServiceName(bsls) + "." + ns + ".svc" }
+	// runServer runs the server pod from the Deployment as it is now, with
+	// the Secrets as they are now, until the end of the current spec.
+	runServer := func() *testbed.Pod {
+		GinkgoHelper()
+		d := &appsv1.Deployment{}
+		Expect(get(ns, kopiaserver.DeploymentName(bsls), d)()).To(Succeed())
+		pod := testbed.RunPod(GinkgoT(), testbed.PodOptions{
+			Namespace: ns,
+			Spec:      d.Spec.Template.Spec,
+			Binaries:  binaries,
+			Claims:    map[string]string{kopiaserver.ClaimName(bsls): claimDir},
+			API:       api,
+		})
+		Expect(pod.WaitReady(2 * time.Minute)).To(Succeed())
+		return pod
+	}
+	// connect runs a guest's `kopia repository connect server`, trusting
+	// only a server whose chain holds a certificate with fingerprint pin.
+	connect := func(pod *testbed.Pod, pin string) func() error {
+		return func() error {
+			url := "https://" + pod.Addr(v1alpha1.DefaultServerPort)
+			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, url, pin, "vm@"+ns, guestPassword)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, out)
+			}
+			return nil
+		}
+	}
+	// presented is the leaf a server presents to a client that verifies it
+	// as a guest resolving the Service would: against ca.crt, for the
+	// Service's name.
+	presented := func(pod *testbed.Pod, cas []*x509.Certificate) (*x509.Certificate, error) {
+		roots := x509.NewCertPool()
+		for _, c := range cas {
+			roots.AddCert(c)
+		}
+		dialer := &tls.Dialer{Config: &tls.Config{RootCAs: roots, ServerName: serviceName(), MinVersion: tls.VersionTLS12}}
+		dialCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		conn, err := dialer.DialContext(dialCtx, "tcp", pod.Addr(v1alpha1.DefaultServerPort))
+		if err != nil {
+			return nil, fmt.Errorf("TLS handshake with the server: %w", err)
+		}
+		defer conn.Close()
+		return conn.(*tls.Conn).ConnectionState().PeerCertificates[0], nil
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+		for _, n := range []string{ns, controllerNamespace} {
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
+		}
+		cm = testbed.StartCertManager(GinkgoT(), api, testbed.CertManagerOptions{})
+		binaries = map[string]string{
+			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
+			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+		}
+		claimDir = GinkgoT().TempDir()
+		startController(api)
+	})
+
+	It("has cert-manager issue a CA from a selfSigned ClusterIssuer and serve it as a CA ClusterIssuer", func() {
+		Expect(api.Client.Create(ctx, &certmanagerv1.ClusterIssuer{
+			ObjectMeta: metav1.ObjectMeta{Name: selfSignedIssuer},
+			Spec:       certmanagerv1.IssuerSpec{IssuerConfig: certmanagerv1.IssuerConfig{SelfSigned: &certmanagerv1.SelfSignedIssuer{}}},
+		})).To(Succeed())
+		// A ClusterIssuer's CA Secret lives in cert-manager's cluster
+		// resource namespace.
+		Expect(api.Client.Create(ctx, &certmanagerv1.Certificate{
+			ObjectMeta: metav1.ObjectMeta{Name: caCertificate, Namespace: cm.ClusterResourceNamespace},
+			Spec: certmanagerv1.CertificateSpec{
+				IsCA:       true,
+				CommonName: "guestbackup test CA",
+				SecretName: caCertificate,
+				PrivateKey: &certmanagerv1.CertificatePrivateKey{Algorithm: certmanagerv1.ECDSAKeyAlgorithm, Size: 256},
+				IssuerRef:  cmmeta.ObjectReference{Name: selfSignedIssuer, Kind: certmanagerv1.ClusterIssuerKind, Group: "cert-manager.io"},
+			},
+		})).To(Succeed())
+		Expect(api.Client.Create(ctx, &certmanagerv1.ClusterIssuer{
+			ObjectMeta: metav1.ObjectMeta{Name: caIssuer},
+			Spec:       certmanagerv1.IssuerSpec{IssuerConfig: certmanagerv1.IssuerConfig{CA: &certmanagerv1.CAIssuer{SecretName: caCertificate}}},
+		})).To(Succeed())
+
+		issuerReady := func() []certmanagerv1.IssuerCondition {
+			ci := &certmanagerv1.ClusterIssuer{}
+			if err := get("", caIssuer, ci)(); err != nil {
+				return nil
+			}
+			return ci.Status.Conditions
+		}
+		Eventually(issuerReady).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(ContainElement(And(
+			HaveField("Type", certmanagerv1.IssuerConditionReady), HaveField("Status", cmmeta.ConditionTrue))))
+		ca := &corev1.Secret{}
+		Expect(get(cm.ClusterResourceNamespace, caCertificate, ca)()).To(Succeed())
+		certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(certs[0].IsCA).To(BeTrue())
+		Expect(certs[0].Subject.CommonName).To(Equal("guestbackup test CA"))
+	})
+
+	It("reports CertificateReady with the pin of cert-manager's CA once the server's certificate is issued", func() {
+		bsls = &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{
+				Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+				TLS:     v1alpha1.TLSSpec{IssuerRef: &v1alpha1.IssuerReference{Name: caIssuer, Kind: "ClusterIssuer"}},
+			},
+		}
+		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+		Eventually(certificateReady).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(And(
+			Not(BeNil()),
+			HaveField("Status", metav1.ConditionTrue),
+			HaveField("Reason", kopiaserver.ReasonCertificateIssued),
+			HaveField("Message", ContainSubstring("cert-manager ClusterIssuer "+caIssuer)),
+		))
+
+		By("pinning the CA cert-manager wrote in ca.crt, which is the CA Certificate's own")
+		s := servingSecret()
+		Expect(s.cas).To(HaveLen(1))
+		pin = current().Status.TLSFingerprint
+		Expect(pin).To(Equal(pki.Fingerprint(s.cas[0])))
+		caSecret := &corev1.Secret{}
+		Expect(get(cm.ClusterResourceNamespace, caCertificate, caSecret)()).To(Succeed())
+		Expect(s.secret.Data["ca.crt"]).To(Equal(caSecret.Data[corev1.TLSCertKey]))
+
+		By("holding a leaf that verifies against that CA for the Service's names, with its key")
+		Expect(s.leaf.IsCA).To(BeFalse())
+		// cert-manager leaves a self-signed CA out of tls.crt: a guest's
+		// pin matches only because the server presents ca.crt after it.
+		Expect(s.chain).To(HaveLen(1), "tls.crt holds the leaf alone")
+		Expect(s.leaf.DNSNames).To(ContainElements(serviceName(), serviceName()+".cluster.local"))
+		roots, intermediates := x509.NewCertPool(), x509.NewCertPool()
+		roots.AddCert(s.cas[0])
+		for _, c := range s.chain[1:] {
+			intermediates.AddCert(c)
+		}
+		_, err := s.leaf.Verify(x509.VerifyOptions{
+			DNSName: serviceName(), Roots: roots, Intermediates: intermediates,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = tls.X509KeyPair(s.secret.Data[corev1.TLSCertKey], s.secret.Data[corev1.TLSPrivateKeyKey])
+		Expect(err).NotTo(HaveOccurred(), "tls.key matches tls.crt")
+
+		By("starting the server with it")
+		Eventually(tlsChecksum).WithTimeout(reconciled).ShouldNot(BeEmpty())
+	})
+
+	It("lets a real Kopia client pinned to status.tlsFingerprint connect to the server run with that Secret", func() {
+		Expect(api.Client.Create(ctx, credentialSecret("vm", ns, ns, name, guestPassword, "1"))).To(Succeed())
+		pod := runServer()
+		Eventually(connect(pod, pin)).WithTimeout(provisioned).Should(Succeed())
+		other, err := pki.NewCA("not the server's CA", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(connect(pod, pki.Fingerprint(other.Cert))()).To(MatchError(ContainSubstring("can't find certificate matching SHA256 fingerprint")))
+	})
+
+	It("rolls the server onto a renewed leaf under the same CA, so the guests' pin still holds", func() {
+		before := servingSecret()
+		checksum := tlsChecksum()
+		Expect(checksum).NotTo(BeEmpty())
+
+		By("asking cert-manager to re-issue, as `cmctl renew` does: the Issuing condition")
+		Eventually(func() error {
+			crt := &certmanagerv1.Certificate{}
+			if err := get(ns, kopiaserver.CertificateName(bsls), crt)(); err != nil {
+				return err
+			}
+			apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
+				cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
+			return api.Client.Status().Update(ctx, crt)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+
+		Eventually(leafSerial).WithTimeout(issued).WithPolling(100 * time.Millisecond).
+			Should(And(Not(BeNil()), Not(Equal(before.leaf.SerialNumber))))
+		after := servingSecret()
+		Expect(after.secret.Data[corev1.TLSPrivateKeyKey]).NotTo(Equal(before.secret.Data[corev1.TLSPrivateKeyKey]),
+			"rotationPolicy Always: a new key with every certificate")
+		Expect(after.secret.Data["ca.crt"]).To(Equal(before.secret.Data["ca.crt"]))
+
+		By("changing the pod template's checksum, which makes the Deployment roll")
+		Eventually(tlsChecksum).WithTimeout(reconciled).ShouldNot(Or(BeEmpty(), Equal(checksum)))
+		Expect(current().Status.TLSFingerprint).To(Equal(pin))
+		Expect(certificateReady()).To(HaveField("Status", metav1.ConditionTrue))
+
+		By("serving the new leaf from the rolled server to a guest that kept its pin")
+		pod := runServer()
+		Eventually(connect(pod, pin)).WithTimeout(provisioned).Should(Succeed())
+		leaf, err := presented(pod, after.cas)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(leaf.SerialNumber).To(Equal(after.leaf.SerialNumber))
+	})
+
+	It("re-issues for a name added through spec.clientURL, under the same pin", func() {
+		const host = "backup.example.test"
+		before := leafSerial()
+		checksum := tlsChecksum()
+		Eventually(func() error {
+			b := current()
+			b.Spec.ClientURL = "https://" + host + ":51515"
+			return api.Client.Update(ctx, b)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+
+		Eventually(func() []string {
+			crt := &certmanagerv1.Certificate{}
+			if err := get(ns, kopiaserver.CertificateName(bsls), crt)(); err != nil {
+				return nil
+			}
+			return crt.Spec.DNSNames
+		}).WithTimeout(reconciled).Should(ContainElement(host))
+		Eventually(leafSerial).WithTimeout(issued).WithPolling(100 * time.Millisecond).
+			Should(And(Not(BeNil()), Not(Equal(before))))
+		Expect(servingSecret().leaf.DNSNames).To(ContainElements(host, serviceName()))
+		Eventually(tlsChecksum).WithTimeout(reconciled).ShouldNot(Or(BeEmpty(), Equal(checksum)))
+		Eventually(func() string { return current().Status.Endpoint }).WithTimeout(reconciled).Should(Equal("https://" + host + ":51515"))
+		Expect(current().Status.TLSFingerprint).To(Equal(pin))
+	})
+})

@@ -1,0 +1,390 @@
+package kopiaserver_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+)
+
+// These specs keep repositories in a real S3 server (MinIO on loopback),
+// reached the two ways a BSLS can name a bucket: spec.storage.s3 with a
+// credentials Secret of its own, and a Velero BackupStorageLocation whose
+// credentials stay in Velero's namespace.
+var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
+	const (
+		// Each BSLS has a namespace of its own, so that "no Secret holds the
+		// access key" means what it says for the Velero one.
+		s3NS     = "s3-direct"
+		veleroNS = "velero"
+		reuseNS  = "s3-velero"
+		// The server pod's init container creates the repository in S3.
+		serverReady = 3 * time.Minute
+	)
+	var (
+		ctx      context.Context
+		api      *testbed.APIServer
+		minio    *testbed.MinIO
+		binaries map[string]string
+	)
+
+	bslsNamed := func(ns, name string) func() (*v1alpha1.BackupStorageLocationServer, error) {
+		return func() (*v1alpha1.BackupStorageLocationServer, error) {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			return b, api.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, b)
+		}
+	}
+	condition := func(ns, name, t string) func() *metav1.Condition {
+		return func() *metav1.Condition {
+			b, err := bslsNamed(ns, name)()
+			if err != nil {
+				return nil
+			}
+			return meta.FindStatusCondition(b.Status.Conditions, t)
+		}
+	}
+	haveCondition := func(status metav1.ConditionStatus, reason, message string) OmegaMatcher {
+		return And(Not(BeNil()), HaveField("Status", status), HaveField("Reason", reason), HaveField("Message", ContainSubstring(message)))
+	}
+	objects := func(bucket, prefix string) func() ([]string, error) {
+		return func() ([]string, error) { return minio.Objects(bucket, prefix) }
+	}
+	// runServer runs the server pod from the Deployment the controller
+	// wrote, as the kubelet would, and reports it available.
+	runServer := func(b *v1alpha1.BackupStorageLocationServer) *testbed.Pod {
+		GinkgoHelper()
+		d := &appsv1.Deployment{}
+		Eventually(func() error {
+			return api.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: kopiaserver.DeploymentName(b)}, d)
+		}).WithTimeout(reconciled).Should(Succeed())
+		pod := testbed.RunPod(GinkgoT(), testbed.PodOptions{Namespace: b.Namespace, Spec: d.Spec.Template.Spec, Binaries: binaries, API: api})
+		Expect(pod.WaitReady(serverReady)).To(Succeed())
+		markAvailable(ctx, api, d)
+		return pod
+	}
+	// connect connects a guest with a fresh kopia client, pinned to the
+	// fingerprint the BSLS reports.
+	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
+		return func() error {
+			cur, err := bslsNamed(b.Namespace, b.Name)()
+			if err != nil {
+				return err
+			}
+			if cur.Status.TLSFingerprint == "" {
+				return fmt.Errorf("BSLS %s/%s reports no tlsFingerprint yet", b.Namespace, b.Name)
+			}
+			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, user, password)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, out)
+			}
+			return nil
+		}
+	}
+	// awsCredentialsFile is what Velero's credential Secrets hold.
+	awsCredentialsFile := func(profile string) []byte {
+		return fmt.Appendf(nil, "[%s]\naws_access_key_id=%s\naws_secret_access_key=%s\n", profile, minio.AccessKeyID, minio.SecretAccessKey)
+	}
+	veleroBSL := func(name, bucket, prefix, secret string) *unstructured.Unstructured {
+		bsl := &unstructured.Unstructured{Object: map[string]any{
+			"spec": map[string]any{
+				"provider":      "aws",
+				"objectStorage": map[string]any{"bucket": bucket, "prefix": prefix},
+				"config": map[string]any{
+					"region":           testbed.MinIORegion,
+					"s3Url":            minio.URL,
+					"s3ForcePathStyle": "true",
+				},
+				"credential": map[string]any{"name": secret, "key": kopiaserver.VeleroDefaultCredentialsKey},
+			},
+		}}
+		bsl.SetGroupVersionKind(kopiaserver.VeleroBSL)
+		bsl.SetNamespace(veleroNS)
+		bsl.SetName(name)
+		return bsl
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{Velero: true})
+		for _, name := range []string{s3NS, veleroNS, reuseNS} {
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
+		}
+		minio = testbed.StartMinIO(GinkgoT())
+		binaries = map[string]string{
+			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
+			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+		}
+		startController(api)
+	})
+
+	Describe("a BSLS with spec.storage.s3", Ordered, func() {
+		const (
+			name   = "direct"
+			bucket = "guestbackup"
+			prefix = "cluster-a"
+		)
+		var (
+			bsls *v1alpha1.BackupStorageLocationServer
+			pod  *testbed.Pod
+		)
+
+		BeforeAll(func() {
+			Expect(minio.CreateBucket(bucket)).To(Succeed())
+			Expect(api.Client.Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
+				Data: map[string][]byte{
+					kopiaserver.AWSAccessKeyID:     []byte(minio.AccessKeyID),
+					kopiaserver.AWSSecretAccessKey: []byte(minio.SecretAccessKey),
+				},
+			})).To(Succeed())
+			bsls = &v1alpha1.BackupStorageLocationServer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+					Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion, Prefix: prefix,
+					CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"},
+					DisableTLS:        true,
+				}}},
+			}
+			Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+			pod = runServer(bsls)
+		})
+
+		It("creates the repository in the bucket, under the prefix only", func() {
+			Eventually(objects(bucket, "")).Should(ContainElement(prefix + "/kopia.repository"))
+			keys, err := minio.Objects(bucket, "")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(keys).To(HaveEach(HavePrefix(prefix + "/")))
+		})
+
+		It("becomes Ready, reporting where the repository is", func() {
+			Eventually(condition(s3NS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, "https://direct.s3-direct.svc:51515"))
+			Expect(condition(s3NS, name, v1alpha1.ConditionRepositoryReady)()).
+				To(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonRepositoryOpened, "s3://guestbackup/cluster-a"))
+		})
+
+		It("lets a VM's user connect, pinned to status.tlsFingerprint", func() {
+			password := testbed.RandomPassword()
+			Expect(api.Client.Create(ctx, credentialSecret("web", s3NS, s3NS, name, password, "1"))).To(Succeed())
+			Eventually(connect(pod, bsls, "web@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
+			Expect(connect(pod, bsls, "web@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
+		})
+	})
+
+	Describe("a BSLS reusing a Velero BackupStorageLocation", Ordered, func() {
+		const (
+			name   = "reuse"
+			bsl    = "minio"
+			secret = "minio-credentials"
+			bucket = "velero"
+			prefix = "cluster-b"
+		)
+		var bsls *v1alpha1.BackupStorageLocationServer
+		accessKey := func() client.ObjectKey {
+			return client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(bsls)}
+		}
+
+		BeforeAll(func() {
+			Expect(minio.CreateBucket(bucket)).To(Succeed())
+			Expect(api.Client.Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: secret, Namespace: veleroNS},
+				Data:       map[string][]byte{kopiaserver.VeleroDefaultCredentialsKey: awsCredentialsFile("default")},
+			})).To(Succeed())
+			// Another Secret of Velero's, which the server must not read.
+			Expect(api.Client.Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: veleroNS},
+				Data:       map[string][]byte{"token": []byte("not for guestbackup")},
+			})).To(Succeed())
+			Expect(api.Client.Create(ctx, veleroBSL(bsl, bucket, prefix, secret))).To(Succeed())
+			bsls = &v1alpha1.BackupStorageLocationServer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: reuseNS},
+				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
+					BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Name: bsl, Namespace: veleroNS},
+				}},
+			}
+			Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+		})
+
+		It("puts its finalizer, and lets the server's service account get that one Secret of Velero's", func() {
+			Eventually(func() ([]string, error) {
+				b, err := bslsNamed(reuseNS, name)()
+				return b.Finalizers, err
+			}).WithTimeout(reconciled).Should(ContainElement(kopiaserver.FinalizerVeleroAccess))
+			role, binding := &rbacv1.Role{}, &rbacv1.RoleBinding{}
+			Eventually(func() error { return api.Client.Get(ctx, accessKey(), binding) }).WithTimeout(reconciled).Should(Succeed())
+			Expect(api.Client.Get(ctx, accessKey(), role)).To(Succeed())
+			Expect(role.Rules).To(ConsistOf(rbacv1.PolicyRule{
+				APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: []string{secret},
+			}))
+			Expect(binding.RoleRef).To(Equal(rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name}))
+			Expect(binding.Subjects).To(ConsistOf(rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: kopiaserver.ServiceAccountName(bsls), Namespace: reuseNS}))
+
+			By("asking the real API server, as the server's service account")
+			sa := "system:serviceaccount:" + reuseNS + ":" + kopiaserver.ServiceAccountName(bsls)
+			user, err := api.Env.AddUser(envtest.User{Name: sa, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + reuseNS, "system:authenticated"}}, nil)
+			Expect(err).NotTo(HaveOccurred())
+			asServer, err := client.New(user.Config(), client.Options{Scheme: api.Scheme})
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(func() error {
+				return asServer.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: secret}, &corev1.Secret{})
+			}).WithTimeout(reconciled).Should(Succeed())
+			Expect(asServer.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: "other"}, &corev1.Secret{})).To(Satisfy(apierrors.IsForbidden))
+			Expect(asServer.List(ctx, &corev1.SecretList{}, client.InNamespace(veleroNS))).To(Satisfy(apierrors.IsForbidden))
+		})
+
+		It("copies no credentials into the BSLS's namespace: its init container reads them through the API", func() {
+			d := &appsv1.Deployment{}
+			Eventually(func() error {
+				return api.Client.Get(ctx, types.NamespacedName{Namespace: reuseNS, Name: kopiaserver.DeploymentName(bsls)}, d)
+			}).WithTimeout(reconciled).Should(Succeed())
+			init := d.Spec.Template.Spec.InitContainers[0]
+			Expect(init.Args).To(ContainElement("--s3-credentials-secret=" + veleroNS + "/" + secret))
+			for _, e := range init.Env {
+				Expect(e.Name).NotTo(HavePrefix("AWS_"))
+			}
+
+			secrets := &corev1.SecretList{}
+			Expect(api.Client.List(ctx, secrets, client.InNamespace(reuseNS))).To(Succeed())
+			Expect(secrets.Items).NotTo(BeEmpty()) // the repository password, the TLS Secrets...
+			for _, s := range secrets.Items {
+				for key, value := range s.Data {
+					for _, credential := range []string{minio.AccessKeyID, minio.SecretAccessKey} {
+						Expect(bytes.Contains(value, []byte(credential))).To(BeFalse(), "Secret %s key %s holds Velero's credentials", s.Name, key)
+					}
+				}
+			}
+		})
+
+		Describe("once the pod it specified runs", Ordered, func() {
+			var pod *testbed.Pod
+
+			BeforeAll(func() { pod = runServer(bsls) })
+
+			It("keeps the repository beside Velero's data, under <prefix>/guestbackup", func() {
+				Eventually(objects(bucket, "")).Should(ContainElement(prefix + "/guestbackup/kopia.repository"))
+				keys, err := minio.Objects(bucket, "")
+				Expect(err).NotTo(HaveOccurred())
+				Expect(keys).To(HaveEach(HavePrefix(prefix + "/guestbackup/")))
+				Eventually(condition(reuseNS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+					Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, "https://reuse.s3-velero.svc:51515"))
+				Expect(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)()).
+					To(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonRepositoryOpened, "Velero BackupStorageLocation velero/minio"))
+			})
+
+			It("lets a VM's user connect, pinned to status.tlsFingerprint", func() {
+				password := testbed.RandomPassword()
+				Expect(api.Client.Create(ctx, credentialSecret("db", reuseNS, reuseNS, name, password, "1"))).To(Succeed())
+				Eventually(connect(pod, bsls, "db@"+reuseNS, password)).WithTimeout(provisioned).Should(Succeed())
+			})
+		})
+
+		It("removes its access to Velero's namespace when deleted", func() {
+			Expect(api.Client.Delete(ctx, bsls)).To(Succeed())
+			Eventually(func() error {
+				_, err := bslsNamed(reuseNS, name)()
+				return err
+			}).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound), "the finalizer is removed")
+			Expect(api.Client.Get(ctx, accessKey(), &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
+			Expect(api.Client.Get(ctx, accessKey(), &rbacv1.RoleBinding{})).To(Satisfy(apierrors.IsNotFound))
+			// envtest runs no garbage collector: what the BSLS owned stays.
+		})
+	})
+
+	It("keeps the repository at the bucket's root when the BSLS names no prefix", func() {
+		const bucket = "no-prefix"
+		Expect(minio.CreateBucket(bucket)).To(Succeed())
+		b := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "no-prefix", Namespace: s3NS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+				Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
+				CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"},
+				DisableTLS:        true,
+			}}},
+		}
+		Expect(api.Client.Create(ctx, b)).To(Succeed())
+		runServer(b)
+		Expect(objects(bucket, "")()).To(ContainElement("kopia.repository"))
+	})
+
+	// MinIO cleans a leading "/" from keys, so the spec above cannot tell;
+	// AWS S3 keeps "/kopia.repository" as given.
+	It("passes Kopia no prefix when the BSLS names none", func() {
+		d := &appsv1.Deployment{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: s3NS, Name: "no-prefix-server"}, d)).To(Succeed())
+		Expect(d.Spec.Template.Spec.InitContainers[0].Args).NotTo(ContainElement("--s3-prefix=/"))
+	})
+
+	// Otherwise the server's service account would keep reading Velero's
+	// credentials after the switch.
+	It("removes its access to Velero's namespace when the BSLS stops using the Velero BSL", func() {
+		b := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "switch", Namespace: s3NS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
+				BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Name: "minio", Namespace: veleroNS},
+			}},
+		}
+		Expect(api.Client.Create(ctx, b)).To(Succeed())
+		access := client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}
+		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.RoleBinding{}) }).WithTimeout(reconciled).Should(Succeed())
+
+		By("switching the BSLS to S3 storage of its own")
+		Eventually(func() error {
+			cur, err := bslsNamed(s3NS, b.Name)()
+			if err != nil {
+				return err
+			}
+			cur.Spec.Storage = v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+				Bucket: "guestbackup", Prefix: "switched", Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
+				CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"}, DisableTLS: true,
+			}}
+			return api.Client.Update(ctx, cur)
+		}).WithTimeout(reconciled).Should(Succeed())
+		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.RoleBinding{}) }).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound))
+		Expect(api.Client.Get(ctx, access, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
+		Eventually(func() ([]string, error) {
+			cur, err := bslsNamed(s3NS, b.Name)()
+			return cur.Finalizers, err
+		}).WithTimeout(reconciled).ShouldNot(ContainElement(kopiaserver.FinalizerVeleroAccess))
+	})
+
+	It("refuses a Velero BSL whose credential Secret lacks the profile, naming the Secret and key", func() {
+		const name = "no-profile"
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "other-profile", Namespace: veleroNS},
+			Data:       map[string][]byte{kopiaserver.VeleroDefaultCredentialsKey: awsCredentialsFile("backup")},
+		})).To(Succeed())
+		Expect(api.Client.Create(ctx, veleroBSL("other-profile", "velero", "cluster-c", "other-profile"))).To(Succeed())
+		b := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: reuseNS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
+				BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Name: "other-profile", Namespace: veleroNS},
+			}},
+		}
+		Expect(api.Client.Create(ctx, b)).To(Succeed())
+		Eventually(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(haveCondition(
+			metav1.ConditionFalse, kopiaserver.ReasonCredentialsInvalid, "Secret velero/other-profile, key cloud, is not an AWS credentials file Kopia can use: no profile [default]"))
+		Expect(strings.Contains(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)().Message, minio.SecretAccessKey)).To(BeFalse())
+
+		By("granting nothing in Velero's namespace and starting no server")
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: reuseNS, Name: kopiaserver.DeploymentName(b)}, &appsv1.Deployment{})).To(Satisfy(apierrors.IsNotFound))
+	})
+})
