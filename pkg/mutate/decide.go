@@ -1,0 +1,630 @@
+package mutate
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+
+	jsonpatchapply "github.com/evanphx/json-patch/v5"
+	"gomodules.xyz/jsonpatch/v2"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	sigsjson "sigs.k8s.io/json"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+)
+
+// What the webhook adds to a VM's template.
+const (
+	// CloudInitVolume is the NoCloud volume (and disk) added to a VM that
+	// has no cloud-init of its own.
+	CloudInitVolume = "guestbackup-cloudinit"
+	// DiskVolume is the secret volume (and disk) of disk mode.
+	DiskVolume = "guestbackup"
+	// DiskSerial identifies the disk in the guest
+	// (/dev/disk/by-id/virtio-guestbackup); virtio shows 20 characters.
+	DiskSerial = "guestbackup"
+	// DiskLabel is the disk's filesystem label (/dev/disk/by-label/guestbackup).
+	DiskLabel = "guestbackup"
+)
+
+// Event reasons the webhook records on a VM.
+const (
+	// ReasonCredentialsIssued: the VM got new Kopia credentials.
+	ReasonCredentialsIssued = "CredentialsIssued"
+	// ReasonInjectionRefused: the VM was denied; the message says why.
+	ReasonInjectionRefused = "InjectionRefused"
+)
+
+// SecretName is the per-VM credential Secret of a VM.
+func SecretName(vmName string) string { return vmName + "-guestbackup" }
+
+// Server is what the webhook found about the BSLS a VM names.
+type Server struct {
+	// BSLS is nil when it does not exist.
+	BSLS *v1alpha1.BackupStorageLocationServer
+	// NamespaceAllowed is whether the VM's namespace may use it.
+	NamespaceAllowed bool
+}
+
+// Input is everything Decide looks at. The handler gathers it; Decide has
+// no side effects.
+type Input struct {
+	// Object is the VirtualMachine as admitted, raw: patches are computed
+	// against it, so fields guestbackup's types do not know are never
+	// touched.
+	Object []byte
+	// Namespace is the request's; an object being created may have none.
+	Namespace string
+	// Server is the BSLS the VM's guestbackup.io/server annotation names.
+	Server Server
+	// Secret is the VM's existing credential Secret, nil when none.
+	Secret *corev1.Secret
+	// NewPassword returns a fresh random password; called only when new
+	// credentials are issued.
+	NewPassword func() (string, error)
+}
+
+// Event is one Event to record on the VM.
+type Event struct {
+	Type, Reason, Message string
+}
+
+// Decision is what admission does to a VM.
+type Decision struct {
+	// Denied, when not empty, is why the VM is refused; nothing else applies.
+	Denied string
+	// Patch is the minimal JSON patch of the VM; empty when nothing changes.
+	Patch []jsonpatch.JsonPatchOperation
+	// Secret is the per-VM Secret as it must be stored; nil when the
+	// existing one is right (or, on opt-out, the controller removes it).
+	Secret *corev1.Secret
+	// Events to record on the VM.
+	Events []Event
+}
+
+func deny(format string, args ...any) Decision {
+	msg := fmt.Sprintf(format, args...)
+	return Decision{Denied: msg, Events: []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}}}
+}
+
+// Decide decides what to do with an admitted VM: deny it, inject the
+// bootstrap, re-issue credentials, keep everything as it is, or remove
+// what was injected when the VM opted out. Admitting its result again
+// yields no patch. An error is an internal failure, not a denial.
+func Decide(in Input) (Decision, error) {
+	// Field names are case-sensitive, as the API server reads them and as
+	// the patch's paths are.
+	var vm kubevirtv1.VirtualMachine
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(in.Object, &vm); err != nil {
+		return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
+	}
+	var raw map[string]any
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(in.Object, &raw); err != nil {
+		return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
+	}
+	if vm.Namespace == "" {
+		vm.Namespace = in.Namespace
+	}
+	status, hasStatus, err := parseStatus(vm.Annotations)
+	if err != nil {
+		return deny("%v", err), nil
+	}
+	value, optedIn := vm.Annotations[v1alpha1.AnnotationServer]
+	if !optedIn {
+		if !hasStatus {
+			return Decision{}, nil
+		}
+		return optOut(&vm, raw, status, in.Secret), nil
+	}
+	o, refusal := readOptions(&vm, value)
+	if refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	if vm.Spec.Template == nil {
+		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
+	}
+	d, err := inject(&vm, raw, o, status, hasStatus, in)
+	if err != nil || d.Denied != "" {
+		return d, err
+	}
+	return checkApplies(in.Object, d), nil
+}
+
+// checkApplies denies rather than send a patch the API server would fail
+// to apply: an object whose JSON differs from what its Go type reads
+// (field names in another case, which encoding/json forgives inside
+// KubeVirt's own decoders) must not get a half-applied injection.
+func checkApplies(obj []byte, d Decision) Decision {
+	if len(d.Patch) == 0 {
+		return d
+	}
+	ops, err := json.Marshal(d.Patch)
+	if err == nil {
+		var p jsonpatchapply.Patch
+		if p, err = jsonpatchapply.DecodePatch(ops); err == nil {
+			_, err = p.Apply(obj)
+		}
+	}
+	if err != nil {
+		return deny("guestbackup cannot patch this VirtualMachine (%v): is its JSON in the API's own field names?", err)
+	}
+	return d
+}
+
+// options are the VM's guestbackup annotations, parsed.
+type options struct {
+	server   types.NamespacedName
+	user     string
+	mode     string
+	paths    []string
+	schedule string
+	rotate   string
+}
+
+func readOptions(vm *kubevirtv1.VirtualMachine, server string) (options, string) {
+	var o options
+	var err error
+	if o.server, err = ParseServerRef(server); err != nil {
+		return o, err.Error()
+	}
+	if o.user, err = Username(vm.Name, vm.Namespace); err != nil {
+		return o, err.Error() + "; rename the VM, or remove annotation " + v1alpha1.AnnotationServer
+	}
+	o.mode = vm.Annotations[v1alpha1.AnnotationMode]
+	if o.mode != "" && o.mode != v1alpha1.ModeCloudInit && o.mode != v1alpha1.ModeDisk {
+		return o, fmt.Sprintf("annotation %s=%q: want %s or %s", v1alpha1.AnnotationMode, o.mode, v1alpha1.ModeCloudInit, v1alpha1.ModeDisk)
+	}
+	if o.paths, err = cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths]); err != nil {
+		return o, fmt.Sprintf("annotation %s: %v (want absolute paths separated by commas)", v1alpha1.AnnotationPaths, err)
+	}
+	if o.schedule = vm.Annotations[v1alpha1.AnnotationSchedule]; o.schedule != "" {
+		if err := cloudinit.ValidateSchedule(o.schedule); err != nil {
+			return o, fmt.Sprintf("annotation %s: %v", v1alpha1.AnnotationSchedule, err)
+		}
+		if len(o.paths) == 0 {
+			return o, fmt.Sprintf("annotation %s is set but %s is not: say what to back up", v1alpha1.AnnotationSchedule, v1alpha1.AnnotationPaths)
+		}
+	}
+	o.rotate = vm.Annotations[v1alpha1.AnnotationRotate]
+	return o, ""
+}
+
+func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Server) string {
+	if s.BSLS == nil {
+		return fmt.Sprintf("BackupStorageLocationServer %s named by annotation %s does not exist: ask your cluster admin for the right <namespace>/<name>", ref, v1alpha1.AnnotationServer)
+	}
+	if !s.NamespaceAllowed {
+		return fmt.Sprintf("BackupStorageLocationServer %s does not admit VMs of namespace %s (its spec.access.namespaceSelector): ask its admin to admit it", ref, vm.Namespace)
+	}
+	ready := meta.FindStatusCondition(s.BSLS.Status.Conditions, v1alpha1.ConditionReady)
+	if ready == nil || ready.Status != metav1.ConditionTrue || s.BSLS.Status.Endpoint == "" || s.BSLS.Status.TLSFingerprint == "" {
+		why := "it reports no status yet"
+		if ready != nil {
+			why = ready.Message
+		}
+		return fmt.Sprintf("BackupStorageLocationServer %s is not Ready (%s): retry once it is", ref, why)
+	}
+	return ""
+}
+
+// parseStatus reads the status annotation the webhook wrote.
+func parseStatus(annotations map[string]string) (v1alpha1.InjectionStatus, bool, error) {
+	var st v1alpha1.InjectionStatus
+	value, ok := annotations[v1alpha1.AnnotationStatus]
+	if !ok {
+		return st, false, nil
+	}
+	if err := json.Unmarshal([]byte(value), &st); err != nil || st.Volume == "" || st.Secret == "" {
+		return st, false, fmt.Errorf("annotation %s is not what guestbackup wrote (it is managed by the webhook): remove it and admit the VM again", v1alpha1.AnnotationStatus)
+	}
+	return st, true, nil
+}
+
+// credentials are a VM's Kopia identity, password and generation.
+type credentials struct {
+	password   string
+	generation int64
+	issued     bool // new ones, for an Event
+}
+
+func currentCredentials(secret *corev1.Secret, server types.NamespacedName) (credentials, bool) {
+	if secret == nil || secret.Labels[v1alpha1.LabelServerNamespace] != server.Namespace || secret.Labels[v1alpha1.LabelServerName] != server.Name {
+		return credentials{}, false
+	}
+	password := string(secret.Data[v1alpha1.SecretKeyPassword])
+	generation, err := strconv.ParseInt(string(secret.Data[v1alpha1.SecretKeyGeneration]), 10, 64)
+	if password == "" || err != nil || generation < 1 {
+		return credentials{}, false
+	}
+	return credentials{password: password, generation: generation}, true
+}
+
+// placement is where the bootstrap goes in the template.
+type placement struct {
+	mode       string // v1alpha1.ModeCloudInit or ModeDisk
+	volume     string
+	disk       string
+	mergedFrom string
+	userPart   []byte // the VM's own user-data, when merged
+}
+
+func inject(vm *kubevirtv1.VirtualMachine, raw map[string]any, o options, old v1alpha1.InjectionStatus, hasStatus bool, in Input) (Decision, error) {
+	var d Decision
+	spec := &vm.Spec.Template.Spec
+
+	creds, ok := currentCredentials(in.Secret, o.server)
+	rotated := hasStatus && ok && old.Rotate != o.rotate
+	if !ok || rotated {
+		password, err := in.NewPassword()
+		if err != nil {
+			return Decision{}, fmt.Errorf("generate a password: %w", err)
+		}
+		generation := int64(1)
+		if g, err := strconv.ParseInt(string(secretData(in.Secret, v1alpha1.SecretKeyGeneration)), 10, 64); err == nil && g >= 1 {
+			generation = g + 1
+		}
+		creds = credentials{password: password, generation: generation, issued: true}
+	}
+
+	// Where: what the status says, while it is still in the template;
+	// else chosen afresh.
+	var p placement
+	var ops []jsonpatch.JsonPatchOperation
+	if hasStatus && o.mode != "" && o.mode != old.Mode && stillInjected(spec, old) {
+		return deny("annotation %s changed from %s to %s after the bootstrap was injected: remove annotation %s (guestbackup then removes what it added), then opt in again with the new mode", v1alpha1.AnnotationMode, old.Mode, o.mode, v1alpha1.AnnotationServer), nil
+	}
+	if hasStatus && stillInjected(spec, old) {
+		p = placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
+		if p.mergedFrom != "" {
+			part, err := cloudinit.UserPart(secretData(in.Secret, v1alpha1.SecretKeyUserData))
+			if err != nil {
+				return deny("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus), nil
+			}
+			p.userPart = part
+		}
+	} else {
+		var refusal string
+		p, ops, refusal = place(vm, raw, o.mode)
+		if refusal != "" {
+			return deny("%s", refusal), nil
+		}
+	}
+
+	bsls := in.Server.BSLS
+	b := cloudinit.Bootstrap{
+		ServerURL: bsls.Status.Endpoint, Pin: bsls.Status.TLSFingerprint,
+		Username: o.user, Password: creds.password, Generation: creds.generation,
+		Paths: o.paths, Schedule: o.schedule,
+	}
+	payload, err := render(b, p)
+	if err != nil {
+		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
+	}
+	d.Secret = desiredSecret(vm, o, creds, payload, in.Secret)
+
+	st := v1alpha1.InjectionStatus{
+		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm.Name), User: o.user,
+		Generation: creds.generation, Rotate: o.rotate, Volume: p.volume, Disk: p.disk, MergedFrom: p.mergedFrom,
+	}
+	if !hasStatus || st != old {
+		data, err := json.Marshal(st)
+		if err != nil {
+			return Decision{}, err
+		}
+		op := "add"
+		if hasStatus {
+			op = "replace"
+		}
+		ops = append(ops, jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)))
+	}
+	d.Patch = ops
+	if creds.issued {
+		what := "Issued"
+		if rotated {
+			what = "Rotated"
+		}
+		d.Events = append(d.Events, Event{corev1.EventTypeNormal, ReasonCredentialsIssued,
+			fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))})
+	}
+	return d, nil
+}
+
+// stillInjected reports whether the template still has what the status
+// says was added.
+func stillInjected(spec *kubevirtv1.VirtualMachineInstanceSpec, st v1alpha1.InjectionStatus) bool {
+	i := volumeIndex(spec, st.Volume)
+	if i < 0 {
+		return false
+	}
+	v := spec.Volumes[i]
+	switch {
+	case st.Mode == v1alpha1.ModeDisk:
+		return v.Secret != nil && v.Secret.SecretName == st.Secret
+	default:
+		return v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil && v.CloudInitNoCloud.UserDataSecretRef.Name == st.Secret
+	}
+}
+
+// place chooses how the bootstrap reaches the guest and returns the patch
+// that puts it there, or why it cannot.
+func place(vm *kubevirtv1.VirtualMachine, raw map[string]any, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
+	spec := &vm.Spec.Template.Spec
+	secret := SecretName(vm.Name)
+	ci := -1
+	for i, v := range spec.Volumes {
+		if v.CloudInitNoCloud != nil || v.CloudInitConfigDrive != nil {
+			ci = i
+			break // KubeVirt uses only the first
+		}
+	}
+	why := ""
+	switch {
+	case mode == v1alpha1.ModeDisk:
+	case ci < 0:
+		if volumeIndex(spec, CloudInitVolume) >= 0 || diskIndex(spec, CloudInitVolume) >= 0 {
+			return placement{}, nil, fmt.Sprintf("the VM already has a volume or disk named %s that guestbackup did not add: rename it", CloudInitVolume)
+		}
+		p := placement{mode: v1alpha1.ModeCloudInit, volume: CloudInitVolume, disk: CloudInitVolume}
+		vol := map[string]any{"name": CloudInitVolume, "cloudInitNoCloud": map[string]any{"secretRef": map[string]any{"name": secret}}}
+		disk := map[string]any{"name": CloudInitVolume, "disk": map[string]any{"bus": "virtio"}}
+		return p, addVolumeAndDisk(raw, vol, disk), ""
+	case spec.Volumes[ci].CloudInitNoCloud != nil:
+		nc := spec.Volumes[ci].CloudInitNoCloud
+		var user []byte
+		field := ""
+		switch {
+		case nc.UserData != "":
+			user, field = []byte(nc.UserData), "userData"
+		case nc.UserDataBase64 != "":
+			decoded, err := base64.StdEncoding.DecodeString(nc.UserDataBase64)
+			if err != nil {
+				why = "its cloudInitNoCloud.userDataBase64 is not base64"
+				break
+			}
+			user, field = decoded, "userDataBase64"
+		case nc.UserDataSecretRef != nil:
+			why = "its cloud-init user-data is in Secret " + nc.UserDataSecretRef.Name + ", which guestbackup does not rewrite"
+		default:
+			why = "its cloudInitNoCloud volume has no user-data"
+		}
+		if field != "" && spec.Volumes[ci].Name == "" {
+			return placement{}, nil, "its cloud-init volume has no name"
+		}
+		if field != "" {
+			if !cloudinit.CanMerge(user) {
+				why = fmt.Sprintf("its inline %s user-data cannot carry a second part", cloudinit.DetectFormat(user))
+				break
+			}
+			name := spec.Volumes[ci].Name
+			base := fmt.Sprintf("/spec/template/spec/volumes/%d/cloudInitNoCloud", ci)
+			p := placement{mode: v1alpha1.ModeCloudInit, volume: name, mergedFrom: field, userPart: user}
+			return p, []jsonpatch.JsonPatchOperation{
+				jsonpatch.NewOperation("remove", base+"/"+field, nil),
+				jsonpatch.NewOperation("add", base+"/secretRef", map[string]any{"name": secret}),
+			}, ""
+		}
+	default:
+		why = "it uses a cloudInitConfigDrive volume"
+	}
+	if mode == v1alpha1.ModeCloudInit {
+		return placement{}, nil, fmt.Sprintf("annotation %s=%s cannot be honoured: %s; remove the annotation to get the bootstrap as a disk instead", v1alpha1.AnnotationMode, mode, why)
+	}
+	if volumeIndex(spec, DiskVolume) >= 0 || diskIndex(spec, DiskVolume) >= 0 {
+		return placement{}, nil, fmt.Sprintf("the VM already has a volume or disk named %s that guestbackup did not add: rename it", DiskVolume)
+	}
+	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume}
+	vol := map[string]any{"name": DiskVolume, "secret": map[string]any{"secretName": secret, "volumeLabel": DiskLabel}}
+	disk := map[string]any{"name": DiskVolume, "serial": DiskSerial, "disk": map[string]any{"bus": "virtio"}}
+	return p, addVolumeAndDisk(raw, vol, disk), ""
+}
+
+// addVolumeAndDisk appends to the template's volumes and disks, creating
+// the lists (or the objects above them) only where the VM has none.
+func addVolumeAndDisk(raw map[string]any, vol, disk map[string]any) []jsonpatch.JsonPatchOperation {
+	return []jsonpatch.JsonPatchOperation{
+		appendItem(raw, []string{"spec", "template", "spec", "volumes"}, vol),
+		appendItem(raw, []string{"spec", "template", "spec", "domain", "devices", "disks"}, disk),
+	}
+}
+
+// appendItem appends item to the list at path, or adds the list, and any
+// missing object above it, at the first segment raw lacks.
+func appendItem(raw map[string]any, path []string, item any) jsonpatch.JsonPatchOperation {
+	if exists(raw, path...) {
+		return jsonpatch.NewOperation("add", "/"+strings.Join(path, "/")+"/-", item)
+	}
+	missing := len(path) - 1
+	for missing > 0 && !exists(raw, path[:missing]...) {
+		missing--
+	}
+	var value any = []any{item}
+	for i := len(path) - 1; i > missing; i-- {
+		value = map[string]any{path[i]: value}
+	}
+	return jsonpatch.NewOperation("add", "/"+strings.Join(path[:missing+1], "/"), value)
+}
+
+// render is the Secret's payload for a placement.
+func render(b cloudinit.Bootstrap, p placement) (map[string][]byte, error) {
+	if p.mode == v1alpha1.ModeDisk {
+		return cloudinit.DiskFiles(b)
+	}
+	ours, err := cloudinit.CloudConfig(b)
+	if err != nil {
+		return nil, err
+	}
+	if p.mergedFrom == "" {
+		return map[string][]byte{v1alpha1.SecretKeyUserData: ours}, nil
+	}
+	merged, err := cloudinit.Merge(p.userPart, ours)
+	if err != nil {
+		return nil, err
+	}
+	return map[string][]byte{v1alpha1.SecretKeyUserData: merged}, nil
+}
+
+// payloadKeys are every key a payload may write, so that a mode change
+// removes the other mode's files.
+func payloadKeys(existing *corev1.Secret) []string {
+	if existing == nil {
+		return nil
+	}
+	var keys []string
+	for k := range existing.Data {
+		switch k {
+		case v1alpha1.SecretKeyUsername, v1alpha1.SecretKeyPassword, v1alpha1.SecretKeyGeneration,
+			v1alpha1.SecretKeyPasswordHash, v1alpha1.SecretKeyPasswordHashGeneration:
+			continue
+		}
+		keys = append(keys, k)
+	}
+	return keys
+}
+
+// desiredSecret is the VM's Secret after admission, or nil when the
+// existing one already is. Keys the controller adds (the hash) and
+// metadata others set are kept.
+func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payload map[string][]byte, existing *corev1.Secret) *corev1.Secret {
+	s := &corev1.Secret{}
+	if existing != nil {
+		s = existing.DeepCopy()
+	}
+	s.Name, s.Namespace, s.Type = SecretName(vm.Name), vm.Namespace, corev1.SecretTypeOpaque
+	if s.Labels == nil {
+		s.Labels = map[string]string{}
+	}
+	maps.Copy(s.Labels, map[string]string{
+		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+		v1alpha1.LabelVM:              vm.Name,
+		v1alpha1.LabelServerNamespace: o.server.Namespace,
+		v1alpha1.LabelServerName:      o.server.Name,
+	})
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	for _, k := range payloadKeys(existing) {
+		delete(s.Data, k)
+	}
+	maps.Copy(s.Data, payload)
+	s.Data[v1alpha1.SecretKeyUsername] = []byte(o.user)
+	s.Data[v1alpha1.SecretKeyPassword] = []byte(c.password)
+	s.Data[v1alpha1.SecretKeyGeneration] = []byte(strconv.FormatInt(c.generation, 10))
+	if existing != nil && maps.EqualFunc(existing.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) &&
+		maps.Equal(existing.Labels, s.Labels) {
+		return nil
+	}
+	return s
+}
+
+// optOut removes what the status says was injected and gives the VM its
+// own user-data back.
+func optOut(vm *kubevirtv1.VirtualMachine, raw map[string]any, st v1alpha1.InjectionStatus, secret *corev1.Secret) Decision {
+	var ops []jsonpatch.JsonPatchOperation
+	if vm.Spec.Template != nil {
+		spec := &vm.Spec.Template.Spec
+		if i := volumeIndex(spec, st.Volume); i >= 0 {
+			if st.MergedFrom != "" {
+				if nc := spec.Volumes[i].CloudInitNoCloud; nc != nil && nc.UserDataSecretRef != nil && nc.UserDataSecretRef.Name == st.Secret {
+					part, err := cloudinit.UserPart(secretData(secret, v1alpha1.SecretKeyUserData))
+					if err != nil {
+						return deny("guestbackup cannot give this VM its own cloud-init back: Secret %s/%s: %v; set spec.template.spec.volumes[%d].cloudInitNoCloud.%s yourself and remove annotation %s", vm.Namespace, st.Secret, err, i, st.MergedFrom, v1alpha1.AnnotationStatus)
+					}
+					value := string(part)
+					if st.MergedFrom == "userDataBase64" {
+						value = base64.StdEncoding.EncodeToString(part)
+					}
+					base := fmt.Sprintf("/spec/template/spec/volumes/%d/cloudInitNoCloud", i)
+					ops = append(ops,
+						jsonpatch.NewOperation("remove", base+"/secretRef", nil),
+						jsonpatch.NewOperation("add", base+"/"+st.MergedFrom, value))
+				}
+			} else if owned(spec.Volumes[i], st) {
+				ops = append(ops, removeItem("/spec/template/spec/volumes", i, len(spec.Volumes)))
+			}
+		}
+		if st.Disk != "" {
+			if i := diskIndex(spec, st.Disk); i >= 0 {
+				ops = append(ops, removeItem("/spec/template/spec/domain/devices/disks", i, len(spec.Domain.Devices.Disks)))
+			}
+		}
+	}
+	ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
+	return Decision{Patch: ops}
+}
+
+// removeItem removes item i of the list at path; the list itself when it
+// was its only item, as it was before guestbackup added one (KubeVirt reads
+// an empty list and none alike).
+func removeItem(path string, i, n int) jsonpatch.JsonPatchOperation {
+	if n == 1 {
+		return jsonpatch.NewOperation("remove", path, nil)
+	}
+	return jsonpatch.NewOperation("remove", fmt.Sprintf("%s/%d", path, i), nil)
+}
+
+// owned reports whether a volume is the one guestbackup added.
+func owned(v kubevirtv1.Volume, st v1alpha1.InjectionStatus) bool {
+	switch {
+	case v.Secret != nil:
+		return v.Secret.SecretName == st.Secret
+	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
+		return v.CloudInitNoCloud.UserDataSecretRef.Name == st.Secret
+	}
+	return false
+}
+
+func volumeIndex(spec *kubevirtv1.VirtualMachineInstanceSpec, name string) int {
+	return slices.IndexFunc(spec.Volumes, func(v kubevirtv1.Volume) bool { return v.Name == name })
+}
+
+func diskIndex(spec *kubevirtv1.VirtualMachineInstanceSpec, name string) int {
+	return slices.IndexFunc(spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool { return d.Name == name })
+}
+
+func secretData(s *corev1.Secret, key string) []byte {
+	if s == nil {
+		return nil
+	}
+	return s.Data[key]
+}
+
+// exists reports whether raw has a value at path; a segment of a list is
+// its index.
+func exists(raw map[string]any, path ...string) bool {
+	var cur any = raw
+	for _, p := range path {
+		switch c := cur.(type) {
+		case map[string]any:
+			cur = c[p]
+		case []any:
+			i, err := strconv.Atoi(p)
+			if err != nil || i < 0 || i >= len(c) {
+				return false
+			}
+			cur = c[i]
+		default:
+			return false
+		}
+		if cur == nil {
+			return false
+		}
+	}
+	return true
+}
+
+// escape encodes a JSON pointer token.
+func escape(token string) string {
+	return strings.NewReplacer("~", "~0", "/", "~1").Replace(token)
+}

@@ -1,0 +1,412 @@
+package mutate
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	jsonpatchapply "github.com/evanphx/json-patch/v5"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+const (
+	testEndpoint = "https://main.backup.svc:51515"
+	testPin      = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+)
+
+func readyServer() Server {
+	return Server{NamespaceAllowed: true, BSLS: &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
+		Status: v1alpha1.BackupStorageLocationServerStatus{
+			Endpoint: testEndpoint, TLSFingerprint: testPin,
+			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready"}},
+		},
+	}}
+}
+
+// passwords hands out predictable passwords, so golden files are stable.
+type passwords struct{ n int }
+
+func (p *passwords) next() (string, error) {
+	p.n++
+	return fmt.Sprintf("test-password-%04d-not-random", p.n), nil
+}
+
+func decide(t *testing.T, obj []byte, secret *corev1.Secret, pw *passwords) Decision {
+	t.Helper()
+	d, err := Decide(Input{Object: obj, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: pw.next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// apply applies a decision's patch the way the API server does.
+func apply(t *testing.T, obj []byte, d Decision) []byte {
+	t.Helper()
+	if len(d.Patch) == 0 {
+		return obj
+	}
+	ops, err := json.Marshal(d.Patch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := jsonpatchapply.DecodePatch(ops)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Apply(obj)
+	if err != nil {
+		t.Fatalf("the patch does not apply: %v\n%s", err, ops)
+	}
+	return out
+}
+
+func readVM(t *testing.T, name string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	obj, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return obj
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (go test ./pkg/mutate -update writes it)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from the golden file (go test ./pkg/mutate -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
+	}
+}
+
+// secretYAML renders a Secret's data readably: the payload is text.
+func secretYAML(t *testing.T, s *corev1.Secret) []byte {
+	t.Helper()
+	data := map[string]string{}
+	for k, v := range s.Data {
+		data[k] = string(v)
+	}
+	out, err := yaml.Marshal(map[string]any{"name": s.Name, "namespace": s.Namespace, "labels": s.Labels, "data": data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// withoutServer is obj with the opt-in annotation removed.
+func withoutServer(t *testing.T, obj []byte) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m["metadata"].(map[string]any)["annotations"].(map[string]any), v1alpha1.AnnotationServer)
+	out, _ := json.Marshal(m)
+	return out
+}
+
+// decodeJSON decodes keeping numbers exact: the fixture has uint64s.
+func decodeJSON(data []byte, v any) error {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	return d.Decode(v)
+}
+
+func jsonEqual(a, b []byte) bool {
+	var x, y any
+	if decodeJSON(a, &x) != nil || decodeJSON(b, &y) != nil {
+		return false
+	}
+	xa, _ := json.Marshal(x)
+	ya, _ := json.Marshal(y)
+	return bytes.Equal(xa, ya)
+}
+
+var serialPattern = regexp.MustCompile(`^[A-Za-z0-9_.+-]{1,20}$`)
+
+// checkKubeVirtRules checks what KubeVirt's own webhooks would, which
+// envtest does not run: one cloud-init volume at most (KubeVirt ignores the
+// others), one source per volume we add, valid disk serials, inline
+// user-data within 2048 bytes, every disk backed by a volume.
+func checkKubeVirtRules(t *testing.T, obj []byte) {
+	t.Helper()
+	var vm kubevirtv1.VirtualMachine
+	if err := json.Unmarshal(obj, &vm); err != nil {
+		t.Fatal(err)
+	}
+	spec := vm.Spec.Template.Spec
+	cloudInit := 0
+	volumes := map[string]bool{}
+	for _, v := range spec.Volumes {
+		volumes[v.Name] = true
+		if v.CloudInitNoCloud != nil || v.CloudInitConfigDrive != nil {
+			cloudInit++
+		}
+		if nc := v.CloudInitNoCloud; nc != nil && len(nc.UserData) > 2048 {
+			t.Errorf("volume %s: inline userData of %d bytes exceeds KubeVirt's 2048", v.Name, len(nc.UserData))
+		}
+	}
+	if cloudInit > 1 {
+		t.Errorf("%d cloud-init volumes: KubeVirt uses only the first", cloudInit)
+	}
+	for _, d := range spec.Domain.Devices.Disks {
+		if !volumes[d.Name] {
+			t.Errorf("disk %s has no volume", d.Name)
+		}
+		if d.Serial != "" && !serialPattern.MatchString(d.Serial) {
+			t.Errorf("disk %s: serial %q is not valid for KubeVirt", d.Name, d.Serial)
+		}
+	}
+}
+
+func TestDecideGolden(t *testing.T) {
+	for _, name := range []string{"no-cloud-init", "inline-cloud-config", "base64-cloud-config", "secret-ref", "config-drive", "mode-disk"} {
+		t.Run(name, func(t *testing.T) {
+			pw := &passwords{}
+			original := readVM(t, name+".vm.yaml")
+			d := decide(t, original, nil, pw)
+			if d.Denied != "" {
+				t.Fatalf("denied: %s", d.Denied)
+			}
+			patch, _ := json.MarshalIndent(d.Patch, "", "  ")
+			golden(t, name+".patch.json", append(patch, '\n'))
+			golden(t, name+".secret.yaml", secretYAML(t, d.Secret))
+			if len(d.Events) != 1 || d.Events[0].Reason != ReasonCredentialsIssued || strings.Contains(d.Events[0].Message, "test-password") {
+				t.Errorf("events: %+v", d.Events)
+			}
+			mutated := apply(t, original, d)
+			checkKubeVirtRules(t, mutated)
+
+			t.Run("admitting the result again changes nothing", func(t *testing.T) {
+				stored := d.Secret.DeepCopy()
+				// The controller's hasher adds its keys; they stay.
+				stored.Data[v1alpha1.SecretKeyPasswordHash] = []byte("hash")
+				stored.Data[v1alpha1.SecretKeyPasswordHashGeneration] = []byte("1")
+				again := decide(t, mutated, stored, pw)
+				if again.Denied != "" || len(again.Patch) != 0 || again.Secret != nil || len(again.Events) != 0 {
+					t.Errorf("second admission: %+v", again)
+				}
+			})
+
+			t.Run("opting out gives the VM back as it was", func(t *testing.T) {
+				out := decide(t, withoutServer(t, mutated), d.Secret, pw)
+				if out.Denied != "" || out.Secret != nil {
+					t.Fatalf("opt-out: %+v", out)
+				}
+				restored := apply(t, withoutServer(t, mutated), out)
+				if !jsonEqual(restored, withoutServer(t, original)) {
+					t.Errorf("after opting out:\n%s\nwant\n%s", restored, withoutServer(t, original))
+				}
+			})
+		})
+	}
+}
+
+func TestMergedPayloadKeepsTheVMsUserData(t *testing.T) {
+	original := readVM(t, "inline-cloud-config.vm.yaml")
+	var vm kubevirtv1.VirtualMachine
+	if err := json.Unmarshal(original, &vm); err != nil {
+		t.Fatal(err)
+	}
+	d := decide(t, original, nil, &passwords{})
+	part, err := cloudinit.UserPart(d.Secret.Data[v1alpha1.SecretKeyUserData])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(part) != vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserData {
+		t.Errorf("the VM's own user-data changed in the Secret:\n%q", part)
+	}
+	var mutated kubevirtv1.VirtualMachine
+	if err := json.Unmarshal(apply(t, original, d), &mutated); err != nil {
+		t.Fatal(err)
+	}
+	if nc := mutated.Spec.Template.Spec.Volumes[1].CloudInitNoCloud; nc.NetworkData == "" || nc.UserData != "" || nc.UserDataSecretRef.Name != "db-guestbackup" {
+		t.Errorf("want userData moved to the Secret and networkData kept: %+v", nc)
+	}
+}
+
+func TestRotation(t *testing.T) {
+	pw := &passwords{}
+	original := readVM(t, "no-cloud-init.vm.yaml")
+	first := decide(t, original, nil, pw)
+	mutated := apply(t, original, first)
+
+	var m map[string]any
+	_ = json.Unmarshal(mutated, &m)
+	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationRotate] = "2026-11-23"
+	rotating, _ := json.Marshal(m)
+
+	d := decide(t, rotating, first.Secret, pw)
+	if d.Denied != "" || d.Secret == nil {
+		t.Fatalf("rotation: %+v", d)
+	}
+	if string(d.Secret.Data[v1alpha1.SecretKeyGeneration]) != "2" || bytes.Equal(d.Secret.Data[v1alpha1.SecretKeyPassword], first.Secret.Data[v1alpha1.SecretKeyPassword]) {
+		t.Errorf("want generation 2 and a new password, got generation %s", d.Secret.Data[v1alpha1.SecretKeyGeneration])
+	}
+	if len(d.Patch) != 1 || d.Patch[0].Operation != "replace" || !strings.Contains(fmt.Sprint(d.Patch[0].Value), `"generation":2`) {
+		t.Errorf("want only the status annotation replaced, got %+v", d.Patch)
+	}
+	if len(d.Events) != 1 || !strings.HasPrefix(d.Events[0].Message, "Rotated Kopia credentials for web@team-a") {
+		t.Errorf("events: %+v", d.Events)
+	}
+	again := decide(t, apply(t, rotating, d), d.Secret, pw)
+	if len(again.Patch) != 0 || again.Secret != nil {
+		t.Errorf("a rotation is not repeated on re-admission: %+v", again)
+	}
+}
+
+func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
+	pw := &passwords{}
+	original := readVM(t, "no-cloud-init.vm.yaml")
+	first := decide(t, original, nil, pw)
+	mutated := apply(t, original, first)
+	var m map[string]any
+	_ = json.Unmarshal(mutated, &m)
+	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationPaths] = "/var/lib/app"
+	changed, _ := json.Marshal(m)
+	d := decide(t, changed, first.Secret, pw)
+	if len(d.Patch) != 0 || d.Secret == nil || !bytes.Contains(d.Secret.Data[v1alpha1.SecretKeyUserData], []byte("/var/lib/app")) {
+		t.Errorf("want the same VM and a Secret with the new paths: patch %+v", d.Patch)
+	}
+	if !bytes.Equal(d.Secret.Data[v1alpha1.SecretKeyPassword], first.Secret.Data[v1alpha1.SecretKeyPassword]) || len(d.Events) != 0 {
+		t.Error("new paths issued new credentials")
+	}
+}
+
+func TestDenials(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	set := func(key, value string) []byte {
+		var m map[string]any
+		_ = json.Unmarshal(base, &m)
+		if key == "name" {
+			m["metadata"].(map[string]any)["name"] = value
+		} else {
+			m["metadata"].(map[string]any)["annotations"].(map[string]any)[key] = value
+		}
+		out, _ := json.Marshal(m)
+		return out
+	}
+	notReady := readyServer()
+	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Message: "Not True: CertificateReady"}
+	secretRef := readVM(t, "secret-ref.vm.yaml")
+	var m map[string]any
+	_ = json.Unmarshal(secretRef, &m)
+	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationMode] = "cloud-init"
+	forcedCloudInit, _ := json.Marshal(m)
+
+	tests := []struct {
+		name   string
+		obj    []byte
+		server Server
+		want   string
+	}{
+		{"a malformed server reference", set(v1alpha1.AnnotationServer, "main"), readyServer(), "annotation guestbackup.io/server=\"main\": want <namespace>/<name>"},
+		{"a server that does not exist", base, Server{}, "BackupStorageLocationServer backup/main named by annotation guestbackup.io/server does not exist"},
+		{"a namespace the server does not admit", base, Server{BSLS: readyServer().BSLS}, "does not admit VMs of namespace team-a"},
+		{"a server that is not Ready", base, notReady, "BackupStorageLocationServer backup/main is not Ready (Not True: CertificateReady): retry once it is"},
+		{"an unknown mode", set(v1alpha1.AnnotationMode, "usb"), readyServer(), `annotation guestbackup.io/mode="usb": want cloud-init or disk`},
+		{"a relative path", set(v1alpha1.AnnotationPaths, "etc"), readyServer(), `annotation guestbackup.io/paths: path "etc" is not an absolute path`},
+		{"a schedule that breaks out of the timer", set(v1alpha1.AnnotationSchedule, "daily\nExecStart=/bin/sh"), readyServer(), "is not a systemd calendar expression"},
+		{"a VM name that is no Kopia identity", set("name", "Web"), readyServer(), "VirtualMachine team-a/Web has no valid Kopia identity"},
+		{"cloud-init forced where it cannot merge", forcedCloudInit, readyServer(), "annotation guestbackup.io/mode=cloud-init cannot be honoured: its cloud-init user-data is in Secret app-owner-userdata"},
+		{"a status annotation someone edited", set(v1alpha1.AnnotationStatus, "{}"), readyServer(), "annotation guestbackup.io/status is not what guestbackup wrote"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: tt.obj, Namespace: "team-a", Server: tt.server, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Denied, tt.want) {
+				t.Errorf("denial %q, want it to contain %q", d.Denied, tt.want)
+			}
+			if d.Secret != nil || len(d.Patch) != 0 {
+				t.Error("a denial wrote something")
+			}
+			if len(d.Events) != 1 || d.Events[0].Reason != ReasonInjectionRefused || d.Events[0].Type != corev1.EventTypeWarning {
+				t.Errorf("events: %+v", d.Events)
+			}
+		})
+	}
+}
+
+func TestPlainVMIsLeftAlone(t *testing.T) {
+	d := decide(t, withoutServer(t, readVM(t, "no-cloud-init.vm.yaml")), nil, &passwords{})
+	if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil || len(d.Events) != 0 {
+		t.Errorf("a VM that never opted in: %+v", d)
+	}
+}
+
+// kubevirtFixture is kubevirt.io/api's fully populated VirtualMachine, read
+// from the module cache: every field the API has, set.
+func kubevirtFixture(t *testing.T) []byte {
+	t.Helper()
+	dir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "kubevirt.io/api").Output()
+	if err != nil || len(bytes.TrimSpace(dir)) == 0 {
+		t.Fatalf("locate kubevirt.io/api in the module cache (go mod download fetches it): %v", err)
+	}
+	data, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(dir)), "apitesting", "testdata", "HEAD", "kubevirt.io.v1.VirtualMachine.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := decodeJSON(data, &m); err != nil {
+		t.Fatal(err)
+	}
+	meta := m["metadata"].(map[string]any)
+	meta["name"], meta["namespace"] = "fixture", "team-a"
+	meta["annotations"].(map[string]any)[v1alpha1.AnnotationServer] = "backup/main"
+	out, _ := json.Marshal(m)
+	return out
+}
+
+func TestEveryFieldOfAFullyPopulatedVMSurvives(t *testing.T) {
+	original := kubevirtFixture(t)
+	pw := &passwords{}
+	d := decide(t, original, nil, pw)
+	if d.Denied != "" {
+		t.Fatalf("denied: %s", d.Denied)
+	}
+	for _, op := range d.Patch {
+		if op.Operation == "remove" || !(strings.HasPrefix(op.Path, "/spec/template/spec/volumes") || strings.HasPrefix(op.Path, "/spec/template/spec/domain/devices/disks") || op.Path == "/metadata/annotations/guestbackup.io~1status") {
+			t.Errorf("patch touches %s %s", op.Operation, op.Path)
+		}
+	}
+	mutated := apply(t, original, d)
+	if again := decide(t, mutated, d.Secret, pw); len(again.Patch) != 0 || again.Secret != nil {
+		t.Errorf("second admission: %+v", again)
+	}
+	out := decide(t, withoutServer(t, mutated), d.Secret, pw)
+	if restored := apply(t, withoutServer(t, mutated), out); !jsonEqual(restored, withoutServer(t, original)) {
+		t.Error("opting out did not give the fully populated VM back unchanged")
+	}
+}
