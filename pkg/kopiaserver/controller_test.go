@@ -300,23 +300,23 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			})
 
 			It("lets a guest delete its own snapshots when the BSLS is not append-only", func() {
-			s := &corev1.Secret{}
-			Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
-			client := testbed.NewKopiaClient(GinkgoT())
-			out, err := client.Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, "web@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
-			Expect(err).NotTo(HaveOccurred(), out)
-			data := GinkgoT().TempDir()
-			out, err = client.Run(ctx, "snapshot", "create", data)
-			Expect(err).NotTo(HaveOccurred(), out)
-			ids, err := client.SnapshotIDs(ctx, data)
-			Expect(err).NotTo(HaveOccurred())
-			Expect(ids).To(HaveLen(1))
-			out, err = client.Run(ctx, "snapshot", "delete", ids[0], "--delete")
-			Expect(err).NotTo(HaveOccurred(), out)
-			Expect(client.SnapshotIDs(ctx, data)).To(BeEmpty())
-		})
+				s := &corev1.Secret{}
+				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
+				client := testbed.NewKopiaClient(GinkgoT())
+				out, err := client.Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, "web@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
+				Expect(err).NotTo(HaveOccurred(), out)
+				data := GinkgoT().TempDir()
+				out, err = client.Run(ctx, "snapshot", "create", data)
+				Expect(err).NotTo(HaveOccurred(), out)
+				ids, err := client.SnapshotIDs(ctx, data)
+				Expect(err).NotTo(HaveOccurred())
+				Expect(ids).To(HaveLen(1))
+				out, err = client.Run(ctx, "snapshot", "delete", ids[0], "--delete")
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(client.SnapshotIDs(ctx, data)).To(BeEmpty())
+			})
 
-		It("accepts only the new password after a rotation", func() {
+			It("accepts only the new password after a rotation", func() {
 				s := &corev1.Secret{}
 				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
 				old := string(s.Data[v1alpha1.SecretKeyPassword])
