@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/guestbackup/guestbackup/internal/manager"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
 
 func main() {
@@ -37,6 +38,7 @@ func run(flags manager.Flags, port int, certDir string) error {
 	if err != nil {
 		return err
 	}
+	mutate.SetupWithManager(mgr)
 	// Ready only once the HTTPS server is up with its certificate.
 	if err := mgr.AddReadyzCheck("webhook", hooks.StartedChecker()); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
