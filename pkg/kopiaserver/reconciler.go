@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -117,6 +118,15 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.CertManager {
 		b = b.Owns(&certmanagerv1.Certificate{})
 	}
+	switch _, err := mgr.GetRESTMapper().RESTMapping(VeleroBSL.GroupKind(), VeleroBSL.Version); {
+	case err == nil:
+		// A Velero BSL's bucket or credentials changed: its users follow.
+		bsl := &unstructured.Unstructured{}
+		bsl.SetGroupVersionKind(VeleroBSL)
+		b = b.Watches(bsl, handler.EnqueueRequestsFromMapFunc(r.bslsUsingVelero))
+	case !meta.IsNoMatchError(err):
+		return fmt.Errorf("look up Velero's BackupStorageLocation kind: %w", err)
+	}
 	return b.Complete(r)
 }
 
@@ -131,26 +141,41 @@ func (r *Reconciler) bslsOfSecret(ctx context.Context, o client.Object) []reconc
 	if l[LabelUsersOf] != "" {
 		return nil // written by this reconciler
 	}
-	return r.bslsInNamespace(ctx, o)
+	// An admin's TLS, S3 or password Secret, or a Velero credential Secret.
+	return r.listBSLS(ctx, func(b *v1alpha1.BackupStorageLocationServer) bool {
+		ref := b.Spec.Storage.BackupStorageLocation
+		return b.Namespace == o.GetNamespace() || (ref != nil && ref.Namespace == o.GetNamespace())
+	})
+}
+
+// bslsUsingVelero are the BSLSs that reuse a Velero BSL.
+func (r *Reconciler) bslsUsingVelero(ctx context.Context, o client.Object) []reconcile.Request {
+	return r.listBSLS(ctx, func(b *v1alpha1.BackupStorageLocationServer) bool {
+		ref := b.Spec.Storage.BackupStorageLocation
+		return ref != nil && ref.Namespace == o.GetNamespace() && ref.Name == o.GetName()
+	})
 }
 
 func (r *Reconciler) bslsInNamespace(ctx context.Context, o client.Object) []reconcile.Request {
-	return r.listBSLS(ctx, client.InNamespace(o.GetNamespace()))
+	return r.listBSLS(ctx, func(b *v1alpha1.BackupStorageLocationServer) bool { return b.Namespace == o.GetNamespace() })
 }
 
 func (r *Reconciler) allBSLS(ctx context.Context, _ client.Object) []reconcile.Request {
-	return r.listBSLS(ctx)
+	return r.listBSLS(ctx, func(*v1alpha1.BackupStorageLocationServer) bool { return true })
 }
 
-func (r *Reconciler) listBSLS(ctx context.Context, opts ...client.ListOption) []reconcile.Request {
+// listBSLS returns the BSLSs (from the cache) for which match is true.
+func (r *Reconciler) listBSLS(ctx context.Context, match func(*v1alpha1.BackupStorageLocationServer) bool) []reconcile.Request {
 	list := &v1alpha1.BackupStorageLocationServerList{}
-	if err := r.Client.List(ctx, list, opts...); err != nil {
+	if err := r.Client.List(ctx, list); err != nil {
 		log.FromContext(ctx).Error(err, "list BackupStorageLocationServers")
 		return nil
 	}
-	reqs := make([]reconcile.Request, len(list.Items))
+	var reqs []reconcile.Request
 	for i := range list.Items {
-		reqs[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])}
+		if match(&list.Items[i]) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
 	}
 	return reqs
 }

@@ -386,5 +386,16 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		By("granting nothing in Velero's namespace and starting no server")
 		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
 		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: reuseNS, Name: kopiaserver.DeploymentName(b)}, &appsv1.Deployment{})).To(Satisfy(apierrors.IsNotFound))
+
+		By("noticing at once when the Velero BSL is pointed at the profile: the controller watches Velero's objects")
+		bsl := &unstructured.Unstructured{}
+		bsl.SetGroupVersionKind(kopiaserver.VeleroBSL)
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: "other-profile"}, bsl)).To(Succeed())
+		Expect(unstructured.SetNestedField(bsl.Object, "backup", "spec", "config", "profile")).To(Succeed())
+		Expect(api.Client.Update(ctx, bsl)).To(Succeed())
+		// Well within the 30 s retry of a BSLS with a problem.
+		Eventually(func() string { return condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)().Reason }).
+			WithTimeout(10 * time.Second).ShouldNot(Equal(kopiaserver.ReasonCredentialsInvalid))
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Succeed())
 	})
 })
