@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"sigs.k8s.io/yaml"
+	"go.yaml.in/yaml/v2"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
@@ -33,16 +33,19 @@ const (
 // runcmd) and never replace a key the VM's own cloud-config sets.
 const mergeHow = "list(append)+dict(no_replace,recurse_list)+str()"
 
+// The cloud-config is encoded by the YAML library itself, not through JSON
+// as sigs.k8s.io/yaml does: the webhook renders it on every admission, and
+// the JSON round trip tripled its cost.
 type writeFile struct {
-	Path        string `json:"path"`
-	Permissions string `json:"permissions"`
-	Owner       string `json:"owner"`
-	Content     string `json:"content"`
+	Path        string `yaml:"path"`
+	Permissions string `yaml:"permissions"`
+	Owner       string `yaml:"owner"`
+	Content     string `yaml:"content"`
 }
 
 type cloudConfig struct {
-	WriteFiles []writeFile `json:"write_files"`
-	RunCmd     [][]string  `json:"runcmd"`
+	WriteFiles []writeFile `yaml:"write_files"`
+	RunCmd     [][]string  `yaml:"runcmd"`
 }
 
 // CloudConfig renders the bootstrap as a #cloud-config document: the files

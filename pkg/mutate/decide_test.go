@@ -57,7 +57,7 @@ func decide(t *testing.T, obj []byte, secret *corev1.Secret, pw *passwords) Deci
 }
 
 // apply applies a decision's patch the way the API server does.
-func apply(t *testing.T, obj []byte, d Decision) []byte {
+func apply(t testing.TB, obj []byte, d Decision) []byte {
 	t.Helper()
 	if len(d.Patch) == 0 {
 		return obj
@@ -77,7 +77,7 @@ func apply(t *testing.T, obj []byte, d Decision) []byte {
 	return out
 }
 
-func readVM(t *testing.T, name string) []byte {
+func readVM(t testing.TB, name string) []byte {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join("testdata", name))
 	if err != nil {
@@ -368,7 +368,7 @@ func TestPlainVMIsLeftAlone(t *testing.T) {
 
 // kubevirtFixture is kubevirt.io/api's fully populated VirtualMachine, read
 // from the module cache: every field the API has, set.
-func kubevirtFixture(t *testing.T) []byte {
+func kubevirtFixture(t testing.TB) []byte {
 	t.Helper()
 	dir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "kubevirt.io/api").Output()
 	if err != nil || len(bytes.TrimSpace(dir)) == 0 {
