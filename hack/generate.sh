@@ -3,7 +3,7 @@
 # repository itself):
 #   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
 #   charts/guestbackup/crds/                   controller-gen crd (our API)
-#   config/rbac/role.yaml                      controller-gen rbac (markers in cmd/ and pkg/)
+#   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
 #   test/crds/velero/                          Velero's BackupStorageLocation CRD, from VELERO_VERSION
@@ -25,13 +25,17 @@ if [[ -z "$CONTROLLER_GEN" ]]; then
 fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
-mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/config/rbac" \
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
 	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
 "$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/crds"
-"$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/... paths=./pkg/... \
-	output:rbac:dir="$OUT/config/rbac"
+# One ClusterRole per binary, each from the markers of the packages it runs.
+rm -f "$OUT/config/rbac/role.yaml"
+"$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \
+	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... output:rbac:dir="$OUT/config/rbac/controller"
+"$CONTROLLER_GEN" rbac:roleName=guestbackup-webhook paths=./cmd/webhook/... paths=./pkg/mutate/... \
+	output:rbac:dir="$OUT/config/rbac/webhook"
 
 # KubeVirt builds its CRDs at runtime in virt-operator; generate the same schema
 # from the pinned kubevirt.io/api and add what the operator adds.

@@ -47,6 +47,10 @@ const (
 	LabelServerName = "guestbackup.io/server-name"
 )
 
+// CredentialSecretName is the per-VM credential Secret of a VM, in the
+// VM's namespace: written by the webhook, adopted by the controller.
+func CredentialSecretName(vmName string) string { return vmName + "-guestbackup" }
+
 // Keys of a per-VM credential Secret. The webhook writes the first three; the
 // controller adds the hash, once per generation, for the server's user sync.
 const (

@@ -85,6 +85,10 @@ func run(o options) error {
 	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, o.hashers); err != nil {
 		return fmt.Errorf("set up the credential hasher: %w", err)
 	}
+	vms := &credentials.VMReconciler{}
+	if err := vms.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the VM credential reconciler: %w", err)
+	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
 	}

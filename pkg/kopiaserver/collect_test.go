@@ -1,6 +1,7 @@
 package kopiaserver
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 	"slices"
@@ -12,7 +13,12 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
+
+func hashOf(b byte, version kopiauser.HashVersion) kopiauser.Hash {
+	return kopiauser.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
+}
 
 func credential(namespace, vm, username string, hashed bool) corev1.Secret {
 	s := corev1.Secret{
@@ -77,8 +83,8 @@ func TestCollectUsers(t *testing.T) {
 			var users []string
 			for shard, m := range got.Shards {
 				for u := range m {
-					if ShardOf(u) != shard {
-						t.Errorf("user %s in shard %d, want %d", u, shard, ShardOf(u))
+					if userset.ShardOf(u) != shard {
+						t.Errorf("user %s in shard %d, want %d", u, shard, userset.ShardOf(u))
 					}
 					users = append(users, u)
 				}
@@ -121,7 +127,7 @@ func BenchmarkCollectUsers10000(b *testing.B) {
 			b.Fatalf("collected %d users of %d", set.Count, len(secrets))
 		}
 		for _, shard := range set.Shards {
-			_ = EncodeUsers(shard)
+			_ = userset.Encode(shard)
 		}
 	}
 }

@@ -31,6 +31,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
@@ -138,7 +139,7 @@ func (r *Reconciler) bslsOfSecret(ctx context.Context, o client.Object) []reconc
 		}
 		return nil
 	}
-	if l[LabelUsersOf] != "" {
+	if l[userset.Label] != "" {
 		return nil // written by this reconciler
 	}
 	// An admin's TLS, S3 or password Secret, or a Velero credential Secret.
@@ -473,11 +474,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 			ObjectMeta: metav1.ObjectMeta{
-				Name: UsersSecretName(b.Name, shard), Namespace: b.Namespace,
-				Labels: mergeLabels(Labels(b), map[string]string{LabelUsersOf: b.Name}),
+				Name: userset.SecretName(b.Name, shard), Namespace: b.Namespace,
+				Labels: mergeLabels(Labels(b), map[string]string{userset.Label: b.Name}),
 			},
 			Type: corev1.SecretTypeOpaque,
-			Data: map[string][]byte{UsersKey: EncodeUsers(hashes)},
+			Data: map[string][]byte{userset.Key: userset.Encode(hashes)},
 		}
 		if err := r.apply(ctx, b, s); err != nil {
 			return UserSet{}, err

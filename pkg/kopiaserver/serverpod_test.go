@@ -19,6 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 const (
@@ -57,7 +58,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 	// writeUsers writes every users shard, as the controller will.
 	writeUsers := func(guests ...guest) {
 		GinkgoHelper()
-		shards := make([]map[string]kopiauser.Hash, kopiaserver.UserShards)
+		shards := make([]map[string]kopiauser.Hash, userset.Shards)
 		for i := range shards {
 			shards[i] = map[string]kopiauser.Hash{}
 		}
@@ -69,11 +70,11 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 				Expect(err).NotTo(HaveOccurred())
 				hashes[g.user+g.password] = h
 			}
-			shards[kopiaserver.ShardOf(g.user)][g.user] = h
+			shards[userset.ShardOf(g.user)][g.user] = h
 		}
 		for i, users := range shards {
-			s := secret(kopiaserver.UsersSecretName(bsls.Name, i), map[string][]byte{kopiaserver.UsersKey: kopiaserver.EncodeUsers(users)})
-			s.Labels = map[string]string{kopiaserver.LabelUsersOf: bsls.Name}
+			s := secret(userset.SecretName(bsls.Name, i), map[string][]byte{userset.Key: userset.Encode(users)})
+			s.Labels = map[string]string{userset.Label: bsls.Name}
 			put(s)
 		}
 	}
@@ -217,7 +218,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 	It("serves the same users from a second server on the same storage, before any sync", func() {
 		// With a shard missing the second pod's user-sync changes nothing:
 		// whatever authenticates comes from the repository itself.
-		Expect(api.Client.Delete(ctx, secret(kopiaserver.UsersSecretName(bsls.Name, 0), nil))).To(Succeed())
+		Expect(api.Client.Delete(ctx, secret(userset.SecretName(bsls.Name, 0), nil))).To(Succeed())
 		second := runPod()
 		Expect(second.WaitReady(2*time.Minute, "kopia")).To(Succeed())
 		Expect(second.WaitReady(5*time.Second, "user-sync")).To(MatchError(ContainSubstring("main-users-0")))

@@ -15,6 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Paths and ports inside a server pod. Listeners bind 0.0.0.0; the
@@ -349,9 +350,9 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	name := ServiceAccountName(b)
 	meta := metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}
 	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta}
-	names := make([]string, UserShards)
+	names := make([]string, userset.Shards)
 	for i := range names {
-		names[i] = UsersSecretName(b.Name, i)
+		names[i] = userset.SecretName(b.Name, i)
 	}
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},

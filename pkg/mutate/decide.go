@@ -45,7 +45,7 @@ const (
 )
 
 // SecretName is the per-VM credential Secret of a VM.
-func SecretName(vmName string) string { return vmName + "-guestbackup" }
+func SecretName(vmName string) string { return v1alpha1.CredentialSecretName(vmName) }
 
 // Server is what the webhook found about the BSLS a VM names.
 type Server struct {

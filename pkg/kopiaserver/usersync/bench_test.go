@@ -15,9 +15,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // BenchmarkProvisioningLatency measures, for 20 users one after another, the
@@ -45,7 +45,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	defer cancel()
 	go func() { _ = s.Run(runCtx) }()
 
-	shards := make([]map[string]kopiauser.Hash, kopiaserver.UserShards)
+	shards := make([]map[string]kopiauser.Hash, userset.Shards)
 	for i := range shards {
 		shards[i] = map[string]kopiauser.Hash{}
 		putShard(b, clientset, i, shards[i])
@@ -66,7 +66,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			shard := kopiaserver.ShardOf(user)
+			shard := userset.ShardOf(user)
 			shards[shard][user] = h
 			b.StartTimer()
 
@@ -97,10 +97,10 @@ func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]
 	b.Helper()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: kopiaserver.UsersSecretName(bsls, shard), Namespace: namespace,
-			Labels: map[string]string{kopiaserver.LabelUsersOf: bsls},
+			Name: userset.SecretName(bsls, shard), Namespace: namespace,
+			Labels: map[string]string{userset.Label: bsls},
 		},
-		Data: map[string][]byte{kopiaserver.UsersKey: kopiaserver.EncodeUsers(users)},
+		Data: map[string][]byte{userset.Key: userset.Encode(users)},
 	}
 	ctx := context.Background()
 	_, err := c.CoreV1().Secrets(namespace).Update(ctx, secret, metav1.UpdateOptions{})

@@ -27,8 +27,8 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Refresher makes a running Kopia server re-read the repository.
@@ -123,7 +123,7 @@ func (s *Syncer) poke() {
 
 // Run watches the users Secrets and syncs until ctx ends.
 func (s *Syncer) Run(ctx context.Context) error {
-	selector := labels.SelectorFromSet(labels.Set{kopiaserver.LabelUsersOf: s.opts.BSLS}).String()
+	selector := labels.SelectorFromSet(labels.Set{userset.Label: s.opts.BSLS}).String()
 	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, 0,
 		informers.WithNamespace(s.opts.Namespace),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
@@ -211,11 +211,11 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 // deleted, while a shard is missing or malformed.
 func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]kopiauser.Hash, error) {
 	desired := map[string]kopiauser.Hash{}
-	for shard := range kopiaserver.UserShards {
-		name := kopiaserver.UsersSecretName(bsls, shard)
+	for shard := range userset.Shards {
+		name := userset.SecretName(bsls, shard)
 		secret, err := lister.Get(name)
 		if err != nil {
-			return nil, fmt.Errorf("users Secret %s: %w (the controller writes all %d shards before users are synced)", name, err, kopiaserver.UserShards)
+			return nil, fmt.Errorf("users Secret %s: %w (the controller writes all %d shards before users are synced)", name, err, userset.Shards)
 		}
 		users, err := decodeShard(secret, shard)
 		if err != nil {
@@ -229,13 +229,13 @@ func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[st
 }
 
 func decodeShard(secret *corev1.Secret, shard int) (map[string]kopiauser.Hash, error) {
-	users, err := kopiaserver.DecodeUsers(secret.Data[kopiaserver.UsersKey])
+	users, err := userset.Decode(secret.Data[userset.Key])
 	if err != nil {
-		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, kopiaserver.UsersKey, err)
+		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.Key, err)
 	}
 	for user := range users {
-		if kopiaserver.ShardOf(user) != shard {
-			return nil, fmt.Errorf("users Secret %s lists %s, which belongs in shard %d", secret.Name, user, kopiaserver.ShardOf(user))
+		if userset.ShardOf(user) != shard {
+			return nil, fmt.Errorf("users Secret %s lists %s, which belongs in shard %d", secret.Name, user, userset.ShardOf(user))
 		}
 	}
 	return users, nil

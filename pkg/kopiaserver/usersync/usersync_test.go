@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // provisioned bounds how long a Secret change may take to reach the server.
@@ -36,25 +36,25 @@ func newGuest(user string) guest {
 // writeUsers writes every shard Secret so that they list exactly guests.
 func writeUsers(guests ...guest) {
 	ctx := context.Background()
-	shards := make([]map[string]kopiauser.Hash, kopiaserver.UserShards)
+	shards := make([]map[string]kopiauser.Hash, userset.Shards)
 	for i := range shards {
 		shards[i] = map[string]kopiauser.Hash{}
 	}
 	for _, g := range guests {
-		shards[kopiaserver.ShardOf(g.user)][g.user] = g.hash
+		shards[userset.ShardOf(g.user)][g.user] = g.hash
 	}
 	for i, users := range shards {
-		writeShard(ctx, i, kopiaserver.EncodeUsers(users))
+		writeShard(ctx, i, userset.Encode(users))
 	}
 }
 
 func writeShard(ctx context.Context, shard int, data []byte) {
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: kopiaserver.UsersSecretName(bsls, shard), Namespace: namespace,
-			Labels: map[string]string{kopiaserver.LabelUsersOf: bsls},
+			Name: userset.SecretName(bsls, shard), Namespace: namespace,
+			Labels: map[string]string{userset.Label: bsls},
 		},
-		Data: map[string][]byte{kopiaserver.UsersKey: data},
+		Data: map[string][]byte{userset.Key: data},
 	}
 	err := apiServer.Client.Create(ctx, secret)
 	if apierrors.IsAlreadyExists(err) {
@@ -134,7 +134,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 	})
 
 	It("keeps every user while a shard is malformed", func() {
-		shard := kopiaserver.ShardOf(bob.user)
+		shard := userset.ShardOf(bob.user)
 		writeShard(context.Background(), shard, []byte("not a users list\n"))
 		Eventually(syncer.Ready).WithTimeout(provisioned).Should(MatchError(ContainSubstring("line 1")))
 		Expect(canConnect(bob)()).To(Succeed())

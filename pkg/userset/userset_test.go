@@ -1,4 +1,4 @@
-package kopiaserver
+package userset
 
 import (
 	"bytes"
@@ -19,26 +19,26 @@ func TestEncodeUsersRoundTrip(t *testing.T) {
 		"web@prod": hashOf(1, kopiauser.Scrypt),
 		"db@prod":  hashOf(2, kopiauser.PBKDF2),
 	}
-	data := EncodeUsers(users)
+	data := Encode(users)
 	want := "db@prod 2 " + strings.Repeat("AgIC", 21) + "Ag==\n" +
 		"web@prod 1 " + strings.Repeat("AQEB", 21) + "AQ==\n"
 	if string(data) != want {
-		t.Fatalf("EncodeUsers =\n%s\nwant\n%s", data, want)
+		t.Fatalf("Encode =\n%s\nwant\n%s", data, want)
 	}
-	got, err := DecodeUsers(data)
+	got, err := Decode(data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !reflect.DeepEqual(got, users) {
 		t.Fatalf("round trip = %v, want %v", got, users)
 	}
-	if empty, err := DecodeUsers(nil); err != nil || len(empty) != 0 {
-		t.Fatalf("DecodeUsers(nil) = %v, %v", empty, err)
+	if empty, err := Decode(nil); err != nil || len(empty) != 0 {
+		t.Fatalf("Decode(nil) = %v, %v", empty, err)
 	}
 }
 
 func TestDecodeUsersRejects(t *testing.T) {
-	valid := strings.TrimSpace(string(EncodeUsers(map[string]kopiauser.Hash{"a@b": hashOf(1, kopiauser.Scrypt)})))
+	valid := strings.TrimSpace(string(Encode(map[string]kopiauser.Hash{"a@b": hashOf(1, kopiauser.Scrypt)})))
 	fields := strings.Fields(valid)
 	tests := map[string]struct{ data, want string }{
 		"two fields":      {data: "a@b 1\n", want: "got 2 fields"},
@@ -51,7 +51,7 @@ func TestDecodeUsersRejects(t *testing.T) {
 	}
 	for name, tt := range tests {
 		t.Run(name, func(t *testing.T) {
-			_, err := DecodeUsers([]byte(tt.data))
+			_, err := Decode([]byte(tt.data))
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("error = %v, want one containing %q", err, tt.want)
 			}
@@ -62,7 +62,7 @@ func TestDecodeUsersRejects(t *testing.T) {
 // TestShardsHoldTenThousandUsers checks the sizing the users Secrets rely
 // on: 10,000 users spread over every shard, none near a Secret's 1 MiB.
 func TestShardsHoldTenThousandUsers(t *testing.T) {
-	shards := make([]map[string]kopiauser.Hash, UserShards)
+	shards := make([]map[string]kopiauser.Hash, Shards)
 	for i := range shards {
 		shards[i] = map[string]kopiauser.Hash{}
 	}
@@ -71,8 +71,8 @@ func TestShardsHoldTenThousandUsers(t *testing.T) {
 		shards[ShardOf(name)][name] = hashOf(byte(i), kopiauser.Scrypt)
 	}
 	for i, users := range shards {
-		size := len(EncodeUsers(users))
-		if len(users) == 0 || len(users) > 2*10_000/UserShards {
+		size := len(Encode(users))
+		if len(users) == 0 || len(users) > 2*10_000/Shards {
 			t.Errorf("shard %d holds %d of 10,000 users: the spread is uneven", i, len(users))
 		}
 		if size > 128<<10 {

@@ -1,0 +1,554 @@
+package credentials
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/builder"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// The VM reconciler reads VMs, deletes the credential Secrets of VMs that
+// are gone or opted out, and audits through Events on the VM.
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
+
+// Annotations on a credential Secret: the credentials generation whose
+// provisioning the controller last announced with an Event on the VM, and
+// the BSLS (<namespace>/<name>) it was provisioned on. Kept on the Secret,
+// not in memory, so that a resync or a restart of the controller never
+// announces a generation twice; the webhook keeps them when it rewrites the
+// Secret.
+const (
+	AnnotationAnnouncedGeneration = v1alpha1.AnnotationPrefix + "announced-generation"
+	AnnotationAnnouncedServer     = v1alpha1.AnnotationPrefix + "announced-server"
+)
+
+// Reasons of the Events the VM reconciler records on a VirtualMachine.
+const (
+	// EventUserProvisioned: the VM's user is in its server's users for the
+	// first time.
+	EventUserProvisioned = "UserProvisioned"
+	// EventCredentialsRotated: the server's users hold the hash of a new
+	// credentials generation in place of the one announced before.
+	EventCredentialsRotated = "CredentialsRotated"
+	// EventUserRevoked: the controller deleted the VM's credential Secret,
+	// so the server drops its user.
+	EventUserRevoked = "UserRevoked"
+)
+
+const (
+	// DefaultOrphanGrace is how long a credential Secret whose VM never
+	// appeared is kept: the webhook writes it during admission, and the
+	// VM is stored only once every later admission step has passed.
+	DefaultOrphanGrace = 10 * time.Minute
+	// DefaultSettleTime is how long after its last write a credential
+	// Secret is never deleted; see VMReconciler.SettleTime.
+	DefaultSettleTime = 30 * time.Second
+
+	// eventSource is the component named by the Events; the BSLS
+	// reconciler's Events name the same one.
+	eventSource = "guestbackup-controller"
+	// retryConflict is how soon a write that lost a race is retried; the
+	// winner's write usually triggers a reconcile before that.
+	retryConflict = time.Second
+)
+
+// VMReconciler is the controller's side of the per-VM credential Secret
+// (DESIGN.md decisions 8 and 9). Keyed by the VM's namespace and name, it
+// adopts the Secret once the VM is stored (the webhook writes the Secret at
+// admission, before the VM has a UID), deletes it when the VM is deleted or
+// opts out (the BSLS reconciler then drops the user), deletes Secrets whose
+// VM never appeared, and records on the VM when its user is provisioned,
+// rotated or revoked. It never blocks: whatever must wait is requeued.
+type VMReconciler struct {
+	Client client.Client
+	// APIReader reads around the cache. A Secret is deleted only after the
+	// API server itself confirms the VM's state, because a cache that has
+	// not yet seen a new or changed VM would otherwise delete credentials
+	// the VM is about to use. Default: the manager's API reader.
+	APIReader client.Reader
+	// Recorder records the Events on VMs. Default: the manager's.
+	Recorder record.EventRecorder
+	// OrphanGrace is how long a Secret whose VM never appeared is kept;
+	// default DefaultOrphanGrace.
+	OrphanGrace time.Duration
+	// SettleTime is how long after its last write a Secret is never
+	// deleted; default DefaultSettleTime. The webhook writes the Secret
+	// before the API server stores the VM it admitted (switching servers,
+	// re-creating a VM), so for a moment the Secret can disagree with the
+	// stored VM while nothing is wrong.
+	SettleTime time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (r *VMReconciler) now() time.Time {
+	if r.Now != nil {
+		return r.Now()
+	}
+	return time.Now()
+}
+
+func (r *VMReconciler) timing() timing {
+	t := timing{orphanGrace: r.OrphanGrace, settle: r.SettleTime}
+	if t.orphanGrace <= 0 {
+		t.orphanGrace = DefaultOrphanGrace
+	}
+	if t.settle <= 0 {
+		t.settle = DefaultSettleTime
+	}
+	return t
+}
+
+// SetupWithManager registers the reconciler. It watches VirtualMachines,
+// the credential Secrets (mapped to their VM by the guestbackup.io/vm label)
+// and the users Secrets (mapped to the VMs whose provisioning is not yet
+// announced), so that every announcement follows the write that makes it
+// true rather than a poll.
+func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Client == nil {
+		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
+	}
+	if r.Recorder == nil {
+		r.Recorder = mgr.GetEventRecorderFor(eventSource)
+	}
+	creds := Selector()
+	return ctrl.NewControllerManagedBy(mgr).
+		Named("vm-credentials").
+		// Metadata is all a decision needs: caching whole VMs (specs, and
+		// statuses that change as they run) would cost memory and decoding
+		// for nothing.
+		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata, builder.WithPredicates(vmChanged())).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(vmOfSecret),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return creds.Matches(labels.Set(o.GetLabels()))
+			}))).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.vmsOfUsersSecret),
+			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetLabels()[userset.Label] != ""
+			}))).
+		Complete(r)
+}
+
+// vmChanged passes the VM events that can change a decision: creation,
+// deletion, the opt-in annotation and the start of a deletion. A running
+// VM's frequent status updates pass none.
+func vmChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		oldVM, newVM := e.ObjectOld, e.ObjectNew
+		return oldVM.GetAnnotations()[v1alpha1.AnnotationServer] != newVM.GetAnnotations()[v1alpha1.AnnotationServer] ||
+			oldVM.GetDeletionTimestamp().IsZero() != newVM.GetDeletionTimestamp().IsZero() ||
+			oldVM.GetUID() != newVM.GetUID()
+	}}
+}
+
+func vmOfSecret(_ context.Context, o client.Object) []reconcile.Request {
+	vm := o.GetLabels()[v1alpha1.LabelVM]
+	if vm == "" {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: vm}}}
+}
+
+// vmsOfUsersSecret maps a users Secret to the VMs whose user it holds and
+// whose current generation is not announced yet: only those can gain an
+// Event from its change, and a resync of a large server stays cheap.
+func (r *VMReconciler) vmsOfUsersSecret(ctx context.Context, o client.Object) []reconcile.Request {
+	bsls := o.GetLabels()[userset.Label]
+	if bsls == "" {
+		return nil
+	}
+	list := &corev1.SecretList{}
+	if err := r.Client.List(ctx, list, client.MatchingLabels{
+		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+		v1alpha1.LabelServerNamespace: o.GetNamespace(),
+		v1alpha1.LabelServerName:      bsls,
+	}); err != nil {
+		log.FromContext(ctx).Error(err, "list the credential Secrets of a users Secret", "usersSecret", client.ObjectKeyFromObject(o))
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		s := &list.Items[i]
+		vm := s.Labels[v1alpha1.LabelVM]
+		if vm == "" || announcedOf(s).covers(serverOf(s), string(s.Data[v1alpha1.SecretKeyGeneration])) {
+			continue
+		}
+		if userset.SecretName(bsls, userset.ShardOf(string(s.Data[v1alpha1.SecretKeyUsername]))) != o.GetName() {
+			continue
+		}
+		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: vm}})
+	}
+	return reqs
+}
+
+// Reconcile brings one VM's credential Secret in line with the VM.
+func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	secretKey := types.NamespacedName{Namespace: req.Namespace, Name: v1alpha1.CredentialSecretName(req.Name)}
+	secret := &corev1.Secret{}
+	if err := r.Client.Get(ctx, secretKey, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil // the VM has no credentials: nothing to do
+		}
+		return ctrl.Result{}, fmt.Errorf("get credential Secret %s: %w", secretKey, err)
+	}
+	vm, err := getVM(ctx, r.Client, req.NamespacedName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	a := decide(vm, secret, r.now(), r.timing())
+	logger := log.FromContext(ctx).WithValues("secret", secretKey)
+	switch a.verdict {
+	case leave:
+		return ctrl.Result{}, nil
+	case wait:
+		logger.V(1).Info("credential Secret kept for now", "pending", a.pending, "why", a.why, "recheckIn", a.after)
+		return ctrl.Result{RequeueAfter: a.after}, nil
+	case adopt:
+		if err := r.adopt(ctx, vm, secret); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: retryConflict}, nil
+			}
+			return ctrl.Result{}, err
+		}
+		logger.Info("adopted credential Secret", "virtualMachine", vm.Name, "uid", vm.UID)
+		return r.announce(ctx, vm, secret)
+	case keep:
+		return r.announce(ctx, vm, secret)
+	case revoke, collect:
+		return r.remove(ctx, req.NamespacedName, secret, a)
+	}
+	return ctrl.Result{}, fmt.Errorf("credential Secret %s: unknown verdict %s", secretKey, a.verdict)
+}
+
+// getVM reads a VM's metadata, the way the reconciler watches VMs; nil when
+// there is no such VM.
+func getVM(ctx context.Context, c client.Reader, key types.NamespacedName) (*metav1.PartialObjectMetadata, error) {
+	vm := &metav1.PartialObjectMetadata{}
+	vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
+	if err := c.Get(ctx, key, vm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil //nolint:nilnil // an absent VM is a state decide handles, not an error
+		}
+		return nil, fmt.Errorf("get VirtualMachine %s: %w", key, err)
+	}
+	// Events name the VM by its kind: keep it whatever the reader did.
+	vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
+	return vm, nil
+}
+
+// adopt makes vm the Secret's owner, replacing the reference to a VM of the
+// same name that was deleted and re-created. The owner is not a controller
+// and does not block the VM's deletion: the reference says whose the Secret
+// is (and lets a real cluster's garbage collector delete it too); deleting
+// it is this reconciler's job.
+func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) error {
+	// Optimistic lock: a merge patch replaces the whole list, so it must
+	// apply to the list it was computed from.
+	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	refs := slices.DeleteFunc(slices.Clone(secret.OwnerReferences), isVMReference)
+	secret.OwnerReferences = append(refs, metav1.OwnerReference{
+		APIVersion:         kubevirtv1.VirtualMachineGroupVersionKind.GroupVersion().String(),
+		Kind:               kubevirtv1.VirtualMachineGroupVersionKind.Kind,
+		Name:               vm.Name,
+		UID:                vm.UID,
+		Controller:         ptr.To(false),
+		BlockOwnerDeletion: ptr.To(false),
+	})
+	if err := r.Client.Patch(ctx, secret, patch); err != nil {
+		return fmt.Errorf("adopt Secret %s/%s for VirtualMachine %s: %w", secret.Namespace, secret.Name, vm.Name, err)
+	}
+	return nil
+}
+
+// announce records on the VM that its user is provisioned (or rotated) once
+// the users Secret of its shard holds the hash of the Secret's current
+// generation, exactly once per generation.
+func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) (ctrl.Result, error) {
+	generation := string(secret.Data[v1alpha1.SecretKeyGeneration])
+	bsls := serverOf(secret)
+	previous := announcedOf(secret)
+	if generation == "" || previous.covers(bsls, generation) {
+		return ctrl.Result{}, nil
+	}
+	want := HashFor(secret)
+	if want == nil {
+		return ctrl.Result{}, nil // the Hasher's write of the hash brings us back
+	}
+	username := string(secret.Data[v1alpha1.SecretKeyUsername])
+	usersKey := types.NamespacedName{Namespace: bsls.Namespace, Name: userset.SecretName(bsls.Name, userset.ShardOf(username))}
+	users := &corev1.Secret{}
+	if err := r.Client.Get(ctx, usersKey, users); err != nil {
+		if apierrors.IsNotFound(err) {
+			return ctrl.Result{}, nil // the BSLS reconciler's write brings us back
+		}
+		return ctrl.Result{}, fmt.Errorf("get users Secret %s: %w", usersKey, err)
+	}
+	if users.Labels[userset.Label] != bsls.Name {
+		return ctrl.Result{}, nil // not written by the BSLS reconciler: no evidence
+	}
+	held, err := userset.Decode(users.Data[userset.Key])
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("read users Secret %s: %w", usersKey, err)
+	}
+	if got, ok := held[username]; !ok || !sameHash(got, *want) {
+		return ctrl.Result{}, nil
+	}
+
+	// Record the announcement before making it: should the Event then be
+	// lost with the process, that costs one Event, while the other order
+	// would repeat it.
+	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if secret.Annotations == nil {
+		secret.Annotations = map[string]string{}
+	}
+	secret.Annotations[AnnotationAnnouncedGeneration] = generation
+	secret.Annotations[AnnotationAnnouncedServer] = bsls.String()
+	if err := r.Client.Patch(ctx, secret, patch); err != nil {
+		if apierrors.IsConflict(err) {
+			// Rotated or re-hashed meanwhile: look at the new version.
+			return ctrl.Result{RequeueAfter: retryConflict}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("record announced generation on Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+	}
+	reason, message := announcement(username, bsls, previous, generation)
+	r.Recorder.Event(vm, corev1.EventTypeNormal, reason, message)
+	return ctrl.Result{}, nil
+}
+
+// remove deletes the Secret as decided, once the API server confirms the
+// VM state the decision was made on.
+func (r *VMReconciler) remove(ctx context.Context, vmKey types.NamespacedName, secret *corev1.Secret, a action) (ctrl.Result, error) {
+	logger := log.FromContext(ctx).WithValues("secret", client.ObjectKeyFromObject(secret))
+	live, err := getVM(ctx, r.APIReader, vmKey)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if again := decide(live, secret, r.now(), r.timing()); again.verdict != a.verdict {
+		// The cache is behind the API server; its update brings us back,
+		// and the requeue covers a missed one.
+		logger.V(1).Info("cache is behind the API server; credential Secret kept", "cached", a.why, "live", again.why)
+		return ctrl.Result{RequeueAfter: retryConflict}, nil
+	}
+	// Delete exactly the version decided on: one the webhook rewrote since
+	// is decided again.
+	uid, rv := secret.UID, secret.ResourceVersion
+	if err := r.Client.Delete(ctx, secret, client.Preconditions{UID: &uid, ResourceVersion: &rv}); err != nil {
+		switch {
+		case apierrors.IsNotFound(err):
+			return ctrl.Result{}, nil // gone already (a garbage collector, a user)
+		case apierrors.IsConflict(err):
+			return ctrl.Result{RequeueAfter: retryConflict}, nil
+		}
+		return ctrl.Result{}, fmt.Errorf("delete credential Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+	}
+	username := string(secret.Data[v1alpha1.SecretKeyUsername])
+	generation := string(secret.Data[v1alpha1.SecretKeyGeneration])
+	bsls := serverOf(secret)
+	if a.verdict == revoke {
+		r.Recorder.Eventf(live, corev1.EventTypeNormal, EventUserRevoked,
+			"User %s revoked from BackupStorageLocationServer %s (credentials generation %s): %s; deleted Secret %s",
+			username, bsls, generation, a.why, secret.Name)
+	}
+	// A deleted VM can carry no Event: the log is the audit trail then.
+	logger.Info("deleted credential Secret; its user is revoked", "user", username, "server", bsls.String(), "generation", generation, "why", a.why)
+	return ctrl.Result{}, nil
+}
+
+// announced is the provisioning last announced for a Secret.
+type announced struct {
+	server     string // <namespace>/<name> of the BSLS; "" for none
+	generation string // "" for none
+}
+
+func announcedOf(secret *corev1.Secret) announced {
+	return announced{server: secret.Annotations[AnnotationAnnouncedServer], generation: secret.Annotations[AnnotationAnnouncedGeneration]}
+}
+
+// covers is whether a announced the provisioning of generation on bsls.
+func (a announced) covers(bsls types.NamespacedName, generation string) bool {
+	return a.generation == generation && a.server == bsls.String()
+}
+
+// announcement is the Event that announces the provisioning of generation on
+// bsls, given what was announced before: a first provisioning on a server
+// (the VM's first, or after it moved to another server, whose user the
+// webhook issues with the next generation) or a rotation.
+func announcement(username string, bsls types.NamespacedName, previous announced, generation string) (reason, message string) {
+	if previous.generation == "" || previous.server != bsls.String() {
+		return EventUserProvisioned, fmt.Sprintf("User %s provisioned on BackupStorageLocationServer %s (credentials generation %s)", username, bsls, generation)
+	}
+	return EventCredentialsRotated, fmt.Sprintf("User %s on BackupStorageLocationServer %s: credentials rotated from generation %s to %s; the previous password no longer authenticates",
+		username, bsls, previous.generation, generation)
+}
+
+// verdict is what the reconciler does with a credential Secret.
+type verdict int
+
+const (
+	// leave: not guestbackup's Secret, not this VM's, or already going.
+	leave verdict = iota
+	// wait: a deletion is due but not yet; decide again after action.after.
+	wait
+	// adopt: the VM uses the Secret but does not own it yet.
+	adopt
+	// keep: the VM owns and uses the Secret; announce its provisioning.
+	keep
+	// revoke: the VM exists but no longer uses the Secret; delete it and
+	// record UserRevoked on the VM.
+	revoke
+	// collect: there is no VM; delete the Secret and log it.
+	collect
+)
+
+func (v verdict) String() string {
+	switch v {
+	case leave:
+		return "leave"
+	case wait:
+		return "wait"
+	case adopt:
+		return "adopt"
+	case keep:
+		return "keep"
+	case revoke:
+		return "revoke"
+	case collect:
+		return "collect"
+	}
+	return fmt.Sprintf("verdict(%d)", int(v))
+}
+
+// action is a decision and why it was taken, in words fit for an Event.
+type action struct {
+	verdict verdict
+	why     string
+	// after is when to decide again, for wait.
+	after time.Duration
+	// pending is the deletion a wait defers.
+	pending verdict
+}
+
+type timing struct {
+	orphanGrace time.Duration
+	settle      time.Duration
+}
+
+// decide is the whole policy of the reconciler: what to do with a credential
+// Secret given its VM's metadata (nil when the API has no VM of that name)
+// at time now.
+func decide(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, now time.Time, t timing) action {
+	l := secret.Labels
+	switch {
+	case l[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue:
+		// Someone else's Secret under our name: never touched.
+		return action{verdict: leave, why: fmt.Sprintf("not labelled %s=%s", v1alpha1.LabelManagedBy, v1alpha1.ManagedByValue)}
+	case !secret.DeletionTimestamp.IsZero():
+		return action{verdict: leave, why: "being deleted"}
+	case l[v1alpha1.LabelVM] == "" || secret.Name != v1alpha1.CredentialSecretName(l[v1alpha1.LabelVM]):
+		return action{verdict: leave, why: fmt.Sprintf("label %s does not name the VM the Secret is named after", v1alpha1.LabelVM)}
+	case vm != nil && vm.Name != l[v1alpha1.LabelVM]:
+		return action{verdict: leave, why: "belongs to another VM"}
+	}
+	server := serverOf(secret).String()
+
+	var del action
+	deletable := lastWrite(secret).Add(t.settle)
+	switch {
+	case vm != nil && !vm.DeletionTimestamp.IsZero():
+		del = action{verdict: revoke, why: "the VirtualMachine is being deleted"}
+	case vm != nil:
+		switch want := vm.Annotations[v1alpha1.AnnotationServer]; {
+		case want == "":
+			del = action{verdict: revoke, why: fmt.Sprintf("the VirtualMachine no longer has annotation %s", v1alpha1.AnnotationServer)}
+		case want != server:
+			del = action{verdict: revoke, why: fmt.Sprintf("the VirtualMachine's annotation %s names %s instead", v1alpha1.AnnotationServer, want)}
+		case vm.UID == "":
+			return action{verdict: leave, why: "the VirtualMachine has no UID yet"}
+		case ownedBy(secret, vm.UID):
+			return action{verdict: keep, why: "owned by its VirtualMachine"}
+		case len(secret.Data[v1alpha1.SecretKeyPassword]) > 0 && HashFor(secret) == nil:
+			// The Hasher is hashing this password: a write now would make
+			// its write conflict and the (slow) hash be computed again.
+			// Its write brings the Secret back here.
+			return action{verdict: leave, why: "waiting for the password's hash before adopting"}
+		default:
+			return action{verdict: adopt, why: "its VirtualMachine does not own it yet"}
+		}
+	case adopted(secret):
+		del = action{verdict: collect, why: "its VirtualMachine was deleted"}
+	default:
+		del = action{verdict: collect, why: fmt.Sprintf("its VirtualMachine never appeared within %s of admission", t.orphanGrace)}
+		if orphaned := secret.CreationTimestamp.Add(t.orphanGrace); orphaned.After(deletable) {
+			deletable = orphaned
+		}
+	}
+	if now.Before(deletable) {
+		return action{verdict: wait, why: del.why, after: deletable.Sub(now), pending: del.verdict}
+	}
+	return del
+}
+
+// lastWrite is when the Secret was last written, as far as the API server
+// records it: its creation or the latest change of a field manager's fields.
+func lastWrite(secret *corev1.Secret) time.Time {
+	t := secret.CreationTimestamp.Time
+	for _, mf := range secret.ManagedFields {
+		if mf.Time != nil && mf.Time.After(t) {
+			t = mf.Time.Time
+		}
+	}
+	return t
+}
+
+func serverOf(secret *corev1.Secret) types.NamespacedName {
+	return types.NamespacedName{Namespace: secret.Labels[v1alpha1.LabelServerNamespace], Name: secret.Labels[v1alpha1.LabelServerName]}
+}
+
+func isVMReference(ref metav1.OwnerReference) bool {
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	return err == nil && gv.Group == kubevirtv1.VirtualMachineGroupVersionKind.Group && ref.Kind == kubevirtv1.VirtualMachineGroupVersionKind.Kind
+}
+
+// adopted is whether some VirtualMachine ever adopted the Secret.
+func adopted(secret *corev1.Secret) bool {
+	return slices.ContainsFunc(secret.OwnerReferences, isVMReference)
+}
+
+func ownedBy(secret *corev1.Secret, uid types.UID) bool {
+	return slices.ContainsFunc(secret.OwnerReferences, func(ref metav1.OwnerReference) bool {
+		return isVMReference(ref) && ref.UID == uid
+	})
+}
+
+func sameHash(a, b kopiauser.Hash) bool {
+	return a.Version == b.Version && bytes.Equal(a.Value, b.Value)
+}

@@ -1,0 +1,512 @@
+package credentials_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+const (
+	// vmNamespace holds the VMs and their Secrets; storageNamespace the
+	// BSLS main, of which only its users Secrets exist here: the test
+	// writes them as the BSLS reconciler would.
+	vmNamespace      = "vms"
+	storageNamespace = "storage"
+	bslsName         = "main"
+	server           = storageNamespace + "/" + bslsName
+
+	// Short versions of the reconciler's waits, so that the specs see
+	// them end.
+	orphanGrace = 8 * time.Second
+	settleTime  = 4 * time.Second
+
+	// reconciled bounds how long the controller may take to act on a change.
+	reconciled = 20 * time.Second
+)
+
+// usersFormat is the users Secrets' format, wired as cmd/controller wires it.
+
+// runController starts the Hasher and the VM reconciler in-process against
+// api, as cmd/controller wires them (the BSLS reconciler aside: the specs
+// play its part); stop ends them and waits, bounded.
+func runController(api *testbed.APIServer) (stop func() error, err error) {
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme:                 api.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 GinkgoLogr,
+		// The specs restart the controller in one process.
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+		return nil, err
+	}
+	vms := &credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}
+	if err := vms.SetupWithManager(mgr); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	return func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("the controller did not stop within 30s")
+		}
+	}, nil
+}
+
+// credentialSecret is a per-VM Secret as the webhook writes it.
+func credentialSecret(vm, password, generation string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: v1alpha1.CredentialSecretName(vm), Namespace: vmNamespace,
+			Labels: map[string]string{
+				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+				v1alpha1.LabelVM:              vm,
+				v1alpha1.LabelServerNamespace: storageNamespace,
+				v1alpha1.LabelServerName:      bslsName,
+			},
+		},
+		Data: map[string][]byte{
+			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + vmNamespace),
+			v1alpha1.SecretKeyPassword:   []byte(password),
+			v1alpha1.SecretKeyGeneration: []byte(generation),
+			v1alpha1.SecretKeyUserData:   []byte("#cloud-config\n"),
+		},
+	}
+}
+
+// virtualMachine is a stopped VM opted in to serverRef ("" for none).
+func virtualMachine(name, serverRef string) *kubevirtv1.VirtualMachine {
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: vmNamespace},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{}}},
+			},
+		},
+	}
+	if serverRef != "" {
+		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: serverRef}
+	}
+	return vm
+}
+
+var _ = Describe("The VM credential reconciler", Ordered, func() {
+	var (
+		ctx            context.Context
+		api            *testbed.APIServer
+		stopController func() error
+	)
+
+	startController := func() {
+		GinkgoHelper()
+		stop, err := runController(api)
+		Expect(err).NotTo(HaveOccurred())
+		stopController = stop
+	}
+	restartController := func(whileStopped func()) {
+		GinkgoHelper()
+		Expect(stopController()).To(Succeed())
+		whileStopped()
+		startController()
+	}
+
+	secretKey := func(vm string) types.NamespacedName {
+		return types.NamespacedName{Namespace: vmNamespace, Name: v1alpha1.CredentialSecretName(vm)}
+	}
+	secretOf := func(vm string) *corev1.Secret {
+		GinkgoHelper()
+		s := &corev1.Secret{}
+		Expect(api.Client.Get(ctx, secretKey(vm), s)).To(Succeed())
+		return s
+	}
+	// secretGone fails while the Secret exists, and on any other error.
+	secretGone := func(vm string) func() error {
+		return func() error {
+			err := api.Client.Get(ctx, secretKey(vm), &corev1.Secret{})
+			if apierrors.IsNotFound(err) {
+				return nil
+			}
+			if err == nil {
+				return fmt.Errorf("Secret %s still exists", secretKey(vm))
+			}
+			return err
+		}
+	}
+	secretExists := func(vm string) func() error {
+		return func() error { return api.Client.Get(ctx, secretKey(vm), &corev1.Secret{}) }
+	}
+	ownerRefs := func(vm string) func() []metav1.OwnerReference {
+		return func() []metav1.OwnerReference {
+			s := &corev1.Secret{}
+			if err := api.Client.Get(ctx, secretKey(vm), s); err != nil {
+				return nil
+			}
+			return s.OwnerReferences
+		}
+	}
+	ownerRefTo := func(vm *kubevirtv1.VirtualMachine) []metav1.OwnerReference {
+		return []metav1.OwnerReference{{
+			APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID,
+			Controller: ptr.To(false), BlockOwnerDeletion: ptr.To(false),
+		}}
+	}
+	create := func(objs ...client.Object) {
+		GinkgoHelper()
+		for _, o := range objs {
+			Expect(api.Client.Create(ctx, o)).To(Succeed())
+		}
+	}
+	createAdopted := func(name, password string) (*kubevirtv1.VirtualMachine, *corev1.Secret) {
+		GinkgoHelper()
+		s, vm := credentialSecret(name, password, "1"), virtualMachine(name, server)
+		create(s, vm)
+		Eventually(ownerRefs(name)).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+		return vm, s
+	}
+	updateVM := func(vm *kubevirtv1.VirtualMachine, change func(*kubevirtv1.VirtualMachine)) {
+		GinkgoHelper()
+		Eventually(func() error {
+			cur := &kubevirtv1.VirtualMachine{}
+			if err := api.Client.Get(ctx, client.ObjectKeyFromObject(vm), cur); err != nil {
+				return err
+			}
+			change(cur)
+			return api.Client.Update(ctx, cur)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+	}
+	updateSecret := func(vm string, change func(*corev1.Secret)) {
+		GinkgoHelper()
+		// Conflicts with the controller's own writes are retried.
+		Eventually(func() error {
+			cur := &corev1.Secret{}
+			if err := api.Client.Get(ctx, secretKey(vm), cur); err != nil {
+				return err
+			}
+			change(cur)
+			return api.Client.Update(ctx, cur)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+	}
+	// hashed waits for the Hasher's hash of the Secret's current generation.
+	hashed := func(vm string) kopiauser.Hash {
+		GinkgoHelper()
+		var h *kopiauser.Hash
+		Eventually(func() *kopiauser.Hash {
+			s := &corev1.Secret{}
+			if err := api.Client.Get(ctx, secretKey(vm), s); err != nil {
+				return nil
+			}
+			h = credentials.HashFor(s)
+			return h
+		}).WithTimeout(reconciled).ShouldNot(BeNil())
+		return *h
+	}
+	// provisionOn writes username's hash into the users Secret of its shard
+	// of the BSLS storage/bsls, as the BSLS reconciler does.
+	provisionOn := func(bsls, username string, h kopiauser.Hash) {
+		GinkgoHelper()
+		shard := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
+			Name: userset.SecretName(bsls, userset.ShardOf(username)), Namespace: storageNamespace,
+		}}
+		_, err := controllerutil.CreateOrUpdate(ctx, api.Client, shard, func() error {
+			users := map[string]kopiauser.Hash{}
+			if data := shard.Data[userset.Key]; len(data) > 0 {
+				var err error
+				if users, err = userset.Decode(data); err != nil {
+					return err
+				}
+			}
+			users[username] = h
+			shard.Labels = map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, userset.Label: bsls}
+			shard.Data = map[string][]byte{userset.Key: userset.Encode(users)}
+			return nil
+		})
+		Expect(err).NotTo(HaveOccurred())
+	}
+	provision := func(username string, h kopiauser.Hash) {
+		GinkgoHelper()
+		provisionOn(bslsName, username, h)
+	}
+	// events lists "Reason: message" of each Event recorded on the VM of
+	// that UID, once per occurrence: the recorder counts a repeated Event
+	// in its count rather than writing it again.
+	events := func(vm *kubevirtv1.VirtualMachine) func() []string {
+		return func() []string {
+			list := &corev1.EventList{}
+			if err := api.Client.List(ctx, list, client.InNamespace(vmNamespace)); err != nil {
+				return nil
+			}
+			var out []string
+			for _, e := range list.Items {
+				if e.InvolvedObject.Kind != "VirtualMachine" || e.InvolvedObject.UID != vm.UID {
+					continue
+				}
+				for range max(e.Count, 1) {
+					out = append(out, e.Reason+": "+e.Message)
+				}
+			}
+			return out
+		}
+	}
+	withReason := func(reason string) func([]string) []string {
+		return func(all []string) []string {
+			var out []string
+			for _, e := range all {
+				if strings.HasPrefix(e, reason+": ") {
+					out = append(out, e)
+				}
+			}
+			return out
+		}
+	}
+	// noSecretsIn checks that no Event on the VM carries its password or
+	// any hash held for it.
+	noSecretsIn := func(vm *kubevirtv1.VirtualMachine, secrets ...string) {
+		GinkgoHelper()
+		for _, e := range events(vm)() {
+			for _, s := range secrets {
+				Expect(e).NotTo(ContainSubstring(s))
+			}
+		}
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+		for _, name := range []string{vmNamespace, storageNamespace} {
+			create(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})
+		}
+		startController()
+		DeferCleanup(func() { Expect(stopController()).To(Succeed()) })
+	})
+
+	It("adopts the webhook's Secret once the VM exists, and not before", func() {
+		s := credentialSecret("adopt", testbed.RandomPassword(), "1")
+		create(s)
+		Consistently(ownerRefs("adopt")).WithTimeout(2 * time.Second).Should(BeEmpty())
+
+		vm := virtualMachine("adopt", server)
+		create(vm)
+		Eventually(ownerRefs("adopt")).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+		Expect(secretOf("adopt").UID).To(Equal(s.UID), "adopted, not re-created")
+	})
+
+	It("adopts it again for a VM re-created under the same name while the controller was down", func() {
+		old := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNamespace, Name: "adopt"}, old)).To(Succeed())
+		vm := virtualMachine("adopt", server)
+		restartController(func() {
+			Expect(api.Client.Delete(ctx, old)).To(Succeed())
+			create(vm)
+		})
+		Expect(vm.UID).NotTo(Equal(old.UID))
+		Eventually(ownerRefs("adopt")).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+	})
+
+	It("adopts it again for a VM re-created right after the webhook rewrote the Secret", func() {
+		s := secretOf("adopt")
+		old := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNamespace, Name: "adopt"}, old)).To(Succeed())
+		// Admission of the new VM rewrites the Secret (its payload) before
+		// the API server stores the VM; the old VM is already gone then. A
+		// Secret written moments ago is not deleted for want of a VM.
+		updateSecret("adopt", func(s *corev1.Secret) {
+			s.Data[v1alpha1.SecretKeyUserData] = []byte("#cloud-config\nhostname: adopt\n")
+		})
+		Expect(api.Client.Delete(ctx, old)).To(Succeed())
+		vm := virtualMachine("adopt", server)
+		create(vm)
+		Eventually(ownerRefs("adopt")).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+		Expect(secretOf("adopt").UID).To(Equal(s.UID), "the Secret survived the re-creation")
+	})
+
+	It("revokes the user of a VM that opts out: deletes the Secret and records UserRevoked on the VM", func() {
+		password := testbed.RandomPassword()
+		vm, _ := createAdopted("optout", password)
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })
+		Eventually(secretGone("optout")).WithTimeout(reconciled).Should(Succeed())
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ConsistOf(
+			"UserRevoked: User optout@vms revoked from BackupStorageLocationServer storage/main (credentials generation 1): " +
+				"the VirtualMachine no longer has annotation guestbackup.io/server; deleted Secret optout-guestbackup"))
+		noSecretsIn(vm, password)
+	})
+
+	It("revokes the user of a VM that names another server", func() {
+		vm, _ := createAdopted("moved", testbed.RandomPassword())
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { vm.Annotations[v1alpha1.AnnotationServer] = "storage/other" })
+		Eventually(secretGone("moved")).WithTimeout(reconciled).Should(Succeed())
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ConsistOf(And(
+			HavePrefix("UserRevoked: User moved@vms revoked from BackupStorageLocationServer storage/main (credentials generation 1)"),
+			ContainSubstring("names storage/other instead"))))
+	})
+
+	It("deletes the adopted Secret of a deleted VM (no garbage collector needed)", func() {
+		vm, _ := createAdopted("gone", testbed.RandomPassword())
+		Expect(api.Client.Delete(ctx, vm)).To(Succeed())
+		Eventually(secretGone("gone")).WithTimeout(reconciled).Should(Succeed())
+	})
+
+	It("keeps a Secret whose VM never appeared for the grace period, and deletes it after", func() {
+		s := credentialSecret("never", testbed.RandomPassword(), "1")
+		create(s)
+		Consistently(secretExists("never")).WithTimeout(orphanGrace - 3*time.Second).Should(Succeed())
+		Eventually(secretGone("never")).WithTimeout(reconciled).Should(Succeed())
+		// The API server's timestamps have whole seconds.
+		Expect(time.Since(s.CreationTimestamp.Time)).To(BeNumerically(">=", orphanGrace-time.Second))
+	})
+
+	It("never deletes a Secret that is not managed by guestbackup", func() {
+		unmanaged := func(vm string) *corev1.Secret {
+			s := credentialSecret(vm, testbed.RandomPassword(), "1")
+			delete(s.Labels, v1alpha1.LabelManagedBy)
+			return s
+		}
+		// One under the name of a VM that does not opt in, one under the
+		// name of a VM deleted since, one whose VM never appears.
+		optedOut := virtualMachine("foreign", "")
+		deleted := virtualMachine("stray", server)
+		create(unmanaged("foreign"), unmanaged("stray"), unmanaged("nobody"), optedOut, deleted)
+		Expect(api.Client.Delete(ctx, deleted)).To(Succeed())
+		names := []string{"foreign", "stray", "nobody"}
+		Consistently(func() error {
+			for _, vm := range names {
+				if err := secretExists(vm)(); err != nil {
+					return err
+				}
+			}
+			return nil
+		}).WithTimeout(orphanGrace + settleTime + 2*time.Second).Should(Succeed())
+		for _, vm := range names {
+			Expect(ownerRefs(vm)()).To(BeEmpty(), vm)
+		}
+		Expect(events(optedOut)()).To(BeEmpty())
+	})
+
+	Describe("announcing the user's provisioning", Ordered, func() {
+		var (
+			vm        *kubevirtv1.VirtualMachine
+			passwords []string
+			hashes    []string
+		)
+		const username = "announce@vms"
+
+		BeforeAll(func() {
+			passwords = append(passwords, testbed.RandomPassword())
+			vm, _ = createAdopted("announce", passwords[0])
+		})
+		AfterAll(func() { noSecretsIn(vm, append(passwords, hashes...)...) })
+
+		It("records UserProvisioned once the users Secret holds the current hash, and not before", func() {
+			h := hashed("announce")
+			hashes = append(hashes, h.String())
+			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(BeEmpty())
+
+			By("not counting another hash for the user")
+			stale, err := kopiauser.NewHash(testbed.RandomPassword(), kopiauser.Scrypt)
+			Expect(err).NotTo(HaveOccurred())
+			provision(username, stale)
+			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(BeEmpty())
+
+			By("announcing the current one")
+			provision(username, h)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ConsistOf(
+				"UserProvisioned: User announce@vms provisioned on BackupStorageLocationServer storage/main (credentials generation 1)"))
+			Expect(secretOf("announce").Annotations).To(And(
+				HaveKeyWithValue(credentials.AnnotationAnnouncedGeneration, "1"),
+				HaveKeyWithValue(credentials.AnnotationAnnouncedServer, server)))
+		})
+
+		rotate := func(generation string) kopiauser.Hash {
+			GinkgoHelper()
+			password := testbed.RandomPassword()
+			passwords = append(passwords, password)
+			updateSecret("announce", func(s *corev1.Secret) {
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(password)
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte(generation)
+			})
+			h := hashed("announce")
+			hashes = append(hashes, h.String())
+			return h
+		}
+
+		It("records CredentialsRotated once the rotated hash is provisioned, once per generation", func() {
+			h := rotate("2")
+			Consistently(events(vm)).WithTimeout(2*time.Second).Should(HaveLen(1), "the users Secret still holds generation 1")
+			provision(username, h)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(
+				"CredentialsRotated: User announce@vms on BackupStorageLocationServer storage/main: credentials rotated from generation 1 to 2; " +
+					"the previous password no longer authenticates"))
+
+			h = rotate("3")
+			provision(username, h)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(ContainSubstring("rotated from generation 2 to 3")))
+			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(3))
+			Expect(withReason("UserProvisioned")(events(vm)())).To(HaveLen(1))
+			Expect(withReason("CredentialsRotated")(events(vm)())).To(HaveLen(2))
+		})
+
+		It("records nothing twice across resyncs and a restart of the controller", func() {
+			before := events(vm)()
+			// Each of these reaches the reconciler: a change of the
+			// credential Secret, of the users Secret, a restart.
+			updateSecret("announce", func(s *corev1.Secret) { s.Labels["touched"] = "1" })
+			provision("other@vms", hashed("announce"))
+			restartController(func() {})
+			updateSecret("announce", func(s *corev1.Secret) { s.Labels["touched"] = "2" })
+			Consistently(events(vm)).WithTimeout(3 * time.Second).Should(Equal(before))
+		})
+
+		It("announces the user on the server the VM moved to, keeping the Secret the webhook rewrote for it", func() {
+			password := testbed.RandomPassword()
+			passwords = append(passwords, password)
+			// The webhook rewrites the Secret for the new server, with the
+			// next generation, before the API server stores the VM.
+			s := secretOf("announce")
+			updateSecret("announce", func(s *corev1.Secret) {
+				s.Labels[v1alpha1.LabelServerName] = "second"
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(password)
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte("4")
+			})
+			updateVM(vm, func(vm *kubevirtv1.VirtualMachine) {
+				vm.Annotations[v1alpha1.AnnotationServer] = storageNamespace + "/second"
+			})
+			h := hashed("announce")
+			hashes = append(hashes, h.String())
+			provisionOn("second", username, h)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(
+				"UserProvisioned: User announce@vms provisioned on BackupStorageLocationServer storage/second (credentials generation 4)"))
+			Expect(secretOf("announce").UID).To(Equal(s.UID), "the rewritten Secret was not revoked")
+			Expect(withReason("UserRevoked")(events(vm)())).To(BeEmpty())
+		})
+	})
+})

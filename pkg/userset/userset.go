@@ -1,0 +1,104 @@
+// Package userset is the format of the users Secrets: how the controller
+// hands a BSLS's users (names and password hashes, never passwords) to the
+// user-sync container of its server pod, and how the VM reconciler tells
+// that a user is provisioned.
+package userset
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/base64"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+)
+
+// How the desired users reach a server pod: the controller hashes each VM's
+// password once and writes the hashes into "users Secrets" in the BSLS's
+// namespace; the pod's user-sync container watches them and applies them to
+// the repository by diff. A Secret holds at most 1 MiB, about 8,000 users, so
+// users are spread over Shards Secrets by a hash of their name: 10,000
+// users make about 80 KiB a shard, and a shard stays under its limit up to
+// about 100,000 users.
+const (
+	// Shards is the number of users Secrets per BSLS.
+	Shards = 16
+	// Key is the key of a users Secret that holds its users.
+	Key = "users"
+	// Label marks a users Secret with the name of its BSLS.
+	Label = "guestbackup.io/users-of"
+)
+
+// SecretName is the name of a BSLS's users Secret for one shard.
+func SecretName(bslsName string, shard int) string {
+	return fmt.Sprintf("%s-users-%d", bslsName, shard)
+}
+
+// ShardOf is the shard a user's hash is kept in.
+func ShardOf(username string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(username)) // never fails
+	return int(h.Sum32() % Shards)
+}
+
+// Encode renders users as the content of a users Secret: one line per
+// user, sorted, "<user@host> <hash version> <base64 of salt||key>". Sorted
+// output keeps a Secret unchanged when its users are.
+func Encode(users map[string]kopiauser.Hash) []byte {
+	names := make([]string, 0, len(users))
+	for name := range users {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var b bytes.Buffer
+	for _, name := range names {
+		h := users[name]
+		fmt.Fprintf(&b, "%s %d %s\n", name, h.Version, base64.StdEncoding.EncodeToString(h.Value))
+	}
+	return b.Bytes()
+}
+
+// Decode parses what Encode wrote, rejecting any malformed line,
+// invalid user name or hash, or duplicate user.
+func Decode(data []byte) (map[string]kopiauser.Hash, error) {
+	users := map[string]kopiauser.Hash{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Text()
+		if line == "" {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 3 {
+			return nil, fmt.Errorf("line %d: want \"<user@host> <version> <hash>\", got %d fields", n, len(fields))
+		}
+		name := fields[0]
+		if err := kopiauser.ValidateUsername(name); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
+		}
+		version, err := strconv.Atoi(fields[1])
+		if err != nil {
+			return nil, fmt.Errorf("line %d: hash version %q: %w", n, fields[1], err)
+		}
+		value, err := base64.StdEncoding.DecodeString(fields[2])
+		if err != nil {
+			return nil, fmt.Errorf("line %d: hash of %s: %w", n, name, err)
+		}
+		h := kopiauser.Hash{Version: kopiauser.HashVersion(version), Value: value}
+		if err := h.Validate(); err != nil {
+			return nil, fmt.Errorf("line %d: user %s: %w", n, name, err)
+		}
+		if _, dup := users[name]; dup {
+			return nil, fmt.Errorf("line %d: user %s listed twice", n, name)
+		}
+		users[name] = h
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	return users, nil
+}
