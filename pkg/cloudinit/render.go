@@ -224,14 +224,17 @@ func DiskFiles(b Bootstrap) (map[string][]byte, error) {
 	install.WriteString(`#!/bin/sh
 # install.sh: puts guestbackup's bootstrap from this disk in place and
 # starts it. Run by the guest's guestbackup-disk unit; safe to run again.
+# DESTDIR installs under another root and starts nothing.
 set -eu
 src=$(dirname "$0")
+dest=${DESTDIR:-}
 `)
 	for _, f := range files {
 		key := diskKey(f.Path)
 		out[key] = f.Content
-		fmt.Fprintf(&install, "install -D -m %s %s %s\n", strconv.FormatUint(uint64(f.Mode), 8), shellQuote(`$src/`+key), shellQuote(f.Path))
+		fmt.Fprintf(&install, "install -D -m %s %s \"$dest\"%s\n", strconv.FormatUint(uint64(f.Mode), 8), shellQuote(`$src/`+key), shellQuote(f.Path))
 	}
+	install.WriteString("[ -z \"$dest\" ] && [ -d /run/systemd/system ] || exit 0\n")
 	install.WriteString("systemctl daemon-reload\n")
 	for _, unit := range b.Units() {
 		fmt.Fprintf(&install, "systemctl enable %s\n", unit)

@@ -1,16 +1,19 @@
 #!/bin/sh
 # install.sh: puts guestbackup's bootstrap from this disk in place and
 # starts it. Run by the guest's guestbackup-disk unit; safe to run again.
+# DESTDIR installs under another root and starts nothing.
 set -eu
 src=$(dirname "$0")
-install -D -m 600 "$src"/'guestbackup.conf' '/etc/guestbackup/guestbackup.conf'
-install -D -m 600 "$src"/'password' '/etc/guestbackup/password'
-install -D -m 755 "$src"/'guestbackup-connect' '/usr/local/sbin/guestbackup-connect'
-install -D -m 644 "$src"/'guestbackup-connect.service' '/etc/systemd/system/guestbackup-connect.service'
-install -D -m 600 "$src"/'paths' '/etc/guestbackup/paths'
-install -D -m 755 "$src"/'guestbackup-snapshot' '/usr/local/sbin/guestbackup-snapshot'
-install -D -m 644 "$src"/'guestbackup-snapshot.service' '/etc/systemd/system/guestbackup-snapshot.service'
-install -D -m 644 "$src"/'guestbackup-snapshot.timer' '/etc/systemd/system/guestbackup-snapshot.timer'
+dest=${DESTDIR:-}
+install -D -m 600 "$src"/'guestbackup.conf' "$dest"'/etc/guestbackup/guestbackup.conf'
+install -D -m 600 "$src"/'password' "$dest"'/etc/guestbackup/password'
+install -D -m 755 "$src"/'guestbackup-connect' "$dest"'/usr/local/sbin/guestbackup-connect'
+install -D -m 644 "$src"/'guestbackup-connect.service' "$dest"'/etc/systemd/system/guestbackup-connect.service'
+install -D -m 600 "$src"/'paths' "$dest"'/etc/guestbackup/paths'
+install -D -m 755 "$src"/'guestbackup-snapshot' "$dest"'/usr/local/sbin/guestbackup-snapshot'
+install -D -m 644 "$src"/'guestbackup-snapshot.service' "$dest"'/etc/systemd/system/guestbackup-snapshot.service'
+install -D -m 644 "$src"/'guestbackup-snapshot.timer' "$dest"'/etc/systemd/system/guestbackup-snapshot.timer'
+[ -z "$dest" ] && [ -d /run/systemd/system ] || exit 0
 systemctl daemon-reload
 systemctl enable guestbackup-connect.service
 systemctl restart guestbackup-connect.service
