@@ -34,7 +34,7 @@ func main() {
 
 func run(flags manager.Flags, port int, certDir string) error {
 	hooks := webhook.NewServer(webhook.Options{Port: port, CertDir: certDir})
-	mgr, err := manager.New(flags, ctrl.Options{WebhookServer: hooks})
+	mgr, err := manager.New(flags, ctrl.Options{WebhookServer: hooks, Cache: mutate.CacheOptions()})
 	if err != nil {
 		return err
 	}

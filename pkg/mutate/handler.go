@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -24,12 +25,21 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
-// The webhook reads straight from the API server (no cache, so no list or
-// watch) and writes only the per-VM Secrets.
-// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get
-// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;create;update
+// The webhook reads BSLSs, namespaces and guestbackup's Secrets from its
+// cache (so list and watch), and writes only the per-VM Secrets.
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// CacheOptions keep the webhook's cache to the Secrets guestbackup
+// manages: the webhook reads no other Secret, and caching every Secret of
+// the cluster would cost memory and widen what a compromise exposes.
+func CacheOptions() cache.Options {
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
+	}}
+}
 
 // Path is where the webhook server serves the VirtualMachine mutation.
 const Path = "/mutate-kubevirt-io-v1-virtualmachine"
@@ -37,9 +47,12 @@ const Path = "/mutate-kubevirt-io-v1-virtualmachine"
 // Handler is the admission webhook for VirtualMachines: it gathers what
 // Decide needs, and applies its decision (the Secret, the Events, the patch).
 type Handler struct {
-	// Reader reads BSLSs, namespaces and Secrets; Writer writes Secrets.
-	// Reads go straight to the API server: a cached Secret could be older
-	// than the one the webhook itself wrote a moment ago.
+	// Cache serves the reads of the steady state (a VM admitted again,
+	// nothing to change) without a request to the API server.
+	Cache client.Reader
+	// Reader reads from the API server itself. Whenever a decision would
+	// write the Secret, it is taken again on a fresh read: a cached Secret
+	// can be older than the one the webhook wrote a moment ago.
 	Reader   client.Reader
 	Writer   client.Writer
 	Recorder record.EventRecorder
@@ -77,27 +90,11 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if name == "" && head.Metadata.Annotations[v1alpha1.AnnotationServer] != "" {
 		return h.refuse(ctx, req, head.Metadata, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
 	}
-	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword}
-	if value, ok := head.Metadata.Annotations[v1alpha1.AnnotationServer]; ok {
-		if ref, err := ParseServerRef(value); err == nil {
-			server, err := h.server(ctx, ref, req.Namespace)
-			if err != nil {
-				return admission.Errored(http.StatusInternalServerError, err)
-			}
-			in.Server = server
-		}
+	d, err := h.decide(ctx, req, name, h.Cache)
+	if err == nil && (d.Secret != nil || d.Denied != "") && h.Reader != h.Cache {
+		// Writes and denials are decided on the API server's own state.
+		d, err = h.decide(ctx, req, name, h.Reader)
 	}
-	if name != "" {
-		secret := &corev1.Secret{}
-		err := h.Reader.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: SecretName(name)}, secret)
-		switch {
-		case err == nil:
-			in.Secret = secret
-		case !apierrors.IsNotFound(err):
-			return admission.Errored(http.StatusInternalServerError, fmt.Errorf("read Secret %s: %w", SecretName(name), err))
-		}
-	}
-	d, err := Decide(in)
 	if err != nil {
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
@@ -122,6 +119,37 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	return admission.Patched("", d.Patch...)
 }
 
+// decide gathers Decide's input through r and decides.
+func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
+	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword}
+	var head struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	}
+	if err := json.Unmarshal(req.Object.Raw, &head); err != nil {
+		return Decision{}, err
+	}
+	if value, ok := head.Metadata.Annotations[v1alpha1.AnnotationServer]; ok {
+		if ref, err := ParseServerRef(value); err == nil {
+			server, err := serverFrom(ctx, r, ref, req.Namespace)
+			if err != nil {
+				return Decision{}, err
+			}
+			in.Server = server
+		}
+	}
+	if name != "" {
+		secret := &corev1.Secret{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: SecretName(name)}, secret)
+		switch {
+		case err == nil:
+			in.Secret = secret
+		case !apierrors.IsNotFound(err):
+			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
+		}
+	}
+	return Decide(in)
+}
+
 func (h *Handler) refuse(ctx context.Context, req admission.Request, m metav1.ObjectMeta, msg string) admission.Response {
 	if req.DryRun == nil || !*req.DryRun {
 		h.record(req, m, []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}})
@@ -130,10 +158,10 @@ func (h *Handler) refuse(ctx context.Context, req admission.Request, m metav1.Ob
 	return admission.Denied(msg)
 }
 
-// server finds the BSLS and whether namespace may use it.
-func (h *Handler) server(ctx context.Context, ref types.NamespacedName, namespace string) (Server, error) {
+// serverFrom finds the BSLS and whether namespace may use it.
+func serverFrom(ctx context.Context, r client.Reader, ref types.NamespacedName, namespace string) (Server, error) {
 	bsls := &v1alpha1.BackupStorageLocationServer{}
-	if err := h.Reader.Get(ctx, ref, bsls); err != nil {
+	if err := r.Get(ctx, ref, bsls); err != nil {
 		if apierrors.IsNotFound(err) {
 			return Server{}, nil
 		}
@@ -151,7 +179,7 @@ func (h *Handler) server(ctx context.Context, ref types.NamespacedName, namespac
 		return s, nil
 	}
 	ns := &corev1.Namespace{}
-	if err := h.Reader.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
+	if err := r.Get(ctx, types.NamespacedName{Name: namespace}, ns); err != nil {
 		return Server{}, fmt.Errorf("read namespace %s: %w", namespace, err)
 	}
 	s.NamespaceAllowed = selector.Matches(labels.Set(ns.Labels))
@@ -192,10 +220,12 @@ func (h *Handler) record(req admission.Request, m metav1.ObjectMeta, events []Ev
 }
 
 // SetupWithManager serves the Handler at Path on the manager's webhook
-// server, reading straight from the API server and recording Events as
-// guestbackup-webhook.
+// server, reading from the manager's cache and the API server, and
+// recording Events as guestbackup-webhook. The manager should cache only
+// guestbackup's Secrets (see CacheOptions).
 func SetupWithManager(mgr ctrl.Manager) {
 	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: &Handler{
+		Cache:    mgr.GetClient(),
 		Reader:   mgr.GetAPIReader(),
 		Writer:   mgr.GetClient(),
 		Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),

@@ -101,14 +101,14 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		opts := api.Env.WebhookInstallOptions
 		server := webhook.NewServer(webhook.Options{Host: opts.LocalServingHost, Port: opts.LocalServingPort, CertDir: opts.LocalServingCertDir})
 		mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-			Scheme: api.Scheme, WebhookServer: server, Logger: GinkgoLogr,
+			Scheme: api.Scheme, WebhookServer: server, Logger: GinkgoLogr, Cache: mutate.CacheOptions(),
 			Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 		})
 		Expect(err).NotTo(HaveOccurred())
 		// cmd/webhook's wiring (mutate.SetupWithManager), with a counter
 		// in front that sees every request reaching the server.
 		requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
-			Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
+			Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
 		}}}
 		mgr.GetWebhookServer().Register(mutate.Path, requests)
 		mgrCtx, cancel := context.WithCancel(ctx)
