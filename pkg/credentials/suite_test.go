@@ -5,9 +5,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	ctrl "sigs.k8s.io/controller-runtime"
 )
 
 func TestCredentials(t *testing.T) {
 	RegisterFailHandler(Fail)
+	// controller-runtime's informers log through its global logger.
+	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "Credential Secrets, reconciled against a real API server")
 }

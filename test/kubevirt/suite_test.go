@@ -8,6 +8,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
@@ -16,6 +17,8 @@ var apiServer *testbed.APIServer
 
 func TestKubeVirt(t *testing.T) {
 	RegisterFailHandler(Fail)
+	// controller-runtime's informers log through its global logger.
+	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines")
 }
 
