@@ -410,6 +410,28 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonCertificatePending, "Certificate pending-issuer-server from cert-manager ClusterIssuer absent is not issued yet"),
 	)
 
+	It("uses an admin's own TLS Secret as it is, pinning its CA", func() {
+		ca, err := pki.NewCA("the admin's CA", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		leaf, err := ca.IssueServing([]string{"own-tls.storage.svc"}, nil, time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		key, err := leaf.KeyPEM()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "admin-tls", Namespace: ns},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{"tls.crt": pki.EncodeCert(leaf.Cert), "tls.key": key, "ca.crt": ca.CertPEM()},
+		})).To(Succeed())
+		create("own-tls", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "admin-tls"}})
+		Eventually(condition("own-tls", v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
+			Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret admin-tls holds the server's certificate from Secret admin-tls"))
+		Expect(bslsNamed("own-tls").Status.TLSFingerprint).To(Equal(pki.Fingerprint(ca.Cert)))
+		d := &appsv1.Deployment{}
+		Eventually(get("own-tls-server", d)).WithTimeout(reconciled).Should(Succeed())
+		Expect(d.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Secret.SecretName", "admin-tls")))
+		Expect(get("own-tls-ca", &corev1.Secret{})()).NotTo(Succeed(), "no CA of the controller's own")
+	})
+
 	It("asks cert-manager for a certificate valid for the Service's names", func() {
 		cert := &certmanagerv1.Certificate{}
 		Eventually(get("pending-issuer-server", cert)).WithTimeout(reconciled).Should(Succeed())
