@@ -16,9 +16,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -45,42 +43,16 @@ const (
 	reconciled = 20 * time.Second
 )
 
-// usersFormat is the users Secrets' format, wired as cmd/controller wires it.
-
 // runController starts the Hasher and the VM reconciler in-process against
 // api, as cmd/controller wires them (the BSLS reconciler aside: the specs
 // play its part); stop ends them and waits, bounded.
 func runController(api *testbed.APIServer) (stop func() error, err error) {
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme:                 api.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Logger:                 GinkgoLogr,
-		// The specs restart the controller in one process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
-		return nil, err
-	}
-	vms := &credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}
-	if err := vms.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	return func() error {
-		cancel()
-		select {
-		case err := <-done:
+	return testbed.RunManager(api, GinkgoLogr, func(mgr ctrl.Manager) error {
+		if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
 			return err
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("the controller did not stop within 30s")
 		}
-	}, nil
+		return (&credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}).SetupWithManager(mgr)
+	})
 }
 
 // credentialSecret is a per-VM Secret as the webhook writes it.

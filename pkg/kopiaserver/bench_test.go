@@ -3,7 +3,6 @@ package kopiaserver_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -104,14 +103,7 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 			latencies = append(latencies, time.Since(start))
 		}
 	}
-	slices.Sort(latencies)
-	b.ReportMetric(percentile(latencies, 50).Seconds(), "p50-s")
-	b.ReportMetric(percentile(latencies, 95).Seconds(), "p95-s")
+	b.ReportMetric(testbed.Percentile(latencies, 50).Seconds(), "p50-s")
+	b.ReportMetric(testbed.Percentile(latencies, 95).Seconds(), "p95-s")
 	b.ReportMetric(float64(len(latencies)), "users")
-}
-
-// percentile of sorted durations, nearest rank.
-func percentile(sorted []time.Duration, p int) time.Duration {
-	i := (len(sorted)*p+99)/100 - 1
-	return sorted[max(i, 0)]
 }

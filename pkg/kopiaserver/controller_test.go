@@ -17,11 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -37,38 +34,15 @@ const (
 )
 
 // runController starts the controller's reconcilers in-process against
-// api, as cmd/controller wires them; stop ends them and waits, bounded.
+// api, as cmd/controller wires them; stop ends them.
 func runController(api *testbed.APIServer, logger logr.Logger) (stop func() error, err error) {
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme:                 api.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
-		HealthProbeBindAddress: "0",
-		Logger:                 logger,
-		// Several managers run one after another in one process.
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
-	if err != nil {
-		return nil, err
-	}
-	r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return nil, err
-	}
-	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	return func() error {
-		cancel()
-		select {
-		case err := <-done:
+	return testbed.RunManager(api, logger, func(mgr ctrl.Manager) error {
+		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
+		if err := r.SetupWithManager(mgr); err != nil {
 			return err
-		case <-time.After(30 * time.Second):
-			return fmt.Errorf("the controller did not stop within 30s")
 		}
-	}, nil
+		return (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2)
+	})
 }
 
 // startController runs the controller in-process for the current container.

@@ -60,24 +60,31 @@ func (r *Reconciler) storage(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		}
 		in.S3 = st.S3
 		in.S3CredentialsSecret = st.S3.CredentialsSecret.Name
-		if len(st.S3.CABundle) > 0 {
-			cm := &corev1.ConfigMap{
-				TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-				ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
-				Data:       map[string]string{"ca.crt": string(st.S3.CABundle)},
-			}
-			if err := r.apply(ctx, b, cm); err != nil {
-				return nil, err
-			}
-			in.S3CABundleConfigMap = cm.Name
-		}
-		return nil, nil
+		return nil, r.s3CABundle(ctx, b, st.S3.CABundle, in)
 	case st.BackupStorageLocation != nil:
 		return r.backupStorageLocation(ctx, b, in)
 	default:
 		// The CRD's validation makes this unreachable through the API.
 		return &problem{ReasonRepositoryInitFailed, "spec.storage sets no storage kind: set exactly one of filesystem, s3 or backupStorageLocation"}, nil
 	}
+}
+
+// s3CABundle keeps an S3 endpoint's CA bundle in a ConfigMap the init
+// container mounts (a bundle is no secret), when there is one.
+func (r *Reconciler) s3CABundle(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, bundle []byte, in *WorkloadInputs) error {
+	if len(bundle) == 0 {
+		return nil
+	}
+	cm := &corev1.ConfigMap{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+		ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
+		Data:       map[string]string{"ca.crt": string(bundle)},
+	}
+	if err := r.apply(ctx, b, cm); err != nil {
+		return err
+	}
+	in.S3CABundleConfigMap = cm.Name
+	return nil
 }
 
 // claim checks the admin's claim, or creates the controller's own. The

@@ -192,18 +192,7 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 	}
 	in.S3 = &vs.S3
 	in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
-	if len(vs.S3.CABundle) > 0 {
-		cm := &corev1.ConfigMap{
-			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-			ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
-			Data:       map[string]string{"ca.crt": string(vs.S3.CABundle)},
-		}
-		if err := r.apply(ctx, b, cm); err != nil {
-			return nil, err
-		}
-		in.S3CABundleConfigMap = cm.Name
-	}
-	return nil, nil
+	return nil, r.s3CABundle(ctx, b, vs.S3.CABundle, in)
 }
 
 // veleroAccess lets b's server read one Secret in Velero's namespace, and

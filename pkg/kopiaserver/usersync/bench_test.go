@@ -3,7 +3,6 @@ package usersync_test
 import (
 	"context"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -82,15 +81,9 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 			latencies = append(latencies, time.Since(start))
 		}
 	}
-	slices.Sort(latencies)
-	b.ReportMetric(percentile(latencies, 50).Seconds(), "p50-s")
-	b.ReportMetric(percentile(latencies, 95).Seconds(), "p95-s")
+	b.ReportMetric(testbed.Percentile(latencies, 50).Seconds(), "p50-s")
+	b.ReportMetric(testbed.Percentile(latencies, 95).Seconds(), "p95-s")
 	b.ReportMetric(float64(len(latencies)), "users")
-}
-
-func percentile(sorted []time.Duration, p int) time.Duration {
-	i := (len(sorted)*p+99)/100 - 1
-	return sorted[max(i, 0)]
 }
 
 func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]kopiauser.Hash) {

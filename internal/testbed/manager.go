@@ -1,0 +1,54 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/go-logr/logr"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+)
+
+// RunManager starts a controller-runtime manager against api, with no
+// listening port, after setup has registered its controllers; stop ends it
+// and waits, at most 30 s. Several managers may run one after another in
+// one process (controller names are not checked for uniqueness).
+func RunManager(api *APIServer, logger logr.Logger, setup func(ctrl.Manager) error) (stop func() error, err error) {
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme:                 api.Scheme,
+		Metrics:                metricsserver.Options{BindAddress: "0"},
+		HealthProbeBindAddress: "0",
+		Logger:                 logger,
+		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := setup(mgr); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	return func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			return fmt.Errorf("the manager did not stop within 30s")
+		}
+	}, nil
+}
+
+// Percentile returns the p-th percentile (nearest rank) of durations; it
+// sorts them.
+func Percentile(durations []time.Duration, p int) time.Duration {
+	slices.Sort(durations)
+	i := (len(durations)*p+99)/100 - 1
+	return durations[max(i, 0)]
+}
