@@ -51,6 +51,10 @@ const (
 // VM's namespace: written by the webhook, adopted by the controller.
 func CredentialSecretName(vmName string) string { return vmName + "-guestbackup" }
 
+// AnnotationIssuedAt on a per-VM credential Secret is when the webhook
+// issued its current credentials (RFC 3339): provisioning is measured from it.
+const AnnotationIssuedAt = AnnotationPrefix + "issued-at"
+
 // Keys of a per-VM credential Secret. The webhook writes the first three; the
 // controller adds the hash, once per generation, for the server's user sync.
 const (

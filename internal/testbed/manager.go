@@ -13,16 +13,27 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 )
 
-// RunManager starts a controller-runtime manager against api, with no
-// listening port, after setup has registered its controllers; stop ends it
-// and waits, at most 30 s. Several managers may run one after another in
-// one process (controller names are not checked for uniqueness).
-func RunManager(api *APIServer, logger logr.Logger, setup func(ctrl.Manager) error) (stop func() error, err error) {
+// ManagerOptions adjust RunManager.
+type ManagerOptions struct {
+	Logger logr.Logger
+	// MetricsAddr serves /metrics there (a loopback address); none when empty.
+	MetricsAddr string
+}
+
+// RunManager starts a controller-runtime manager against api, listening on
+// no port unless asked, after setup has registered its controllers; stop
+// ends it and waits, at most 30 s. Several managers may run one after
+// another in one process (controller names are not checked for uniqueness).
+func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error) (stop func() error, err error) {
+	metricsAddr := o.MetricsAddr
+	if metricsAddr == "" {
+		metricsAddr = "0"
+	}
 	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
 		Scheme:                 api.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: "0"},
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: "0",
-		Logger:                 logger,
+		Logger:                 o.Logger,
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	if err != nil {

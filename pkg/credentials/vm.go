@@ -341,6 +341,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	}
 	reason, message := announcement(username, bsls, previous, generation)
 	r.Recorder.Event(vm, corev1.EventTypeNormal, reason, message)
+	observeProvisioning(secret, r.now())
 	return ctrl.Result{}, nil
 }
 

@@ -3,6 +3,7 @@ package credentials_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -46,8 +47,8 @@ const (
 // runController starts the Hasher and the VM reconciler in-process against
 // api, as cmd/controller wires them (the BSLS reconciler aside: the specs
 // play its part); stop ends them and waits, bounded.
-func runController(api *testbed.APIServer) (stop func() error, err error) {
-	return testbed.RunManager(api, GinkgoLogr, func(mgr ctrl.Manager) error {
+func runController(api *testbed.APIServer, metricsAddr string) (stop func() error, err error) {
+	return testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
 		if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
 			return err
 		}
@@ -60,6 +61,8 @@ func credentialSecret(vm, password, generation string) *corev1.Secret {
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: v1alpha1.CredentialSecretName(vm), Namespace: vmNamespace,
+			// As the webhook stamps credentials it issues.
+			Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: time.Now().UTC().Format(time.RFC3339Nano)},
 			Labels: map[string]string{
 				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
 				v1alpha1.LabelVM:              vm,
@@ -98,11 +101,17 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		ctx            context.Context
 		api            *testbed.APIServer
 		stopController func() error
+		metricsAddr    string
 	)
 
 	startController := func() {
 		GinkgoHelper()
-		stop, err := runController(api)
+		if metricsAddr == "" {
+			port, err := testbed.FreePort()
+			Expect(err).NotTo(HaveOccurred())
+			metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
+		}
+		stop, err := runController(api, metricsAddr)
 		Expect(err).NotTo(HaveOccurred())
 		stopController = stop
 	}
@@ -416,6 +425,10 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Expect(secretOf("announce").Annotations).To(And(
 				HaveKeyWithValue(credentials.AnnotationAnnouncedGeneration, "1"),
 				HaveKeyWithValue(credentials.AnnotationAnnouncedServer, server)))
+
+			By("timing it, from the webhook's issue, on the metrics endpoint")
+			Expect(testbed.Metric(metricsAddr, "guestbackup_user_provisioning_seconds",
+				map[string]string{"namespace": storageNamespace, "bsls": bslsName})).To(BeNumerically(">=", 1))
 		})
 
 		rotate := func(generation string) kopiauser.Hash {

@@ -37,7 +37,7 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 	if err := api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 		b.Fatal(err)
 	}
-	stop, err := runController(api, logr.Discard())
+	stop, err := runController(api, testbed.ManagerOptions{Logger: logr.Discard()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -169,7 +169,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 		if err := r.apply(ctx, b, leaf); err != nil {
 			return nil, nil, err
 		}
-		r.Recorder.Eventf(b, corev1.EventTypeNormal, "CertificateIssued", "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep their CA pin", leaf.Name)
+		r.Recorder.Eventf(b, corev1.EventTypeNormal, "ServingCertificateIssued", "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep their CA pin", leaf.Name)
 		leafSecret = leaf
 	}
 	m, p := checkTLSSecret(leafSecret)

@@ -3,11 +3,11 @@ package kopiaserver_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
-	"github.com/go-logr/logr"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
@@ -35,8 +35,8 @@ const (
 
 // runController starts the controller's reconcilers in-process against
 // api, as cmd/controller wires them; stop ends them.
-func runController(api *testbed.APIServer, logger logr.Logger) (stop func() error, err error) {
-	return testbed.RunManager(api, logger, func(mgr ctrl.Manager) error {
+func runController(api *testbed.APIServer, o testbed.ManagerOptions) (stop func() error, err error) {
+	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err
@@ -45,12 +45,17 @@ func runController(api *testbed.APIServer, logger logr.Logger) (stop func() erro
 	})
 }
 
-// startController runs the controller in-process for the current container.
-func startController(api *testbed.APIServer) {
+// startController runs the controller in-process for the current
+// container, and returns the loopback address of its metrics endpoint.
+func startController(api *testbed.APIServer) (metricsAddr string) {
 	GinkgoHelper()
-	stop, err := runController(api, GinkgoLogr)
+	port, err := testbed.FreePort()
+	Expect(err).NotTo(HaveOccurred())
+	metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
+	stop, err := runController(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
+	return metricsAddr
 }
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
@@ -76,9 +81,10 @@ func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generati
 var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 	const ns = "storage"
 	var (
-		ctx      context.Context
-		api      *testbed.APIServer
-		binaries map[string]string
+		ctx         context.Context
+		api         *testbed.APIServer
+		binaries    map[string]string
+		metricsAddr string
 	)
 
 	get := func(name string, obj client.Object) func() error {
@@ -139,7 +145,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
 			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
 		}
-		startController(api)
+		metricsAddr = startController(api)
 	})
 
 	Describe("a filesystem BSLS with every default", Ordered, func() {
@@ -265,6 +271,9 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Eventually(connect("web@team-a", password)).WithTimeout(provisioned).Should(Succeed())
 				Eventually(func() int32 { return bslsNamed(name).Status.Users }).WithTimeout(reconciled).Should(Equal(int32(1)))
 				Expect(connect("web@team-a", "wrong")()).To(MatchError(ContainSubstring("access denied")))
+				labels := map[string]string{"namespace": ns, "bsls": name}
+				Expect(testbed.Metric(metricsAddr, "guestbackup_bsls_users", labels)).To(Equal(1.0))
+				Expect(testbed.Metric(metricsAddr, "guestbackup_bsls_ready", labels)).To(Equal(1.0))
 
 				By("hashing the password once and keeping the hash beside it")
 				s := &corev1.Secret{}

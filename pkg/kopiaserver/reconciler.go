@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -215,9 +216,13 @@ func (r *Reconciler) apply(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	b := &v1alpha1.BackupStorageLocationServer{}
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
+		if apierrors.IsNotFound(err) {
+			forgetMetrics(req.Namespace, req.Name)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !b.DeletionTimestamp.IsZero() {
+		forgetMetrics(b.Namespace, b.Name)
 		// Owned objects go with it; the repository, its password and the
 		// CA stay (see AnnotationKeep).
 		return ctrl.Result{}, r.finalize(ctx, b)
@@ -350,6 +355,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		set(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNotReady, "Not True: "+strings.Join(notReady, ", "))
 	}
 	b.Status.ObservedGeneration = b.Generation
+	recordMetrics(b, users, len(notReady) == 0)
 
 	r.recordTransitions(b, orig.Status.Conditions)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	"gomodules.xyz/jsonpatch/v2"
@@ -71,6 +72,8 @@ type Input struct {
 	// NewPassword returns a fresh random password; called only when new
 	// credentials are issued.
 	NewPassword func() (string, error)
+	// Now is when the admission happens, recorded on issued credentials.
+	Now time.Time
 }
 
 // Event is one Event to record on the VM.
@@ -89,11 +92,25 @@ type Decision struct {
 	Secret *corev1.Secret
 	// Events to record on the VM.
 	Events []Event
+	// Outcome names the decision for metrics: ignored, denied, issued,
+	// rotated, updated, unchanged or removed.
+	Outcome string
 }
+
+// Outcomes of Decide.
+const (
+	OutcomeIgnored   = "ignored"
+	OutcomeDenied    = "denied"
+	OutcomeIssued    = "issued"
+	OutcomeRotated   = "rotated"
+	OutcomeUpdated   = "updated"
+	OutcomeUnchanged = "unchanged"
+	OutcomeRemoved   = "removed"
+)
 
 func deny(format string, args ...any) Decision {
 	msg := fmt.Sprintf(format, args...)
-	return Decision{Denied: msg, Events: []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}}}
+	return Decision{Denied: msg, Events: []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}}, Outcome: OutcomeDenied}
 }
 
 // Decide decides what to do with an admitted VM: deny it, inject the
@@ -121,7 +138,7 @@ func Decide(in Input) (Decision, error) {
 	value, optedIn := vm.Annotations[v1alpha1.AnnotationServer]
 	if !optedIn {
 		if !hasStatus {
-			return Decision{}, nil
+			return Decision{Outcome: OutcomeIgnored}, nil
 		}
 		return optOut(&vm, raw, status, in.Secret), nil
 	}
@@ -313,6 +330,12 @@ func inject(vm *kubevirtv1.VirtualMachine, raw map[string]any, o options, old v1
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
 	d.Secret = desiredSecret(vm, o, creds, payload, in.Secret)
+	if creds.issued && d.Secret != nil {
+		if d.Secret.Annotations == nil {
+			d.Secret.Annotations = map[string]string{}
+		}
+		d.Secret.Annotations[v1alpha1.AnnotationIssuedAt] = in.Now.UTC().Format(time.RFC3339Nano)
+	}
 
 	st := v1alpha1.InjectionStatus{
 		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm.Name), User: o.user,
@@ -330,6 +353,16 @@ func inject(vm *kubevirtv1.VirtualMachine, raw map[string]any, o options, old v1
 		ops = append(ops, jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)))
 	}
 	d.Patch = ops
+	switch {
+	case rotated:
+		d.Outcome = OutcomeRotated
+	case creds.issued:
+		d.Outcome = OutcomeIssued
+	case len(ops) > 0 || d.Secret != nil:
+		d.Outcome = OutcomeUpdated
+	default:
+		d.Outcome = OutcomeUnchanged
+	}
 	if creds.issued {
 		what := "Issued"
 		if rotated {
@@ -561,7 +594,7 @@ func optOut(vm *kubevirtv1.VirtualMachine, raw map[string]any, st v1alpha1.Injec
 		}
 	}
 	ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
-	return Decision{Patch: ops}
+	return Decision{Patch: ops, Outcome: OutcomeRemoved}
 }
 
 // removeItem removes item i of the list at path; the list itself when it

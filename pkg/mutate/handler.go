@@ -7,7 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -31,6 +34,16 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// admissionsTotal counts the webhook's admissions by outcome (Decision.Outcome, or error).
+var admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "guestbackup_webhook_admissions_total",
+	Help: "VirtualMachine admissions by the guestbackup webhook, by outcome: ignored, denied, issued, rotated, updated, unchanged, removed or error.",
+}, []string{"outcome"})
+
+func init() {
+	metrics.Registry.MustRegister(admissionsTotal)
+}
 
 // CacheOptions keep the webhook's cache to the Secrets guestbackup
 // manages: the webhook reads no other Secret, and caching every Secret of
@@ -96,8 +109,10 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		d, err = h.decide(ctx, req, name, h.Reader)
 	}
 	if err != nil {
+		admissionsTotal.WithLabelValues("error").Inc()
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
+	admissionsTotal.WithLabelValues(d.Outcome).Inc()
 	dryRun := req.DryRun != nil && *req.DryRun
 	if d.Denied != "" {
 		if !dryRun {
@@ -121,7 +136,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 
 // decide gathers Decide's input through r and decides.
 func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
-	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword}
+	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
 	var head struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -47,9 +48,10 @@ func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 var _ = Describe("The admission webhook, registered in a real API server", Ordered, func() {
 	var (
-		ctx      context.Context
-		api      *testbed.APIServer
-		requests *counting
+		ctx         context.Context
+		api         *testbed.APIServer
+		requests    *counting
+		metricsAddr string
 	)
 	vmKey := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: "team-a", Name: name} }
 	getVM := func(name string) *kubevirtv1.VirtualMachine {
@@ -100,9 +102,12 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		}})
 		opts := api.Env.WebhookInstallOptions
 		server := webhook.NewServer(webhook.Options{Host: opts.LocalServingHost, Port: opts.LocalServingPort, CertDir: opts.LocalServingCertDir})
+		port, err := testbed.FreePort()
+		Expect(err).NotTo(HaveOccurred())
+		metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
 		mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
 			Scheme: api.Scheme, WebhookServer: server, Logger: GinkgoLogr, Cache: mutate.CacheOptions(),
-			Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+			Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: "0",
 		})
 		Expect(err).NotTo(HaveOccurred())
 		// cmd/webhook's wiring (mutate.SetupWithManager), with a counter
@@ -239,5 +244,12 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		Expect(after.Annotations).NotTo(HaveKey(v1alpha1.AnnotationStatus))
 		Expect(after.Spec.Template.Spec.Volumes).NotTo(ContainElement(HaveField("Name", mutate.CloudInitVolume)))
 		Expect(after.Spec.Template.Spec.Domain.Devices.Disks).NotTo(ContainElement(HaveField("Name", mutate.CloudInitVolume)))
+	})
+
+	It("counts its admissions by outcome on its metrics endpoint", func() {
+		for outcome, atLeast := range map[string]float64{"issued": 2, "unchanged": 1, "denied": 1, "removed": 2} {
+			Expect(testbed.Metric(metricsAddr, "guestbackup_webhook_admissions_total", map[string]string{"outcome": outcome})).
+				To(BeNumerically(">=", atLeast), outcome)
+		}
 	})
 })

@@ -1,0 +1,64 @@
+package testbed
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Metric scrapes http://addr/metrics, as Prometheus would, and returns the
+// value of the series name with exactly the given labels: a counter's or
+// gauge's value, or a histogram's sample count.
+func Metric(addr, name string, labels map[string]string) (float64, error) {
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("scrape %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("scrape %s: %s", addr, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return 0, fmt.Errorf("parse metrics of %s: %w", addr, err)
+	}
+	family, ok := families[name]
+	if !ok {
+		return 0, fmt.Errorf("no metric %s at %s", name, addr)
+	}
+	for _, m := range family.GetMetric() {
+		have := map[string]string{}
+		for _, l := range m.GetLabel() {
+			have[l.GetName()] = l.GetValue()
+		}
+		if !equalLabels(have, labels) {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			return m.GetCounter().GetValue(), nil
+		case m.Gauge != nil:
+			return m.GetGauge().GetValue(), nil
+		case m.Histogram != nil:
+			return float64(m.GetHistogram().GetSampleCount()), nil
+		}
+	}
+	return 0, fmt.Errorf("no series %s%v at %s", name, labels, addr)
+}
+
+func equalLabels(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
