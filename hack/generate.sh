@@ -4,6 +4,7 @@
 #   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
 #   charts/guestbackup/crds/                   controller-gen crd (our API)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
+#   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
 #   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
 #   test/crds/velero/                          Velero's BackupStorageLocation CRD, from VELERO_VERSION
@@ -25,7 +26,7 @@ if [[ -z "$CONTROLLER_GEN" ]]; then
 fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
-mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
 	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
@@ -36,6 +37,12 @@ rm -f "$OUT/config/rbac/role.yaml"
 	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... output:rbac:dir="$OUT/config/rbac/controller"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-webhook paths=./cmd/webhook/... paths=./pkg/mutate/... \
 	output:rbac:dir="$OUT/config/rbac/webhook"
+# Helm reads only files inside the chart (.Files.Get), so the chart carries a
+# copy of each role; its templates take the rules from it, and
+# verify-generated.sh keeps the copy identical to the markers.
+for binary in controller webhook; do
+	install -m 0644 "$OUT/config/rbac/$binary/role.yaml" "$OUT/charts/guestbackup/files/rbac/$binary-role.yaml"
+done
 
 # KubeVirt builds its CRDs at runtime in virt-operator; generate the same schema
 # from the pinned kubevirt.io/api and add what the operator adds.

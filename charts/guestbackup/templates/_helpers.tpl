@@ -1,0 +1,102 @@
+{{/*
+Names. Every object's name starts with the full name, so that two releases
+in different namespaces never share a cluster-scoped object. The full name
+is cut at 40 characters so that the longest Service name,
+"<fullname>-controller-metrics", stays a valid DNS label (63).
+*/}}
+{{- define "guestbackup.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "guestbackup.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 40 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "guestbackup.controller" -}}{{ include "guestbackup.fullname" . }}-controller{{- end }}
+{{- define "guestbackup.webhook" -}}{{ include "guestbackup.fullname" . }}-webhook{{- end }}
+{{/* The Secret holding the webhook's serving certificate, from cert-manager or from the chart. */}}
+{{- define "guestbackup.webhookTLSSecret" -}}{{ include "guestbackup.webhook" . }}-tls{{- end }}
+{{/* The webhook's Certificate, whose CA cert-manager injects. */}}
+{{- define "guestbackup.webhookCertificate" -}}{{ include "guestbackup.webhook" . }}{{- end }}
+{{- define "guestbackup.serverIssuer" -}}{{ include "guestbackup.fullname" . }}-server-ca{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "guestbackup.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "guestbackup.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{- define "guestbackup.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "guestbackup.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Selector labels of one component: include with (list $ "controller"). */}}
+{{- define "guestbackup.componentSelectorLabels" -}}
+{{ include "guestbackup.selectorLabels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{- define "guestbackup.componentLabels" -}}
+{{ include "guestbackup.labels" (index . 0) }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end }}
+
+{{/* An image reference from {repository, tag, digest}, falling back to .Values.image and appVersion. */}}
+{{- define "guestbackup.imageRef" -}}
+{{- $root := index . 0 }}
+{{- $img := index . 1 }}
+{{- $repo := default $root.Values.image.repository $img.repository }}
+{{- $digest := default $root.Values.image.digest $img.digest }}
+{{- if $digest }}
+{{- printf "%s@%s" $repo $digest }}
+{{- else }}
+{{- printf "%s:%s" $repo (default (default $root.Chart.AppVersion $root.Values.image.tag) $img.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "guestbackup.image" -}}{{ include "guestbackup.imageRef" (list . .Values.image) }}{{- end }}
+{{- define "guestbackup.serverImage" -}}{{ include "guestbackup.imageRef" (list . .Values.serverImage) }}{{- end }}
+
+{{/*
+The restricted Pod Security Standard, without a UID: the image runs as a
+non-root user, and OpenShift's restricted SCC assigns its own UID, which a
+fixed runAsUser or fsGroup would conflict with.
+*/}}
+{{- define "guestbackup.podSecurityContext" -}}
+runAsNonRoot: true
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{- define "guestbackup.containerSecurityContext" -}}
+runAsNonRoot: true
+allowPrivilegeEscalation: false
+readOnlyRootFilesystem: true
+capabilities:
+  drop:
+    - ALL
+seccompProfile:
+  type: RuntimeDefault
+{{- end }}
+
+{{/* The rules of a generated ClusterRole in files/rbac/ (hack/generate.sh copies them from config/rbac/). */}}
+{{- define "guestbackup.generatedRules" -}}
+{{- $file := printf "files/rbac/%s-role.yaml" .binary }}
+{{- $role := .root.Files.Get $file | fromYaml }}
+{{- if not $role.rules }}
+{{- fail (printf "%s holds no rules: run make generate" $file) }}
+{{- end }}
+{{- toYaml $role.rules }}
+{{- end }}
