@@ -34,7 +34,7 @@ mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/charts/guestba
 # One ClusterRole per binary, each from the markers of the packages it runs.
 rm -f "$OUT/config/rbac/role.yaml"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \
-	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... output:rbac:dir="$OUT/config/rbac/controller"
+	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... paths=./pkg/audit/... output:rbac:dir="$OUT/config/rbac/controller"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-webhook paths=./cmd/webhook/... paths=./pkg/mutate/... \
 	output:rbac:dir="$OUT/config/rbac/webhook"
 # Helm reads only files inside the chart (.Files.Get), so the chart carries a

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"runtime"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -18,6 +19,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/manager"
+	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
@@ -36,6 +38,7 @@ type options struct {
 	issuerName    string
 	issuerKind    string
 	hashers       int
+	activity      time.Duration
 }
 
 func main() {
@@ -48,6 +51,7 @@ func main() {
 	flag.StringVar(&o.issuerName, "default-issuer", "", "cert-manager issuer for servers whose BSLS names none; empty: the controller issues a CA per server.")
 	flag.StringVar(&o.issuerKind, "default-issuer-kind", "ClusterIssuer", "Kind of --default-issuer: Issuer or ClusterIssuer.")
 	flag.IntVar(&o.hashers, "hash-concurrency", runtime.NumCPU(), "Passwords hashed in parallel (each hash takes about 64 MiB and a core for a fraction of a second).")
+	flag.DurationVar(&o.activity, "guest-activity-interval", time.Minute, "How often server pods publish their guests' new snapshots for the audit (Events and metrics on VMs); 0 disables it.")
 	flag.Parse()
 
 	if err := run(o); err != nil {
@@ -67,15 +71,17 @@ func run(o options) error {
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "controller.guestbackup.io",
 		LeaderElectionNamespace: o.leaderElectNS,
-		// Only server pods matter; other pods are not cached.
+		// Only guestbackup's pods and ConfigMaps matter; others are not cached.
 		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
+			// The activity and CA bundle ConfigMaps are guestbackup's own.
+			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
 		}},
 	})
 	if err != nil {
 		return err
 	}
-	r := &kopiaserver.Reconciler{Image: o.image, ControllerNamespace: o.namespace}
+	r := &kopiaserver.Reconciler{Image: o.image, ControllerNamespace: o.namespace, ActivityInterval: o.activity}
 	if o.issuerName != "" {
 		r.DefaultIssuer = &v1alpha1.IssuerReference{Name: o.issuerName, Kind: o.issuerKind, Group: "cert-manager.io"}
 	}
@@ -88,6 +94,9 @@ func run(o options) error {
 	vms := &credentials.VMReconciler{}
 	if err := vms.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the VM credential reconciler: %w", err)
+	}
+	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the guest activity audit: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)

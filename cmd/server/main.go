@@ -182,6 +182,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&o.Namespace, "namespace", "", "Namespace of the BSLS and its users Secrets.")
 	fs.StringVar(&o.BSLS, "bsls", "", "Name of the BSLS.")
 	fs.BoolVar(&o.AppendOnly, "append-only", false, "Let guests create and read their own snapshots, but not delete them (Kopia ACLs).")
+	fs.DurationVar(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
 	fs.StringVar(&configFile, "config-file", "", "The repository connection written by init.")
 	fs.StringVar(&serverURL, "server-url", "", "The Kopia server in this pod, e.g. https://127.0.0.1:51515.")

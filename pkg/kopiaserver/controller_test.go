@@ -22,9 +22,11 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 const (
@@ -37,7 +39,7 @@ const (
 // api, as cmd/controller wires them; stop ends them.
 func runController(api *testbed.APIServer, o testbed.ManagerOptions) (stop func() error, err error) {
 	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
-		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace}
+		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace, ActivityInterval: time.Second}
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err
 		}
@@ -294,6 +296,17 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				ids, err := client.SnapshotIDs(ctx, data)
 				Expect(err).NotTo(HaveOccurred())
 				Expect(ids).To(HaveLen(1))
+
+				By("publishing it in the activity ConfigMap, through the pod's own Role")
+				Eventually(func() (activity.Snapshot, error) {
+					cm := &corev1.ConfigMap{}
+					if err := get(activity.ConfigMapName(name, userset.ShardOf("web@team-a")), cm)(); err != nil {
+						return activity.Snapshot{}, err
+					}
+					guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+					return guests["web@team-a"].Last, err
+				}).WithTimeout(reconciled).Should(And(HaveField("ID", ids[0]), HaveField("Path", data)))
+
 				out, err = client.Run(ctx, "snapshot", "delete", ids[0], "--delete")
 				Expect(err).NotTo(HaveOccurred(), out)
 				Expect(client.SnapshotIDs(ctx, data)).To(BeEmpty())

@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -71,6 +72,9 @@ type Reconciler struct {
 	// CertManager is true when cert-manager's Certificate CRD is served;
 	// SetupWithManager detects it.
 	CertManager bool
+	// ActivityInterval is how often server pods publish their guests' new
+	// snapshots for the audit; 0 disables it.
+	ActivityInterval time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 }
@@ -241,7 +245,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 
 	// Storage and the repository password: the server cannot start without.
-	in := WorkloadInputs{Image: r.Image}
+	in := WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval}
 	repoProblem, err := r.storage(ctx, b, &in)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -285,6 +289,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	users, err := r.syncUsers(ctx, b)
 	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return ctrl.Result{}, err
 	}
 	deployment := &appsv1.Deployment{}
@@ -500,6 +507,30 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, "UserRefused", "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
+}
+
+// activityConfigMaps creates the ConfigMaps the server pod publishes its
+// guests' activity in; their content is the server pod's, never rewritten
+// here.
+func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+	for shard := range userset.Shards {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: activity.ConfigMapName(b.Name, shard), Namespace: b.Namespace,
+			Labels: mergeLabels(Labels(b), map[string]string{activity.Label: b.Name}),
+		}}
+		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err == nil {
+			continue
+		} else if !apierrors.IsNotFound(err) {
+			return fmt.Errorf("get ConfigMap %s: %w", cm.Name, err)
+		}
+		if err := r.own(b, cm); err != nil {
+			return err
+		}
+		if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create ConfigMap %s: %w", cm.Name, err)
+		}
+	}
+	return nil
 }
 
 // allowedNamespaces returns whether a namespace's VMs may use b's server:

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path"
 	"strconv"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -106,6 +108,9 @@ type WorkloadInputs struct {
 	// S3CABundleConfigMap holds the S3 endpoint's CA bundle (key ca.crt),
 	// when the endpoint has a private CA.
 	S3CABundleConfigMap string
+	// ActivityInterval is how often the server pod publishes its guests'
+	// new snapshots (0 disables it).
+	ActivityInterval time.Duration
 	// VeleroCredentials, instead of S3CredentialsSecret, is a Velero
 	// credential Secret the init container reads through the API.
 	VeleroCredentials *VeleroCredentials
@@ -278,6 +283,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
+					"--activity-interval=" + in.ActivityInterval.String(),
 				},
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
@@ -354,6 +360,10 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	for i := range names {
 		names[i] = userset.SecretName(b.Name, i)
 	}
+	activityNames := make([]string, userset.Shards)
+	for i := range activityNames {
+		activityNames[i] = activity.ConfigMapName(b.Name, i)
+	}
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: meta,
@@ -361,6 +371,8 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 			// list and watch cannot be limited to names; get can.
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: names},
+			// The guests' activity, published for the controller's audit.
+			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: activityNames},
 		},
 	}
 	binding := &rbacv1.RoleBinding{

@@ -27,6 +27,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -51,6 +52,9 @@ type Options struct {
 	// kopiauser.AppendOnlyACLs, so guests cannot delete snapshots; when
 	// false, guestbackup's ACLs are removed and Kopia's defaults apply.
 	AppendOnly bool
+	// ActivityInterval is how often the repository's new snapshots are
+	// read and published in the activity ConfigMaps; 0: never.
+	ActivityInterval time.Duration
 	// Resync is how often the repository is compared with the Secrets even
 	// when no Secret changed, to undo changes made by other writers.
 	// Default: 5 minutes.
@@ -65,6 +69,9 @@ type Options struct {
 type Syncer struct {
 	opts    Options
 	trigger chan struct{}
+
+	// activity belongs to Run's goroutine.
+	activity *activity.Scanner
 
 	mu     sync.Mutex
 	status error
@@ -87,7 +94,7 @@ func New(opts Options) *Syncer {
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = time.Second
 	}
-	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced}
+	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activity.NewScanner()}
 }
 
 // Ready returns nil once the repository holds exactly the desired users,
@@ -145,10 +152,21 @@ func (s *Syncer) Run(ctx context.Context) error {
 	delay := s.opts.RetryAfter
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var activityTick <-chan time.Time
+	if s.opts.ActivityInterval > 0 {
+		ticker := time.NewTicker(s.opts.ActivityInterval)
+		defer ticker.Stop()
+		activityTick = ticker.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-activityTick:
+			if err := s.publishActivity(ctx); err != nil {
+				s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
+			}
+			continue
 		case <-s.trigger:
 		case <-timer.C:
 		}
@@ -253,4 +271,16 @@ func count(changes []kopiauser.Change) (added, updated, deleted int) {
 		}
 	}
 	return added, updated, deleted
+}
+
+// publishActivity reads the snapshots written since the last call and
+// publishes what changed.
+func (s *Syncer) publishActivity(ctx context.Context) error {
+	if err := s.opts.Repository.Refresh(ctx); err != nil {
+		return fmt.Errorf("refresh repository: %w", err)
+	}
+	if _, err := s.activity.Scan(ctx, s.opts.Repository); err != nil {
+		return err
+	}
+	return s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 }

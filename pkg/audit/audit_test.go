@@ -1,0 +1,176 @@
+package audit_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+const (
+	vmNamespace   = "team-a"
+	bslsNamespace = "backup"
+	bslsName      = "main"
+	// staleAfter is the test's window for a schedule without a period.
+	staleAfter = 5 * time.Second
+)
+
+var _ = Describe("The guest activity audit", Ordered, func() {
+	var (
+		ctx         context.Context
+		api         *testbed.APIServer
+		srv         *testbed.KopiaServer
+		guest       *testbed.KopiaClient
+		scanner     *activity.Scanner
+		r           repo.Repository
+		configMaps  = func() kubernetes.Interface { return kubernetes.NewForConfigOrDie(api.Config) }
+		metricsAddr string
+		data        string
+	)
+	// publish does what the server pod's user-sync container does every
+	// activity interval.
+	publish := func() {
+		GinkgoHelper()
+		Expect(r.Refresh(ctx)).To(Succeed())
+		_, err := scanner.Scan(ctx, r)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName)).To(Succeed())
+	}
+	events := func(reason string) func() []string {
+		return func() []string {
+			list := &corev1.EventList{}
+			if err := api.Client.List(ctx, list, client.InNamespace(vmNamespace)); err != nil {
+				return nil
+			}
+			var out []string
+			for _, e := range list.Items {
+				if e.InvolvedObject.Name == "web" && e.Reason == reason {
+					for range max(e.Count, 1) {
+						out = append(out, e.Type+" "+e.Message)
+					}
+				}
+			}
+			return out
+		}
+	}
+	metric := func(name string) func() (float64, error) {
+		return func() (float64, error) {
+			return testbed.Metric(metricsAddr, name, map[string]string{"namespace": vmNamespace, "vm": "web", "bsls": bslsNamespace + "/" + bslsName})
+		}
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+		for _, ns := range []string{vmNamespace, bslsNamespace} {
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+		}
+		// The activity ConfigMaps, as the BSLS reconciler creates them.
+		for shard := range userset.Shards {
+			Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+				Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
+				Labels: map[string]string{activity.Label: bslsName},
+			}})).To(Succeed())
+		}
+		// The VM, and its credential Secret as the webhook writes it.
+		Expect(api.Client.Create(ctx, &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNamespace, Annotations: map[string]string{
+				v1alpha1.AnnotationServer:   bslsNamespace + "/" + bslsName,
+				v1alpha1.AnnotationPaths:    "/srv/data",
+				v1alpha1.AnnotationSchedule: "Mon *-*-* 02:00:00", // no fixed period: the test's window applies
+			}},
+			Spec: kubevirtv1.VirtualMachineSpec{
+				RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+				Template:    &kubevirtv1.VirtualMachineInstanceTemplateSpec{},
+			},
+		})).To(Succeed())
+		password := testbed.RandomPassword()
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: v1alpha1.CredentialSecretName("web"), Namespace: vmNamespace,
+				Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: time.Now().UTC().Format(time.RFC3339Nano)},
+				Labels: map[string]string{
+					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: "web",
+					v1alpha1.LabelServerNamespace: bslsNamespace, v1alpha1.LabelServerName: bslsName,
+				},
+			},
+			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte("web@team-a"), v1alpha1.SecretKeyPassword: []byte(password), v1alpha1.SecretKeyGeneration: []byte("1")},
+		})).To(Succeed())
+
+		srv = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{})
+		srv.AddUser(GinkgoT(), "web@team-a", password)
+		var err error
+		r, err = repo.Open(ctx, srv.ConfigFile, srv.RepoPassword, &repo.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
+		scanner = activity.NewScanner()
+		guest = testbed.NewKopiaClient(GinkgoT())
+		out, err := guest.Connect(ctx, srv.URL, srv.CAPin, "web@team-a", password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		data = GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "ledger.csv"), []byte(strings.Repeat("a,b,c\n", 1000)), 0o600)).To(Succeed())
+
+		port, err := testbed.FreePort()
+		Expect(err).NotTo(HaveOccurred())
+		metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
+		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
+			return (&audit.Reconciler{StaleAfter: staleAfter}).SetupWithManager(mgr)
+		})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(stop()).To(Succeed()) })
+	})
+
+	It("warns that a VM has not backed up within the window", func() {
+		publish()
+		Consistently(events(audit.ReasonBackupStale)).WithTimeout(2 * time.Second).Should(BeEmpty())
+		Eventually(events(audit.ReasonBackupStale)).WithTimeout(staleAfter + 10*time.Second).Should(ConsistOf(
+			And(HavePrefix("Warning No snapshot of /srv/data within 5s since its credentials were issued"), ContainSubstring("journalctl -u guestbackup-snapshot"))))
+	})
+
+	It("records exactly one SnapshotCreated, with path and size, for a snapshot the guest took", func() {
+		out, err := guest.Run(ctx, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), out)
+		publish()
+		Eventually(events(audit.ReasonSnapshotCreated)).WithTimeout(10 * time.Second).Should(ConsistOf(
+			And(ContainSubstring("of "+data+": 6000 bytes in 1 files"), ContainSubstring("snapshots kept: 1"))))
+		Expect(events(audit.ReasonGuestConnected)()).To(ConsistOf(HavePrefix("Normal Guest backs up as web@team-a: first snapshot at")))
+		Eventually(events(audit.ReasonBackupResumed)).Should(HaveLen(1))
+
+		By("saying nothing more when nothing is new")
+		publish()
+		Consistently(events(audit.ReasonSnapshotCreated)).WithTimeout(3 * time.Second).Should(HaveLen(1))
+
+		By("exporting the last snapshot on the metrics endpoint")
+		Expect(metric("guestbackup_vm_last_snapshot_bytes")()).To(Equal(6000.0))
+		Expect(metric("guestbackup_vm_snapshots")()).To(Equal(1.0))
+		Expect(metric("guestbackup_vm_last_snapshot_timestamp_seconds")()).To(BeNumerically("~", float64(time.Now().Unix()), 60))
+	})
+
+	It("warns again when backups stop, and says when they resume", func() {
+		Eventually(events(audit.ReasonBackupStale)).WithTimeout(staleAfter + 10*time.Second).Should(HaveLen(2))
+		out, err := guest.Run(ctx, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), out)
+		publish()
+		Eventually(events(audit.ReasonBackupResumed)).WithTimeout(10 * time.Second).Should(HaveLen(2))
+		Expect(events(audit.ReasonSnapshotCreated)()).To(HaveLen(2))
+	})
+})

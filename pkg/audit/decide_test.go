@@ -1,0 +1,80 @@
+package audit
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
+)
+
+func TestDecide(t *testing.T) {
+	issued := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
+	snap := func(id string, end time.Time) *activity.Guest {
+		return &activity.Guest{User: "web@team-a", Snapshots: 3, First: issued.Add(time.Hour),
+			Last: activity.Snapshot{ID: id, Path: "/etc", Start: end.Add(-2 * time.Second), End: end, Bytes: 4096, Files: 12}}
+	}
+	daily := map[string]string{v1alpha1.AnnotationPaths: "/etc"}
+	tests := []struct {
+		name       string
+		vm, seen   map[string]string
+		guest      *activity.Guest
+		now        time.Time
+		reasons    []string
+		recheck    time.Duration
+		annotation map[string]string
+	}{
+		{name: "nothing yet, within the window", vm: daily, now: issued.Add(time.Hour), recheck: 47 * time.Hour},
+		{name: "nothing yet, and the window passed", vm: daily, now: issued.Add(49 * time.Hour),
+			reasons: []string{ReasonBackupStale}, annotation: map[string]string{AnnotationBackupStale: "true"}},
+		{name: "stale already announced", vm: daily, seen: map[string]string{AnnotationBackupStale: "true"}, now: issued.Add(50 * time.Hour)},
+		{name: "the first snapshot", vm: daily, guest: snap("a", issued.Add(time.Hour)), now: issued.Add(2 * time.Hour),
+			reasons: []string{ReasonGuestConnected, ReasonSnapshotCreated}, recheck: 47 * time.Hour, annotation: map[string]string{AnnotationLastSnapshot: "a"}},
+		{name: "a snapshot already announced", vm: daily, seen: map[string]string{AnnotationLastSnapshot: "a"}, guest: snap("a", issued.Add(time.Hour)), now: issued.Add(2 * time.Hour), recheck: 47 * time.Hour},
+		{name: "a new snapshot", vm: daily, seen: map[string]string{AnnotationLastSnapshot: "a"}, guest: snap("b", issued.Add(25*time.Hour)), now: issued.Add(26 * time.Hour),
+			reasons: []string{ReasonSnapshotCreated}, recheck: 47 * time.Hour, annotation: map[string]string{AnnotationLastSnapshot: "b"}},
+		{name: "resumed after stale", vm: daily, seen: map[string]string{AnnotationLastSnapshot: "a", AnnotationBackupStale: "true"}, guest: snap("c", issued.Add(80*time.Hour)), now: issued.Add(80 * time.Hour),
+			reasons: []string{ReasonSnapshotCreated, ReasonBackupResumed}, recheck: 48 * time.Hour, annotation: map[string]string{AnnotationLastSnapshot: "c", AnnotationBackupStale: ""}},
+		{name: "hourly schedule", vm: map[string]string{v1alpha1.AnnotationPaths: "/etc", v1alpha1.AnnotationSchedule: "hourly"}, now: issued.Add(3 * time.Hour),
+			reasons: []string{ReasonBackupStale}, annotation: map[string]string{AnnotationBackupStale: "true"}},
+		{name: "a calendar expression uses the default", vm: map[string]string{v1alpha1.AnnotationPaths: "/etc", v1alpha1.AnnotationSchedule: "Mon *-*-* 02:00"}, now: issued.Add(10 * time.Hour), recheck: 2 * time.Hour},
+		{name: "no paths: only connects, never stale", vm: map[string]string{}, now: issued.Add(1000 * time.Hour)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Decide(tt.vm, tt.seen, tt.guest, issued, tt.now, 12*time.Hour)
+			var reasons []string
+			for _, e := range d.Events {
+				reasons = append(reasons, e.Reason)
+				if strings.Contains(e.Message, "password") {
+					t.Errorf("event %s mentions a password", e.Reason)
+				}
+			}
+			if strings.Join(reasons, ",") != strings.Join(tt.reasons, ",") {
+				t.Errorf("events %v, want %v", reasons, tt.reasons)
+			}
+			if d.RecheckAfter != tt.recheck {
+				t.Errorf("recheck after %v, want %v", d.RecheckAfter, tt.recheck)
+			}
+			if len(d.Annotations) != len(tt.annotation) {
+				t.Errorf("annotations %v, want %v", d.Annotations, tt.annotation)
+			}
+			for k, v := range tt.annotation {
+				if got, ok := d.Annotations[k]; !ok || got != v {
+					t.Errorf("annotation %s = %q, want %q", k, got, v)
+				}
+			}
+		})
+	}
+}
+
+func TestSnapshotCreatedSaysPathAndSize(t *testing.T) {
+	end := time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)
+	g := &activity.Guest{User: "web@team-a", Snapshots: 1, First: end, Last: activity.Snapshot{ID: "k1", Path: "/srv/data", Start: end.Add(-1500 * time.Millisecond), End: end, Bytes: 123456, Files: 7}}
+	d := Decide(nil, nil, g, end, end, time.Hour)
+	want := "Snapshot k1 of /srv/data: 123456 bytes in 7 files, taken in 1.5s, ended 2026-11-23T02:00:00Z; snapshots kept: 1"
+	if len(d.Events) != 2 || d.Events[1].Message != want {
+		t.Errorf("events %+v, want SnapshotCreated %q", d.Events, want)
+	}
+}
