@@ -30,6 +30,10 @@ build: ## Build every package and both binaries into bin/.
 	go build -o bin/controller ./cmd/controller
 	go build -o bin/webhook ./cmd/webhook
 
+.PHONY: image
+image: tools ## Build the image as an OCI layout tarball (bin/guestbackup-image.tar), without a container engine.
+	hack/image.sh
+
 .PHONY: vet
 vet: ## Run go vet and check formatting.
 	go vet ./...

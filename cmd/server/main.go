@@ -33,18 +33,25 @@ import (
 )
 
 func main() {
+	const usage = "usage: guestbackup-server init|sync-users [flags]  (-help after a command lists its flags)"
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: guestbackup-server init|sync-users [flags]")
+		fmt.Fprintln(os.Stderr, usage)
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
+	case "-h", "-help", "--help", "help":
+		fmt.Println(usage)
+		return
 	case "init":
 		err = runInit(os.Args[2:])
 	case "sync-users":
 		err = runSyncUsers(os.Args[2:])
 	default:
 		err = fmt.Errorf("unknown command %q: want init or sync-users", os.Args[1])
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		return // the flag set printed its usage
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "guestbackup-server:", err)

@@ -1,0 +1,15 @@
+// Module image assembles guestbackup's container image without a container
+// engine; it is its own module so that the product's module does not
+// depend on go-containerregistry.
+module github.com/guestbackup/guestbackup/hack/image
+
+go 1.26
+
+require github.com/google/go-containerregistry v0.22.1
+
+require (
+	github.com/klauspost/compress v1.19.2 // indirect
+	github.com/opencontainers/go-digest v1.0.0 // indirect
+	github.com/opencontainers/image-spec v1.1.1 // indirect
+	golang.org/x/sync v0.22.0 // indirect
+)
