@@ -101,39 +101,3 @@ func TestEncodeDecode(t *testing.T) {
 		t.Error("a malformed line was accepted")
 	}
 }
-
-// BenchmarkScan is one poll cycle of a server with 1,000 guests of 10
-// snapshots each: with nothing new (the usual cycle), and with one new
-// snapshot per guest.
-func BenchmarkScan(b *testing.B) {
-	ctx := context.Background()
-	r := newRepository(b)
-	t0 := time.Now()
-	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
-		for u := range 1000 {
-			for i := range 10 {
-				if _, err := snapshot.SaveSnapshot(ctx, w, &snapshot.Manifest{
-					Source:  snapshot.SourceInfo{Host: "ns", UserName: fmt.Sprintf("vm-%04d", u), Path: "/etc"},
-					EndTime: fs.UTCTimestamp(t0.Add(time.Duration(i) * time.Minute).UnixNano()),
-				}); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	})
-	if err != nil {
-		b.Fatal(err)
-	}
-	s := NewScanner()
-	if _, err := s.Scan(ctx, r); err != nil {
-		b.Fatal(err)
-	}
-	b.Run("nothing-new", func(b *testing.B) {
-		for b.Loop() {
-			if changed, err := s.Scan(ctx, r); err != nil || changed {
-				b.Fatalf("changed %v, %v", changed, err)
-			}
-		}
-	})
-}

@@ -22,6 +22,10 @@ var (
 		Name: "guestbackup_bsls_users_refused",
 		Help: "Credential Secrets naming a BackupStorageLocationServer that it does not provision (namespace not admitted, invalid or duplicate identity).",
 	}, []string{"namespace", "bsls"})
+	errorsMetric = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "guestbackup_bsls_sync_errors_total",
+		Help: "Reconciles of a BackupStorageLocationServer that failed on an API error (retried with backoff); problems with the spec are conditions, not errors.",
+	}, []string{"namespace", "bsls"})
 	readyMetric = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "guestbackup_bsls_ready",
 		Help: "1 when a BackupStorageLocationServer is Ready, else 0.",
@@ -29,7 +33,7 @@ var (
 )
 
 func init() {
-	metrics.Registry.MustRegister(usersMetric, pendingMetric, refusedMetric, readyMetric)
+	metrics.Registry.MustRegister(usersMetric, pendingMetric, refusedMetric, readyMetric, errorsMetric)
 }
 
 func recordMetrics(b *v1alpha1.BackupStorageLocationServer, users UserSet, ready bool) {
@@ -47,4 +51,5 @@ func forgetMetrics(namespace, name string) {
 	for _, m := range []*prometheus.GaugeVec{usersMetric, pendingMetric, refusedMetric, readyMetric} {
 		m.DeleteLabelValues(namespace, name)
 	}
+	errorsMetric.DeleteLabelValues(namespace, name)
 }

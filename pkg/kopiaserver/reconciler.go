@@ -218,6 +218,14 @@ func (r *Reconciler) apply(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 
 // Reconcile brings one BSLS's server to its spec and reports in status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	res, err := r.reconcile(ctx, req)
+	if err != nil {
+		errorsMetric.WithLabelValues(req.Namespace, req.Name).Inc()
+	}
+	return res, err
+}
+
+func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	b := &v1alpha1.BackupStorageLocationServer{}
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
