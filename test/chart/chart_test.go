@@ -94,7 +94,14 @@ func as[T any](o *unstructured.Unstructured) *T {
 
 func render(namespace, valuesFile string) rendered {
 	GinkgoHelper()
-	out, err := helm("template", release, chartDir, "--namespace", namespace, "--values", filepath.Join("testdata", valuesFile))
+	return renderRelease(release, namespace, valuesFile)
+}
+
+// renderRelease renders the chart as another release: its cluster-scoped
+// objects (ClusterRoles, the webhook configuration) have other names.
+func renderRelease(releaseName, namespace, valuesFile string) rendered {
+	GinkgoHelper()
+	out, err := helm("template", releaseName, chartDir, "--namespace", namespace, "--values", filepath.Join("testdata", valuesFile))
 	Expect(err).NotTo(HaveOccurred())
 	return rendered{text: out, objects: decode(out)}
 }

@@ -1,0 +1,210 @@
+package chart
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	admissionv1 "k8s.io/api/admission/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// The chart's RBAC is proven by running guestbackup's own code as the
+// chart's ServiceAccounts (impersonated) against a real API server that
+// holds exactly the chart's RBAC objects.
+var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, func() {
+	const (
+		rbacRelease = "rbac"
+		ns          = "guestbackup-rbac"
+		vmNS        = "rbac-vms"
+		bsNS        = "rbac-backup"
+		vmName      = "web"
+	)
+	var (
+		ctx               context.Context
+		controllerConfig  *rest.Config
+		webhookConfig     *rest.Config
+		controllerAccount string
+		webhookAccount    string
+	)
+	as := func(account string) *rest.Config {
+		cfg := rest.CopyConfig(apiServer.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{
+			UserName: "system:serviceaccount:" + ns + ":" + account,
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+		}
+		return cfg
+	}
+	clientAs := func(cfg *rest.Config) client.Client {
+		GinkgoHelper()
+		c, err := client.New(cfg, client.Options{Scheme: apiServer.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		return c
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		for _, name := range []string{ns, vmNS, bsNS} {
+			Expect(apiServer.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"backup": "yes"}}})).To(Succeed())
+		}
+		// Its own release, so that its ClusterRoles, created for real, do
+		// not meet the other specs' server-side dry runs.
+		r := renderRelease(rbacRelease, ns, "no-cert-manager.yaml")
+		for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
+			for _, o := range r.ofKind(kind) {
+				Expect(apiServer.Client.Create(ctx, o.DeepCopy())).To(Succeed(), "%s %s", kind, o.GetName())
+			}
+		}
+		for _, sa := range r.ofKind("ServiceAccount") {
+			switch name := sa.GetName(); {
+			case strings.HasSuffix(name, "-controller"):
+				controllerAccount = name
+			case strings.HasSuffix(name, "-webhook"):
+				webhookAccount = name
+			}
+		}
+		Expect(controllerAccount).NotTo(BeEmpty())
+		Expect(webhookAccount).NotTo(BeEmpty())
+		controllerConfig, webhookConfig = as(controllerAccount), as(webhookAccount)
+	})
+
+	It("lets the controller, as its ServiceAccount, run a BSLS's server and take a VM's credentials", func() {
+		mgr, err := ctrl.NewManager(controllerConfig, ctrl.Options{
+			Scheme: apiServer.Scheme, Logger: GinkgoLogr,
+			Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
+			// As the chart runs it: electing a leader through a Lease in its namespace.
+			LeaderElection: true, LeaderElectionID: "controller.guestbackup.io", LeaderElectionNamespace: ns,
+			LeaseDuration: ptr.To(15 * time.Second), RenewDeadline: ptr.To(10 * time.Second), RetryPeriod: ptr.To(time.Second),
+			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+		})
+		Expect(err).NotTo(HaveOccurred())
+		Expect((&kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: ns, ActivityInterval: time.Minute}).SetupWithManager(mgr)).To(Succeed())
+		Expect((&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 1)).To(Succeed())
+		Expect((&credentials.VMReconciler{}).SetupWithManager(mgr)).To(Succeed())
+		Expect((&audit.Reconciler{}).SetupWithManager(mgr)).To(Succeed())
+		mgrCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- mgr.Start(mgrCtx) }()
+		DeferCleanup(func() {
+			cancel()
+			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
+		})
+
+		bsls := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bsNS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{
+				Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+				Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "yes"}}},
+			},
+		}
+		Expect(apiServer.Client.Create(ctx, bsls)).To(Succeed())
+		By("writing the server's certificate, identity, Role and Deployment")
+		Eventually(func() error {
+			return apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: kopiaserver.DeploymentName(bsls)}, &appsv1.Deployment{})
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Eventually(func() string {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			_ = apiServer.Client.Get(ctx, client.ObjectKeyFromObject(bsls), b)
+			return b.Status.TLSFingerprint
+		}).WithTimeout(30 * time.Second).ShouldNot(BeEmpty())
+
+		By("hashing a VM's password, writing its user and adopting its Secret")
+		vm := &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: vmName, Namespace: vmNS, Annotations: map[string]string{v1alpha1.AnnotationServer: bsNS + "/main"}},
+			Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
+		}
+		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
+		Expect(apiServer.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vmName), Namespace: vmNS, Labels: map[string]string{
+				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vmName,
+				v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
+			}},
+			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vmName + "@" + vmNS), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789"), v1alpha1.SecretKeyGeneration: []byte("1")},
+		})).To(Succeed())
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			_ = apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: userset.SecretName("main", userset.ShardOf(vmName+"@"+vmNS))}, s)
+			return string(s.Data[userset.Key])
+		}).WithTimeout(30 * time.Second).Should(ContainSubstring(vmName + "@" + vmNS))
+		Eventually(func() []metav1.OwnerReference {
+			s := &corev1.Secret{}
+			_ = apiServer.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName(vmName)}, s)
+			return s.OwnerReferences
+		}).WithTimeout(30 * time.Second).Should(ContainElement(HaveField("Name", vmName)))
+	})
+
+	It("lets the webhook, as its ServiceAccount, admit an opted-in VM and write its Secret", func() {
+		// The BSLS is Ready as its server pod would make it (none runs here).
+		bsls := &v1alpha1.BackupStorageLocationServer{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main"}, bsls)).To(Succeed())
+		bsls.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}}
+		Expect(apiServer.Client.Status().Update(ctx, bsls)).To(Succeed())
+
+		opts := mutate.CacheOptions()
+		opts.Scheme = apiServer.Scheme
+		informers, err := cache.New(webhookConfig, opts)
+		Expect(err).NotTo(HaveOccurred())
+		cacheCtx, stop := context.WithCancel(ctx)
+		DeferCleanup(stop)
+		go func() { _ = informers.Start(cacheCtx) }()
+		Expect(informers.WaitForCacheSync(ctx)).To(BeTrue())
+		webhookClient := clientAs(webhookConfig)
+		h := &mutate.Handler{Cache: informers, Reader: webhookClient, Writer: webhookClient}
+
+		vm := &kubevirtv1.VirtualMachine{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine"},
+			ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: vmNS, Annotations: map[string]string{v1alpha1.AnnotationServer: bsNS + "/main"}},
+			Spec:       kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
+		}
+		raw, err := json.Marshal(vm)
+		Expect(err).NotTo(HaveOccurred())
+		resp := h.Handle(ctx, admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+			UID: "rbac", Kind: metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"},
+			Name: "db", Namespace: vmNS, Operation: admissionv1.Create, Object: k8sruntime.RawExtension{Raw: raw},
+		}})
+		Expect(resp.Allowed).To(BeTrue(), "%+v", resp.Result)
+		Expect(resp.Patches).NotTo(BeEmpty())
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, &corev1.Secret{})).To(Succeed())
+	})
+
+	It("forbids what neither binary needs", func() {
+		controller, webhook := clientAs(controllerConfig), clientAs(webhookConfig)
+		d := &appsv1.Deployment{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main-server"}, d)).To(Succeed())
+		for what, err := range map[string]error{
+			"controller deletes a Deployment":        controller.Delete(ctx, d),
+			"controller lists nodes":                 controller.List(ctx, &corev1.NodeList{}),
+			"controller deletes a claim":             controller.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "main-repository", Namespace: bsNS}}),
+			"webhook deletes a Secret":               webhook.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName("db"), Namespace: vmNS}}),
+			"webhook updates a BSLS's status":        webhook.Status().Update(ctx, &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bsNS}}),
+			"webhook creates a Deployment":           webhook.Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: vmNS}}),
+			"webhook reads the server's Deployments": webhook.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main-server"}, &appsv1.Deployment{}),
+		} {
+			Expect(apierrors.IsForbidden(err)).To(BeTrue(), "%s: %v", what, err)
+		}
+	})
+})
