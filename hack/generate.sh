@@ -3,6 +3,7 @@
 # repository itself):
 #   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
 #   charts/guestbackup/crds/                   controller-gen crd (our API)
+#   docs/api.md                                the API reference, from that CRD (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
 #   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
@@ -31,6 +32,8 @@ mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/charts/guestba
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
 "$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/crds"
+mkdir -p "$OUT/docs"
+go run ./hack/apidoc "$OUT/charts/guestbackup/crds/guestbackup.io_backupstoragelocationservers.yaml" "$OUT/docs/api.md"
 # One ClusterRole per binary, each from the markers of the packages it runs.
 rm -f "$OUT/config/rbac/role.yaml"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \
