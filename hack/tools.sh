@@ -9,6 +9,8 @@
 # versions (the module proxy lists no versions of kopia or kubevirt, so
 # `go install pkg@version` is not an option, and MinIO tags no module
 # versions at all). Debian packages are installed with apt when missing.
+# The Linux guest the guest tests boot under qemu is built by
+# hack/guest-image.sh (debootstrap), cached by a hash of its recipe.
 # GUESTBACKUP_CACHE moves the cache.
 set -euo pipefail
 
@@ -44,6 +46,10 @@ ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
 # Debian's cloud-init, unpacked, not installed: the version is apt's candidate,
 # recorded at install time so `env` needs no apt lookup.
 CLOUD_INIT_STAMP="$CACHE/cloud-init/current"
+# The Linux guest tests boot under qemu, built by hack/guest-image.sh into a
+# folder keyed by a hash of its recipe.
+GUEST_IMAGE_ENV=(GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_KOPIA="$KOPIA" GUESTBACKUP_KOPIA_VERSION="$KOPIA_VERSION")
+GUEST_IMAGE="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir)"
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
@@ -170,6 +176,15 @@ EOF
 	log "unpacked cloud-init in $((SECONDS - start))s"
 }
 
+# Host side of the guest: qemu and the tools that build its image and disks.
+GUEST_DEBS=(qemu-system-x86 qemu-utils debootstrap xorriso e2fsprogs zstd)
+
+install_guest_image() {
+	apt_install "${GUEST_DEBS[@]}"
+	[[ -s "$GUEST_IMAGE/root.img" ]] && return
+	timed "guest image $(basename "$GUEST_IMAGE")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build
+}
+
 print_env() {
 	local ci=""
 	[[ -s "$CLOUD_INIT_STAMP" ]] && ci="$(cat "$CLOUD_INIT_STAMP")/cloud-init-schema"
@@ -180,6 +195,7 @@ export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
 export GUESTBACKUP_HELM=$HELM
 export GUESTBACKUP_MINIO=$MINIO
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
+export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
 EOF
 }
 
@@ -191,6 +207,7 @@ install)
 	install_go_tools
 	install_etcd
 	install_cloud_init
+	install_guest_image
 	log "tools ready in $CACHE ($((SECONDS - start))s)"
 	;;
 env) print_env ;;

@@ -27,6 +27,9 @@ type Tools struct {
 	ControllerGen string
 	// CloudInitSchema runs Debian's `cloud-init schema`.
 	CloudInitSchema string
+	// GuestImage is the folder of the Linux guest's image; only the tests
+	// that boot a guest need it built (see LoadGuestImage).
+	GuestImage string
 }
 
 var toolEnv = map[string]func(*Tools) *string{
@@ -36,7 +39,12 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
+	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
 }
+
+// optionalTools are checked by the functions that use them, not by
+// LoadTools, so a missing guest image fails only the guest tests.
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true}
 
 var (
 	toolsOnce sync.Once
@@ -89,6 +97,9 @@ func loadTools() (Tools, error) {
 	var errs []error
 	for name, field := range toolEnv {
 		path := *field(&t)
+		if optionalTools[name] {
+			continue
+		}
 		if name == "KUBEBUILDER_ASSETS" {
 			path = filepath.Join(path, "kube-apiserver")
 		}

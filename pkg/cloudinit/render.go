@@ -238,8 +238,10 @@ dest=${DESTDIR:-}
 	install.WriteString("systemctl daemon-reload\n")
 	for _, unit := range b.Units() {
 		fmt.Fprintf(&install, "systemctl enable %s\n", unit)
-		// The connect unit restarts so that new credentials take effect.
-		fmt.Fprintf(&install, "systemctl restart %s\n", unit)
+		// The connect unit restarts so that new credentials take effect;
+		// without waiting: the guestbackup-disk unit running this script is
+		// ordered before it, so a waiting restart would hang the boot.
+		fmt.Fprintf(&install, "systemctl restart --no-block %s\n", unit)
 	}
 	out[v1alpha1.SecretKeyInstall] = install.Bytes()
 	return out, nil

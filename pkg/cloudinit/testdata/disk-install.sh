@@ -16,6 +16,6 @@ install -D -m 644 "$src"/'guestbackup-snapshot.timer' "$dest"'/etc/systemd/syste
 [ -z "$dest" ] && [ -d /run/systemd/system ] || exit 0
 systemctl daemon-reload
 systemctl enable guestbackup-connect.service
-systemctl restart guestbackup-connect.service
+systemctl restart --no-block guestbackup-connect.service
 systemctl enable guestbackup-snapshot.timer
-systemctl restart guestbackup-snapshot.timer
+systemctl restart --no-block guestbackup-snapshot.timer

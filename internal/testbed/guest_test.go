@@ -1,0 +1,153 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeImage is a guest image that qemu-img accepts as a backing file; the
+// tests below prepare a boot without booting it.
+func fakeImage(t *testing.T) GuestImage {
+	t.Helper()
+	dir := t.TempDir()
+	img := GuestImage{Dir: dir, Root: filepath.Join(dir, "root.img"), Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd.img")}
+	if err := os.WriteFile(img.Root, make([]byte, 1<<20), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return img
+}
+
+func isoVolumeID(t *testing.T, iso string) string {
+	t.Helper()
+	out, err := Run(context.Background(), time.Minute, t.TempDir(), nil, "xorriso", "-indev", iso, "-pvd_info")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "Volume Id" {
+			return strings.TrimSpace(v)
+		}
+	}
+	t.Fatalf("no Volume Id in:\n%s", out)
+	return ""
+}
+
+func TestGuestPrepareBuildsSeedAndDisksAsKubeVirtDoes(t *testing.T) {
+	g := &Guest{dir: t.TempDir()}
+	g.ConsoleLog = filepath.Join(g.dir, "console.log")
+	args, err := g.prepare(fakeImage(t), GuestOptions{
+		UserData:   []byte("#cloud-config\n"),
+		InstanceID: "vm-1",
+		ExtraDisks: []GuestDisk{{Files: map[string][]byte{"a/b.txt": []byte("x")}, Label: "guestbackup", Serial: "guestbackup"}},
+	})
+	if err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	joined := strings.Join(args, " ")
+	for _, want := range []string{
+		"-no-reboot", "-accel tcg", "virtio-blk-pci,drive=disk0,serial=guestbackup",
+		"-netdev user,id=n0,restrict=off", "root=/dev/vda rw console=ttyS0",
+	} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("qemu arguments lack %q: %s", want, joined)
+		}
+	}
+	if strings.Contains(joined, "hostfwd") {
+		t.Errorf("qemu forwards a host port: %s", joined)
+	}
+	if got := isoVolumeID(t, filepath.Join(g.dir, "seed.iso")); got != "cidata" {
+		t.Errorf("seed volume ID = %q, want cidata", got)
+	}
+	if got := isoVolumeID(t, filepath.Join(g.dir, "disk0.iso")); got != "guestbackup" {
+		t.Errorf("disk volume ID = %q, want guestbackup", got)
+	}
+	out, err := Run(context.Background(), time.Minute, g.dir, nil, "xorriso", "-indev", filepath.Join(g.dir, "seed.iso"), "-find", "/", "-type", "f")
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	for _, name := range []string{"'/user-data'", "'/meta-data'"} {
+		if !strings.Contains(out, name) {
+			t.Errorf("seed lacks %s:\n%s", name, out)
+		}
+	}
+}
+
+func TestGuestPrepareRejectsWhatKubeVirtRejects(t *testing.T) {
+	for name, tc := range map[string]struct {
+		disk GuestDisk
+		want string
+	}{
+		"serial with a comma": {GuestDisk{Serial: "a,b"}, "serial"},
+		"serial with a space": {GuestDisk{Serial: "a b"}, "serial"},
+		"label too long":      {GuestDisk{Label: strings.Repeat("x", 33)}, "label"},
+		"file outside":        {GuestDisk{Files: map[string][]byte{"../x": nil}}, "leaves the disk"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			g := &Guest{dir: t.TempDir()}
+			_, err := g.prepare(fakeImage(t), GuestOptions{ExtraDisks: []GuestDisk{tc.disk}})
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("prepare: got %v, want an error about %s", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestQemuEscapeDoublesCommas(t *testing.T) {
+	if got := qemuEscape("/tmp/a,b/c"); got != "/tmp/a,,b/c" {
+		t.Fatalf("qemuEscape = %q", got)
+	}
+}
+
+// failedTB is a test that has failed: it records its cleanups and logs.
+type failedTB struct {
+	*testing.T
+	cleanups []func()
+	logs     []string
+}
+
+func (f *failedTB) Failed() bool      { return true }
+func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+func (f *failedTB) Logf(format string, args ...any) {
+	f.logs = append(f.logs, fmt.Sprintf(format, args...))
+}
+
+// A guest that never powers off is killed at its timeout, Wait says so, and
+// the failed test keeps its console.
+func TestGuestIsKilledAtItsTimeout(t *testing.T) {
+	tb := &failedTB{T: t}
+	defer func() {
+		for i := len(tb.cleanups) - 1; i >= 0; i-- {
+			tb.cleanups[i]()
+		}
+		kept := regexp.MustCompile(`guest console kept in (\S+);`).FindStringSubmatch(strings.Join(tb.logs, "\n"))
+		if kept == nil {
+			t.Fatalf("no kept console in the failed test's logs: %q", tb.logs)
+		}
+		data, err := os.ReadFile(kept[1])
+		if err != nil || !strings.Contains(string(data), "Linux version") {
+			t.Errorf("kept console %s: %v %q", kept[1], err, tail(kept[1], 5))
+		}
+		os.RemoveAll(filepath.Dir(kept[1]))
+	}()
+	g := StartGuest(tb, GuestOptions{UserData: []byte("#cloud-config\n"), Timeout: 15 * time.Second})
+	start := time.Now()
+	res, err := g.Wait()
+	if err == nil || !strings.Contains(err.Error(), "did not power off") {
+		t.Fatalf("Wait: got %v, want a timeout", err)
+	}
+	if waited := time.Since(start); waited > 15*time.Second+stopGrace {
+		t.Errorf("Wait took %v", waited)
+	}
+	if exited, _ := g.Process.Exited(); !exited {
+		t.Error("qemu still runs after the timeout")
+	}
+	if !strings.Contains(res.Console, "Linux version") {
+		t.Errorf("console holds no kernel boot: %q", tail(g.ConsoleLog, 5))
+	}
+}
