@@ -35,6 +35,9 @@ type PodOptions struct {
 	// API is the API server the pod's Secrets, ConfigMaps and service
 	// account live in.
 	API *APIServer
+	// Ports fixes the loopback port of some container ports (a Service's
+	// node port, in effect); the others get free ones.
+	Ports map[int32]int
 }
 
 // Pod is a pod's containers running as local processes on loopback. The
@@ -114,6 +117,10 @@ func (r *podRunner) allocatePorts() error {
 	r.ports = map[int32]int{}
 	for _, c := range slices.Concat(r.o.Spec.InitContainers, r.o.Spec.Containers) {
 		for _, p := range c.Ports {
+			if fixed, ok := r.o.Ports[p.ContainerPort]; ok {
+				r.ports[p.ContainerPort] = fixed
+				continue
+			}
 			local, err := FreePort()
 			if err != nil {
 				return err

@@ -4,36 +4,28 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
-	"strconv"
 	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
 
-const (
-	guestbackupNamespace = "guestbackup-system"
-	pin                  = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-)
+const pin = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 // counting counts the admission requests that reach the webhook server.
 type counting struct {
@@ -91,41 +83,18 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		cfg := &admissionregistrationv1.MutatingWebhookConfiguration{
-			ObjectMeta: metav1.ObjectMeta{Name: "guestbackup"},
-			Webhooks: []admissionregistrationv1.MutatingWebhook{mutate.Webhook(guestbackupNamespace, admissionregistrationv1.WebhookClientConfig{
-				Service: &admissionregistrationv1.ServiceReference{Name: "guestbackup-webhook", Namespace: guestbackupNamespace, Path: ptr.To(mutate.Path)},
-			})},
-		}
-		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{Webhooks: envtest.WebhookInstallOptions{
-			MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{cfg},
+		platform := local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
+			// cmd/webhook's wiring (mutate.SetupWithManager), with a
+			// counter in front that sees every request reaching the server.
+			requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
+				Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
+			}}}
+			mgr.GetWebhookServer().Register(mutate.Path, requests)
+			return nil
 		}})
-		opts := api.Env.WebhookInstallOptions
-		server := webhook.NewServer(webhook.Options{Host: opts.LocalServingHost, Port: opts.LocalServingPort, CertDir: opts.LocalServingCertDir})
-		port, err := testbed.FreePort()
-		Expect(err).NotTo(HaveOccurred())
-		metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
-		mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-			Scheme: api.Scheme, WebhookServer: server, Logger: GinkgoLogr, Cache: mutate.CacheOptions(),
-			Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: "0",
-		})
-		Expect(err).NotTo(HaveOccurred())
-		// cmd/webhook's wiring (mutate.SetupWithManager), with a counter
-		// in front that sees every request reaching the server.
-		requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
-			Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
-		}}}
-		mgr.GetWebhookServer().Register(mutate.Path, requests)
-		mgrCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- mgr.Start(mgrCtx) }()
-		DeferCleanup(func() {
-			cancel()
-			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
-		})
-		Eventually(func() error { return server.StartedChecker()(nil) }).WithTimeout(30 * time.Second).Should(Succeed())
+		api, metricsAddr = platform.API, platform.MetricsAddr
 
-		for _, ns := range []string{"backup", "team-a", guestbackupNamespace} {
+		for _, ns := range []string{"backup", "team-a"} {
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
 		}
 		bsls := &v1alpha1.BackupStorageLocationServer{

@@ -1,0 +1,302 @@
+// Package local runs the whole of guestbackup on the test bed, in one
+// process, the way a cluster would: a real API server with guestbackup's
+// MutatingWebhookConfiguration (as the chart installs it), the controller's
+// reconcilers and the webhook's handler in a manager, a BSLS's Kopia server
+// run from the Deployment the controller wrote, and a VirtualMachine
+// realised as a qemu guest the way KubeVirt's virt-launcher would.
+//
+// It is the local backend of the end-to-end suite (test/kubevirt) and the
+// engine of `make demo`.
+package local
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/go-logr/logr"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+)
+
+// Namespace is where guestbackup itself runs: the webhook never mutates
+// objects in it.
+const Namespace = "guestbackup-system"
+
+// Timeouts of the steps a cluster would take on its own.
+const (
+	// startTimeout bounds the manager's start and stop.
+	startTimeout = 30 * time.Second
+	// deploymentTimeout bounds the wait for the controller to write a
+	// BSLS's Deployment.
+	deploymentTimeout = 30 * time.Second
+	// serverReadyTimeout bounds a BSLS server pod's start (its init
+	// container creates or opens the repository).
+	serverReadyTimeout = 2 * time.Minute
+)
+
+// Options adjust Start.
+type Options struct {
+	// Logger receives the manager's logs; default: discarded.
+	Logger logr.Logger
+	// Setup registers what the manager runs; default Guestbackup.
+	Setup func(ctrl.Manager) error
+}
+
+// Platform is guestbackup running on the test bed.
+type Platform struct {
+	// API is the API server, with a client as its admin.
+	API *testbed.APIServer
+	// MetricsAddr is the loopback address of the manager's /metrics.
+	MetricsAddr string
+}
+
+// Guestbackup registers everything guestbackup runs in a cluster: the
+// webhook's handler (cmd/webhook) and the controller's reconcilers
+// (cmd/controller), with intervals short enough for a test.
+func Guestbackup(mgr ctrl.Manager) error {
+	mutate.SetupWithManager(mgr)
+	if err := (&kopiaserver.Reconciler{Image: "guestbackup:local", ControllerNamespace: Namespace, ActivityInterval: 2 * time.Second}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the BSLS reconciler: %w", err)
+	}
+	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+		return fmt.Errorf("set up the credential hasher: %w", err)
+	}
+	if err := (&credentials.VMReconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the VM reconciler: %w", err)
+	}
+	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the audit reconciler: %w", err)
+	}
+	return nil
+}
+
+// Start starts a real API server with guestbackup's webhook configuration
+// (mutate.Webhook, pointed at a loopback server) and a manager, in this
+// process, that serves the webhook and runs o.Setup; it creates the
+// Namespace guestbackup runs in. tb's cleanup stops both.
+func Start(tb testbed.TB, o Options) *Platform {
+	tb.Helper()
+	if o.Setup == nil {
+		o.Setup = Guestbackup
+	}
+	if o.Logger.GetSink() == nil {
+		o.Logger = logr.Discard()
+	}
+	cfg := &admissionregistrationv1.MutatingWebhookConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "guestbackup"},
+		Webhooks: []admissionregistrationv1.MutatingWebhook{mutate.Webhook(Namespace, admissionregistrationv1.WebhookClientConfig{
+			Service: &admissionregistrationv1.ServiceReference{Name: "guestbackup-webhook", Namespace: Namespace, Path: ptr.To(mutate.Path)},
+		})},
+	}
+	api := testbed.StartAPIServer(tb, testbed.APIServerOptions{Webhooks: envtest.WebhookInstallOptions{
+		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{cfg},
+	}})
+	p, err := startManager(tb, api, o)
+	if err != nil {
+		tb.Fatalf("start guestbackup: %v", err)
+	}
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
+	if err := api.Client.Create(context.Background(), ns); err != nil {
+		tb.Fatalf("create namespace %s: %v", Namespace, err)
+	}
+	return p
+}
+
+func startManager(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform, error) {
+	wh := api.Env.WebhookInstallOptions
+	server := webhook.NewServer(webhook.Options{Host: wh.LocalServingHost, Port: wh.LocalServingPort, CertDir: wh.LocalServingCertDir})
+	port, err := testbed.FreePort()
+	if err != nil {
+		return nil, err
+	}
+	metricsAddr := "127.0.0.1:" + strconv.Itoa(port)
+	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+		Scheme: api.Scheme, WebhookServer: server, Logger: o.Logger, Cache: mutate.CacheOptions(),
+		Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: "0",
+		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create manager: %w", err)
+	}
+	if err := o.Setup(mgr); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- mgr.Start(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				tb.Logf("manager: %v", err)
+			}
+		case <-time.After(startTimeout):
+			tb.Logf("the manager did not stop within %v", startTimeout)
+		}
+	})
+	err = testbed.WaitFor(startTimeout, 50*time.Millisecond, func() (bool, error) {
+		select {
+		case err := <-done:
+			return false, fmt.Errorf("manager stopped: %w", err)
+		default:
+		}
+		return server.StartedChecker()(nil) == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("webhook server: %w", err)
+	}
+	return &Platform{API: api, MetricsAddr: metricsAddr}, nil
+}
+
+// ServeBSLS runs the Kopia server of bsls from the Deployment the
+// controller writes for it, as the kubelet would, with its server port on
+// the host's loopback port (a node port, in effect: a guest reaches it as
+// https://10.0.2.2:<port>), its repository claim in a folder of tb's, and
+// waits until it is ready; it then records on the Deployment what the
+// deployment controller would. tb's cleanup stops the pod.
+func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
+	tb.Helper()
+	d := &appsv1.Deployment{}
+	key := types.NamespacedName{Namespace: bsls.Namespace, Name: kopiaserver.DeploymentName(bsls)}
+	err := testbed.WaitFor(deploymentTimeout, 100*time.Millisecond, func() (bool, error) {
+		return p.API.Client.Get(ctx, key, d) == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("the controller wrote no Deployment %s: %w", key, err)
+	}
+	tools, err := testbed.LoadTools()
+	if err != nil {
+		return nil, err
+	}
+	pod := testbed.RunPod(tb, testbed.PodOptions{
+		Namespace: bsls.Namespace, Spec: d.Spec.Template.Spec, API: p.API,
+		Binaries: map[string]string{
+			kopiaserver.KopiaBinary:  tools.Kopia,
+			kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
+		},
+		Claims: map[string]string{kopiaserver.ClaimName(bsls): tb.TempDir()},
+		Ports:  map[int32]int{v1alpha1.DefaultServerPort: port},
+	})
+	if err := pod.WaitReady(serverReadyTimeout); err != nil {
+		return nil, fmt.Errorf("server pod of %s: %w", key, err)
+	}
+	err = testbed.WaitFor(deploymentTimeout, 100*time.Millisecond, func() (bool, error) {
+		cur := &appsv1.Deployment{}
+		if err := p.API.Client.Get(ctx, key, cur); err != nil {
+			return false, nil
+		}
+		cur.Status = appsv1.DeploymentStatus{ObservedGeneration: cur.Generation, Replicas: 1, ReadyReplicas: 1, AvailableReplicas: 1, UpdatedReplicas: 1}
+		return p.API.Client.Status().Update(ctx, cur) == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("record Deployment %s as available: %w", key, err)
+	}
+	return pod, nil
+}
+
+// Realise returns the boot of vm's guest the way KubeVirt's virt-launcher
+// would make it: its cloudInitNoCloud volume (inline userData, or the
+// userdata key of its secretRef, untouched) is the NoCloud seed, each secret
+// volume a disk with its label and its disk's serial. The containerDisk is
+// the test bed's guest image, whatever image it names.
+func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (testbed.GuestOptions, error) {
+	var opts testbed.GuestOptions
+	if vm.Spec.Template == nil {
+		return opts, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
+	}
+	spec := vm.Spec.Template.Spec
+	secretData := func(name string) (map[string][]byte, error) {
+		s := &corev1.Secret{}
+		if err := p.API.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: name}, s); err != nil {
+			return nil, fmt.Errorf("VirtualMachine %s/%s: %w", vm.Namespace, vm.Name, err)
+		}
+		return s.Data, nil
+	}
+	for _, v := range spec.Volumes {
+		switch {
+		case v.CloudInitNoCloud != nil:
+			if opts.UserData != nil {
+				return opts, errors.New("more than one cloudInitNoCloud volume")
+			}
+			src := v.CloudInitNoCloud
+			opts.UserData = []byte(src.UserData)
+			if src.UserDataSecretRef != nil {
+				data, err := secretData(src.UserDataSecretRef.Name)
+				if err != nil {
+					return opts, err
+				}
+				// KubeVirt reads either spelling of the key.
+				opts.UserData = data["userdata"]
+				if opts.UserData == nil {
+					opts.UserData = data["userData"]
+				}
+			}
+		case v.Secret != nil:
+			data, err := secretData(v.Secret.SecretName)
+			if err != nil {
+				return opts, err
+			}
+			serial := ""
+			for _, d := range spec.Domain.Devices.Disks {
+				if d.Name == v.Name {
+					serial = d.Serial
+				}
+			}
+			opts.ExtraDisks = append(opts.ExtraDisks, testbed.GuestDisk{Files: data, Label: v.Secret.VolumeLabel, Serial: serial})
+		}
+	}
+	if opts.UserData == nil {
+		return opts, fmt.Errorf("VirtualMachine %s/%s has no cloud-init user-data", vm.Namespace, vm.Name)
+	}
+	return opts, nil
+}
+
+// Events returns the Events about the object kind/name in namespace, oldest
+// first, as "Reason: message".
+func (p *Platform) Events(ctx context.Context, namespace, kind, name string) ([]string, error) {
+	list := &corev1.EventList{}
+	if err := p.API.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+		return nil, fmt.Errorf("list Events in %s: %w", namespace, err)
+	}
+	// Events are named after their object and a timestamp, but the time
+	// is what orders a story.
+	slices.SortStableFunc(list.Items, func(a, b corev1.Event) int { return eventTime(a).Compare(eventTime(b)) })
+	var out []string
+	for _, e := range list.Items {
+		if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name {
+			out = append(out, e.Reason+": "+e.Message)
+		}
+	}
+	return out, nil
+}
+
+// eventTime is when e first happened, whichever API wrote it.
+func eventTime(e corev1.Event) time.Time {
+	if !e.EventTime.IsZero() {
+		return e.EventTime.Time
+	}
+	return e.FirstTimestamp.Time
+}
