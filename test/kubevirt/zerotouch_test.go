@@ -1,0 +1,310 @@
+package kubevirt
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/local"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// reportPrelude starts the owner's report script: the test bed's stand-in
+// for someone logging in. It waits, bounded, for the guest's first
+// snapshot attempt, and defines say, which writes a marker line to the
+// console.
+const reportPrelude = `#!/bin/sh
+    export HOME=/root KOPIA_CHECK_FOR_UPDATES=false
+    say() { echo "GB-E2E $*" >/dev/console; }
+    snapshot_id() { kopia snapshot list --json "$1" | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -n 1; }
+    i=0
+    while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
+    say "uptime $(cut -d' ' -f1 /proc/uptime)"
+    say "status $(cat /var/lib/guestbackup/status 2>/dev/null)"
+    journalctl --no-pager -u guestbackup-connect -u guestbackup-disk | tail -n 12 | sed 's/^/GB-E2E-LOG /' >/dev/console
+`
+
+// webConfig is the first VM owner's own inline cloud-config: a file to back
+// up, a marker, and a report that restores the file from the guest's first
+// snapshot after deleting it, then powers the guest off.
+const webConfig = `#cloud-config
+write_files:
+- path: /srv/data/hello.txt
+  content: "hello from the guest\n"
+- path: /var/tmp/owner-marker
+  content: "the owner's own cloud-config ran\n"
+- path: /usr/local/sbin/report
+  permissions: '0755'
+  content: |
+    ` + reportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
+    say "snapshots $(kopia snapshot list --json /srv/data | grep -c '"id"')"
+    id=$(snapshot_id /srv/data)
+    cp /srv/data/hello.txt /var/tmp/hello.orig
+    rm /srv/data/hello.txt
+    if kopia restore "$id/hello.txt" /srv/data/hello.txt >/var/tmp/restore.log 2>&1 && cmp -s /var/tmp/hello.orig /srv/data/hello.txt; then
+      say "restore identical $(sha256sum </srv/data/hello.txt | cut -d' ' -f1)"
+    else
+      say "restore failed $(tail -n 3 /var/tmp/restore.log | tr '\n' ' ')"
+    fi
+    systemctl poweroff
+runcmd:
+- [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
+`
+
+// dbConfig is the second VM owner's cloud-config, in a Secret of their own:
+// a file to back up, and a report that tries to see and restore the first
+// VM's snapshot (whose ID it is given), then powers the guest off.
+func dbConfig(webSnapshot string) string {
+	return `#cloud-config
+write_files:
+- path: /srv/db/dump.sql
+  content: "CREATE TABLE t (id int);\n"
+- path: /usr/local/sbin/report
+  permissions: '0755'
+  content: |
+    ` + reportPrelude + `    say "snapshots $(kopia snapshot list --json /srv/db | grep -c '"id"')"
+    say "visible $(kopia snapshot list --all --json | grep -c '"id"')"
+    say "others $(kopia snapshot list --json web@team-a:/srv/data 2>/dev/null | grep -c '"id"')"
+    if kopia restore ` + webSnapshot + `/hello.txt /var/tmp/stolen.txt >/var/tmp/steal.log 2>&1; then
+      say "steal restored $(cat /var/tmp/stolen.txt)"
+    else
+      say "steal refused $(grep -i -m 1 -e error -e denied /var/tmp/steal.log)"
+    fi
+    systemctl poweroff
+runcmd:
+- [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
+`
+}
+
+// e2eLogs returns the journal lines the report printed on the console.
+func e2eLogs(console string) string {
+	var logs []string
+	for _, line := range strings.Split(console, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), "GB-E2E-LOG "); ok {
+			logs = append(logs, rest)
+		}
+	}
+	return strings.Join(logs, "\n")
+}
+
+var e2eMarker = regexp.MustCompile(`(?m)^GB-E2E (\S+) ?(.*?)\r?$`)
+
+func e2eMarkers(console string) map[string]string {
+	m := map[string]string{}
+	for _, match := range e2eMarker.FindAllStringSubmatch(console, -1) {
+		m[match[1]] = match[2]
+	}
+	return m
+}
+
+var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, func() {
+	const (
+		bslsNS = "backup"
+		vmNS   = "team-a"
+	)
+	var (
+		ctx       context.Context
+		platform  *local.Platform
+		api       *testbed.APIServer
+		bsls      *v1alpha1.BackupStorageLocationServer
+		localPort int
+	)
+	vmEvents := func(name string) func() ([]string, error) {
+		return func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", name) }
+	}
+
+	// usersOfShard reads the users Secret of the shard that holds user.
+	usersOfShard := func(user string) func() string {
+		return func() string {
+			s := &corev1.Secret{}
+			_ = api.Client.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf(user))}, s)
+			return string(s.Data[userset.Key])
+		}
+	}
+	// waitForUser waits until the controller has given user to the server.
+	waitForUser := func(user string) {
+		GinkgoHelper()
+		Eventually(usersOfShard(user)).WithTimeout(30 * time.Second).Should(ContainSubstring(user))
+	}
+	// serverURL is the server as the host's kopia reaches it.
+	serverURL := func() string { return fmt.Sprintf("https://127.0.0.1:%d", localPort) }
+	// boot realises vm and boots its guest until it powers itself off.
+	boot := func(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
+		GinkgoHelper()
+		opts, err := platform.Realise(ctx, vm)
+		Expect(err).NotTo(HaveOccurred())
+		res := testbed.BootGuest(GinkgoT(), opts)
+		GinkgoWriter.Printf("guest of VM %s: boot to power off %v; first snapshot attempted at %ss of uptime\n",
+			vm.Name, res.Elapsed.Round(time.Second), e2eMarkers(res.Console)["uptime"])
+		return res
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		var err error
+		// The server's port on the host's loopback, fixed before the BSLS
+		// exists: the guest reaches it as 10.0.2.2:<port> (qemu's user
+		// network), which is the BSLS's clientURL, as for a VM on a
+		// secondary network that cannot resolve the Service's name.
+		localPort, err = testbed.FreePort()
+		Expect(err).NotTo(HaveOccurred())
+		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr})
+		api = platform.API
+		for _, ns := range []string{bslsNS, vmNS} {
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
+		}
+
+		// The admin's BSLS, and its server pod run from the Deployment the
+		// controller writes, for the whole container (a pod started in an
+		// It would stop with it).
+		bsls = &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{
+				Storage:   v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+				Access:    v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
+				ClientURL: fmt.Sprintf("https://%s:%d", testbed.GuestHostAddress, localPort),
+			},
+		}
+		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+		_, err = platform.ServeBSLS(ctx, GinkgoT(), bsls, localPort)
+		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("runs the admin's BSLS from the Deployment it writes: Ready, with endpoint and pin", func() {
+		Eventually(func() bool {
+			_ = api.Client.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
+			return meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)
+		}).WithTimeout(30 * time.Second).Should(BeTrue())
+		Expect(bsls.Status.Endpoint).To(Equal(bsls.Spec.ClientURL))
+		Expect(bsls.Status.TLSFingerprint).To(HaveLen(64))
+	})
+
+	// web is the first VM's story: its guest's console and, from the host,
+	// its first snapshot's ID and its password.
+	var web struct {
+		console, snapshot, password string
+	}
+
+	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
+		vm := typicalVM("web")
+		vm.Namespace = vmNS
+		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/data"}
+		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: webConfig}
+		Expect(api.Client.Create(ctx, vm)).To(Succeed())
+		stored := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+		waitForUser("web@team-a")
+
+		res := boot(stored)
+		web.console = res.Console
+		m := e2eMarkers(res.Console)
+		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as web@team-a"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["snapshots"]).To(Equal("1"))
+
+		By("finding the snapshot on the server as the VM's user")
+		s := &corev1.Secret{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)).To(Succeed())
+		web.password = string(s.Data[v1alpha1.SecretKeyPassword])
+		kopia := testbed.NewKopiaClient(GinkgoT())
+		out, err := kopia.Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		ids, err := kopia.SnapshotIDs(ctx, "/srv/data")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		web.snapshot = ids[0]
+
+		By("recording the whole story on the VM")
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
+			HavePrefix("CredentialsIssued: Issued Kopia credentials for web@team-a"),
+			HavePrefix("UserProvisioned: User web@team-a provisioned"),
+			HavePrefix("GuestConnected: Guest backs up as web@team-a"),
+			And(HavePrefix("SnapshotCreated: Snapshot"), ContainSubstring("of /srv/data: 21 bytes in 1 files")),
+		))
+		Expect(vmEvents("web")()).NotTo(ContainElement(ContainSubstring(web.password)))
+	})
+
+	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
+		Expect(e2eMarkers(web.console)).To(HaveKeyWithValue("marker", "the owner's own cloud-config ran"))
+	})
+
+	It("restores, inside the guest, a deleted file from its snapshot, byte-identical", func() {
+		sum := sha256.Sum256([]byte("hello from the guest\n"))
+		Expect(e2eMarkers(web.console)).To(HaveKeyWithValue("restore", "identical "+hex.EncodeToString(sum[:])))
+	})
+
+	// db is the second VM's guest console.
+	var dbConsole string
+
+	It("gives a VM that brings its own cloud-init Secret the secret disk; its guest connects from the disk", func() {
+		Expect(web.snapshot).NotTo(BeEmpty(), "the first VM's snapshot")
+		userData := dbConfig(web.snapshot)
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "db-userdata", Namespace: vmNS},
+			Data:       map[string][]byte{"userdata": []byte(userData)},
+		})).To(Succeed())
+		vm := typicalVM("db")
+		vm.Namespace = vmNS
+		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/db"}
+		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserDataSecretRef.Name = "db-userdata"
+		Expect(api.Client.Create(ctx, vm)).To(Succeed())
+		stored := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+		Expect(stored.Spec.Template.Spec.Volumes[1]).To(Equal(vm.Spec.Template.Spec.Volumes[1]), "the owner's cloud-init volume is kept")
+		Expect(stored.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", mutate.DiskVolume)))
+		owners := &corev1.Secret{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "db-userdata"}, owners)).To(Succeed())
+		Expect(string(owners.Data["userdata"])).To(Equal(userData), "the owner's cloud-init Secret is untouched")
+		waitForUser("db@team-a")
+
+		res := boot(stored)
+		dbConsole = res.Console
+		m := e2eMarkers(res.Console)
+		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as db@team-a"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["snapshots"]).To(Equal("1"))
+		Eventually(vmEvents("db")).WithTimeout(30 * time.Second).Should(ContainElement(
+			And(HavePrefix("SnapshotCreated: Snapshot"), ContainSubstring("of /srv/db: 25 bytes in 1 files"))))
+	})
+
+	It("keeps one VM's snapshots from another: the second guest can neither list nor restore the first's", func() {
+		m := e2eMarkers(dbConsole)
+		Expect(m).To(HaveKeyWithValue("visible", "1"), "all the snapshots the second guest can list: its own")
+		Expect(m).To(HaveKeyWithValue("others", "0"), "the first VM's snapshots, listed by source")
+		Expect(m["steal"]).To(HavePrefix("refused"), "restoring the first VM's snapshot by its ID")
+	})
+
+	It("revokes a deleted VM's user: its old credentials are refused, and other VMs keep theirs", func() {
+		Expect(web.password).NotTo(BeEmpty(), "the first VM's password")
+		Expect(api.Client.Delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNS}})).To(Succeed())
+		Eventually(usersOfShard("web@team-a")).WithTimeout(30 * time.Second).ShouldNot(ContainSubstring("web@team-a"))
+		Eventually(func() string {
+			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+			if err == nil {
+				return "accepted"
+			}
+			return out
+		}).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Or(ContainSubstring("access denied"), ContainSubstring("Unauthenticated")),
+			"the server's answer to the deleted VM's credentials")
+
+		s := &corev1.Secret{}
+		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, s)).To(Succeed())
+		out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "db@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
+		Expect(err).NotTo(HaveOccurred(), out)
+	})
+})
