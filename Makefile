@@ -48,6 +48,10 @@ lint-chart: tools ## Lint the Helm chart strictly.
 test: tools verify-generated vet lint-chart ## Run every test against the real test bed (what CI runs).
 	$(TOOLS_ENV); go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: demo
+demo: tools ## Run the whole product locally (API server, controller, webhook, Kopia server, a qemu guest) and narrate it.
+	$(TOOLS_ENV); go run ./hack/demo $(ARGS)
+
 .PHONY: bench
 bench: tools ## Run the benchmarks and print their figures.
 	$(TOOLS_ENV); go test -run='^$$' -bench=. -benchmem -count=1 ./...

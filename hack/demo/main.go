@@ -1,0 +1,375 @@
+// Command demo runs the whole of guestbackup on this machine, on the real
+// components of the test bed, and narrates it: a real API server, the
+// controller and the webhook, a BackupStorageLocationServer's Kopia server
+// run from the Deployment the controller writes, and a VirtualMachine whose
+// guest boots under qemu, connects and snapshots with nothing but what the
+// webhook injected. It ends with the guest's snapshot list and the VM's
+// Events. Run it with `make demo`, which builds the tools first.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"os/signal"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/local"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+)
+
+const (
+	bslsNamespace = "backup"
+	vmNamespace   = "team-a"
+	vmName        = "web"
+	// readyTimeout bounds the wait for the BSLS to become Ready.
+	readyTimeout = time.Minute
+	// eventsTimeout bounds the wait for the Events that follow a snapshot
+	// (the activity poll runs every 2 s here).
+	eventsTimeout = 30 * time.Second
+)
+
+// ownerConfig is the VM owner's own cloud-config: a file worth backing up,
+// and, standing in for someone who logs in, a unit that waits (bounded) for
+// the first snapshot, prints the guest's snapshot list on the console and
+// powers the guest off.
+const ownerConfig = `#cloud-config
+write_files:
+- path: /srv/data/notes.txt
+  content: "guestbackup demo: this file is backed up by the guest itself\n"
+- path: /usr/local/sbin/demo-report
+  permissions: '0755'
+  content: |
+    #!/bin/sh
+    export HOME=/root KOPIA_CHECK_FOR_UPDATES=false
+    i=0
+    while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
+    echo "DEMO status: $(cat /var/lib/guestbackup/status 2>/dev/null)" >/dev/console
+    kopia snapshot list --all 2>&1 | sed 's/^/DEMO /' >/dev/console
+    systemctl poweroff
+runcmd:
+- [systemd-run, --unit=demo-report, --no-block, /usr/local/sbin/demo-report]
+`
+
+var demoLine = regexp.MustCompile(`(?m)^DEMO (.*?)\r?$`)
+
+func main() {
+	verbose := flag.Bool("v", false, "print the components' logs")
+	guest := flag.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
+	flag.Parse()
+	r := newRun(os.Stdout, *verbose)
+	// Every process the test bed starts dies with this one (its parent
+	// death signal); the cleanups also remove the demo's folders.
+	signals := make(chan os.Signal, 1)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-signals
+		fmt.Fprintln(r.out, "\ninterrupted: stopping everything")
+		r.close()
+		os.Exit(130)
+	}()
+	err := r.guard(func() error { return demo(context.Background(), r, *guest) })
+	r.close()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// demo narrates the product on r's output; without bootGuest, or when no
+// guest can boot here, it stops once the server is Ready.
+func demo(ctx context.Context, r *run, bootGuest bool) error {
+	start := time.Now()
+	logger := logr.Discard()
+	if r.verbose {
+		logger = zap.New(zap.WriteTo(os.Stderr))
+	}
+	ctrl.SetLogger(logger)
+
+	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, VirtualMachine and cert-manager CRDs, " +
+		"and guestbackup's controller and webhook in this process")
+	p := local.Start(r, local.Options{Logger: logger})
+	c := p.API.Client
+	for _, ns := range []string{bslsNamespace, vmNamespace} {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"guestbackup.io/allowed": "true"}}}); err != nil {
+			return fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	r.done()
+
+	port, err := testbed.FreePort()
+	if err != nil {
+		return err
+	}
+	bsls := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNamespace},
+		Spec: v1alpha1.BackupStorageLocationServerSpec{
+			Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+			Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"guestbackup.io/allowed": "true"}}},
+			// The guest reaches the host's loopback as 10.0.2.2 (qemu's user
+			// network), as a VM on a secondary network reaches a node port.
+			ClientURL: fmt.Sprintf("https://%s:%d", testbed.GuestHostAddress, port),
+		},
+	}
+	r.step("Admin: creating BackupStorageLocationServer %s/%s (filesystem storage, for namespaces labelled guestbackup.io/allowed=true, clientURL %s)",
+		bslsNamespace, bsls.Name, bsls.Spec.ClientURL)
+	if err := c.Create(ctx, bsls); err != nil {
+		return fmt.Errorf("create the BSLS: %w", err)
+	}
+	r.say("the controller wrote its Secrets, Service and Deployment; running the Deployment's pod here (init: create the repository; then the Kopia server)")
+	if _, err := p.ServeBSLS(ctx, r, bsls, port); err != nil {
+		return err
+	}
+	err = testbed.WaitFor(readyTimeout, 200*time.Millisecond, func() (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls); err != nil {
+			return false, nil
+		}
+		return meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady), nil
+	})
+	if err != nil {
+		return fmt.Errorf("BSLS did not become Ready: %w; its conditions: %v", err, bsls.Status.Conditions)
+	}
+	r.say("Ready: endpoint %s, TLS fingerprint %s", bsls.Status.Endpoint, bsls.Status.TLSFingerprint)
+	r.done()
+
+	if !bootGuest {
+		r.say("no guest was asked for (-guest=false): the demo stops here, with the server ready")
+		return nil
+	}
+	if why := guestUnavailable(); why != "" {
+		r.say("%s: the demo stops here, with the server ready. `make tools` installs qemu and builds the guest image.", why)
+		return nil
+	}
+
+	r.step("Owner: creating VirtualMachine %s/%s with annotations %s=%s/%s and %s=/srv/data, and their own cloud-config",
+		vmNamespace, vmName, v1alpha1.AnnotationServer, bslsNamespace, bsls.Name, v1alpha1.AnnotationPaths)
+	vm := ownersVM(bsls)
+	if err := c.Create(ctx, vm); err != nil {
+		return fmt.Errorf("create the VirtualMachine: %w", err)
+	}
+	stored := &kubevirtv1.VirtualMachine{}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(vm), stored); err != nil {
+		return err
+	}
+	for _, v := range stored.Spec.Template.Spec.Volumes {
+		if v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil {
+			r.say("the webhook moved the cloud-config, with guestbackup's bootstrap merged in, to Secret %s (volume %s); the VM spec holds no password",
+				v.CloudInitNoCloud.UserDataSecretRef.Name, v.Name)
+		}
+	}
+	r.done()
+
+	r.step("KubeVirt's part, played by the test bed: booting the VM's guest under qemu (software emulation: a minute or two)")
+	opts, err := p.Realise(ctx, stored)
+	if err != nil {
+		return err
+	}
+	res := testbed.BootGuest(r, opts)
+	r.say("the guest booted, connected, took its first snapshot and powered off after %v", res.Elapsed.Round(time.Second))
+	r.done()
+
+	r.step("The guest's snapshot list (kopia snapshot list --all, inside the guest)")
+	for _, m := range demoLine.FindAllStringSubmatch(res.Console, -1) {
+		r.say("%s", m[1])
+	}
+	r.done()
+
+	r.step("The VM's Events (what `kubectl describe vm %s -n %s` shows an admin)", vmName, vmNamespace)
+	var events []string
+	_ = testbed.WaitFor(eventsTimeout, time.Second, func() (bool, error) {
+		events, err = p.Events(ctx, vmNamespace, "VirtualMachine", vmName)
+		return err == nil && hasReason(events, "SnapshotCreated"), nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, e := range events {
+		r.say("%s", e)
+	}
+	r.done()
+	fmt.Fprintf(r.out, "\nThe whole demo took %v; stopping everything.\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// guestUnavailable says why no guest can boot here, or "" when one can.
+func guestUnavailable() string {
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		return "qemu-system-x86_64 is not installed"
+	}
+	if _, err := testbed.LoadGuestImage(); err != nil {
+		return fmt.Sprintf("the guest image is not built (%v)", err)
+	}
+	return ""
+}
+
+func hasReason(events []string, reason string) bool {
+	for _, e := range events {
+		if strings.HasPrefix(e, reason+":") {
+			return true
+		}
+	}
+	return false
+}
+
+// ownersVM is a VM as its owner writes it: a containerDisk, their own
+// inline cloud-config, and the opt-in annotations.
+func ownersVM(bsls *v1alpha1.BackupStorageLocationServer) *kubevirtv1.VirtualMachine {
+	virtio := kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: vmName, Namespace: vmNamespace,
+			Annotations: map[string]string{
+				v1alpha1.AnnotationServer: bsls.Namespace + "/" + bsls.Name,
+				v1alpha1.AnnotationPaths:  "/srv/data",
+			},
+		},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyAlways),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"kubevirt.io/vm": vmName}},
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{
+						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
+						Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
+							{Name: "root", DiskDevice: virtio},
+							{Name: "cloudinit", DiskDevice: virtio},
+						}},
+					},
+					Volumes: []kubevirtv1.Volume{
+						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}},
+						{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: ownerConfig}}},
+					},
+				},
+			},
+		},
+	}
+}
+
+// run is the demo's testbed.TB: Fatalf ends the demo (through guard),
+// cleanups run in reverse when it ends, and the numbered steps it narrates
+// are timed.
+type run struct {
+	out       io.Writer
+	verbose   bool
+	mu        sync.Mutex
+	cleanups  []func()
+	failed    bool
+	dirs      []string
+	steps     int
+	stepStart time.Time
+	closeOnce sync.Once
+}
+
+// fatal is what Fatalf panics with; guard turns it back into an error.
+type fatal struct{ msg string }
+
+func newRun(out io.Writer, verbose bool) *run { return &run{out: out, verbose: verbose} }
+
+func (r *run) Helper() {}
+
+func (r *run) Cleanup(f func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cleanups = append(r.cleanups, f)
+}
+
+func (r *run) Failed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.failed
+}
+
+func (r *run) Fatalf(format string, args ...any) {
+	r.mu.Lock()
+	r.failed = true
+	r.mu.Unlock()
+	panic(fatal{msg: fmt.Sprintf(format, args...)})
+}
+
+func (r *run) Logf(format string, args ...any) {
+	// The test bed logs what it keeps after a failure (a guest's console,
+	// a process's log): always worth showing.
+	if r.verbose || r.Failed() {
+		fmt.Fprintf(os.Stderr, format+"\n", args...)
+	}
+}
+
+func (r *run) TempDir() string {
+	dir, err := os.MkdirTemp("", "guestbackup-demo-")
+	if err != nil {
+		r.Fatalf("temporary folder: %v", err)
+	}
+	r.mu.Lock()
+	r.dirs = append(r.dirs, dir)
+	r.mu.Unlock()
+	return dir
+}
+
+// guard runs f, turning a Fatalf into its error.
+func (r *run) guard(f func() error) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			f, ok := v.(fatal)
+			if !ok {
+				panic(v)
+			}
+			err = errors.New(f.msg)
+		}
+	}()
+	err = f()
+	if err != nil {
+		r.mu.Lock()
+		r.failed = true
+		r.mu.Unlock()
+	}
+	return err
+}
+
+// close runs the cleanups, newest first, then removes the folders.
+func (r *run) close() {
+	r.closeOnce.Do(func() {
+		r.mu.Lock()
+		cleanups := r.cleanups
+		r.mu.Unlock()
+		for i := len(cleanups) - 1; i >= 0; i-- {
+			cleanups[i]()
+		}
+		for _, d := range r.dirs {
+			_ = os.RemoveAll(d)
+		}
+	})
+}
+
+func (r *run) step(format string, args ...any) {
+	r.steps++
+	r.stepStart = time.Now()
+	fmt.Fprintf(r.out, "\n==> %d. %s\n", r.steps, fmt.Sprintf(format, args...))
+}
+
+func (r *run) say(format string, args ...any) {
+	fmt.Fprintf(r.out, "    %s\n", fmt.Sprintf(format, args...))
+}
+
+func (r *run) done() {
+	fmt.Fprintf(r.out, "    (%v)\n", time.Since(r.stepStart).Round(100*time.Millisecond))
+}
