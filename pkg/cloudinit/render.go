@@ -51,6 +51,19 @@ type cloudConfig struct {
 // CloudConfig renders the bootstrap as a #cloud-config document: the files
 // written with their modes, then the units enabled and started.
 func CloudConfig(b Bootstrap) ([]byte, error) {
+	key := b.key()
+	if rendered, ok := renderings.get(key); ok {
+		return rendered, nil
+	}
+	rendered, err := renderCloudConfig(b)
+	if err != nil {
+		return nil, err
+	}
+	renderings.put(key, rendered)
+	return rendered, nil
+}
+
+func renderCloudConfig(b Bootstrap) ([]byte, error) {
 	files, err := b.Files()
 	if err != nil {
 		return nil, err

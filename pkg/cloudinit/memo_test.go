@@ -1,0 +1,88 @@
+package cloudinit
+
+import (
+	"bytes"
+	"reflect"
+	"strconv"
+	"testing"
+)
+
+// TestBootstrapKeyCoversEveryField changes each field of a Bootstrap in turn
+// and expects a new key: a field added to Bootstrap but not to key() would
+// let CloudConfig return another Bootstrap's rendering.
+func TestBootstrapKeyCoversEveryField(t *testing.T) {
+	base := testBootstrap()
+	base.Paths = []string{"/etc"}
+	base.Schedule = "daily"
+	typ := reflect.TypeFor[Bootstrap]()
+	for i := range typ.NumField() {
+		f := typ.Field(i)
+		t.Run(f.Name, func(t *testing.T) {
+			changed := base
+			changed.Paths = append([]string(nil), base.Paths...)
+			v := reflect.ValueOf(&changed).Elem().Field(i)
+			switch v.Kind() {
+			case reflect.String:
+				v.SetString(v.String() + "x")
+			case reflect.Int64:
+				v.SetInt(v.Int() + 1)
+			case reflect.Slice:
+				v.Set(reflect.Append(v, reflect.ValueOf("/home")))
+			default:
+				t.Fatalf("field %s has kind %s, which this test does not know how to change: teach it, and key()", f.Name, v.Kind())
+			}
+			if changed.key() == base.key() {
+				t.Errorf("changing %s leaves the key unchanged: add it to Bootstrap.key", f.Name)
+			}
+		})
+	}
+	// Length prefixes: moving bytes between neighbouring fields changes
+	// the key too.
+	a, b := base, base
+	a.Username, a.Password = "ab", "c"
+	b.Username, b.Password = "a", "bc"
+	if a.key() == b.key() {
+		t.Error("fields are not delimited in the key")
+	}
+}
+
+// TestCloudConfigRemembersExactlyWhatItRenders: a remembered rendering is
+// byte for byte a fresh one, and a caller changing what it got does not
+// change the next caller's.
+func TestCloudConfigRemembersExactlyWhatItRenders(t *testing.T) {
+	b := testBootstrap()
+	b.Paths = []string{"/srv/memo-test"}
+	fresh, err := renderCloudConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := CloudConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range first {
+		first[i] = 'x'
+	}
+	second, err := CloudConfig(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(second, fresh) {
+		t.Errorf("remembered rendering differs from a fresh one:\n%s\nwant:\n%s", second, fresh)
+	}
+}
+
+// TestMemoStaysBounded fills the memo past its size.
+func TestMemoStaysBounded(t *testing.T) {
+	m := &memo{entries: map[string][]byte{}}
+	for i := range memoSize + 100 {
+		m.put(strconv.Itoa(i), []byte("v"))
+	}
+	if len(m.entries) != memoSize {
+		t.Errorf("memo holds %d entries, want at most %d", len(m.entries), memoSize)
+	}
+	m.put("last", []byte("kept"))
+	if got, ok := m.get("last"); !ok || string(got) != "kept" {
+		t.Errorf("the newest entry: got %q, %v", got, ok)
+	}
+}
