@@ -124,10 +124,6 @@ func Decide(in Input) (Decision, error) {
 	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(in.Object, &vm); err != nil {
 		return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
 	}
-	var raw map[string]any
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(in.Object, &raw); err != nil {
-		return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
-	}
 	if vm.Namespace == "" {
 		vm.Namespace = in.Namespace
 	}
@@ -140,7 +136,7 @@ func Decide(in Input) (Decision, error) {
 		if !hasStatus {
 			return Decision{Outcome: OutcomeIgnored}, nil
 		}
-		return optOut(&vm, raw, status, in.Secret), nil
+		return optOut(&vm, status, in.Secret), nil
 	}
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
@@ -152,7 +148,7 @@ func Decide(in Input) (Decision, error) {
 	if vm.Spec.Template == nil {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
-	d, err := inject(&vm, raw, o, status, hasStatus, in)
+	d, err := inject(&vm, o, status, hasStatus, in)
 	if err != nil || d.Denied != "" {
 		return d, err
 	}
@@ -277,7 +273,7 @@ type placement struct {
 	userPart   []byte // the VM's own user-data, when merged
 }
 
-func inject(vm *kubevirtv1.VirtualMachine, raw map[string]any, o options, old v1alpha1.InjectionStatus, hasStatus bool, in Input) (Decision, error) {
+func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStatus, hasStatus bool, in Input) (Decision, error) {
 	var d Decision
 	spec := &vm.Spec.Template.Spec
 
@@ -313,7 +309,7 @@ func inject(vm *kubevirtv1.VirtualMachine, raw map[string]any, o options, old v1
 		}
 	} else {
 		var refusal string
-		p, ops, refusal = place(vm, raw, o.mode)
+		p, ops, refusal = place(vm, in.Object, o.mode)
 		if refusal != "" {
 			return deny("%s", refusal), nil
 		}
@@ -392,7 +388,7 @@ func stillInjected(spec *kubevirtv1.VirtualMachineInstanceSpec, st v1alpha1.Inje
 
 // place chooses how the bootstrap reaches the guest and returns the patch
 // that puts it there, or why it cannot.
-func place(vm *kubevirtv1.VirtualMachine, raw map[string]any, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
+func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
 	spec := &vm.Spec.Template.Spec
 	secret := SecretName(vm.Name)
 	ci := -1
@@ -412,7 +408,8 @@ func place(vm *kubevirtv1.VirtualMachine, raw map[string]any, mode string) (plac
 		p := placement{mode: v1alpha1.ModeCloudInit, volume: CloudInitVolume, disk: CloudInitVolume}
 		vol := map[string]any{"name": CloudInitVolume, "cloudInitNoCloud": map[string]any{"secretRef": map[string]any{"name": secret}}}
 		disk := map[string]any{"name": CloudInitVolume, "disk": map[string]any{"bus": "virtio"}}
-		return p, addVolumeAndDisk(raw, vol, disk), ""
+		ops, refusal := addVolumeAndDisk(object, vol, disk)
+		return p, ops, refusal
 	case spec.Volumes[ci].CloudInitNoCloud != nil:
 		nc := spec.Volumes[ci].CloudInitNoCloud
 		var user []byte
@@ -460,16 +457,23 @@ func place(vm *kubevirtv1.VirtualMachine, raw map[string]any, mode string) (plac
 	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume}
 	vol := map[string]any{"name": DiskVolume, "secret": map[string]any{"secretName": secret, "volumeLabel": DiskLabel}}
 	disk := map[string]any{"name": DiskVolume, "serial": DiskSerial, "disk": map[string]any{"bus": "virtio"}}
-	return p, addVolumeAndDisk(raw, vol, disk), ""
+	ops, refusal := addVolumeAndDisk(object, vol, disk)
+	return p, ops, refusal
 }
 
 // addVolumeAndDisk appends to the template's volumes and disks, creating
-// the lists (or the objects above them) only where the VM has none.
-func addVolumeAndDisk(raw map[string]any, vol, disk map[string]any) []jsonpatch.JsonPatchOperation {
+// the lists (or the objects above them) only where the VM's JSON, object,
+// has none. Only a first injection needs that, so only it pays for reading
+// the VM a second time, untyped.
+func addVolumeAndDisk(object []byte, vol, disk map[string]any) ([]jsonpatch.JsonPatchOperation, string) {
+	var raw map[string]any
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(object, &raw); err != nil {
+		return nil, fmt.Sprintf("guestbackup cannot read this VirtualMachine: %v", err)
+	}
 	return []jsonpatch.JsonPatchOperation{
 		appendItem(raw, []string{"spec", "template", "spec", "volumes"}, vol),
 		appendItem(raw, []string{"spec", "template", "spec", "domain", "devices", "disks"}, disk),
-	}
+	}, ""
 }
 
 // appendItem appends item to the list at path, or adds the list, and any
@@ -563,7 +567,7 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 
 // optOut removes what the status says was injected and gives the VM its
 // own user-data back.
-func optOut(vm *kubevirtv1.VirtualMachine, raw map[string]any, st v1alpha1.InjectionStatus, secret *corev1.Secret) Decision {
+func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *corev1.Secret) Decision {
 	var ops []jsonpatch.JsonPatchOperation
 	if vm.Spec.Template != nil {
 		spec := &vm.Spec.Template.Spec
