@@ -81,7 +81,13 @@ write_files:
   content: |
     ` + reportPrelude + `    say "snapshots $(kopia snapshot list --json /srv/db | grep -c '"id"')"
     say "visible $(kopia snapshot list --all --json | grep -c '"id"')"
+    say "mine $(kopia snapshot list --json db@team-a:/srv/db 2>/dev/null | grep -c '"id"')"
     say "others $(kopia snapshot list --json web@team-a:/srv/data 2>/dev/null | grep -c '"id"')"
+    if kopia restore "$(snapshot_id /srv/db)/dump.sql" /var/tmp/own.sql >/var/tmp/own.log 2>&1 && cmp -s /srv/db/dump.sql /var/tmp/own.sql; then
+      say "own restored"
+    else
+      say "own failed $(tail -n 3 /var/tmp/own.log | tr '\n' ' ')"
+    fi
     if kopia restore ` + webSnapshot + `/hello.txt /var/tmp/stolen.txt >/var/tmp/steal.log 2>&1; then
       say "steal restored $(cat /var/tmp/stolen.txt)"
     else
@@ -285,8 +291,10 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 	It("keeps one VM's snapshots from another: the second guest can neither list nor restore the first's", func() {
 		m := e2eMarkers(dbConsole)
 		Expect(m).To(HaveKeyWithValue("visible", "1"), "all the snapshots the second guest can list: its own")
-		Expect(m).To(HaveKeyWithValue("others", "0"), "the first VM's snapshots, listed by source")
-		Expect(m["steal"]).To(HavePrefix("refused"), "restoring the first VM's snapshot by its ID")
+		Expect(m).To(HaveKeyWithValue("mine", "1"), "its own snapshots, listed by source")
+		Expect(m).To(HaveKeyWithValue("others", "0"), "the first VM's snapshots, listed by source the same way")
+		Expect(m).To(HaveKeyWithValue("own", "restored"), "restoring its own snapshot the same way, by ID and path")
+		Expect(m["steal"]).To(HavePrefix("refused"), "restoring the first VM's snapshot by its ID and path")
 	})
 
 	It("revokes a deleted VM's user: its old credentials are refused, and other VMs keep theirs", func() {
