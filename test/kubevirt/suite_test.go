@@ -1,6 +1,8 @@
 // Package kubevirt is guestbackup's end-to-end suite for KubeVirt
 // VirtualMachines. It runs on the local test bed: a real kube-apiserver with
-// KubeVirt's VirtualMachine CRD as virt-operator installs it.
+// KubeVirt's VirtualMachine CRD as virt-operator installs it, guestbackup's
+// webhook and controllers in-process (internal/local), and real Linux guests
+// under qemu realised from the VMs the API server stored (see README.md).
 package kubevirt
 
 import (
