@@ -27,9 +27,7 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/config"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -46,7 +44,7 @@ const Namespace = "guestbackup-system"
 
 // Timeouts of the steps a cluster would take on its own.
 const (
-	// startTimeout bounds the manager's start and stop.
+	// startTimeout bounds the start of the manager's webhook server.
 	startTimeout = 30 * time.Second
 	// deploymentTimeout bounds the wait for the controller to write a
 	// BSLS's Deployment.
@@ -132,37 +130,18 @@ func startManager(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform, 
 		return nil, err
 	}
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(port)
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
-		Scheme: api.Scheme, WebhookServer: server, Logger: o.Logger, Cache: mutate.CacheOptions(),
-		Metrics: metricsserver.Options{BindAddress: metricsAddr}, HealthProbeBindAddress: "0",
-		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-	})
+	stop, err := testbed.RunManager(api, testbed.ManagerOptions{
+		Logger: o.Logger, MetricsAddr: metricsAddr, WebhookServer: server, Cache: mutate.CacheOptions(),
+	}, o.Setup)
 	if err != nil {
-		return nil, fmt.Errorf("create manager: %w", err)
-	}
-	if err := o.Setup(mgr); err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
 	tb.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				tb.Logf("manager: %v", err)
-			}
-		case <-time.After(startTimeout):
-			tb.Logf("the manager did not stop within %v", startTimeout)
+		if err := stop(); err != nil {
+			tb.Logf("manager: %v", err)
 		}
 	})
 	err = testbed.WaitFor(startTimeout, 50*time.Millisecond, func() (bool, error) {
-		select {
-		case err := <-done:
-			return false, fmt.Errorf("manager stopped: %w", err)
-		default:
-		}
 		return server.StartedChecker()(nil) == nil, nil
 	})
 	if err != nil {

@@ -9,8 +9,10 @@ import (
 	"github.com/go-logr/logr"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 )
 
 // ManagerOptions adjust RunManager.
@@ -18,6 +20,12 @@ type ManagerOptions struct {
 	Logger logr.Logger
 	// MetricsAddr serves /metrics there (a loopback address); none when empty.
 	MetricsAddr string
+	// WebhookServer is the manager's webhook server; default: one that
+	// is started only when a webhook is registered.
+	WebhookServer webhook.Server
+	// Cache adjusts the manager's cache (its Scheme is always the API
+	// server's).
+	Cache cache.Options
 }
 
 // RunManager starts a controller-runtime manager against api, listening on
@@ -35,6 +43,8 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 		HealthProbeBindAddress: "0",
 		Logger:                 o.Logger,
 		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
+		WebhookServer:          o.WebhookServer,
+		Cache:                  o.Cache,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)
