@@ -3,41 +3,16 @@ package activity
 import (
 	"context"
 	"fmt"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/kopia/kopia/fs"
 	"github.com/kopia/kopia/repo"
-	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/snapshot"
 
+	"github.com/guestbackup/guestbackup/internal/kopiatest"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
-
-func newRepository(tb testing.TB) repo.Repository {
-	tb.Helper()
-	ctx := context.Background()
-	dir := tb.TempDir()
-	st, err := filesystem.New(ctx, &filesystem.Options{Path: filepath.Join(dir, "repository")}, true)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	const password = "repository password"
-	if err := repo.Initialize(ctx, st, &repo.NewRepositoryOptions{}, password); err != nil {
-		tb.Fatal(err)
-	}
-	config := filepath.Join(dir, "repository.config")
-	if err := repo.Connect(ctx, config, st, password, &repo.ConnectOptions{}); err != nil {
-		tb.Fatal(err)
-	}
-	r, err := repo.Open(ctx, config, password, &repo.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = r.Close(ctx) })
-	return r
-}
 
 // snap writes snapshot manifests as a guest's kopia does, through the
 // server: labelled with the guest's user, host and path.
@@ -59,7 +34,7 @@ func snap(tb testing.TB, r repo.Repository, user, host, path string, end time.Ti
 
 func TestScannerReadsOnlyWhatIsNew(t *testing.T) {
 	ctx := context.Background()
-	r := newRepository(t)
+	r := kopiatest.NewRepository(t)
 	s := NewScanner()
 	if changed, err := s.Scan(ctx, r); err != nil || changed {
 		t.Fatalf("empty repository: changed %v, %v", changed, err)

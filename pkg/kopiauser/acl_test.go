@@ -6,6 +6,8 @@ import (
 
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/manifest"
+
+	"github.com/guestbackup/guestbackup/internal/kopiatest"
 )
 
 // acls returns every ACL manifest in the repository, keyed, and whether
@@ -29,7 +31,7 @@ func acls(t *testing.T, r repo.Repository) map[string]bool {
 
 func TestSyncACLs(t *testing.T) {
 	ctx := context.Background()
-	r := newRepository(t)
+	r := kopiatest.NewRepository(t)
 	admin := ACL{User: "auditor@ops", Target: map[string]string{manifest.TypeLabelKey: "snapshot"}, Access: AccessRead}
 	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		_, err := w.PutManifest(ctx, map[string]string{manifest.TypeLabelKey: aclManifestType}, admin)

@@ -4,12 +4,10 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"path/filepath"
 	"reflect"
 	"testing"
 
-	"github.com/kopia/kopia/repo"
-	"github.com/kopia/kopia/repo/blob/filesystem"
+	"github.com/guestbackup/guestbackup/internal/kopiatest"
 )
 
 // fakeHash is a well-formed hash of no password: sync compares hashes as
@@ -69,35 +67,9 @@ func TestPlan(t *testing.T) {
 	}
 }
 
-// newRepository creates a real filesystem Kopia repository in a temporary
-// folder and opens it, as the server pod's sync does.
-func newRepository(tb testing.TB) repo.Repository {
-	tb.Helper()
-	ctx := context.Background()
-	dir := tb.TempDir()
-	st, err := filesystem.New(ctx, &filesystem.Options{Path: filepath.Join(dir, "repository")}, true)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	const password = "repository password"
-	if err := repo.Initialize(ctx, st, &repo.NewRepositoryOptions{}, password); err != nil {
-		tb.Fatal(err)
-	}
-	config := filepath.Join(dir, "repository.config")
-	if err := repo.Connect(ctx, config, st, password, &repo.ConnectOptions{}); err != nil {
-		tb.Fatal(err)
-	}
-	r, err := repo.Open(ctx, config, password, &repo.Options{})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { _ = r.Close(ctx) })
-	return r
-}
-
 func TestSyncAgainstARepository(t *testing.T) {
 	ctx := context.Background()
-	r := newRepository(t)
+	r := kopiatest.NewRepository(t)
 	a, b, b2, c := fakeHash(t), fakeHash(t), fakeHash(t), fakeHash(t)
 
 	steps := []struct {
@@ -135,7 +107,7 @@ func TestSyncAgainstARepository(t *testing.T) {
 
 func TestSyncRefusesBadInputWhole(t *testing.T) {
 	ctx := context.Background()
-	r := newRepository(t)
+	r := kopiatest.NewRepository(t)
 	// The valid user sorts first, so it is written before the invalid one fails.
 	_, err := Sync(ctx, r, map[string]Hash{"a-good@ns": fakeHash(t), "z-bad@NS": fakeHash(t)})
 	if err == nil {
@@ -162,7 +134,7 @@ func BenchmarkSync10000(b *testing.B) {
 	b.Run("initial", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
-			r := newRepository(b)
+			r := kopiatest.NewRepository(b)
 			b.StartTimer()
 			if changes, err := Sync(ctx, r, desired); err != nil || len(changes) != len(desired) {
 				b.Fatalf("sync: %d changes, %v", len(changes), err)
@@ -170,7 +142,7 @@ func BenchmarkSync10000(b *testing.B) {
 		}
 	})
 	b.Run("resync", func(b *testing.B) {
-		r := newRepository(b)
+		r := kopiatest.NewRepository(b)
 		if _, err := Sync(ctx, r, desired); err != nil {
 			b.Fatal(err)
 		}
