@@ -122,6 +122,18 @@ func secretYAML(t *testing.T, s *corev1.Secret) []byte {
 	return out
 }
 
+// withAnnotation is obj with annotation key set to value.
+func withAnnotation(t *testing.T, obj []byte, key, value string) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	m["metadata"].(map[string]any)["annotations"].(map[string]any)[key] = value
+	out, _ := json.Marshal(m)
+	return out
+}
+
 // withoutServer is obj with the opt-in annotation removed.
 func withoutServer(t *testing.T, obj []byte) []byte {
 	t.Helper()
@@ -258,12 +270,7 @@ func TestRotation(t *testing.T) {
 	pw := &passwords{}
 	original := readVM(t, "no-cloud-init.vm.yaml")
 	first := decide(t, original, nil, pw)
-	mutated := apply(t, original, first)
-
-	var m map[string]any
-	_ = json.Unmarshal(mutated, &m)
-	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationRotate] = "2026-11-23"
-	rotating, _ := json.Marshal(m)
+	rotating := withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationRotate, "2026-11-23")
 
 	d := decide(t, rotating, first.Secret, pw)
 	if d.Denied != "" || d.Secret == nil {
@@ -288,11 +295,7 @@ func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
 	pw := &passwords{}
 	original := readVM(t, "no-cloud-init.vm.yaml")
 	first := decide(t, original, nil, pw)
-	mutated := apply(t, original, first)
-	var m map[string]any
-	_ = json.Unmarshal(mutated, &m)
-	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationPaths] = "/var/lib/app"
-	changed, _ := json.Marshal(m)
+	changed := withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationPaths, "/var/lib/app")
 	d := decide(t, changed, first.Secret, pw)
 	if len(d.Patch) != 0 || d.Secret == nil || !bytes.Contains(d.Secret.Data[v1alpha1.SecretKeyUserData], []byte("/var/lib/app")) {
 		t.Errorf("want the same VM and a Secret with the new paths: patch %+v", d.Patch)
@@ -305,23 +308,18 @@ func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
 func TestDenials(t *testing.T) {
 	base := readVM(t, "no-cloud-init.vm.yaml")
 	set := func(key, value string) []byte {
+		if key != "name" {
+			return withAnnotation(t, base, key, value)
+		}
 		var m map[string]any
 		_ = json.Unmarshal(base, &m)
-		if key == "name" {
-			m["metadata"].(map[string]any)["name"] = value
-		} else {
-			m["metadata"].(map[string]any)["annotations"].(map[string]any)[key] = value
-		}
+		m["metadata"].(map[string]any)["name"] = value
 		out, _ := json.Marshal(m)
 		return out
 	}
 	notReady := readyServer()
 	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Message: "Not True: CertificateReady"}
-	secretRef := readVM(t, "secret-ref.vm.yaml")
-	var m map[string]any
-	_ = json.Unmarshal(secretRef, &m)
-	m["metadata"].(map[string]any)["annotations"].(map[string]any)[v1alpha1.AnnotationMode] = "cloud-init"
-	forcedCloudInit, _ := json.Marshal(m)
+	forcedCloudInit := withAnnotation(t, readVM(t, "secret-ref.vm.yaml"), v1alpha1.AnnotationMode, "cloud-init")
 
 	tests := []struct {
 		name   string
