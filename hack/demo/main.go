@@ -222,9 +222,11 @@ func guestUnavailable() string {
 	return ""
 }
 
+// hasReason reports whether one of events, as local.Platform.Events
+// writes them, has reason.
 func hasReason(events []string, reason string) bool {
 	for _, e := range events {
-		if strings.HasPrefix(e, reason+":") {
+		if _, rest, _ := strings.Cut(e, " "); strings.HasPrefix(rest, reason+":") {
 			return true
 		}
 	}

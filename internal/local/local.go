@@ -254,7 +254,7 @@ func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (
 }
 
 // Events returns the Events about the object kind/name in namespace, oldest
-// first, as "Reason: message".
+// first, as "Type Reason: message".
 func (p *Platform) Events(ctx context.Context, namespace, kind, name string) ([]string, error) {
 	list := &corev1.EventList{}
 	if err := p.API.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
@@ -266,7 +266,7 @@ func (p *Platform) Events(ctx context.Context, namespace, kind, name string) ([]
 	var out []string
 	for _, e := range list.Items {
 		if e.InvolvedObject.Kind == kind && e.InvolvedObject.Name == name {
-			out = append(out, e.Reason+": "+e.Message)
+			out = append(out, e.Type+" "+e.Reason+": "+e.Message)
 		}
 	}
 	return out, nil

@@ -41,6 +41,7 @@ func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 var _ = Describe("The admission webhook, registered in a real API server", Ordered, func() {
 	var (
 		ctx         context.Context
+		platform    *local.Platform
 		api         *testbed.APIServer
 		requests    *counting
 		metricsAddr string
@@ -58,20 +59,8 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 			return s, api.Client.Get(ctx, vmKey(mutate.SecretName(name)), s)
 		}
 	}
-	vmEvents := func(name string) func() []string {
-		return func() []string {
-			list := &corev1.EventList{}
-			if err := api.Client.List(ctx, list, client.InNamespace("team-a")); err != nil {
-				return nil
-			}
-			var out []string
-			for _, e := range list.Items {
-				if e.InvolvedObject.Kind == "VirtualMachine" && e.InvolvedObject.Name == name {
-					out = append(out, e.Type+" "+e.Reason+": "+e.Message)
-				}
-			}
-			return out
-		}
+	vmEvents := func(name string) func() ([]string, error) {
+		return func() ([]string, error) { return platform.Events(ctx, "team-a", "VirtualMachine", name) }
 	}
 	optIn := func(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
 		vm.Namespace = "team-a"
@@ -83,7 +72,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		platform := local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
+		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
 			// cmd/webhook's wiring (mutate.SetupWithManager), with a
 			// counter in front that sees every request reaching the server.
 			requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{

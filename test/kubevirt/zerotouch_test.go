@@ -238,10 +238,10 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 
 		By("recording the whole story on the VM")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
-			HavePrefix("CredentialsIssued: Issued Kopia credentials for web@team-a"),
-			HavePrefix("UserProvisioned: User web@team-a provisioned"),
-			HavePrefix("GuestConnected: Guest backs up as web@team-a"),
-			And(HavePrefix("SnapshotCreated: Snapshot"), ContainSubstring("of /srv/data: 21 bytes in 1 files")),
+			HavePrefix("Normal CredentialsIssued: Issued Kopia credentials for web@team-a"),
+			HavePrefix("Normal UserProvisioned: User web@team-a provisioned"),
+			HavePrefix("Normal GuestConnected: Guest backs up as web@team-a"),
+			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/data: 21 bytes in 1 files")),
 		))
 		Expect(vmEvents("web")()).NotTo(ContainElement(ContainSubstring(web.password)))
 	})
@@ -285,7 +285,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as db@team-a"), "the guest's services said:\n%s", e2eLogs(res.Console))
 		Expect(m["snapshots"]).To(Equal("1"))
 		Eventually(vmEvents("db")).WithTimeout(30 * time.Second).Should(ContainElement(
-			And(HavePrefix("SnapshotCreated: Snapshot"), ContainSubstring("of /srv/db: 25 bytes in 1 files"))))
+			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/db: 25 bytes in 1 files"))))
 	})
 
 	It("keeps one VM's snapshots from another: the second guest can neither list nor restore the first's", func() {
