@@ -1,8 +1,11 @@
 // Command guestbackup-server runs beside the Kopia server in a
 // BackupStorageLocationServer's pod:
 //
-//	guestbackup-server init        connect to or create the repository, write the TLS chain
-//	guestbackup-server sync-users  keep the repository's users equal to the users Secrets
+//	guestbackup-server init        connect to or create the repository, write its access
+//	                               rules (ACLs), write the TLS chain
+//	guestbackup-server sync-users  keep the repository's users equal to the users Secrets and
+//	                               its ACLs guestbackup's; on an append-only server, apply
+//	                               retention on the server's clock
 //
 // Passwords and storage credentials come from the environment (KOPIA_PASSWORD,
 // KOPIA_SERVER_CONTROL_PASSWORD, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -21,15 +24,24 @@ import (
 	"time"
 
 	"github.com/kopia/kopia/repo"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/retention"
 )
 
 func main() {
@@ -79,6 +91,7 @@ func runInit(args []string) error {
 		veleroSecret  string
 		veleroKey     string
 		veleroProfile string
+		appendOnly    bool
 	)
 	fs.StringVar(&o.ConfigFile, "config-file", "", "Where to write the repository connection.")
 	fs.StringVar(&o.TLSCertFile, "tls-cert-file", "", "The server's certificate (tls.crt).")
@@ -95,6 +108,7 @@ func runInit(args []string) error {
 	fs.StringVar(&veleroKey, "s3-credentials-key", "cloud", "Key of that Secret holding an AWS shared credentials file.")
 	fs.StringVar(&veleroProfile, "s3-credentials-profile", "default", "Profile of that file to use.")
 	fs.StringVar(&defaultPolicy, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy, applied when the repository is created.")
+	fs.BoolVar(&appendOnly, "append-only", false, "Write the append-only access rules instead of the default ones.")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -143,6 +157,37 @@ func runInit(args []string) error {
 	} else {
 		fmt.Println("connected to the existing repository")
 	}
+	return writeACLs(o.ConfigFile, o.Password, appendOnly)
+}
+
+// foreignACLsFile is where init leaves the foreign ACLs it removed, for the
+// user-sync container (which shares the config folder) to report.
+func foreignACLsFile(configFile string) string { return configFile + ".foreign-acls.json" }
+
+// writeACLs makes the repository's access rules guestbackup's before the
+// server starts, so that it never serves under Kopia's legacy rules (no
+// ACLs) or under rules someone else wrote.
+func writeACLs(configFile, password string, appendOnly bool) error {
+	ctx := context.Background()
+	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
+	if err != nil {
+		return fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(ctx) //nolint:errcheck // the write session flushed what matters
+	res, err := kopiauser.SyncACLs(ctx, r, kopiauser.ACLsFor(appendOnly))
+	if err != nil {
+		return err
+	}
+	for _, f := range res.Foreign {
+		fmt.Println("removed an ACL manifest guestbackup did not write:", f.String())
+	}
+	data, err := json.Marshal(res.Foreign)
+	if err != nil {
+		return fmt.Errorf("encode foreign ACLs: %w", err)
+	}
+	if err := os.WriteFile(foreignACLsFile(configFile), data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", foreignACLsFile(configFile), err)
+	}
 	return nil
 }
 
@@ -184,18 +229,23 @@ func runSyncUsers(args []string) error {
 		controlUser string
 		caFile      string
 		healthAddr  string
+		bslsUID     string
+		policyJSON  string
 		logOpts     zap.Options
 	)
 	fs.StringVar(&o.Namespace, "namespace", "", "Namespace of the BSLS and its users Secrets.")
 	fs.StringVar(&o.BSLS, "bsls", "", "Name of the BSLS.")
-	fs.BoolVar(&o.AppendOnly, "append-only", false, "Let guests create and read their own snapshots, but not delete them (Kopia ACLs).")
+	fs.StringVar(&bslsUID, "bsls-uid", "", "UID of the BSLS, which Events name.")
+	fs.BoolVar(&o.AppendOnly, "append-only", false, "Let guests create and read their own snapshots, but not delete them (Kopia ACLs), and apply retention on the server's clock.")
+	fs.StringVar(&policyJSON, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy: its retention is what an append-only server applies.")
+	fs.DurationVar(&o.RetentionInterval, "retention-interval", time.Hour, "How often an append-only server applies retention.")
 	fs.DurationVar(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
 	fs.StringVar(&configFile, "config-file", "", "The repository connection written by init.")
 	fs.StringVar(&serverURL, "server-url", "", "The Kopia server in this pod, e.g. https://127.0.0.1:51515.")
 	fs.StringVar(&controlUser, "server-control-username", "server-control", "The server's control user.")
 	fs.StringVar(&caFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
-	fs.StringVar(&healthAddr, "health-addr", ":8082", "Address of /healthz and /readyz (ready once users are synced).")
+	fs.StringVar(&healthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -204,6 +254,24 @@ func runSyncUsers(args []string) error {
 		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
+	o.BSLSUID = types.UID(bslsUID)
+	var spec *v1alpha1.PolicySpec
+	if policyJSON != "" {
+		spec = &v1alpha1.PolicySpec{}
+		if err := json.Unmarshal([]byte(policyJSON), spec); err != nil {
+			return fmt.Errorf("--default-policy: %w", err)
+		}
+	}
+	o.Retention = retention.FromSpec(spec)
+	if data, err := os.ReadFile(foreignACLsFile(configFile)); err == nil {
+		if err := json.Unmarshal(data, &o.RemovedBefore); err != nil {
+			return fmt.Errorf("%s: %w", foreignACLsFile(configFile), err)
+		}
+		// Reported once: a restarted container does not report them again.
+		if err := os.Remove(foreignACLsFile(configFile)); err != nil {
+			return fmt.Errorf("remove %s: %w", foreignACLsFile(configFile), err)
+		}
+	}
 	password, err := env("KOPIA_PASSWORD")
 	if err != nil {
 		return err
@@ -227,6 +295,11 @@ func runSyncUsers(args []string) error {
 	if o.Client, err = kubernetes.NewForConfig(cfg); err != nil {
 		return err
 	}
+	// Events on the BSLS (create and patch in its namespace, as the Role allows).
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
+	defer broadcaster.Shutdown()
+	o.Events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"})
 
 	ctx := ctrl.SetupSignalHandler()
 	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
@@ -240,7 +313,9 @@ func runSyncUsers(args []string) error {
 	o.Server = control
 	syncer := usersync.New(o)
 
-	health := &http.Server{Addr: healthAddr, Handler: healthHandler(syncer), ReadHeaderTimeout: 5 * time.Second}
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(usersync.ForeignACLsRemoved, usersync.SnapshotsExpired)
+	health := &http.Server{Addr: healthAddr, Handler: healthHandler(syncer, metrics), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := health.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			o.Log.Error(err, "health endpoint stopped")
@@ -250,10 +325,12 @@ func runSyncUsers(args []string) error {
 	return syncer.Run(ctx)
 }
 
-// healthHandler serves /healthz (the process is up) and /readyz (the
-// repository holds exactly the desired users; the body says why not).
-func healthHandler(s *usersync.Syncer) http.Handler {
+// healthHandler serves /healthz (the process is up), /readyz (the
+// repository holds exactly the desired users; the body says why not) and
+// /metrics (user sync's counters).
+func healthHandler(s *usersync.Syncer, metrics *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := s.Ready(); err != nil {

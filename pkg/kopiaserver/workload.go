@@ -168,6 +168,9 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		"--tls-cert-file=" + path.Join(tlsDir, "tls.crt"),
 		"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
 		"--tls-chain-file=" + chainFile,
+		// Access rules are written before the server starts, so that it
+		// never serves under Kopia's legacy rules.
+		"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 	}
 	initEnv := []corev1.EnvVar{password, home, noUpdates}
 
@@ -218,12 +221,14 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	default:
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
 	}
+	var policyArgs []string
 	if p := b.Spec.Repository.DefaultPolicy; p != nil {
 		data, err := json.Marshal(p)
 		if err != nil {
 			return nil, fmt.Errorf("encode default policy: %w", err)
 		}
-		initArgs = append(initArgs, "--default-policy="+string(data))
+		policyArgs = []string{"--default-policy=" + string(data)}
+		initArgs = append(initArgs, policyArgs...)
 	}
 
 	labels := Labels(b)
@@ -274,17 +279,18 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			{
 				Name: "user-sync", Image: in.Image,
 				Command: []string{ServerBinary},
-				Args: []string{
+				Args: append([]string{
 					"sync-users",
 					"--namespace=$(POD_NAMESPACE)",
 					"--bsls=" + b.Name,
+					"--bsls-uid=" + string(b.UID),
 					"--config-file=" + configFile,
 					"--server-url=https://127.0.0.1:" + port,
 					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
-				},
+				}, policyArgs...), // an append-only server applies its retention
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
@@ -350,8 +356,12 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 	}
 }
 
-// ServerRole lets the server pod's user-sync container read the users
-// Secrets of its namespace, and nothing else.
+// ServerRole lets the server pod's user-sync container read its users
+// Secrets, by name, publish its guests' activity and record Events on its
+// BSLS, and nothing else: no other Secret of the namespace (the CA key, the
+// repository password, other BSLSs' storage keys). Kubernetes authorizes
+// list and watch against resourceNames when the request selects
+// metadata.name=<name>, which is how user sync watches each users Secret.
 func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding) {
 	name := ServiceAccountName(b)
 	meta := metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}
@@ -368,11 +378,12 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: meta,
 		Rules: []rbacv1.PolicyRule{
-			// list and watch cannot be limited to names; get can.
-			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"list", "watch"}},
-			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get"}, ResourceNames: names},
+			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}, ResourceNames: names},
 			// The guests' activity, published for the controller's audit.
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: activityNames},
+			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
+			// name is generated, so it cannot be limited by name.
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
 		},
 	}
 	binding := &rbacv1.RoleBinding{

@@ -11,6 +11,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
@@ -21,10 +24,17 @@ const (
 	bsls      = "main"
 )
 
+// bslsUID is the UID the syncer's Events name.
+const bslsUID = "3f1c5a52-0000-4000-8000-000000000001"
+
 var (
 	apiServer *testbed.APIServer
 	server    *testbed.KopiaServer
 	syncer    *usersync.Syncer
+	// observer is a second handle on the server's repository, as an admin
+	// holding the repository password has: specs read and write the
+	// repository through it, behind the syncer's back.
+	observer repo.Repository
 )
 
 func TestUserSync(t *testing.T) {
@@ -44,10 +54,21 @@ var _ = BeforeSuite(func() {
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
 
+	observer, err = repo.Open(ctx, server.ConfigFile, server.RepoPassword, &repo.Options{})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { Expect(observer.Close(context.Background())).To(Succeed()) })
+
+	clientset := kubernetes.NewForConfigOrDie(apiServer.Config)
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: clientset.CoreV1().Events(namespace)})
+	DeferCleanup(broadcaster.Shutdown)
+
 	syncer = usersync.New(usersync.Options{
-		Client:     kubernetes.NewForConfigOrDie(apiServer.Config),
+		Client:     clientset,
 		Namespace:  namespace,
 		BSLS:       bsls,
+		BSLSUID:    bslsUID,
+		Events:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"}),
 		Repository: r,
 		Server:     server.Control,
 		// Short, so that a spec can watch a resync undo another writer's change.

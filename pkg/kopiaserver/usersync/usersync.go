@@ -3,6 +3,15 @@
 // repository by diff (add, change, delete; never re-hashing a password), and
 // makes the running server see the change at once through its control API.
 //
+// It also keeps the repository's access rules exactly guestbackup's
+// (kopiauser.ACLsFor), removing and reporting any other ACL manifest, and,
+// on an append-only server, keeps guests' retention harmless and applies
+// the admin's on the server's clock (package retention).
+//
+// It reads only its own Secrets: each users Secret is watched by name
+// (a field selector on metadata.name), which the server's Role allows by
+// resourceNames, so the pod needs no right on any other Secret.
+//
 // It syncs only a complete view: until every shard Secret exists it changes
 // nothing, and a shard it cannot parse stops the sync rather than revoking
 // the users it would have listed. A repository on storage that a new
@@ -14,23 +23,54 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/snapshot/policy"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/client-go/informers"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/retention"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
+
+// ReasonForeignACLRemoved is the reason of the Warning Event on the BSLS
+// when user sync removed an ACL manifest guestbackup did not write: a
+// guest or someone holding the repository password tried to change who
+// may do what.
+const ReasonForeignACLRemoved = "ForeignACLRemoved"
+
+// ForeignACLsRemoved counts the ACL manifests user sync removed because
+// guestbackup did not write them (guestbackup_server_foreign_acls_removed_total,
+// on the user-sync container's /metrics).
+var ForeignACLsRemoved = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_foreign_acls_removed_total",
+	Help: "ACL manifests found in the repository that guestbackup did not write, removed by user sync.",
+})
+
+// SnapshotsExpired counts the snapshots the server-time retention of an
+// append-only server deleted (guestbackup_server_snapshots_expired_total).
+var SnapshotsExpired = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_snapshots_expired_total",
+	Help: "Snapshots deleted by guestbackup's retention on the server's clock (append-only servers).",
+})
 
 // Refresher makes a running Kopia server re-read the repository.
 type Refresher interface {
@@ -48,10 +88,25 @@ type Options struct {
 	Repository repo.Repository
 	// Server is refreshed after every change.
 	Server Refresher
-	// AppendOnly keeps the repository's guestbackup ACLs at
-	// kopiauser.AppendOnlyACLs, so guests cannot delete snapshots; when
-	// false, guestbackup's ACLs are removed and Kopia's defaults apply.
+	// BSLSUID is the BSLS's UID, so that its Events name it exactly.
+	BSLSUID types.UID
+	// Events receives the Warning Events about foreign ACLs; nil: none.
+	Events record.EventRecorder
+	// AppendOnly keeps the repository's ACLs at kopiauser.AppendOnlyACLs,
+	// so guests cannot delete snapshots, makes the retention guests can
+	// trigger keep everything, and applies Retention on the server's clock;
+	// otherwise the ACLs are kopiauser.DefaultACLs and guests' clients
+	// apply retention as Kopia's do.
 	AppendOnly bool
+	// Retention is the admin's retention (retention.FromSpec of the BSLS's
+	// defaultPolicy), applied every RetentionInterval on an append-only
+	// server.
+	Retention policy.RetentionPolicy
+	// RetentionInterval is how often Retention is applied; 0: hourly.
+	RetentionInterval time.Duration
+	// RemovedBefore are foreign ACLs the init container removed before the
+	// server started; Run reports them with its first sync.
+	RemovedBefore []kopiauser.ForeignACL
 	// ActivityInterval is how often the repository's new snapshots are
 	// read and published in the activity ConfigMaps; 0: never.
 	ActivityInterval time.Duration
@@ -82,6 +137,10 @@ type Syncer struct {
 	// sync refreshes even when it finds nothing to change. Only Run's
 	// goroutine touches it.
 	refreshPending bool
+	// unreported are foreign ACLs removed but not reported yet: they are
+	// reported once the server has refreshed. Only Run's goroutine
+	// touches it.
+	unreported []kopiauser.ForeignACL
 }
 
 var errNotSynced = errors.New("users not synced yet")
@@ -93,6 +152,9 @@ func New(opts Options) *Syncer {
 	}
 	if opts.RetryAfter <= 0 {
 		opts.RetryAfter = time.Second
+	}
+	if opts.RetentionInterval <= 0 {
+		opts.RetentionInterval = time.Hour
 	}
 	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activity.NewScanner()}
 }
@@ -130,33 +192,26 @@ func (s *Syncer) poke() {
 
 // Run watches the users Secrets and syncs until ctx ends.
 func (s *Syncer) Run(ctx context.Context) error {
-	selector := labels.SelectorFromSet(labels.Set{userset.Label: s.opts.BSLS}).String()
-	factory := informers.NewSharedInformerFactoryWithOptions(s.opts.Client, 0,
-		informers.WithNamespace(s.opts.Namespace),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
-	informer := factory.Core().V1().Secrets()
-	if _, err := informer.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(any) { s.poke() },
-		UpdateFunc: func(any, any) { s.poke() },
-		DeleteFunc: func(any) { s.poke() },
-	}); err != nil {
-		return fmt.Errorf("watch users Secrets: %w", err)
+	s.unreported = s.opts.RemovedBefore
+	lister, stop, err := s.watchShards(ctx)
+	defer stop()
+	if err != nil {
+		return err
 	}
-	factory.Start(ctx.Done())
-	defer factory.Shutdown()
-	if !cache.WaitForCacheSync(ctx.Done(), informer.Informer().HasSynced) {
-		return fmt.Errorf("list users Secrets of %s/%s: %w", s.opts.Namespace, s.opts.BSLS, ctx.Err())
-	}
-	lister := informer.Lister().Secrets(s.opts.Namespace)
 
 	delay := s.opts.RetryAfter
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	var activityTick <-chan time.Time
+	var activityTick, retentionTick <-chan time.Time
 	if s.opts.ActivityInterval > 0 {
 		ticker := time.NewTicker(s.opts.ActivityInterval)
 		defer ticker.Stop()
 		activityTick = ticker.C
+	}
+	if s.opts.AppendOnly {
+		ticker := time.NewTicker(s.opts.RetentionInterval)
+		defer ticker.Stop()
+		retentionTick = ticker.C
 	}
 	for {
 		select {
@@ -165,6 +220,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 		case <-activityTick:
 			if err := s.publishActivity(ctx); err != nil {
 				s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
+			}
+			continue
+		case <-retentionTick:
+			if err := s.applyRetention(ctx); err != nil {
+				s.opts.Log.Error(err, "retention not applied", "retryIn", s.opts.RetentionInterval)
 			}
 			continue
 		case <-s.trigger:
@@ -186,43 +246,190 @@ func (s *Syncer) Run(ctx context.Context) error {
 // syncOnce reads the complete desired set, applies it and returns how many
 // users the repository now has.
 func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespaceLister) (int, error) {
-	desired, err := DesiredUsers(lister, s.opts.BSLS)
-	if err != nil {
-		return 0, err
-	}
 	r := s.opts.Repository
-	// Another writer (an admin's `kopia server user add`) may have changed users.
+	// Another writer (an admin's `kopia server user add`, a guest's forged
+	// ACL) may have changed the repository.
 	if err := r.Refresh(ctx); err != nil {
 		return 0, fmt.Errorf("refresh repository: %w", err)
 	}
-	changes, err := kopiauser.Sync(ctx, r, desired)
+	// Access rules before users: a user never exists under rules other
+	// than guestbackup's.
+	acls, err := kopiauser.SyncACLs(ctx, r, kopiauser.ACLsFor(s.opts.AppendOnly))
 	if err != nil {
 		return 0, err
 	}
-	if len(changes) > 0 {
-		s.refreshPending = true
-		added, updated, deleted := count(changes)
-		s.opts.Log.Info("users written", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
-	}
-	var acls []kopiauser.ACL
-	if s.opts.AppendOnly {
-		acls = kopiauser.AppendOnlyACLs()
-	}
-	aclsChanged, err := kopiauser.SyncACLs(ctx, r, acls)
-	if err != nil {
-		return 0, err
-	}
-	if aclsChanged {
+	if acls.Changed {
 		s.refreshPending = true
 		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly)
 	}
+	s.unreported = append(s.unreported, acls.Foreign...)
+	if s.opts.AppendOnly {
+		fixed, err := retention.GuestPolicies(ctx, r)
+		if err != nil {
+			return 0, err
+		}
+		if len(fixed) > 0 {
+			s.refreshPending = true
+			s.opts.Log.Info("retention guests can trigger set to keep everything; guestbackup applies the admin's on the server's clock", "policies", fmt.Sprint(fixed))
+		}
+	}
+	// Access rules do not depend on the users, so they are kept (and the
+	// server refreshed) even while the users' view is incomplete.
+	desired, usersErr := DesiredUsers(lister, s.opts.BSLS)
+	if usersErr == nil {
+		changes, err := kopiauser.Sync(ctx, r, desired)
+		if err != nil {
+			return 0, err
+		}
+		if len(changes) > 0 {
+			s.refreshPending = true
+			added, updated, deleted := count(changes)
+			s.opts.Log.Info("users written", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
+		}
+	}
 	if s.refreshPending {
 		if err := s.opts.Server.Refresh(ctx); err != nil {
-			return 0, fmt.Errorf("users written, but the server did not refresh: %w", err)
+			return 0, fmt.Errorf("repository written, but the server did not refresh: %w", err)
 		}
 		s.refreshPending = false
 	}
+	// Reported once the server no longer applies them (a refresh reloads
+	// its ACLs), so that what the report says is already true.
+	s.reportForeign(s.unreported)
+	s.unreported = nil
+	if usersErr != nil {
+		return 0, usersErr
+	}
 	return len(desired), nil
+}
+
+// reportForeign tells the admin about ACL manifests guestbackup removed:
+// a log line each, the counter, and one Warning Event on the BSLS.
+func (s *Syncer) reportForeign(foreign []kopiauser.ForeignACL) {
+	if len(foreign) == 0 {
+		return
+	}
+	descriptions := make([]string, len(foreign))
+	for i, f := range foreign {
+		descriptions[i] = f.String()
+		s.opts.Log.Info("removed an ACL manifest guestbackup did not write", "acl", f.String())
+	}
+	ForeignACLsRemoved.Add(float64(len(foreign)))
+	if s.opts.Events == nil {
+		return
+	}
+	ref := &corev1.ObjectReference{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "BackupStorageLocationServer",
+		Namespace: s.opts.Namespace, Name: s.opts.BSLS, UID: s.opts.BSLSUID,
+	}
+	s.opts.Events.Eventf(ref, corev1.EventTypeWarning, ReasonForeignACLRemoved,
+		"Removed %d ACL manifest(s) guestbackup did not write; a guest or a holder of the repository password tried to change access: %s",
+		len(foreign), strings.Join(descriptions, "; "))
+}
+
+// applyRetention expires snapshots by the admin's retention on the
+// server's clock.
+func (s *Syncer) applyRetention(ctx context.Context) error {
+	if err := s.opts.Repository.Refresh(ctx); err != nil {
+		return fmt.Errorf("refresh repository: %w", err)
+	}
+	expired, err := retention.Apply(ctx, s.opts.Repository, s.opts.Retention)
+	if err != nil {
+		return err
+	}
+	if len(expired) > 0 {
+		SnapshotsExpired.Add(float64(len(expired)))
+		s.opts.Log.Info("snapshots expired by the admin's retention on the server's clock", "snapshots", len(expired))
+		if err := s.opts.Server.Refresh(ctx); err != nil {
+			return fmt.Errorf("snapshots expired, but the server did not refresh: %w", err)
+		}
+	}
+	return nil
+}
+
+// watchShards watches each users Secret by name, so that the server's Role
+// needs list and watch only on those names, and returns a lister over
+// them once every watch has listed.
+func (s *Syncer) watchShards(ctx context.Context) (corelisters.SecretNamespaceLister, func(), error) {
+	selector := labels.SelectorFromSet(labels.Set{userset.Label: s.opts.BSLS}).String()
+	stopCh := make(chan struct{})
+	var wg sync.WaitGroup
+	stop := func() { close(stopCh); wg.Wait() }
+	lister := shardLister{namespace: s.opts.Namespace, stores: map[string]cache.Store{}}
+	synced := make([]cache.InformerSynced, 0, userset.Shards)
+	secrets := s.opts.Client.CoreV1().Secrets(s.opts.Namespace)
+	for shard := range userset.Shards {
+		name := userset.SecretName(s.opts.BSLS, shard)
+		byName := func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", name).String()
+			o.LabelSelector = selector
+		}
+		lw := &cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				byName(&o)
+				return secrets.List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				byName(&o)
+				return secrets.Watch(ctx, o)
+			},
+		}
+		informer := cache.NewSharedIndexInformer(lw, &corev1.Secret{}, 0, cache.Indexers{})
+		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(any) { s.poke() },
+			UpdateFunc: func(any, any) { s.poke() },
+			DeleteFunc: func(any) { s.poke() },
+		}); err != nil {
+			return nil, stop, fmt.Errorf("watch users Secret %s: %w", name, err)
+		}
+		lister.stores[name] = informer.GetStore()
+		synced = append(synced, informer.HasSynced)
+		wg.Add(1)
+		go func() { defer wg.Done(); informer.Run(stopCh) }()
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return nil, stop, fmt.Errorf("list users Secrets of %s/%s: %w", s.opts.Namespace, s.opts.BSLS, ctx.Err())
+	}
+	return lister, stop, nil
+}
+
+// shardLister finds the users Secrets in the stores of their watches, by
+// name.
+type shardLister struct {
+	namespace string
+	stores    map[string]cache.Store
+}
+
+var _ corelisters.SecretNamespaceLister = shardLister{}
+
+// Get returns the users Secret name, as its watch last saw it.
+func (l shardLister) Get(name string) (*corev1.Secret, error) {
+	notFound := apierrors.NewNotFound(corev1.Resource("secrets"), name)
+	store, ok := l.stores[name]
+	if !ok {
+		return nil, notFound
+	}
+	obj, exists, err := store.GetByKey(l.namespace + "/" + name)
+	if err != nil {
+		return nil, err
+	}
+	if !exists {
+		return nil, notFound
+	}
+	return obj.(*corev1.Secret), nil
+}
+
+// List returns the users Secrets that match selector.
+func (l shardLister) List(selector labels.Selector) ([]*corev1.Secret, error) {
+	var out []*corev1.Secret
+	for _, store := range l.stores {
+		for _, obj := range store.List() {
+			if s := obj.(*corev1.Secret); selector.Matches(labels.Set(s.Labels)) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out, nil
 }
 
 // DesiredUsers merges the users of every shard. It fails, so that nothing is

@@ -6,13 +6,19 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/manifest"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -152,8 +158,63 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 	It("undoes, within a resync period, users another writer added behind its back", func() {
 		mallory := newGuest("mallory@team-c")
 		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{mallory.user: mallory.hash})).To(Succeed())
-		Expect(canConnect(mallory)()).To(Succeed())
+		// The other writer's user is in the repository now; whether it
+		// could log in before the syncer ran is a race this spec does not
+		// run: it watches the repository the syncer corrects.
+		Expect(repositoryUsers()).To(HaveKey(mallory.user))
+		Eventually(repositoryUsers).WithTimeout(provisioned).ShouldNot(HaveKey(mallory.user))
 		Eventually(canConnect(mallory)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
 		Expect(canConnect(alice)()).To(Succeed())
 	})
+
+	It("keeps the repository's access rules exactly guestbackup's, even when not append-only", func() {
+		Eventually(repositoryACLs).WithTimeout(provisioned).Should(HaveLen(len(kopiauser.DefaultACLs())))
+		for _, e := range repositoryACLs() {
+			Expect(e.Labels).To(Equal(map[string]string{manifest.TypeLabelKey: "acl", kopiauser.LabelManagedACL: "true"}))
+		}
+	})
+
+	It("removes an ACL manifest it did not write, and reports it: log, counter, Event on the BSLS", func() {
+		ctx := context.Background()
+		before := testutil.ToFloat64(usersync.ForeignACLsRemoved)
+		forged := kopiauser.ACL{User: "alice@team-a", Target: map[string]string{manifest.TypeLabelKey: "user"}, Access: kopiauser.AccessFull}
+		Expect(repo.WriteSession(ctx, observer, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
+			_, err := w.PutManifest(ctx, map[string]string{manifest.TypeLabelKey: "acl", "username": "alice", "hostname": "team-a"}, forged)
+			return err
+		})).To(Succeed())
+		Expect(repositoryACLs()).To(HaveLen(len(kopiauser.DefaultACLs()) + 1))
+
+		Eventually(repositoryACLs).WithTimeout(provisioned).Should(HaveLen(len(kopiauser.DefaultACLs())))
+		Eventually(func() float64 { return testutil.ToFloat64(usersync.ForeignACLsRemoved) }).WithTimeout(provisioned).Should(Equal(before + 1))
+		Eventually(func() []corev1.Event {
+			list := &corev1.EventList{}
+			Expect(apiServer.Client.List(ctx, list, client.InNamespace(namespace))).To(Succeed())
+			return list.Items
+		}).WithTimeout(provisioned).Should(ContainElement(And(
+			HaveField("Type", corev1.EventTypeWarning),
+			HaveField("Reason", usersync.ReasonForeignACLRemoved),
+			HaveField("InvolvedObject.Kind", "BackupStorageLocationServer"),
+			HaveField("InvolvedObject.Name", bsls),
+			HaveField("InvolvedObject.UID", types.UID(bslsUID)),
+			HaveField("Message", ContainSubstring("alice@team-a FULL type=user")),
+		)))
+	})
 })
+
+// repositoryUsers is the users the repository holds now.
+func repositoryUsers() map[string]kopiauser.Hash {
+	ctx := context.Background()
+	Expect(observer.Refresh(ctx)).To(Succeed())
+	users, err := kopiauser.List(ctx, observer)
+	Expect(err).NotTo(HaveOccurred())
+	return users
+}
+
+// repositoryACLs is the ACL manifests the repository holds now.
+func repositoryACLs() []*manifest.EntryMetadata {
+	ctx := context.Background()
+	Expect(observer.Refresh(ctx)).To(Succeed())
+	entries, err := observer.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: "acl"})
+	Expect(err).NotTo(HaveOccurred())
+	return entries
+}
