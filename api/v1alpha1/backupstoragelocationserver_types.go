@@ -21,8 +21,11 @@ type BackupStorageLocationServerSpec struct {
 
 	// TLS configures the server's certificate. The server presents its leaf
 	// and CA certificates, and guests pin the CA, so leaf renewals never
-	// invalidate a guest's pin. When empty, the chart's default cert-manager
-	// issuer is used, or, without cert-manager, a CA the controller issues.
+	// invalidate a guest's pin. When empty, this BSLS gets a CA of its own,
+	// kept in Secret <bsls>-ca, so that no other party's certificate is
+	// trusted by its guests: issued by cert-manager (a selfSigned Issuer, a
+	// CA Certificate and a CA Issuer in the BSLS's namespace) when the
+	// controller runs with --cert-manager-ca, else by the controller itself.
 	// +optional
 	TLS TLSSpec `json:"tls,omitempty"`
 
@@ -212,12 +215,16 @@ type RetentionPolicy struct {
 // +kubebuilder:validation:XValidation:rule="!(has(self.issuerRef) && has(self.secretName))",message="set at most one of tls.issuerRef and tls.secretName"
 type TLSSpec struct {
 	// IssuerRef is the cert-manager Issuer or ClusterIssuer that signs the
-	// server's certificate.
+	// server's certificate, instead of a CA of this BSLS's own. Its guests
+	// then trust every certificate that issuer signs: whoever may request
+	// certificates from it (any namespace's Certificates, for a
+	// ClusterIssuer) can impersonate this server to them.
 	// +optional
 	IssuerRef *IssuerReference `json:"issuerRef,omitempty"`
 
 	// SecretName is a kubernetes.io/tls Secret in the BSLS's namespace,
-	// managed by the admin, with tls.crt, tls.key and ca.crt.
+	// managed by the admin, with tls.crt, tls.key and ca.crt. Guests pin
+	// ca.crt, and so trust whatever else that CA signs.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	SecretName string `json:"secretName,omitempty"`
@@ -324,6 +331,20 @@ type BackupStorageLocationServerStatus struct {
 	// Users is the number of guest users provisioned in the repository.
 	// +optional
 	Users int32 `json:"users,omitempty"`
+
+	// Namespaces is the number of namespaces whose VMs have users on this
+	// server. Above one, they share the repository's deduplication: a guest
+	// can learn whether content exists in another namespace's backups (see
+	// docs/security.md). One BSLS per trust domain.
+	// +optional
+	Namespaces int32 `json:"namespaces,omitempty"`
+
+	// RepositoryOpened is when a server pod first opened the repository.
+	// From then on the repository exists, and the controller never
+	// generates a repository password again: a missing password Secret is
+	// reported (RepositoryPasswordLost) so that the admin restores it.
+	// +optional
+	RepositoryOpened *metav1.Time `json:"repositoryOpened,omitempty"`
 }
 
 // BackupStorageLocationServer runs a managed Kopia repository server that
@@ -334,6 +355,7 @@ type BackupStorageLocationServerStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Endpoint",type=string,JSONPath=`.status.endpoint`
 // +kubebuilder:printcolumn:name="Users",type=integer,JSONPath=`.status.users`
+// +kubebuilder:printcolumn:name="Namespaces",type=integer,JSONPath=`.status.namespaces`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BackupStorageLocationServer struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -33,6 +33,13 @@ const (
 	AnnotationStatus = AnnotationPrefix + "status"
 )
 
+// AnnotationAllowedServers is set by a Velero admin on a Velero
+// BackupStorageLocation to consent to BSLSs reusing it (and so reading its
+// credential Secret): a comma-separated list of <namespace>/<name> of
+// BackupStorageLocationServers. Names only, no patterns: consent is given
+// to a server whose author the Velero admin knows.
+const AnnotationAllowedServers = AnnotationPrefix + "allowed-servers"
+
 // Labels on a per-VM credential Secret.
 const (
 	// LabelManagedBy marks objects guestbackup manages; its value is ManagedByValue.

@@ -10,24 +10,20 @@ import (
 	"runtime"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
-// The manager itself needs leases for leader election and events for audit.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;list;watch;create;update;patch;delete
+// The manager records Events (controller-runtime's recorder writes core/v1
+// Events). Its leader election Lease lives in the release namespace: the
+// chart's Role there grants it, and no rule here, so that no Lease outside
+// that namespace is the controller's to take.
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 type options struct {
 	flags         manager.Flags
@@ -35,8 +31,7 @@ type options struct {
 	leaderElectNS string
 	namespace     string
 	image         string
-	issuerName    string
-	issuerKind    string
+	certManagerCA bool
 	hashers       int
 	activity      time.Duration
 }
@@ -45,11 +40,10 @@ func main() {
 	var o options
 	o.flags.Bind(flag.CommandLine)
 	flag.BoolVar(&o.leaderElect, "leader-elect", true, "Elect a leader, so that only one replica reconciles at a time.")
-	flag.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election lease; default: the pod's namespace.")
+	flag.StringVar(&o.leaderElectNS, "leader-election-namespace", "", "Namespace of the leader election Lease; default: --namespace, where the chart's Role grants Leases.")
 	flag.StringVar(&o.namespace, "namespace", os.Getenv("POD_NAMESPACE"), "The controller's namespace; every server's NetworkPolicy admits it.")
 	flag.StringVar(&o.image, "server-image", "", "Image of the Kopia server pods (holds kopia and guestbackup-server).")
-	flag.StringVar(&o.issuerName, "default-issuer", "", "cert-manager issuer for servers whose BSLS names none; empty: the controller issues a CA per server.")
-	flag.StringVar(&o.issuerKind, "default-issuer-kind", "ClusterIssuer", "Kind of --default-issuer: Issuer or ClusterIssuer.")
+	flag.BoolVar(&o.certManagerCA, "cert-manager-ca", false, "Have cert-manager issue the CA of each BSLS that names no issuer or Secret (a selfSigned Issuer, CA Certificate and CA Issuer in its namespace); false, or without cert-manager: the controller issues it. Either way every BSLS has a CA of its own.")
 	flag.IntVar(&o.hashers, "hash-concurrency", runtime.NumCPU(), "Passwords hashed in parallel (each hash takes about 64 MiB and a core for a fraction of a second).")
 	flag.DurationVar(&o.activity, "guest-activity-interval", time.Minute, "How often server pods publish their guests' new snapshots for the audit (Events and metrics on VMs); 0 disables it.")
 	flag.Parse()
@@ -67,24 +61,20 @@ func run(o options) error {
 	if o.namespace == "" {
 		return fmt.Errorf("--namespace (or POD_NAMESPACE) is required")
 	}
+	if o.leaderElectNS == "" {
+		o.leaderElectNS = o.namespace
+	}
 	mgr, err := manager.New(o.flags, ctrl.Options{
 		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "controller.guestbackup.io",
 		LeaderElectionNamespace: o.leaderElectNS,
-		// Only guestbackup's pods and ConfigMaps matter; others are not cached.
-		Cache: cache.Options{ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
-			// The activity and CA bundle ConfigMaps are guestbackup's own.
-			&corev1.ConfigMap{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
-		}},
+		// Only guestbackup's Pods, ConfigMaps and Secrets are cached.
+		Cache: manager.ControllerCache(),
 	})
 	if err != nil {
 		return err
 	}
-	r := &kopiaserver.Reconciler{Image: o.image, ControllerNamespace: o.namespace, ActivityInterval: o.activity}
-	if o.issuerName != "" {
-		r.DefaultIssuer = &v1alpha1.IssuerReference{Name: o.issuerName, Kind: o.issuerKind, Group: "cert-manager.io"}
-	}
+	r := &kopiaserver.Reconciler{Image: o.image, ControllerNamespace: o.namespace, ActivityInterval: o.activity, CertManagerCA: o.certManagerCA}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
 	}

@@ -30,10 +30,11 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -46,10 +47,11 @@ const (
 )
 
 // Annotations on the VM's credential Secret: what was announced, so that
-// a resync or a restart repeats no Event.
+// a resync or a restart repeats no Event. The contract (pkg/vmsecret)
+// names them; the audit is their writer.
 const (
-	AnnotationLastSnapshot = v1alpha1.AnnotationPrefix + "last-snapshot"
-	AnnotationBackupStale  = v1alpha1.AnnotationPrefix + "backup-stale"
+	AnnotationLastSnapshot = vmsecret.AnnotationLastSnapshot
+	AnnotationBackupStale  = vmsecret.AnnotationBackupStale
 )
 
 // DefaultStaleAfter is how long a VM whose schedule has no fixed period
@@ -148,19 +150,21 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, nil
 	}
 	secret := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: v1alpha1.CredentialSecretName(vm.Name)}, secret); err != nil {
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vmsecret.Name(vm.Name)}, secret); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if secret.Labels[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue {
+	if !vmsecret.IsManaged(secret) || vmsecret.VM(secret) != vm.Name {
 		return ctrl.Result{}, nil
 	}
-	user := string(secret.Data[v1alpha1.SecretKeyUsername])
-	bsls := types.NamespacedName{Namespace: secret.Labels[v1alpha1.LabelServerNamespace], Name: secret.Labels[v1alpha1.LabelServerName]}
+	// The VM's identity, from facts: what its Secret's data says is the
+	// guest's, not the audit's.
+	user := vmsecret.Username(vm.Name, vm.Namespace)
+	bsls := vmsecret.Server(secret)
 	guest, err := r.guest(ctx, bsls, user)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	d := Decide(vm.Annotations, secret.Annotations, guest, issuedAt(secret), r.now(), r.staleAfter())
+	d := Decide(vm.Annotations, secret.Annotations, guest, vmsecret.IssuedAt(secret), r.now(), r.staleAfter())
 	if guest != nil {
 		labels := prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": bsls.String()}
 		snapshotsTotal.With(labels).Set(float64(guest.Snapshots))
@@ -221,13 +225,6 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 		return &g, nil
 	}
 	return nil, nil
-}
-
-func issuedAt(secret *corev1.Secret) time.Time {
-	if t, err := time.Parse(time.RFC3339Nano, secret.Annotations[v1alpha1.AnnotationIssuedAt]); err == nil {
-		return t
-	}
-	return secret.CreationTimestamp.Time
 }
 
 func forget(vm types.NamespacedName) {

@@ -8,11 +8,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // now is the fixed clock of the decision tests.
@@ -54,9 +56,18 @@ func testSecret(opts ...secretOpt) *corev1.Secret {
 	return s
 }
 
+// ownedByVM is the Secret as the VM reconciler adopts it for VM web of uid.
 func ownedByVM(uid types.UID) secretOpt {
 	return func(s *corev1.Secret) {
-		s.OwnerReferences = append(s.OwnerReferences, metav1.OwnerReference{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: "web", UID: uid})
+		s.OwnerReferences = append(s.OwnerReferences, vmsecret.OwnerReference("web", uid))
+	}
+}
+
+// ownerOnly is the Secret as releases before the identity fix adopted it:
+// the VM an owner, not the controller.
+func ownerOnly(uid types.UID) secretOpt {
+	return func(s *corev1.Secret) {
+		s.OwnerReferences = append(s.OwnerReferences, metav1.OwnerReference{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: "web", UID: uid, Controller: ptr.To(false)})
 	}
 }
 
@@ -114,6 +125,12 @@ func TestDecide(t *testing.T) {
 		{name: "a VM using the Secret is adopted", vm: testVM("uid-1", "storage/main"), secret: testSecret(), want: adopt},
 		{name: "an adopted Secret is kept", vm: testVM("uid-1", "storage/main"), secret: testSecret(ownedByVM("uid-1")), want: keep},
 		{name: "a re-created VM (new UID) adopts the Secret again", vm: testVM("uid-2", "storage/main"), secret: testSecret(ownedByVM("uid-1")), want: adopt},
+		{name: "a Secret its VM owns without controlling it is adopted again, as its controller", vm: testVM("uid-1", "storage/main"),
+			secret: testSecret(ownerOnly("uid-1")), want: adopt},
+		{name: "a Secret another object controls is never adopted", vm: testVM("uid-1", "storage/main"),
+			secret: testSecret(func(s *corev1.Secret) {
+				s.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "d", Controller: ptr.To(true)}}
+			}), want: leave, why: "controlled by Deployment web"},
 		{name: "a password being hashed is not adopted yet (the Hasher's write would conflict)", vm: testVM("uid-1", "storage/main"),
 			secret: testSecret(rotated), want: leave, why: "waiting for the password's hash"},
 		{name: "a Secret without a password (nothing to hash) is adopted", vm: testVM("uid-1", "storage/main"),

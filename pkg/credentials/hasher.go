@@ -9,7 +9,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/selection"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -17,18 +16,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch
-
-// Selector matches the per-VM credential Secrets.
-func Selector() labels.Selector {
-	managed, _ := labels.NewRequirement(v1alpha1.LabelManagedBy, selection.Equals, []string{v1alpha1.ManagedByValue})
-	vm, _ := labels.NewRequirement(v1alpha1.LabelVM, selection.Exists, nil)
-	return labels.NewSelector().Add(*managed, *vm)
-}
+// The hasher reads credential Secrets from the cache and patches in the hash.
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 
 // Hasher hashes each per-VM password once per generation, the way Kopia
 // stores it, and keeps the hash in the Secret: the BSLS's user sync reads
@@ -41,7 +34,7 @@ type Hasher struct {
 
 // SetupWithManager registers the Hasher; hashes run in parallel, one per core.
 func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
-	sel := Selector()
+	sel := vmsecret.Selector()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("credential-hasher").
 		For(&corev1.Secret{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
@@ -60,8 +53,8 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if HashFor(secret) != nil {
 		return ctrl.Result{}, nil
 	}
-	password := secret.Data[v1alpha1.SecretKeyPassword]
-	if len(password) == 0 {
+	password := vmsecret.Password(secret)
+	if password == "" {
 		// The webhook always writes one; nothing to hash until it does.
 		log.FromContext(ctx).Info("credential Secret has no password", "secret", req.NamespacedName)
 		return ctrl.Result{}, nil
@@ -70,15 +63,14 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if version == 0 {
 		version = kopiauser.Scrypt
 	}
-	hash, err := kopiauser.NewHash(string(password), version)
+	hash, err := kopiauser.NewHash(password, version)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
 	}
 	// The patch carries the resourceVersion: a password rotated since the
 	// read makes it conflict instead of storing a stale hash.
 	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	secret.Data[v1alpha1.SecretKeyPasswordHash] = []byte(hash.String())
-	secret.Data[v1alpha1.SecretKeyPasswordHashGeneration] = secret.Data[v1alpha1.SecretKeyGeneration]
+	vmsecret.SetPasswordHash(secret, hash.String())
 	if err := h.Client.Patch(ctx, secret, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("store password hash of %s: %w", req.NamespacedName, err)
 	}
@@ -88,10 +80,11 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 // HashFor returns the hash a credential Secret holds for its current
 // password generation, or nil when it has none yet.
 func HashFor(secret *corev1.Secret) *kopiauser.Hash {
-	if string(secret.Data[v1alpha1.SecretKeyPasswordHashGeneration]) != string(secret.Data[v1alpha1.SecretKeyGeneration]) {
+	text, ok := vmsecret.PasswordHash(secret)
+	if !ok {
 		return nil
 	}
-	h, err := kopiauser.ParseHash(string(secret.Data[v1alpha1.SecretKeyPasswordHash]))
+	h, err := kopiauser.ParseHash(text)
 	if err != nil {
 		return nil
 	}

@@ -7,7 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // provisioningSeconds is how long credentials take from issue (the
@@ -26,10 +26,10 @@ func init() {
 // observeProvisioning records a provisioning, when the Secret says when
 // its credentials were issued.
 func observeProvisioning(secret *corev1.Secret, now time.Time) {
-	issued, err := time.Parse(time.RFC3339Nano, secret.Annotations[v1alpha1.AnnotationIssuedAt])
+	issued, err := time.Parse(time.RFC3339Nano, secret.Annotations[vmsecret.AnnotationIssuedAt])
 	if err != nil {
 		return
 	}
-	bsls := serverOf(secret)
+	bsls := vmsecret.Server(secret)
 	provisioningSeconds.WithLabelValues(bsls.Namespace, bsls.Name).Observe(now.Sub(issued).Seconds())
 }

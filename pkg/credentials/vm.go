@@ -11,10 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -28,25 +26,14 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // The VM reconciler reads VMs, deletes the credential Secrets of VMs that
 // are gone or opted out, and audits through Events on the VM.
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
-// +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
-
-// Annotations on a credential Secret: the credentials generation whose
-// provisioning the controller last announced with an Event on the VM, and
-// the BSLS (<namespace>/<name>) it was provisioned on. Kept on the Secret,
-// not in memory, so that a resync or a restart of the controller never
-// announces a generation twice; the webhook keeps them when it rewrites the
-// Secret.
-const (
-	AnnotationAnnouncedGeneration = v1alpha1.AnnotationPrefix + "announced-generation"
-	AnnotationAnnouncedServer     = v1alpha1.AnnotationPrefix + "announced-server"
-)
 
 // Reasons of the Events the VM reconciler records on a VirtualMachine.
 const (
@@ -140,7 +127,7 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorderFor(eventSource)
 	}
-	creds := Selector()
+	creds := vmsecret.Selector()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vm-credentials").
 		// Metadata is all a decision needs: caching whole VMs (specs, and
@@ -171,7 +158,7 @@ func vmChanged() predicate.Predicate {
 }
 
 func vmOfSecret(_ context.Context, o client.Object) []reconcile.Request {
-	vm := o.GetLabels()[v1alpha1.LabelVM]
+	vm := o.GetLabels()[vmsecret.LabelVM]
 	if vm == "" {
 		return nil
 	}
@@ -187,22 +174,19 @@ func (r *VMReconciler) vmsOfUsersSecret(ctx context.Context, o client.Object) []
 		return nil
 	}
 	list := &corev1.SecretList{}
-	if err := r.Client.List(ctx, list, client.MatchingLabels{
-		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-		v1alpha1.LabelServerNamespace: o.GetNamespace(),
-		v1alpha1.LabelServerName:      bsls,
-	}); err != nil {
+	server := types.NamespacedName{Namespace: o.GetNamespace(), Name: bsls}
+	if err := r.Client.List(ctx, list, client.MatchingLabels(vmsecret.ServerLabels(server))); err != nil {
 		log.FromContext(ctx).Error(err, "list the credential Secrets of a users Secret", "usersSecret", client.ObjectKeyFromObject(o))
 		return nil
 	}
 	var reqs []reconcile.Request
 	for i := range list.Items {
 		s := &list.Items[i]
-		vm := s.Labels[v1alpha1.LabelVM]
-		if vm == "" || announcedOf(s).covers(serverOf(s), string(s.Data[v1alpha1.SecretKeyGeneration])) {
+		vm := vmsecret.VM(s)
+		if vm == "" || announcedOf(s).covers(vmsecret.Server(s), vmsecret.Generation(s)) {
 			continue
 		}
-		if userset.SecretName(bsls, userset.ShardOf(string(s.Data[v1alpha1.SecretKeyUsername]))) != o.GetName() {
+		if userset.SecretName(bsls, userset.ShardOf(vmsecret.Identity(s))) != o.GetName() {
 			continue
 		}
 		reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: s.Namespace, Name: vm}})
@@ -212,7 +196,7 @@ func (r *VMReconciler) vmsOfUsersSecret(ctx context.Context, o client.Object) []
 
 // Reconcile brings one VM's credential Secret in line with the VM.
 func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	secretKey := types.NamespacedName{Namespace: req.Namespace, Name: v1alpha1.CredentialSecretName(req.Name)}
+	secretKey := types.NamespacedName{Namespace: req.Namespace, Name: vmsecret.Name(req.Name)}
 	secret := &corev1.Secret{}
 	if err := r.Client.Get(ctx, secretKey, secret); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -265,24 +249,18 @@ func getVM(ctx context.Context, c client.Reader, key types.NamespacedName) (*met
 	return vm, nil
 }
 
-// adopt makes vm the Secret's owner, replacing the reference to a VM of the
-// same name that was deleted and re-created. The owner is not a controller
-// and does not block the VM's deletion: the reference says whose the Secret
-// is (and lets a real cluster's garbage collector delete it too); deleting
-// it is this reconciler's job.
+// adopt makes vm the Secret's controller, replacing the reference to a VM
+// of the same name that was deleted and re-created. The controller
+// reference is the fact the BSLS reconciler provisions the user from (the
+// user of the VM that controls the Secret); it does not block the VM's
+// deletion, and lets a real cluster's garbage collector delete the Secret
+// too, though deleting it is this reconciler's job.
 func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) error {
 	// Optimistic lock: a merge patch replaces the whole list, so it must
 	// apply to the list it was computed from.
 	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	refs := slices.DeleteFunc(slices.Clone(secret.OwnerReferences), isVMReference)
-	secret.OwnerReferences = append(refs, metav1.OwnerReference{
-		APIVersion:         kubevirtv1.VirtualMachineGroupVersionKind.GroupVersion().String(),
-		Kind:               kubevirtv1.VirtualMachineGroupVersionKind.Kind,
-		Name:               vm.Name,
-		UID:                vm.UID,
-		Controller:         ptr.To(false),
-		BlockOwnerDeletion: ptr.To(false),
-	})
+	refs := slices.DeleteFunc(slices.Clone(secret.OwnerReferences), vmsecret.IsVMReference)
+	secret.OwnerReferences = append(refs, vmsecret.OwnerReference(vm.Name, vm.UID))
 	if err := r.Client.Patch(ctx, secret, patch); err != nil {
 		return fmt.Errorf("adopt Secret %s/%s for VirtualMachine %s: %w", secret.Namespace, secret.Name, vm.Name, err)
 	}
@@ -293,8 +271,8 @@ func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetada
 // the users Secret of its shard holds the hash of the Secret's current
 // generation, exactly once per generation.
 func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) (ctrl.Result, error) {
-	generation := string(secret.Data[v1alpha1.SecretKeyGeneration])
-	bsls := serverOf(secret)
+	generation := vmsecret.Generation(secret)
+	bsls := vmsecret.Server(secret)
 	previous := announcedOf(secret)
 	if generation == "" || previous.covers(bsls, generation) {
 		return ctrl.Result{}, nil
@@ -303,7 +281,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	if want == nil {
 		return ctrl.Result{}, nil // the Hasher's write of the hash brings us back
 	}
-	username := string(secret.Data[v1alpha1.SecretKeyUsername])
+	username := vmsecret.Username(vm.Name, vm.Namespace)
 	usersKey := types.NamespacedName{Namespace: bsls.Namespace, Name: userset.SecretName(bsls.Name, userset.ShardOf(username))}
 	users := &corev1.Secret{}
 	if err := r.Client.Get(ctx, usersKey, users); err != nil {
@@ -327,11 +305,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	// lost with the process, that costs one Event, while the other order
 	// would repeat it.
 	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if secret.Annotations == nil {
-		secret.Annotations = map[string]string{}
-	}
-	secret.Annotations[AnnotationAnnouncedGeneration] = generation
-	secret.Annotations[AnnotationAnnouncedServer] = bsls.String()
+	vmsecret.SetAnnounced(secret, bsls.String(), generation)
 	if err := r.Client.Patch(ctx, secret, patch); err != nil {
 		if apierrors.IsConflict(err) {
 			// Rotated or re-hashed meanwhile: look at the new version.
@@ -371,9 +345,9 @@ func (r *VMReconciler) remove(ctx context.Context, vmKey types.NamespacedName, s
 		}
 		return ctrl.Result{}, fmt.Errorf("delete credential Secret %s/%s: %w", secret.Namespace, secret.Name, err)
 	}
-	username := string(secret.Data[v1alpha1.SecretKeyUsername])
-	generation := string(secret.Data[v1alpha1.SecretKeyGeneration])
-	bsls := serverOf(secret)
+	username := vmsecret.Identity(secret)
+	generation := vmsecret.Generation(secret)
+	bsls := vmsecret.Server(secret)
 	if a.verdict == revoke {
 		r.Recorder.Eventf(live, corev1.EventTypeNormal, EventUserRevoked,
 			"User %s revoked from BackupStorageLocationServer %s (credentials generation %s): %s; deleted Secret %s",
@@ -391,7 +365,8 @@ type announced struct {
 }
 
 func announcedOf(secret *corev1.Secret) announced {
-	return announced{server: secret.Annotations[AnnotationAnnouncedServer], generation: secret.Annotations[AnnotationAnnouncedGeneration]}
+	server, generation := vmsecret.Announced(secret)
+	return announced{server: server, generation: generation}
 }
 
 // covers is whether a announced the provisioning of generation on bsls.
@@ -467,19 +442,22 @@ type timing struct {
 // Secret given its VM's metadata (nil when the API has no VM of that name)
 // at time now.
 func decide(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, now time.Time, t timing) action {
-	l := secret.Labels
-	switch {
-	case l[v1alpha1.LabelManagedBy] != v1alpha1.ManagedByValue:
+	switch c := vmsecret.Controller(secret); {
+	case !vmsecret.IsManaged(secret):
 		// Someone else's Secret under our name: never touched.
-		return action{verdict: leave, why: fmt.Sprintf("not labelled %s=%s", v1alpha1.LabelManagedBy, v1alpha1.ManagedByValue)}
+		return action{verdict: leave, why: fmt.Sprintf("not labelled %s=%s", vmsecret.LabelManagedBy, vmsecret.ManagedByValue)}
 	case !secret.DeletionTimestamp.IsZero():
 		return action{verdict: leave, why: "being deleted"}
-	case l[v1alpha1.LabelVM] == "" || secret.Name != v1alpha1.CredentialSecretName(l[v1alpha1.LabelVM]):
-		return action{verdict: leave, why: fmt.Sprintf("label %s does not name the VM the Secret is named after", v1alpha1.LabelVM)}
-	case vm != nil && vm.Name != l[v1alpha1.LabelVM]:
+	case !vmsecret.IsNamedFor(secret):
+		return action{verdict: leave, why: fmt.Sprintf("label %s does not name the VM the Secret is named after", vmsecret.LabelVM)}
+	case vm != nil && vm.Name != vmsecret.VM(secret):
 		return action{verdict: leave, why: "belongs to another VM"}
+	case c != nil && !vmsecret.IsVMReference(*c):
+		// Another object controls it: adopting would take it over (and
+		// the API server allows one controller only).
+		return action{verdict: leave, why: fmt.Sprintf("controlled by %s %s", c.Kind, c.Name)}
 	}
-	server := serverOf(secret).String()
+	server := vmsecret.Server(secret).String()
 
 	var del action
 	deletable := lastWrite(secret).Add(t.settle)
@@ -494,9 +472,9 @@ func decide(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, now time.Ti
 			del = action{verdict: revoke, why: fmt.Sprintf("the VirtualMachine's annotation %s names %s instead", v1alpha1.AnnotationServer, want)}
 		case vm.UID == "":
 			return action{verdict: leave, why: "the VirtualMachine has no UID yet"}
-		case ownedBy(secret, vm.UID):
-			return action{verdict: keep, why: "owned by its VirtualMachine"}
-		case len(secret.Data[v1alpha1.SecretKeyPassword]) > 0 && HashFor(secret) == nil:
+		case vmsecret.ControlledBy(secret, vm.Name, vm.UID):
+			return action{verdict: keep, why: "controlled by its VirtualMachine"}
+		case vmsecret.Password(secret) != "" && HashFor(secret) == nil:
 			// The Hasher is hashing this password: a write now would make
 			// its write conflict and the (slow) hash be computed again.
 			// Its write brings the Secret back here.
@@ -504,7 +482,7 @@ func decide(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, now time.Ti
 		default:
 			return action{verdict: adopt, why: "its VirtualMachine does not own it yet"}
 		}
-	case adopted(secret):
+	case vmsecret.Adopted(secret):
 		del = action{verdict: collect, why: "its VirtualMachine was deleted"}
 	default:
 		del = action{verdict: collect, why: fmt.Sprintf("its VirtualMachine never appeared within %s of admission", t.orphanGrace)}
@@ -528,26 +506,6 @@ func lastWrite(secret *corev1.Secret) time.Time {
 		}
 	}
 	return t
-}
-
-func serverOf(secret *corev1.Secret) types.NamespacedName {
-	return types.NamespacedName{Namespace: secret.Labels[v1alpha1.LabelServerNamespace], Name: secret.Labels[v1alpha1.LabelServerName]}
-}
-
-func isVMReference(ref metav1.OwnerReference) bool {
-	gv, err := schema.ParseGroupVersion(ref.APIVersion)
-	return err == nil && gv.Group == kubevirtv1.VirtualMachineGroupVersionKind.Group && ref.Kind == kubevirtv1.VirtualMachineGroupVersionKind.Kind
-}
-
-// adopted is whether some VirtualMachine ever adopted the Secret.
-func adopted(secret *corev1.Secret) bool {
-	return slices.ContainsFunc(secret.OwnerReferences, isVMReference)
-}
-
-func ownedBy(secret *corev1.Secret, uid types.UID) bool {
-	return slices.ContainsFunc(secret.OwnerReferences, func(ref metav1.OwnerReference) bool {
-		return isVMReference(ref) && ref.UID == uid
-	})
 }
 
 func sameHash(a, b kopiauser.Hash) bool {

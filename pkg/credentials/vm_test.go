@@ -24,6 +24,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 const (
@@ -159,7 +160,8 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 	ownerRefTo := func(vm *kubevirtv1.VirtualMachine) []metav1.OwnerReference {
 		return []metav1.OwnerReference{{
 			APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: vm.Name, UID: vm.UID,
-			Controller: ptr.To(false), BlockOwnerDeletion: ptr.To(false),
+			// The VM controls its Secret: the fact its user is provisioned from.
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(false),
 		}}
 	}
 	create := func(objs ...client.Object) {
@@ -423,8 +425,8 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Eventually(events(vm)).WithTimeout(reconciled).Should(ConsistOf(
 				"UserProvisioned: User announce@vms provisioned on BackupStorageLocationServer storage/main (credentials generation 1)"))
 			Expect(secretOf("announce").Annotations).To(And(
-				HaveKeyWithValue(credentials.AnnotationAnnouncedGeneration, "1"),
-				HaveKeyWithValue(credentials.AnnotationAnnouncedServer, server)))
+				HaveKeyWithValue(vmsecret.AnnotationAnnouncedGeneration, "1"),
+				HaveKeyWithValue(vmsecret.AnnotationAnnouncedServer, server)))
 
 			By("timing it, from the webhook's issue, on the metrics endpoint")
 			Expect(testbed.Metric(metricsAddr, "guestbackup_user_provisioning_seconds",

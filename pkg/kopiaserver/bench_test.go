@@ -90,7 +90,7 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 			n++
 			password := testbed.RandomPassword()
 			start := time.Now()
-			if err := api.Client.Create(ctx, credentialSecret(vm, ns, ns, name, password, "1")); err != nil {
+			if err := createCredential(ctx, api, credentialSecret(vm, ns, ns, name, password, "1")); err != nil {
 				b.Fatal(err)
 			}
 			err := testbed.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {

@@ -11,10 +11,15 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
+
+// The Issuers of a BSLS's own CA (certManagerCA), written by server-side
+// apply.
+// +kubebuilder:rbac:groups=cert-manager.io,resources=issuers,verbs=create;patch
 
 // CertificateName is the cert-manager Certificate of a BSLS's server.
 func CertificateName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-server" }
@@ -28,34 +33,134 @@ type certificateResult struct {
 	renewAt time.Time
 }
 
-// issuer is the cert-manager issuer of a BSLS's certificate: its own, else
-// the controller's default; nil means the controller issues it itself.
-func (r *Reconciler) issuer(b *v1alpha1.BackupStorageLocationServer) *v1alpha1.IssuerReference {
-	if b.Spec.TLS.IssuerRef != nil {
-		return b.Spec.TLS.IssuerRef
+// tlsSource is where a BSLS's server certificate comes from.
+type tlsSource int
+
+const (
+	// tlsAdminSecret: tls.secretName, the admin's own Secret.
+	tlsAdminSecret tlsSource = iota
+	// tlsAdminIssuer: tls.issuerRef, the admin's cert-manager issuer.
+	tlsAdminIssuer
+	// tlsOwnCertManagerCA: a CA of the BSLS's own, issued by cert-manager.
+	tlsOwnCertManagerCA
+	// tlsOwnControllerCA: a CA of the BSLS's own, issued by the controller.
+	tlsOwnControllerCA
+)
+
+// chooseTLS decides where b's certificate comes from. An admin's Secret or
+// issuer is their choice, and shares trust with whatever else it signs;
+// otherwise each BSLS gets a CA of its own (DESIGN.md decision 13), from
+// cert-manager when the controller is asked to use it and it is served.
+func chooseTLS(b *v1alpha1.BackupStorageLocationServer, certManagerCA, certManagerServed bool) tlsSource {
+	switch {
+	case b.Spec.TLS.SecretName != "":
+		return tlsAdminSecret
+	case b.Spec.TLS.IssuerRef != nil:
+		return tlsAdminIssuer
+	case certManagerCA && certManagerServed:
+		return tlsOwnCertManagerCA
 	}
-	if r.CertManager && r.DefaultIssuer != nil {
-		return r.DefaultIssuer
-	}
-	return nil
+	return tlsOwnControllerCA
 }
 
 // certificate makes sure the server's certificate Secret exists and checks
-// it, in whichever of three ways the BSLS asks for: an admin's Secret, a
-// cert-manager Certificate, or a CA the controller keeps itself.
+// it, in whichever way chooseTLS picks.
 func (r *Reconciler) certificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*certificateResult, *problem, error) {
-	if name := b.Spec.TLS.SecretName; name != "" {
+	switch chooseTLS(b, r.CertManagerCA, r.CertManager) {
+	case tlsAdminSecret:
 		s, p, err := r.tlsSecret(ctx, b, "create a kubernetes.io/tls Secret with tls.crt, tls.key and ca.crt, or remove tls.secretName")
 		if s == nil {
 			return nil, p, err
 		}
 		m, p := checkTLSSecret(s)
-		return &certificateResult{material: m, source: "Secret " + name}, p, nil
-	}
-	if iss := r.issuer(b); iss != nil {
-		return r.certManagerCertificate(ctx, b, iss)
+		return &certificateResult{material: m, source: "Secret " + b.Spec.TLS.SecretName}, p, nil
+	case tlsAdminIssuer:
+		return r.certManagerCertificate(ctx, b, b.Spec.TLS.IssuerRef, "")
+	case tlsOwnCertManagerCA:
+		iss, err := r.certManagerCA(ctx, b)
+		if err != nil {
+			return nil, nil, err
+		}
+		return r.certManagerCertificate(ctx, b, iss, fmt.Sprintf("its own CA in Secret %s, through cert-manager Issuer %s", CASecretName(b), iss.Name))
 	}
 	return r.selfManagedCertificate(ctx, b)
+}
+
+// selfSignedIssuerName is the cert-manager Issuer that signs a BSLS's own
+// CA Certificate.
+func selfSignedIssuerName(b *v1alpha1.BackupStorageLocationServer) string {
+	return b.Name + "-selfsigned"
+}
+
+// CAIssuerName is the cert-manager CA Issuer, backed by Secret <bsls>-ca,
+// that signs the server's certificate of a BSLS with a CA of its own.
+func CAIssuerName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-ca" }
+
+// CACertificateName is the cert-manager Certificate of a BSLS's own CA; it
+// writes Secret <bsls>-ca.
+func CACertificateName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-ca" }
+
+// certManagerAnnotationCertificate is the annotation cert-manager puts on
+// every Secret it writes for a Certificate.
+const certManagerAnnotationCertificate = "cert-manager.io/certificate-name"
+
+// certManagerCA makes cert-manager keep a CA of b's own in its namespace: a
+// selfSigned Issuer signs the CA Certificate, whose Secret <bsls>-ca backs a
+// CA Issuer that signs the server. It returns that CA Issuer.
+//
+// The CA Certificate has no ownerReference and carries AnnotationKeep, like
+// the controller's own CA (same Secret, same key format): deleting or
+// re-creating the BSLS, or switching between cert-manager and the
+// controller, keeps the CA and so the guests' pin. A CA Secret the
+// controller issued before is used as it is rather than re-issued by a
+// Certificate, for the same reason.
+func (r *Reconciler) certManagerCA(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.IssuerReference, error) {
+	ref := &v1alpha1.IssuerReference{Name: CAIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group}
+	issuer := func(name string, cfg certmanagerv1.IssuerConfig) *certmanagerv1.Issuer {
+		return &certmanagerv1.Issuer{
+			TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: certmanagerv1.IssuerKind},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)},
+			Spec:       certmanagerv1.IssuerSpec{IssuerConfig: cfg},
+		}
+	}
+	existing := &corev1.Secret{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)}, existing)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("get Secret %s: %w", CASecretName(b), err)
+	}
+	controllersCA := err == nil && existing.Annotations[certManagerAnnotationCertificate] == "" && len(existing.Data[corev1.TLSCertKey]) > 0
+	if !controllersCA {
+		if err := r.apply(ctx, b, issuer(selfSignedIssuerName(b), certmanagerv1.IssuerConfig{SelfSigned: &certmanagerv1.SelfSignedIssuer{}})); err != nil {
+			return nil, err
+		}
+		keep := map[string]string{AnnotationKeep: "the CA that guests of BackupStorageLocationServer " + b.Name + " pin; not deleted with it"}
+		ca := &certmanagerv1.Certificate{
+			TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: "Certificate"},
+			ObjectMeta: metav1.ObjectMeta{Name: CACertificateName(b), Namespace: b.Namespace, Labels: Labels(b), Annotations: keep},
+			Spec: certmanagerv1.CertificateSpec{
+				IsCA:       true,
+				CommonName: b.Namespace + "/" + b.Name + " guestbackup CA",
+				SecretName: CASecretName(b),
+				Duration:   &metav1.Duration{Duration: selfManagedCALifetime},
+				// PKCS#8, as the controller writes its own CA: either can
+				// take over the other's Secret.
+				PrivateKey: &certmanagerv1.CertificatePrivateKey{
+					Algorithm: certmanagerv1.ECDSAKeyAlgorithm, Size: 256, Encoding: certmanagerv1.PKCS8,
+					RotationPolicy: certmanagerv1.RotationPolicyNever,
+				},
+				IssuerRef:      cmmeta.ObjectReference{Name: selfSignedIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group},
+				SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: certManagerSecretLabels(b), Annotations: keep},
+			},
+		}
+		// Not r.apply: no ownerReference, see above.
+		if err := r.Client.Patch(ctx, ca, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
+			return nil, fmt.Errorf("apply Certificate %s/%s: %w", b.Namespace, ca.Name, err)
+		}
+	}
+	if err := r.apply(ctx, b, issuer(ref.Name, certmanagerv1.IssuerConfig{CA: &certmanagerv1.CAIssuer{SecretName: CASecretName(b)}})); err != nil {
+		return nil, err
+	}
+	return ref, nil
 }
 
 // tlsSecret reads the serving certificate Secret; a missing one is a
@@ -63,7 +168,7 @@ func (r *Reconciler) certificate(ctx context.Context, b *v1alpha1.BackupStorageL
 func (r *Reconciler) tlsSecret(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, fix string) (*corev1.Secret, *problem, error) {
 	s := &corev1.Secret{}
 	name := TLSSecretName(b)
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: name}, s); err != nil {
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, &problem{ReasonTLSSecretNotFound, fmt.Sprintf("Secret %s not found in namespace %s: %s", name, b.Namespace, fix)}, nil
 		}
@@ -72,7 +177,10 @@ func (r *Reconciler) tlsSecret(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	return s, nil, nil
 }
 
-func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, iss *v1alpha1.IssuerReference) (*certificateResult, *problem, error) {
+// certManagerCertificate has cert-manager issue the server's certificate
+// from iss; source describes it in messages (default: the issuer's kind
+// and name).
+func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, iss *v1alpha1.IssuerReference, source string) (*certificateResult, *problem, error) {
 	kind, group := iss.Kind, iss.Group
 	if kind == "" {
 		kind = "ClusterIssuer"
@@ -80,7 +188,9 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 	if group == "" {
 		group = "cert-manager.io"
 	}
-	source := fmt.Sprintf("cert-manager %s %s", kind, iss.Name)
+	if source == "" {
+		source = fmt.Sprintf("cert-manager %s %s", kind, iss.Name)
+	}
 	if !r.CertManager {
 		return nil, &problem{ReasonCertManagerMissing, fmt.Sprintf("tls.issuerRef names %s, but cert-manager's Certificate CRD is not installed: install cert-manager, or remove tls.issuerRef so that the controller issues the certificate from a CA of its own", source)}, nil
 	}
@@ -100,7 +210,7 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 			Usages:         []certmanagerv1.KeyUsage{certmanagerv1.UsageServerAuth, certmanagerv1.UsageDigitalSignature, certmanagerv1.UsageKeyEncipherment},
 			PrivateKey:     &certmanagerv1.CertificatePrivateKey{Algorithm: certmanagerv1.ECDSAKeyAlgorithm, Size: 256, RotationPolicy: certmanagerv1.RotationPolicyAlways},
 			IssuerRef:      cmmeta.ObjectReference{Name: iss.Name, Kind: kind, Group: group},
-			SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: Labels(b)},
+			SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: certManagerSecretLabels(b)},
 		},
 	}
 	if err := r.apply(ctx, b, cert); err != nil {
@@ -111,6 +221,9 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 	}
 	s, _, err := r.tlsSecret(ctx, b, "")
 	if err != nil {
+		return nil, nil, err
+	}
+	if err := r.releaseToCertManager(ctx, s); err != nil {
 		return nil, nil, err
 	}
 	if s == nil {
@@ -132,11 +245,11 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 
 func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*certificateResult, *problem, error) {
 	caSecret := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)}, caSecret); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)}, caSecret); err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get Secret %s: %w", CASecretName(b), err)
 	}
 	leafSecret := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: TLSSecretName(b)}, leafSecret); err != nil && !apierrors.IsNotFound(err) {
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: TLSSecretName(b)}, leafSecret); err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get Secret %s: %w", TLSSecretName(b), err)
 	}
 	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.now())

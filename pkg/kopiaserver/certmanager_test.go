@@ -169,7 +169,9 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
 		}
 		claimDir = GinkgoT().TempDir()
-		startController(api)
+		// As the chart runs it with cert-manager: the BSLS above names its
+		// issuer, those below get a CA of their own through cert-manager.
+		startController(api, func(r *kopiaserver.Reconciler) { r.CertManagerCA = true })
 	})
 
 	It("has cert-manager issue a CA from a selfSigned ClusterIssuer and serve it as a CA ClusterIssuer", func() {
@@ -260,7 +262,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 	})
 
 	It("lets a real Kopia client pinned to status.tlsFingerprint connect to the server run with that Secret", func() {
-		Expect(api.Client.Create(ctx, credentialSecret("vm", ns, ns, name, guestPassword, "1"))).To(Succeed())
+		Expect(createCredential(ctx, api, credentialSecret("vm", ns, ns, name, guestPassword, "1"))).To(Succeed())
 		pod := runServer()
 		Eventually(connect(pod, pin)).WithTimeout(provisioned).Should(Succeed())
 		other, err := pki.NewCA("not the server's CA", time.Hour)
@@ -327,5 +329,102 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		Eventually(tlsChecksum).WithTimeout(reconciled).ShouldNot(Or(BeEmpty(), Equal(checksum)))
 		Eventually(func() string { return current().Status.Endpoint }).WithTimeout(reconciled).Should(Equal("https://" + host + ":51515"))
 		Expect(current().Status.TLSFingerprint).To(Equal(pin))
+	})
+
+	Describe("BSLSs that name no issuer", Ordered, func() {
+		var own [2]*v1alpha1.BackupStorageLocationServer
+		ownPin := func(b *v1alpha1.BackupStorageLocationServer) func() (string, error) {
+			return func() (string, error) {
+				cur := &v1alpha1.BackupStorageLocationServer{}
+				err := get(b.Namespace, b.Name, cur)()
+				return cur.Status.TLSFingerprint, err
+			}
+		}
+		serial := func(b *v1alpha1.BackupStorageLocationServer) func() *big.Int {
+			return func() *big.Int {
+				s := &corev1.Secret{}
+				if err := get(b.Namespace, kopiaserver.TLSSecretName(b), s)(); err != nil {
+					return nil
+				}
+				certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+				if err != nil {
+					return nil
+				}
+				return certs[0].SerialNumber
+			}
+		}
+
+		It("get a CA each through cert-manager: two BSLSs, two pins, neither a shared issuer's", func() {
+			for i, n := range []string{"own-a", "own-b"} {
+				own[i] = &v1alpha1.BackupStorageLocationServer{
+					ObjectMeta: metav1.ObjectMeta{Name: n, Namespace: ns},
+					Spec:       v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}},
+				}
+				Expect(api.Client.Create(ctx, own[i])).To(Succeed())
+			}
+			for _, b := range own {
+				Eventually(ownPin(b)).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(HaveLen(64))
+				cur := &v1alpha1.BackupStorageLocationServer{}
+				Expect(get(ns, b.Name, cur)()).To(Succeed())
+				Expect(meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionCertificateReady)).To(And(
+					HaveField("Status", metav1.ConditionTrue),
+					HaveField("Message", ContainSubstring("its own CA in Secret "+kopiaserver.CASecretName(b)+", through cert-manager Issuer "+kopiaserver.CAIssuerName(b))),
+				))
+
+				By("pinning the CA in <bsls>-ca, kept without an owner like the controller's own CA")
+				ca := &corev1.Secret{}
+				Expect(get(ns, kopiaserver.CASecretName(b), ca)()).To(Succeed())
+				certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+				Expect(err).NotTo(HaveOccurred())
+				Expect(certs[0].IsCA).To(BeTrue())
+				Expect(cur.Status.TLSFingerprint).To(Equal(pki.Fingerprint(certs[0])))
+				Expect(ca.Annotations).To(HaveKey(kopiaserver.AnnotationKeep))
+				Expect(ca.OwnerReferences).To(BeEmpty())
+				caCert := &certmanagerv1.Certificate{}
+				Expect(get(ns, kopiaserver.CACertificateName(b), caCert)()).To(Succeed())
+				Expect(caCert.OwnerReferences).To(BeEmpty(), "deleting the BSLS must not take its CA")
+				Expect(caCert.Spec.IsCA).To(BeTrue())
+				_, err = pki.ParseCA(ca.Data[corev1.TLSCertKey], ca.Data[corev1.TLSPrivateKeyKey])
+				Expect(err).NotTo(HaveOccurred(), "the controller can read cert-manager's CA: switching keeps the pin")
+				issuer := &certmanagerv1.Issuer{}
+				Expect(get(ns, kopiaserver.CAIssuerName(b), issuer)()).To(Succeed())
+				Expect(issuer.Spec.CA).To(HaveField("SecretName", kopiaserver.CASecretName(b)))
+			}
+			Expect(own[0].Name).NotTo(Equal(own[1].Name))
+			a, _ := ownPin(own[0])()
+			b, _ := ownPin(own[1])()
+			Expect(a).NotTo(Equal(b), "two BSLSs, two CAs")
+			Expect(a).NotTo(Equal(pin), "not the admin's ClusterIssuer's CA")
+			Expect(b).NotTo(Equal(pin))
+		})
+
+		It("keep their pin when cert-manager renews the leaf", func() {
+			b := own[0]
+			before := serial(b)()
+			Expect(before).NotTo(BeNil())
+			p, _ := ownPin(b)()
+			checksum := func() string {
+				d := &appsv1.Deployment{}
+				if err := get(ns, kopiaserver.DeploymentName(b), d)(); err != nil {
+					return ""
+				}
+				return d.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
+			}
+			Eventually(checksum).WithTimeout(reconciled).ShouldNot(BeEmpty())
+			rolled := checksum()
+			Eventually(func() error {
+				crt := &certmanagerv1.Certificate{}
+				if err := get(ns, kopiaserver.CertificateName(b), crt)(); err != nil {
+					return err
+				}
+				apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
+					cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
+				return api.Client.Status().Update(ctx, crt)
+			}).WithTimeout(10 * time.Second).Should(Succeed())
+			Eventually(serial(b)).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(And(Not(BeNil()), Not(Equal(before))))
+			By("rolling the server onto the new leaf, under the same pin")
+			Eventually(checksum).WithTimeout(reconciled).ShouldNot(Equal(rolled))
+			Expect(ownPin(b)()).To(Equal(p))
+		})
 	})
 })

@@ -9,26 +9,52 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 func hashOf(b byte, version kopiauser.HashVersion) kopiauser.Hash {
 	return kopiauser.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
 }
 
-func credential(namespace, vm, username string, hashed bool) corev1.Secret {
+// testServer is the BSLS the CollectUsers tests collect for.
+var testServer = types.NamespacedName{Namespace: "backup", Name: "main"}
+
+// credential is VM vm's Secret in namespace as the webhook writes it for
+// testServer and the VM reconciler adopts it: controlled by VM vm of UID
+// "uid-<vm>".
+func credential(namespace, vm string, hashed bool, opts ...func(*corev1.Secret)) corev1.Secret {
 	s := corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: vm + "-guestbackup"},
-		Data:       map[string][]byte{v1alpha1.SecretKeyUsername: []byte(username)},
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: namespace, Name: vm + "-guestbackup",
+			Labels:          vmsecret.Labels(vm, testServer),
+			OwnerReferences: []metav1.OwnerReference{vmsecret.OwnerReference(vm, types.UID("uid-"+vm))},
+		},
+		Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vm + "@" + namespace)},
 	}
 	if hashed {
 		s.Data["hashed"] = []byte{1}
 	}
+	for _, o := range opts {
+		o(&s)
+	}
 	return s
+}
+
+// vmMeta is VM namespace/name of UID "uid-<name>", naming server ("" for
+// no annotation).
+func vmMeta(namespace, name, server string) *metav1.PartialObjectMetadata {
+	vm := &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name, UID: types.UID("uid-" + name)}}
+	if server != "" {
+		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: server}
+	}
+	return vm
 }
 
 func TestCollectUsers(t *testing.T) {
@@ -40,46 +66,151 @@ func TestCollectUsers(t *testing.T) {
 		return &h
 	}
 	allowed := func(ns string) bool { return ns != "other" }
+	main := testServer.String()
+	// The VMs that exist, unless a case says otherwise.
+	vms := []*metav1.PartialObjectMetadata{
+		vmMeta("a", "web", main), vmMeta("b", "db", main), vmMeta("other", "web", main),
+		vmMeta("a", "moved", "backup/second"), vmMeta("a", "out", ""),
+	}
+	labelVM := func(vm string) func(*corev1.Secret) {
+		return func(s *corev1.Secret) { s.Labels[v1alpha1.LabelVM] = vm }
+	}
+	owners := func(refs ...metav1.OwnerReference) func(*corev1.Secret) {
+		return func(s *corev1.Secret) { s.OwnerReferences = refs }
+	}
+	username := func(u string) func(*corev1.Secret) {
+		return func(s *corev1.Secret) { s.Data[v1alpha1.SecretKeyUsername] = []byte(u) }
+	}
 	tests := []struct {
 		name        string
 		secrets     []corev1.Secret
+		vms         []*metav1.PartialObjectMetadata // nil: vms
 		wantUsers   []string
 		wantPending []string
 		wantRefused map[string]string
 	}{
 		{
-			name:      "hashed users of allowed namespaces are written",
-			secrets:   []corev1.Secret{credential("a", "web", "web@a", true), credential("b", "db", "db@b", true)},
+			name:      "the users of VMs that control their Secret and name this server are written",
+			secrets:   []corev1.Secret{credential("a", "web", true), credential("b", "db", true)},
 			wantUsers: []string{"db@b", "web@a"},
 		},
 		{
 			name:        "a user waits for its hash",
-			secrets:     []corev1.Secret{credential("a", "web", "web@a", false)},
+			secrets:     []corev1.Secret{credential("a", "web", false)},
+			wantPending: []string{"a/web-guestbackup"},
+		},
+		{
+			name:        "a Secret its VM has not adopted yet waits",
+			secrets:     []corev1.Secret{credential("a", "web", true, owners())},
+			wantPending: []string{"a/web-guestbackup"},
+		},
+		{
+			name:        "a Secret a previous VM of that name (another UID) controls waits for the new VM to adopt it",
+			secrets:     []corev1.Secret{credential("a", "web", true, owners(vmsecret.OwnerReference("web", "uid-previous")))},
+			wantPending: []string{"a/web-guestbackup"},
+		},
+		{
+			name:        "a Secret its VM owns without controlling it waits to be adopted as its controller",
+			secrets:     []corev1.Secret{credential("a", "web", true, owners(metav1.OwnerReference{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine", Name: "web", UID: "uid-web"}))},
 			wantPending: []string{"a/web-guestbackup"},
 		},
 		{
 			name:        "a namespace the selector leaves out is refused",
-			secrets:     []corev1.Secret{credential("other", "web", "web@other", true)},
+			secrets:     []corev1.Secret{credential("other", "web", true)},
 			wantRefused: map[string]string{"other/web-guestbackup": "namespace other is not selected by spec.access.namespaceSelector"},
 		},
 		{
-			name:        "an invalid Kopia identity is refused",
-			secrets:     []corev1.Secret{credential("a", "Web", "Web@a", true)},
-			wantRefused: map[string]string{"a/Web-guestbackup": "key username: " + kopiauser.ValidateUsername("Web@a").Error()},
+			name:        "a VM name that is no Kopia identity is refused",
+			secrets:     []corev1.Secret{credential("a", "Web", true)},
+			vms:         []*metav1.PartialObjectMetadata{vmMeta("a", "Web", main)},
+			wantRefused: map[string]string{"a/Web-guestbackup": "VirtualMachine a/Web has no valid Kopia identity: " + kopiauser.ValidateUsername("Web@a").Error()},
 		},
 		{
-			name:    "one identity claimed twice is refused for both, hashed or not",
-			secrets: []corev1.Secret{credential("a", "web", "web@a", true), credential("a", "web2", "web@a", false), credential("b", "db", "db@b", true)},
-			wantRefused: map[string]string{
-				"a/web-guestbackup":  "user web@a is claimed by 2 Secrets: a/web-guestbackup, a/web2-guestbackup",
-				"a/web2-guestbackup": "user web@a is claimed by 2 Secrets: a/web-guestbackup, a/web2-guestbackup",
+			name:        "a Secret without a VM label is refused",
+			secrets:     []corev1.Secret{credential("a", "web", true, func(s *corev1.Secret) { delete(s.Labels, v1alpha1.LabelVM) })},
+			wantRefused: map[string]string{"a/web-guestbackup": "it has no label guestbackup.io/vm naming its VirtualMachine"},
+		},
+		{
+			name: "a Secret not named after the VM it is labelled for is refused",
+			// The forged Secret of issue 14: another name, labelled for a VM.
+			secrets:     []corev1.Secret{credential("a", "evil", true, labelVM("web"))},
+			wantRefused: map[string]string{"a/evil-guestbackup": "its label guestbackup.io/vm=web names VirtualMachine web, whose credential Secret can only be web-guestbackup"},
+		},
+		{
+			name:        "a Secret of a VM that does not exist is refused",
+			secrets:     []corev1.Secret{credential("a", "ghost", true)},
+			wantRefused: map[string]string{"a/ghost-guestbackup": "VirtualMachine a/ghost does not exist: a user is provisioned only for an existing VM that names this server"},
+		},
+		{
+			name:        "a Secret whose VM names another server is refused",
+			secrets:     []corev1.Secret{credential("a", "moved", true)},
+			wantRefused: map[string]string{"a/moved-guestbackup": "VirtualMachine a/moved names server backup/second in annotation guestbackup.io/server, not this one"},
+		},
+		{
+			name:        "a Secret whose VM opted out is refused",
+			secrets:     []corev1.Secret{credential("a", "out", true)},
+			wantRefused: map[string]string{"a/out-guestbackup": "VirtualMachine a/out has no annotation guestbackup.io/server"},
+		},
+		{
+			name: "a Secret another object controls is refused",
+			secrets: []corev1.Secret{credential("a", "web", true, owners(metav1.OwnerReference{
+				APIVersion: "apps/v1", Kind: "Deployment", Name: "web", UID: "d", Controller: ptr.To(true),
+			}))},
+			wantRefused: map[string]string{"a/web-guestbackup": "it is controlled by Deployment web, not by VirtualMachine web"},
+		},
+		{
+			name:        "a Secret another VM controls is refused",
+			secrets:     []corev1.Secret{credential("a", "web", true, owners(vmsecret.OwnerReference("db", "uid-db")))},
+			wantRefused: map[string]string{"a/web-guestbackup": "it is controlled by VirtualMachine db, not by VirtualMachine web"},
+		},
+		{
+			name: "a username key that names another identity is refused, and claims nothing",
+			// Issue 14's attack: a Secret in a says it is db@b; db@b's own
+			// Secret is untouched by it.
+			secrets:     []corev1.Secret{credential("a", "web", true, username("db@b")), credential("b", "db", true)},
+			wantUsers:   []string{"db@b"},
+			wantRefused: map[string]string{"a/web-guestbackup": `its key username says "db@b", but its VirtualMachine's identity is web@a: the key is guestbackup's, not for editing; admit the VM again (any change to it) and the webhook rewrites it`},
+		},
+		{
+			name:      "a Secret without a username key is provisioned from facts",
+			secrets:   []corev1.Secret{credential("a", "web", true, func(s *corev1.Secret) { delete(s.Data, v1alpha1.SecretKeyUsername) })},
+			wantUsers: []string{"web@a"},
+		},
+		{
+			name: "forged Secrets for a victim's identity never cost the victim its user",
+			secrets: []corev1.Secret{
+				credential("b", "db", true),
+				credential("a", "evil", true, labelVM("db"), username("db@b")),
+				credential("a", "db", true, username("db@b"), owners()),
 			},
 			wantUsers: []string{"db@b"},
+			wantRefused: map[string]string{
+				"a/evil-guestbackup": "its label guestbackup.io/vm=db names VirtualMachine db, whose credential Secret can only be db-guestbackup",
+				"a/db-guestbackup":   "VirtualMachine a/db does not exist: a user is provisioned only for an existing VM that names this server",
+			},
+		},
+		{
+			name:    "a user is provisioned while its VM is being deleted (the VM reconciler revokes it)",
+			secrets: []corev1.Secret{credential("a", "web", true)},
+			vms: []*metav1.PartialObjectMetadata{func() *metav1.PartialObjectMetadata {
+				vm := vmMeta("a", "web", main)
+				vm.DeletionTimestamp = &metav1.Time{}
+				return vm
+			}()},
+			wantUsers: []string{"web@a"},
 		},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := CollectUsers(tt.secrets, allowed, hashOfSecret)
+			index := map[types.NamespacedName]*metav1.PartialObjectMetadata{}
+			known := tt.vms
+			if known == nil {
+				known = vms
+			}
+			for _, vm := range known {
+				index[types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}] = vm
+			}
+			got := CollectUsers(UserInputs{Server: testServer, Secrets: tt.secrets, VMs: index, Allowed: allowed, HashOf: hashOfSecret})
 			var users []string
 			for shard, m := range got.Shards {
 				for u := range m {
@@ -114,15 +245,17 @@ func TestCollectUsers(t *testing.T) {
 // stored hash, never hashing) and encode the 16 users Secrets.
 func BenchmarkCollectUsers10000(b *testing.B) {
 	secrets := make([]corev1.Secret, 10_000)
+	vms := map[types.NamespacedName]*metav1.PartialObjectMetadata{}
 	for i := range secrets {
 		ns, vm := fmt.Sprintf("ns-%d", i%50), fmt.Sprintf("vm-%05d", i)
-		secrets[i] = credential(ns, vm, vm+"@"+ns, false)
+		secrets[i] = credential(ns, vm, false)
+		vms[types.NamespacedName{Namespace: ns, Name: vm}] = vmMeta(ns, vm, testServer.String())
 		secrets[i].Data[v1alpha1.SecretKeyGeneration] = []byte("1")
 		secrets[i].Data[v1alpha1.SecretKeyPasswordHashGeneration] = []byte("1")
 		secrets[i].Data[v1alpha1.SecretKeyPasswordHash] = []byte(hashOf(byte(i), kopiauser.Scrypt).String())
 	}
 	for b.Loop() {
-		set := CollectUsers(secrets, func(string) bool { return true }, credentials.HashFor)
+		set := CollectUsers(UserInputs{Server: testServer, Secrets: secrets, VMs: vms, Allowed: func(string) bool { return true }, HashOf: credentials.HashFor})
 		if set.Count != len(secrets) {
 			b.Fatalf("collected %d users of %d", set.Count, len(secrets))
 		}

@@ -22,6 +22,15 @@ const (
 	// ReasonRepositoryInitFailed: the server pod's init container, which
 	// opens or creates the repository, failed.
 	ReasonRepositoryInitFailed = "RepositoryInitFailed"
+	// ReasonRepositoryPasswordLost: the generated password Secret is gone
+	// but the repository was opened with it (status.repositoryOpened): only
+	// that password opens the repository, so none is generated; the admin
+	// restores the Secret from a backup.
+	ReasonRepositoryPasswordLost = "RepositoryPasswordLost"
+	// ReasonVeleroConsentRequired: the Velero BackupStorageLocation does not
+	// list this BSLS in its guestbackup.io/allowed-servers annotation, so
+	// its server is given no access to Velero's credentials.
+	ReasonVeleroConsentRequired = "VeleroConsentRequired"
 
 	// ReasonCertificateIssued: the serving certificate and its CA are ready.
 	ReasonCertificateIssued = "CertificateIssued"
@@ -58,6 +67,12 @@ const (
 	ReasonReady = "Ready"
 	// ReasonNotReady: at least one other condition is not True.
 	ReasonNotReady = "NotReady"
+
+	// ReasonUserRefused is the Warning Event for a credential Secret that
+	// names this server but gets no user on it: its namespace is not
+	// selected, its identity is not the one its controlling VM would get,
+	// or another Secret claims the same identity.
+	ReasonUserRefused = "UserRefused"
 )
 
 // problem is why a step cannot go on: a condition's reason and a message

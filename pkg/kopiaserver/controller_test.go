@@ -17,6 +17,8 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -27,6 +29,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 const (
@@ -37,9 +40,12 @@ const (
 
 // runController starts the controller's reconcilers in-process against
 // api, as cmd/controller wires them; stop ends them.
-func runController(api *testbed.APIServer, o testbed.ManagerOptions) (stop func() error, err error) {
+func runController(api *testbed.APIServer, o testbed.ManagerOptions, configure ...func(*kopiaserver.Reconciler)) (stop func() error, err error) {
 	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace, ActivityInterval: time.Second}
+		for _, c := range configure {
+			c(r)
+		}
 		if err := r.SetupWithManager(mgr); err != nil {
 			return err
 		}
@@ -48,13 +54,14 @@ func runController(api *testbed.APIServer, o testbed.ManagerOptions) (stop func(
 }
 
 // startController runs the controller in-process for the current
-// container, and returns the loopback address of its metrics endpoint.
-func startController(api *testbed.APIServer) (metricsAddr string) {
+// container, its reconciler adjusted by configure, and returns the
+// loopback address of its metrics endpoint.
+func startController(api *testbed.APIServer, configure ...func(*kopiaserver.Reconciler)) (metricsAddr string) {
 	GinkgoHelper()
 	port, err := testbed.FreePort()
 	Expect(err).NotTo(HaveOccurred())
 	metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
-	stop, err := runController(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr})
+	stop, err := runController(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, configure...)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func() { Expect(stop()).To(Succeed()) })
 	return metricsAddr
@@ -78,6 +85,31 @@ func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generati
 			v1alpha1.SecretKeyGeneration: []byte(generation),
 		},
 	}
+}
+
+// createCredential creates, as the cluster admin, the VirtualMachine a
+// credential Secret is labelled for (opted in to the Secret's server), then
+// the Secret as the VM reconciler leaves it adopted: controlled by that VM.
+// A user is provisioned from those facts only (DESIGN.md decision 10).
+func createCredential(ctx context.Context, api *testbed.APIServer, s *corev1.Secret) error {
+	server := types.NamespacedName{Namespace: s.Labels[v1alpha1.LabelServerNamespace], Name: s.Labels[v1alpha1.LabelServerName]}
+	vm := &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: s.Labels[v1alpha1.LabelVM], Namespace: s.Namespace,
+			Annotations: map[string]string{v1alpha1.AnnotationServer: server.String()},
+		},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{Domain: kubevirtv1.DomainSpec{Devices: kubevirtv1.Devices{}}},
+			},
+		},
+	}
+	if err := api.Client.Create(ctx, vm); err != nil {
+		return fmt.Errorf("create the VirtualMachine of Secret %s: %w", s.Name, err)
+	}
+	s.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference(vm.Name, vm.UID)}
+	return api.Client.Create(ctx, s)
 }
 
 var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
@@ -269,7 +301,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 
 			It("provisions a VM's user from its credential Secret within seconds, pinned to status.tlsFingerprint", func() {
 				password := testbed.RandomPassword()
-				Expect(api.Client.Create(ctx, credentialSecret("web", "team-a", ns, name, password, "1"))).To(Succeed())
+				Expect(createCredential(ctx, api, credentialSecret("web", "team-a", ns, name, password, "1"))).To(Succeed())
 				Eventually(connect("web@team-a", password)).WithTimeout(provisioned).Should(Succeed())
 				Eventually(func() int32 { return bslsNamed(name).Status.Users }).WithTimeout(reconciled).Should(Equal(int32(1)))
 				Expect(connect("web@team-a", "wrong")()).To(MatchError(ContainSubstring("access denied")))
@@ -326,7 +358,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 
 			It("refuses a VM in a namespace its namespaceSelector does not select, and says why", func() {
 				password := testbed.RandomPassword()
-				Expect(api.Client.Create(ctx, credentialSecret("db", "team-b", ns, name, password, "1"))).To(Succeed())
+				Expect(createCredential(ctx, api, credentialSecret("db", "team-b", ns, name, password, "1"))).To(Succeed())
 				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(
 					"Warning UserRefused: Credential Secret team-b/db-guestbackup is not provisioned: namespace team-b is not selected by spec.access.namespaceSelector"))
 				Expect(connect("db@team-b", password)()).To(MatchError(ContainSubstring("access denied")))

@@ -21,10 +21,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -34,18 +36,29 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
-// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups="",resources=configmaps;services;serviceaccounts,verbs=get;list;watch;create;update;patch
+// Everything the reconciler writes it writes by server-side apply (patch;
+// an apply that creates the object also needs create) or, for what must
+// never be overwritten, by create alone.
+// docs/security.md ("Permissions") says which code needs each rule.
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers/status,verbs=patch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch;create;patch
+// The server pod's Role lets it update its activity ConfigMaps: RBAC lets
+// the controller write that Role only if it holds the same right.
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=update
+// +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=pods;namespaces,verbs=get;list;watch
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;update;patch
-// +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;list;watch;create;update;patch
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=networking.k8s.io,resources=networkpolicies,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=cert-manager.io,resources=certificates,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
 
 // FieldOwner is the server-side apply field manager of everything the
 // controller writes.
@@ -55,20 +68,36 @@ const FieldOwner = "guestbackup-controller"
 // fixed (a claim or an issuer created later) is looked at again.
 const retryProblem = 30 * time.Second
 
+// RecheckSecrets is how often every BSLS is reconciled again without an
+// event. The controller watches only guestbackup's own Secrets: an admin's
+// TLS, S3 or repository password Secret and Velero's credential Secret are
+// read uncached and not watched, so a change to one of them reaches the
+// server within this period (a missing or invalid one within retryProblem).
+const RecheckSecrets = 5 * time.Minute
+
 // Reconciler turns each BackupStorageLocationServer into a running Kopia
 // server: storage, repository password, certificate, server workload and
 // the users Secrets its pod syncs from, and reports all of it in status.
 type Reconciler struct {
-	Client   client.Client
-	Scheme   *runtime.Scheme
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader reads around the cache. The controller caches only
+	// guestbackup's Secrets (app.kubernetes.io/managed-by=guestbackup), so
+	// every Secret an admin or another party names (TLS, S3 or password
+	// Secret, Velero's credentials, cert-manager's output) is read here;
+	// default mgr.GetAPIReader().
+	APIReader client.Reader
+	Scheme    *runtime.Scheme
+	Recorder  record.EventRecorder
 	// Image holds kopia and guestbackup-server; server pods run it.
 	Image string
 	// ControllerNamespace is admitted by every server's NetworkPolicy.
 	ControllerNamespace string
-	// DefaultIssuer signs the servers of BSLSs that name no issuer, when
-	// cert-manager is installed; nil: the controller issues a CA itself.
-	DefaultIssuer *v1alpha1.IssuerReference
+	// CertManagerCA has cert-manager issue the CA of each BSLS that names
+	// no issuer or Secret (a selfSigned Issuer, a CA Certificate and a CA
+	// Issuer in its namespace), when its CRDs are served; false: the
+	// controller issues that CA itself. Either way each BSLS has a CA of
+	// its own, in Secret <bsls>-ca, so switching keeps the guests' pin.
+	CertManagerCA bool
 	// CertManager is true when cert-manager's Certificate CRD is served;
 	// SetupWithManager detects it.
 	CertManager bool
@@ -90,6 +119,9 @@ func (r *Reconciler) now() time.Time {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Scheme == nil {
 		r.Scheme = mgr.GetScheme()
@@ -113,14 +145,17 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Owns(&appsv1.Deployment{}).
 		Owns(&corev1.Service{}).
 		Owns(&networkingv1.NetworkPolicy{}).
-		// Secrets: credential Secrets name their BSLS; any other Secret
-		// (an admin's TLS, S3 or password Secret) concerns the BSLSs of
-		// its namespace.
+		// Secrets (only guestbackup's are cached and watched, see
+		// RecheckSecrets): credential Secrets name their BSLS; the others
+		// concern the BSLSs of their namespace.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfSecret)).
 		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestsFromMapFunc(r.bslsInNamespace)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(bslsOfPod)).
 		// A namespace's labels decide whether its VMs may use a server.
-		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allBSLS), builder.WithPredicates(predicate.LabelChangedPredicate{}))
+		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allBSLS), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		// A VM's annotation says which server its user lives on (metadata
+		// only, the cache the VM reconciler shares).
+		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(bslsOfVM), builder.OnlyMetadata, builder.WithPredicates(vmIdentityChanged()))
 	if r.CertManager {
 		b = b.Owns(&certmanagerv1.Certificate{})
 	}
@@ -138,7 +173,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 
 func (r *Reconciler) bslsOfSecret(ctx context.Context, o client.Object) []reconcile.Request {
 	l := o.GetLabels()
-	if credentials.Selector().Matches(labels.Set(l)) {
+	if vmsecret.Selector().Matches(labels.Set(l)) {
 		if ns, name := l[v1alpha1.LabelServerNamespace], l[v1alpha1.LabelServerName]; ns != "" && name != "" {
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 		}
@@ -245,7 +280,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: b.Generation})
 	}
 	setProblem := func(t string, p *problem) { set(t, metav1.ConditionFalse, p.Reason, p.Message) }
-	var requeue time.Duration
+	requeue := RecheckSecrets
 	retry := func(d time.Duration) {
 		if d > 0 && (requeue == 0 || d < requeue) {
 			requeue = d
@@ -324,8 +359,12 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		setProblem(v1alpha1.ConditionRepositoryReady, repoProblem)
 		retry(retryProblem)
 	case server.initFailure != nil:
-		setProblem(v1alpha1.ConditionRepositoryReady, server.initFailure)
+		setProblem(v1alpha1.ConditionRepositoryReady, withPasswordHint(b, server.initFailure))
 	case server.available:
+		if b.Status.RepositoryOpened == nil {
+			// From now on a lost password is reported, never replaced.
+			b.Status.RepositoryOpened = &metav1.Time{Time: r.now()}
+		}
 		set(v1alpha1.ConditionRepositoryReady, metav1.ConditionTrue, ReasonRepositoryOpened, "The server opened the repository on "+storageDescription(b))
 	case meta.IsStatusConditionTrue(orig.Status.Conditions, v1alpha1.ConditionRepositoryReady):
 		// Opened before; a restarting pod does not make it unready.
@@ -344,10 +383,15 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		set(v1alpha1.ConditionServerAvailable, server.status, server.reason, server.message)
 	}
 	b.Status.Users = int32(users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
+	namespaces := ServedNamespaces(users)
+	b.Status.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users
+	if len(namespaces) > 1 && orig.Status.Namespaces <= 1 {
+		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonSharedAcrossNamespaces, "%s", sharedMessage(namespaces))
+	}
 	switch {
 	case len(users.Pending) > 0:
 		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonHashPending,
-			fmt.Sprintf("%d users written; %d wait for their password to be hashed: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
+			fmt.Sprintf("%d users written; %d wait for their password to be hashed or their VirtualMachine to adopt them: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
 	case !server.available:
 		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
 			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))
@@ -355,6 +399,9 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		msg := fmt.Sprintf("%d users written; the server applies them by diff at once", users.Count)
 		if len(users.Refused) > 0 {
 			msg += fmt.Sprintf("; %d credential Secrets refused (see Events)", len(users.Refused))
+		}
+		if len(namespaces) > 1 {
+			msg += "; " + sharedMessage(namespaces)
 		}
 		set(v1alpha1.ConditionUsersSynced, metav1.ConditionTrue, ReasonUsersSynced, msg)
 	}
@@ -477,20 +524,20 @@ func failedTermination(cs corev1.ContainerStatus) *corev1.ContainerStateTerminat
 
 // syncUsers writes the users Secrets from the credential Secrets.
 func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (UserSet, error) {
+	server := client.ObjectKeyFromObject(b)
 	secrets := &corev1.SecretList{}
-	if err := r.Client.List(ctx, secrets, client.MatchingLabels{
-		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-		v1alpha1.LabelServerNamespace: b.Namespace,
-		v1alpha1.LabelServerName:      b.Name,
-	}); err != nil {
-		return UserSet{}, fmt.Errorf("list credential Secrets of %s/%s: %w", b.Namespace, b.Name, err)
+	if err := r.Client.List(ctx, secrets, client.MatchingLabels(vmsecret.ServerLabels(server))); err != nil {
+		return UserSet{}, fmt.Errorf("list credential Secrets of %s: %w", server, err)
 	}
 	allowed, err := r.allowedNamespaces(ctx, b)
 	if err != nil {
 		return UserSet{}, err
 	}
-	secrets.Items = slices.DeleteFunc(secrets.Items, func(s corev1.Secret) bool { return s.Labels[v1alpha1.LabelVM] == "" })
-	users := CollectUsers(secrets.Items, allowed, credentials.HashFor)
+	vms, err := r.vmsOf(ctx, secrets.Items)
+	if err != nil {
+		return UserSet{}, err
+	}
+	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor})
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
@@ -512,9 +559,54 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	slices.Sort(keys)
 	for _, k := range keys {
 		// Aggregated by the event recorder: a resync repeats, not floods.
-		r.Recorder.Eventf(b, corev1.EventTypeWarning, "UserRefused", "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
+		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonUserRefused, "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
+}
+
+// vmsOf reads, from the cache, the metadata of the VirtualMachines the
+// credential Secrets are labelled for: whose Secret each is, and which
+// server it names, are facts about the VM.
+func (r *Reconciler) vmsOf(ctx context.Context, secrets []corev1.Secret) (map[types.NamespacedName]*metav1.PartialObjectMetadata, error) {
+	vms := map[types.NamespacedName]*metav1.PartialObjectMetadata{}
+	for i := range secrets {
+		name := vmsecret.VM(&secrets[i])
+		key := types.NamespacedName{Namespace: secrets[i].Namespace, Name: name}
+		if _, seen := vms[key]; seen || name == "" {
+			continue
+		}
+		vm := &metav1.PartialObjectMetadata{}
+		vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
+		switch err := r.Client.Get(ctx, key, vm); {
+		case apierrors.IsNotFound(err):
+			vms[key] = nil
+		case err != nil:
+			return nil, fmt.Errorf("get VirtualMachine %s: %w", key, err)
+		default:
+			vms[key] = vm
+		}
+	}
+	return vms, nil
+}
+
+// bslsOfVM maps a VirtualMachine to the BSLS its annotation names: on an
+// update, the handler maps the old and the new VM, so a VM that moves
+// reaches both servers.
+func bslsOfVM(_ context.Context, o client.Object) []reconcile.Request {
+	ref, err := vmsecret.ParseServerRef(o.GetAnnotations()[v1alpha1.AnnotationServer])
+	if err != nil {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: ref}}
+}
+
+// vmIdentityChanged passes the VM events that change a user: creation,
+// deletion, and an update of the server annotation or the UID.
+func vmIdentityChanged() predicate.Predicate {
+	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
+		return e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationServer] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationServer] ||
+			e.ObjectOld.GetUID() != e.ObjectNew.GetUID()
+	}}
 }
 
 // activityConfigMaps creates the ConfigMaps the server pod publishes its

@@ -13,6 +13,7 @@ import (
 	"github.com/kopia/kopia/snapshot/policy"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/retention"
 )
 
 // Storage is where a repository lives, as the server pod reaches it.
@@ -111,20 +112,11 @@ func ConnectOrCreate(ctx context.Context, s Storage, configFile, password string
 // applyDefaults sets on p what the admin's policy says, leaving the rest as
 // Kopia's defaults.
 func applyDefaults(p *policy.Policy, d *v1alpha1.PolicySpec) {
-	if r := d.Retention; r != nil {
-		set := func(dst **policy.OptionalInt, v *int32) {
-			if v != nil {
-				n := policy.OptionalInt(*v)
-				*dst = &n
-			}
-		}
-		set(&p.RetentionPolicy.KeepLatest, r.KeepLatest)
-		set(&p.RetentionPolicy.KeepHourly, r.KeepHourly)
-		set(&p.RetentionPolicy.KeepDaily, r.KeepDaily)
-		set(&p.RetentionPolicy.KeepWeekly, r.KeepWeekly)
-		set(&p.RetentionPolicy.KeepMonthly, r.KeepMonthly)
-		set(&p.RetentionPolicy.KeepAnnual, r.KeepAnnual)
-	}
+	// On an append-only server, user sync then makes this retention keep
+	// everything (guests trigger it, with their own clocks) and applies
+	// the same admin retention itself on the server's clock: see package
+	// retention.
+	p.RetentionPolicy = retention.FromSpec(d)
 	if d.Compression != "" {
 		p.CompressionPolicy.CompressorName = compression.Name(d.Compression)
 	}

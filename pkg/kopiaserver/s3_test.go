@@ -118,6 +118,10 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		bsl.SetGroupVersionKind(kopiaserver.VeleroBSL)
 		bsl.SetNamespace(veleroNS)
 		bsl.SetName(name)
+		// The Velero admin's consent to the BSLSs of this file.
+		bsl.SetAnnotations(map[string]string{v1alpha1.AnnotationAllowedServers: strings.Join([]string{
+			reuseNS + "/reuse", s3NS + "/switch", reuseNS + "/no-profile",
+		}, ", ")})
 		return bsl
 	}
 
@@ -183,7 +187,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		It("lets a VM's user connect, pinned to status.tlsFingerprint", func() {
 			password := testbed.RandomPassword()
-			Expect(api.Client.Create(ctx, credentialSecret("web", s3NS, s3NS, name, password, "1"))).To(Succeed())
+			Expect(createCredential(ctx, api, credentialSecret("web", s3NS, s3NS, name, password, "1"))).To(Succeed())
 			Eventually(connect(pod, bsls, "web@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
 			Expect(connect(pod, bsls, "web@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
 		})
@@ -291,7 +295,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 			It("lets a VM's user connect, pinned to status.tlsFingerprint", func() {
 				password := testbed.RandomPassword()
-				Expect(api.Client.Create(ctx, credentialSecret("db", reuseNS, reuseNS, name, password, "1"))).To(Succeed())
+				Expect(createCredential(ctx, api, credentialSecret("db", reuseNS, reuseNS, name, password, "1"))).To(Succeed())
 				Eventually(connect(pod, bsls, "db@"+reuseNS, password)).WithTimeout(provisioned).Should(Succeed())
 			})
 		})
@@ -357,8 +361,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			}}
 			return api.Client.Update(ctx, cur)
 		}).WithTimeout(reconciled).Should(Succeed())
+		// The binding goes first, then the Role: wait for both.
 		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.RoleBinding{}) }).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound))
-		Expect(api.Client.Get(ctx, access, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
+		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.Role{}) }).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound))
 		Eventually(func() ([]string, error) {
 			cur, err := bslsNamed(s3NS, b.Name)()
 			return cur.Finalizers, err

@@ -128,7 +128,7 @@ func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 // reading them anywhere but here.
 func (r *Reconciler) checkS3Credentials(ctx context.Context, namespace, name string) (*problem, error) {
 	s := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, s); err != nil {
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, AWSAccessKeyID, AWSSecretAccessKey)}, nil
 		}
@@ -148,17 +148,13 @@ func (r *Reconciler) checkS3Credentials(ctx context.Context, namespace, name str
 func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*problem, error) {
 	sel := RepositoryPassword(b)
 	s := &corev1.Secret{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sel.Name}, s)
-	switch {
-	case err == nil:
-		if len(s.Data[sel.Key]) == 0 {
-			return &problem{ReasonPasswordSecretInvalid, fmt.Sprintf("Secret %s has no key %s: it must hold the repository password", sel.Name, sel.Key)}, nil
-		}
-		return nil, nil
-	case !apierrors.IsNotFound(err):
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: sel.Name}, s)
+	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("get Secret %s: %w", sel.Name, err)
-	case b.Spec.Repository.PasswordSecretRef != nil:
-		return &problem{ReasonPasswordSecretInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the repository password in key %s, or remove repository.passwordSecretRef so that the controller generates one", sel.Name, b.Namespace, sel.Key)}, nil
+	}
+	found := err == nil
+	if generate, p := decidePassword(b, found, found && len(s.Data[sel.Key]) > 0); !generate {
+		return p, nil
 	}
 	password, err := randomPassword()
 	if err != nil {
@@ -175,7 +171,7 @@ func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupS
 	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create Secret %s: %w", s.Name, err)
 	}
-	r.Recorder.Eventf(b, corev1.EventTypeNormal, "RepositoryPasswordGenerated", "Generated the repository password in Secret %s; back it up: it is kept when the BackupStorageLocationServer is deleted, and without it the backups cannot be read", s.Name)
+	r.Recorder.Eventf(b, corev1.EventTypeNormal, "RepositoryPasswordGenerated", "Generated the repository password in Secret %s for a repository this BackupStorageLocationServer never opened; back it up: it is kept when the BackupStorageLocationServer is deleted, and without it the backups cannot be read", s.Name)
 	return nil, nil
 }
 
@@ -183,7 +179,7 @@ func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupS
 // BSLS's own: a new one is harmless, so it is owned and deleted with it.
 func (r *Reconciler) controlSecret(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
 	s := &corev1.Secret{}
-	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: ControlSecretName(b)}, s)
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: ControlSecretName(b)}, s)
 	if err == nil {
 		return nil
 	}

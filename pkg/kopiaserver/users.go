@@ -3,13 +3,15 @@ package kopiaserver
 import (
 	"fmt"
 	"slices"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // UserSet is what a BSLS's users Secrets should say, and which credential
@@ -19,58 +21,109 @@ type UserSet struct {
 	Shards [userset.Shards]map[string]kopiauser.Hash
 	// Count is the number of users in all shards.
 	Count int
-	// Pending names (namespace/name) the credential Secrets whose password
-	// the controller has not hashed yet.
+	// Pending names (namespace/name) the credential Secrets of VMs that
+	// use this server whose user is not provisioned yet: the controller has
+	// not hashed the password, or the VM has not adopted the Secret yet.
 	Pending []string
 	// Refused says, per credential Secret (namespace/name), why its user is
 	// not provisioned.
 	Refused map[string]string
 }
 
+// UserInputs is everything CollectUsers decides from.
+type UserInputs struct {
+	// Server is the BSLS whose users are collected.
+	Server types.NamespacedName
+	// Secrets are the Secrets labelled as credential Secrets for Server.
+	Secrets []corev1.Secret
+	// VMs are the VirtualMachines (metadata) the Secrets are labelled for,
+	// by namespace and name; a VM that does not exist is absent.
+	VMs map[types.NamespacedName]*metav1.PartialObjectMetadata
+	// Allowed is whether a namespace's VMs may use Server.
+	Allowed func(namespace string) bool
+	// HashOf is a Secret's hash of its current password; nil until the
+	// controller has hashed it.
+	HashOf func(*corev1.Secret) *kopiauser.Hash
+}
+
 // CollectUsers decides the users of a BSLS from the per-VM credential
-// Secrets labelled for it: a Secret counts when its namespace may use the
-// server, its username is a valid Kopia identity and its password is
-// hashed (hashOf returns nil until then). A username claimed by two Secrets
-// is refused for both, so neither VM gets the other's snapshots.
-func CollectUsers(secrets []corev1.Secret, allowed func(namespace string) bool, hashOf func(*corev1.Secret) *kopiauser.Hash) UserSet {
+// Secrets labelled for it. Identity comes from facts, never from data
+// (DESIGN.md decision 10): a Secret's user is <vm>@<namespace> of the
+// VirtualMachine that controls it, and it is provisioned only when the
+// Secret is named for that VM (vmsecret.Name), the VM exists in the
+// Secret's namespace with the UID of the Secret's controller reference, the
+// VM's guestbackup.io/server annotation names this server, the namespace
+// may use it, and the password is hashed. Since a Secret can name no
+// identity but that of its own VM, no Secret can claim another's user.
+// The username key is the guest's: a Secret whose key says another user
+// is refused, so that its guest's failed logins have a visible cause.
+func CollectUsers(in UserInputs) UserSet {
 	set := UserSet{Refused: map[string]string{}}
 	for i := range set.Shards {
 		set.Shards[i] = map[string]kopiauser.Hash{}
 	}
-	owners := map[string][]string{}
-	hashes := map[string]kopiauser.Hash{}
-	for i := range secrets {
-		s := &secrets[i]
+	for i := range in.Secrets {
+		s := &in.Secrets[i]
 		key := s.Namespace + "/" + s.Name
-		username := string(s.Data[v1alpha1.SecretKeyUsername])
+		username, pending, refusal := identityOf(in, s)
 		switch {
-		case !allowed(s.Namespace):
-			set.Refused[key] = fmt.Sprintf("namespace %s is not selected by spec.access.namespaceSelector", s.Namespace)
+		case refusal != "":
+			set.Refused[key] = refusal
 			continue
-		case kopiauser.ValidateUsername(username) != nil:
-			set.Refused[key] = fmt.Sprintf("key %s: %v", v1alpha1.SecretKeyUsername, kopiauser.ValidateUsername(username))
-			continue
-		}
-		owners[username] = append(owners[username], key)
-		if h := hashOf(s); h != nil {
-			hashes[username] = *h
-		} else {
+		case pending:
 			set.Pending = append(set.Pending, key)
-		}
-	}
-	for username, keys := range owners {
-		if len(keys) > 1 {
-			for _, key := range keys {
-				set.Refused[key] = fmt.Sprintf("user %s is claimed by %d Secrets: %s", username, len(keys), strings.Join(keys, ", "))
-			}
-			set.Pending = slices.DeleteFunc(set.Pending, func(k string) bool { return slices.Contains(keys, k) })
 			continue
 		}
-		if h, ok := hashes[username]; ok {
-			set.Shards[userset.ShardOf(username)][username] = h
-			set.Count++
+		h := in.HashOf(s)
+		if h == nil {
+			set.Pending = append(set.Pending, key)
+			continue
 		}
+		set.Shards[userset.ShardOf(username)][username] = *h
+		set.Count++
 	}
 	slices.Sort(set.Pending)
 	return set
+}
+
+// identityOf checks the facts about one credential Secret: its user, or
+// that it waits for its VM to adopt it, or why it is refused.
+func identityOf(in UserInputs, s *corev1.Secret) (username string, pending bool, refusal string) {
+	vm := vmsecret.VM(s)
+	if vm == "" {
+		return "", false, fmt.Sprintf("it has no label %s naming its VirtualMachine", vmsecret.LabelVM)
+	}
+	if !vmsecret.IsNamedFor(s) {
+		return "", false, fmt.Sprintf("its label %s=%s names VirtualMachine %s, whose credential Secret can only be %s", vmsecret.LabelVM, vm, vm, vmsecret.Name(vm))
+	}
+	if !in.Allowed(s.Namespace) {
+		return "", false, fmt.Sprintf("namespace %s is not selected by spec.access.namespaceSelector", s.Namespace)
+	}
+	username = vmsecret.Identity(s)
+	if err := kopiauser.ValidateUsername(username); err != nil {
+		return "", false, fmt.Sprintf("VirtualMachine %s/%s has no valid Kopia identity: %v", s.Namespace, vm, err)
+	}
+	v := in.VMs[types.NamespacedName{Namespace: s.Namespace, Name: vm}]
+	if v == nil {
+		return "", false, fmt.Sprintf("VirtualMachine %s/%s does not exist: a user is provisioned only for an existing VM that names this server", s.Namespace, vm)
+	}
+	if want := v.Annotations[v1alpha1.AnnotationServer]; want != in.Server.String() {
+		if want == "" {
+			return "", false, fmt.Sprintf("VirtualMachine %s/%s has no annotation %s", s.Namespace, vm, v1alpha1.AnnotationServer)
+		}
+		return "", false, fmt.Sprintf("VirtualMachine %s/%s names server %s in annotation %s, not this one", s.Namespace, vm, want, v1alpha1.AnnotationServer)
+	}
+	if c := vmsecret.Controller(s); c != nil && !(vmsecret.IsVMReference(*c) && c.Name == vm) {
+		return "", false, fmt.Sprintf("it is controlled by %s %s, not by VirtualMachine %s", c.Kind, c.Name, vm)
+	}
+	if got := vmsecret.GuestUsername(s); got != "" && got != username {
+		return "", false, fmt.Sprintf("its key %s says %q, but its VirtualMachine's identity is %s: the key is guestbackup's, not for editing; admit the VM again (any change to it) and the webhook rewrites it", vmsecret.KeyUsername, got, username)
+	}
+	if !vmsecret.ControlledBy(s, vm, v.UID) {
+		// The webhook writes the Secret before the API server stores the
+		// VM; the VM reconciler adopts it once the password is hashed (or
+		// again for a VM created anew under the same name).
+		return "", true, ""
+	}
+	return username, false, ""
 }

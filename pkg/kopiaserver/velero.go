@@ -25,8 +25,10 @@ import (
 )
 
 // +kubebuilder:rbac:groups=velero.io,resources=backupstoragelocations,verbs=get;list;watch
+// revokeVeleroAccess deletes the access it granted in Velero's namespace;
+// the finalizer that makes sure of it is added and removed by patches.
 // +kubebuilder:rbac:groups=rbac.authorization.k8s.io,resources=roles;rolebindings,verbs=delete
-// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=update;patch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=patch
 // +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers/finalizers,verbs=update
 
 // VeleroBSL is the kind of a Velero BackupStorageLocation.
@@ -58,6 +60,34 @@ type VeleroStorage struct {
 	// an AWS shared credentials file, and the profile in it.
 	Credentials corev1.SecretKeySelector
 	Profile     string
+}
+
+// VeleroConsents reports whether a Velero BSL's annotations consent to the
+// BSLS namespace/name reusing it: its guestbackup.io/allowed-servers
+// annotation lists exactly that name (entries are comma-separated, spaces
+// around them ignored). Only a Velero admin can annotate the BSL, so the
+// grant of Velero's credentials is theirs, never a BSLS author's.
+func VeleroConsents(annotations map[string]string, namespace, name string) bool {
+	want := namespace + "/" + name
+	for _, entry := range strings.Split(annotations[v1alpha1.AnnotationAllowedServers], ",") {
+		if strings.TrimSpace(entry) == want {
+			return true
+		}
+	}
+	return false
+}
+
+// veleroConsentRequired is the problem of a BSLS that names a Velero BSL
+// not consenting to it: the message says who sets which annotation on
+// which object, without revealing whom else the BSL admits.
+func veleroConsentRequired(ref *v1alpha1.BackupStorageLocationRef, b *v1alpha1.BackupStorageLocationServer) *problem {
+	self := b.Namespace + "/" + b.Name
+	return &problem{ReasonVeleroConsentRequired, fmt.Sprintf(
+		"Velero BackupStorageLocation %s/%s does not consent to this server reading its credentials, so none is granted: "+
+			"a Velero admin adds %s to the comma-separated list in its annotation %s "+
+			"(kubectl -n %s annotate backupstoragelocation.velero.io %s %s=%s when it has none yet)",
+		ref.Namespace, ref.Name, self, v1alpha1.AnnotationAllowedServers,
+		ref.Namespace, ref.Name, v1alpha1.AnnotationAllowedServers, self)}
 }
 
 // ParseVeleroBSL reads an AWS-compatible Velero BackupStorageLocation. Its
@@ -169,12 +199,24 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 		}
 		return nil, fmt.Errorf("get %s: %w", name, err)
 	}
+	if !VeleroConsents(bsl.GetAnnotations(), b.Namespace, b.Name) {
+		// No consent, no access: whatever was granted before goes too. The
+		// BSL is checked first so that its author learns nothing of
+		// Velero's Secrets.
+		if err := r.revokeVeleroAccess(ctx, b, ""); err != nil {
+			return nil, err
+		}
+		if err := r.finalize(ctx, b); err != nil {
+			return nil, err
+		}
+		return veleroConsentRequired(ref, b), nil
+	}
 	vs, err := ParseVeleroBSL(bsl)
 	if err != nil {
 		return &problem{ReasonBackupStorageLocationInvalid, fmt.Sprintf("%s cannot be used: %v", name, err)}, nil
 	}
 	s := &corev1.Secret{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: vs.Credentials.Name}, s); err != nil {
+	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: vs.Credentials.Name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
 			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s (the credentials of %s): set the BSL's spec.credential, or create Velero's default Secret %s", vs.Credentials.Name, ref.Namespace, name, VeleroDefaultCredentialsSecret)}, nil
 		}
@@ -206,6 +248,20 @@ func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorage
 		}
 	}
 	ns := b.Spec.Storage.BackupStorageLocation.Namespace
+	role, binding := VeleroAccessRole(b, secret)
+	for _, obj := range []client.Object{role, binding} {
+		if err := r.Client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
+			return fmt.Errorf("apply %T %s/%s: %w", obj, ns, obj.GetName(), err)
+		}
+	}
+	return nil
+}
+
+// VeleroAccessRole is the Role, in the Velero BSL's namespace, that lets
+// b's server read the one credential Secret named secret, and its binding
+// to the server's ServiceAccount. docs/security.md lists its rule.
+func VeleroAccessRole(b *v1alpha1.BackupStorageLocationServer, secret string) (*rbacv1.Role, *rbacv1.RoleBinding) {
+	ns := b.Spec.Storage.BackupStorageLocation.Namespace
 	meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns, Labels: mergeLabels(Labels(b), map[string]string{LabelBSLSNamespace: b.Namespace})}
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
@@ -218,12 +274,7 @@ func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorage
 		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: role.Name},
 		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ServiceAccountName(b), Namespace: b.Namespace}},
 	}
-	for _, obj := range []client.Object{role, binding} {
-		if err := r.Client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
-			return fmt.Errorf("apply %T %s/%s: %w", obj, ns, obj.GetName(), err)
-		}
-	}
-	return nil
+	return role, binding
 }
 
 // revokeVeleroAccess deletes the Roles and RoleBindings that let b's server

@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // What the webhook adds to a VM's template.
@@ -45,8 +46,8 @@ const (
 	ReasonInjectionRefused = "InjectionRefused"
 )
 
-// SecretName is the per-VM credential Secret of a VM.
-func SecretName(vmName string) string { return v1alpha1.CredentialSecretName(vmName) }
+// SecretName is the per-VM credential Secret of a VM (vmsecret.Name).
+func SecretName(vmName string) string { return vmsecret.Name(vmName) }
 
 // Server is what the webhook found about the BSLS a VM names.
 type Server struct {
@@ -141,6 +142,14 @@ func Decide(in Input) (Decision, error) {
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
 		return deny("%s", refusal), nil
+	}
+	if in.Secret != nil {
+		// The webhook writes the Secret named after the VM: one that is
+		// not guestbackup's for this VM is someone's data, never clobbered.
+		if why := vmsecret.NotOurs(in.Secret, vm.Name); why != "" {
+			return deny("Secret %s/%s already exists and is not guestbackup's credential Secret for VirtualMachine %s (%s): guestbackup keeps this VM's credentials in a Secret of that name and never overwrites another; rename or delete that Secret, or give the VM another name, or remove annotation %s",
+				vm.Namespace, in.Secret.Name, vm.Name, why, v1alpha1.AnnotationServer), nil
+		}
 	}
 	if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
 		return deny("%s", refusal), nil
@@ -253,12 +262,12 @@ type credentials struct {
 }
 
 func currentCredentials(secret *corev1.Secret, server types.NamespacedName) (credentials, bool) {
-	if secret == nil || secret.Labels[v1alpha1.LabelServerNamespace] != server.Namespace || secret.Labels[v1alpha1.LabelServerName] != server.Name {
+	if secret == nil || vmsecret.Server(secret) != server {
 		return credentials{}, false
 	}
-	password := string(secret.Data[v1alpha1.SecretKeyPassword])
-	generation, err := strconv.ParseInt(string(secret.Data[v1alpha1.SecretKeyGeneration]), 10, 64)
-	if password == "" || err != nil || generation < 1 {
+	password := vmsecret.Password(secret)
+	generation, ok := vmsecret.GenerationNumber(secret)
+	if password == "" || !ok {
 		return credentials{}, false
 	}
 	return credentials{password: password, generation: generation}, true
@@ -285,8 +294,10 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 			return Decision{}, fmt.Errorf("generate a password: %w", err)
 		}
 		generation := int64(1)
-		if g, err := strconv.ParseInt(string(secretData(in.Secret, v1alpha1.SecretKeyGeneration)), 10, 64); err == nil && g >= 1 {
-			generation = g + 1
+		if in.Secret != nil {
+			if g, ok := vmsecret.GenerationNumber(in.Secret); ok {
+				generation = g + 1
+			}
 		}
 		creds = credentials{password: password, generation: generation, issued: true}
 	}
@@ -301,7 +312,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 	if hasStatus && stillInjected(spec, old) {
 		p = placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
 		if p.mergedFrom != "" {
-			part, err := cloudinit.UserPart(secretData(in.Secret, v1alpha1.SecretKeyUserData))
+			part, err := cloudinit.UserPart(secretData(in.Secret, vmsecret.KeyUserData))
 			if err != nil {
 				return deny("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus), nil
 			}
@@ -330,7 +341,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 		if d.Secret.Annotations == nil {
 			d.Secret.Annotations = map[string]string{}
 		}
-		d.Secret.Annotations[v1alpha1.AnnotationIssuedAt] = in.Now.UTC().Format(time.RFC3339Nano)
+		d.Secret.Annotations[vmsecret.AnnotationIssuedAt] = in.Now.UTC().Format(time.RFC3339Nano)
 	}
 
 	st := v1alpha1.InjectionStatus{
@@ -503,13 +514,13 @@ func render(b cloudinit.Bootstrap, p placement) (map[string][]byte, error) {
 		return nil, err
 	}
 	if p.mergedFrom == "" {
-		return map[string][]byte{v1alpha1.SecretKeyUserData: ours}, nil
+		return map[string][]byte{vmsecret.KeyUserData: ours}, nil
 	}
 	merged, err := cloudinit.Merge(p.userPart, ours)
 	if err != nil {
 		return nil, err
 	}
-	return map[string][]byte{v1alpha1.SecretKeyUserData: merged}, nil
+	return map[string][]byte{vmsecret.KeyUserData: merged}, nil
 }
 
 // payloadKeys are every key a payload may write, so that a mode change
@@ -521,8 +532,8 @@ func payloadKeys(existing *corev1.Secret) []string {
 	var keys []string
 	for k := range existing.Data {
 		switch k {
-		case v1alpha1.SecretKeyUsername, v1alpha1.SecretKeyPassword, v1alpha1.SecretKeyGeneration,
-			v1alpha1.SecretKeyPasswordHash, v1alpha1.SecretKeyPasswordHashGeneration:
+		case vmsecret.KeyUsername, vmsecret.KeyPassword, vmsecret.KeyGeneration,
+			vmsecret.KeyPasswordHash, vmsecret.KeyPasswordHashGeneration:
 			continue
 		}
 		keys = append(keys, k)
@@ -542,12 +553,7 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
-	maps.Copy(s.Labels, map[string]string{
-		v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-		v1alpha1.LabelVM:              vm.Name,
-		v1alpha1.LabelServerNamespace: o.server.Namespace,
-		v1alpha1.LabelServerName:      o.server.Name,
-	})
+	maps.Copy(s.Labels, vmsecret.Labels(vm.Name, o.server))
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
@@ -555,9 +561,11 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 		delete(s.Data, k)
 	}
 	maps.Copy(s.Data, payload)
-	s.Data[v1alpha1.SecretKeyUsername] = []byte(o.user)
-	s.Data[v1alpha1.SecretKeyPassword] = []byte(c.password)
-	s.Data[v1alpha1.SecretKeyGeneration] = []byte(strconv.FormatInt(c.generation, 10))
+	// The username key is for the guest; the server's user comes from
+	// the VM that controls the Secret (vmsecret.Identity), never from it.
+	s.Data[vmsecret.KeyUsername] = []byte(o.user)
+	s.Data[vmsecret.KeyPassword] = []byte(c.password)
+	s.Data[vmsecret.KeyGeneration] = []byte(strconv.FormatInt(c.generation, 10))
 	if existing != nil && maps.EqualFunc(existing.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) &&
 		maps.Equal(existing.Labels, s.Labels) {
 		return nil
@@ -574,7 +582,7 @@ func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *
 		if i := volumeIndex(spec, st.Volume); i >= 0 {
 			if st.MergedFrom != "" {
 				if nc := spec.Volumes[i].CloudInitNoCloud; nc != nil && nc.UserDataSecretRef != nil && nc.UserDataSecretRef.Name == st.Secret {
-					part, err := cloudinit.UserPart(secretData(secret, v1alpha1.SecretKeyUserData))
+					part, err := cloudinit.UserPart(secretData(secret, vmsecret.KeyUserData))
 					if err != nil {
 						return deny("guestbackup cannot give this VM its own cloud-init back: Secret %s/%s: %v; set spec.template.spec.volumes[%d].cloudInitNoCloud.%s yourself and remove annotation %s", vm.Namespace, st.Secret, err, i, st.MergedFrom, v1alpha1.AnnotationStatus)
 					}

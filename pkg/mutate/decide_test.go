@@ -14,12 +14,16 @@ import (
 
 	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -321,26 +325,53 @@ func TestDenials(t *testing.T) {
 	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Message: "Not True: CertificateReady"}
 	forcedCloudInit := withAnnotation(t, readVM(t, "secret-ref.vm.yaml"), v1alpha1.AnnotationMode, "cloud-init")
 
+	// Secrets named web-guestbackup that are not guestbackup's for web.
+	foreign := func(mutate func(*corev1.Secret)) *corev1.Secret {
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "web-guestbackup", Namespace: "team-a", Labels: vmsecret.Labels("web", types.NamespacedName{Namespace: "backup", Name: "main"})},
+			Data:       map[string][]byte{"token": []byte("the tenant's own data")},
+		}
+		mutate(s)
+		return s
+	}
+	controlledBy := func(apiVersion, kind, name string) func(*corev1.Secret) {
+		return func(s *corev1.Secret) {
+			s.OwnerReferences = []metav1.OwnerReference{{APIVersion: apiVersion, Kind: kind, Name: name, UID: "other-uid", Controller: ptr.To(true)}}
+		}
+	}
+
 	tests := []struct {
 		name   string
 		obj    []byte
 		server Server
+		secret *corev1.Secret
 		want   string
 	}{
-		{"a malformed server reference", set(v1alpha1.AnnotationServer, "main"), readyServer(), "annotation guestbackup.io/server=\"main\": want <namespace>/<name>"},
-		{"a server that does not exist", base, Server{}, "BackupStorageLocationServer backup/main named by annotation guestbackup.io/server does not exist"},
-		{"a namespace the server does not admit", base, Server{BSLS: readyServer().BSLS}, "does not admit VMs of namespace team-a"},
-		{"a server that is not Ready", base, notReady, "BackupStorageLocationServer backup/main is not Ready (Not True: CertificateReady): retry once it is"},
-		{"an unknown mode", set(v1alpha1.AnnotationMode, "usb"), readyServer(), `annotation guestbackup.io/mode="usb": want cloud-init or disk`},
-		{"a relative path", set(v1alpha1.AnnotationPaths, "etc"), readyServer(), `annotation guestbackup.io/paths: path "etc" is not an absolute path`},
-		{"a schedule that breaks out of the timer", set(v1alpha1.AnnotationSchedule, "daily\nExecStart=/bin/sh"), readyServer(), "is not a systemd calendar expression"},
-		{"a VM name that is no Kopia identity", set("name", "Web"), readyServer(), "VirtualMachine team-a/Web has no valid Kopia identity"},
-		{"cloud-init forced where it cannot merge", forcedCloudInit, readyServer(), "annotation guestbackup.io/mode=cloud-init cannot be honoured: its cloud-init user-data is in Secret app-owner-userdata"},
-		{"a status annotation someone edited", set(v1alpha1.AnnotationStatus, "{}"), readyServer(), "annotation guestbackup.io/status is not what guestbackup wrote"},
+		{"a malformed server reference", set(v1alpha1.AnnotationServer, "main"), readyServer(), nil, "annotation guestbackup.io/server=\"main\": want <namespace>/<name>"},
+		{"a server that does not exist", base, Server{}, nil, "BackupStorageLocationServer backup/main named by annotation guestbackup.io/server does not exist"},
+		{"a namespace the server does not admit", base, Server{BSLS: readyServer().BSLS}, nil, "does not admit VMs of namespace team-a"},
+		{"a server that is not Ready", base, notReady, nil, "BackupStorageLocationServer backup/main is not Ready (Not True: CertificateReady): retry once it is"},
+		{"an unknown mode", set(v1alpha1.AnnotationMode, "usb"), readyServer(), nil, `annotation guestbackup.io/mode="usb": want cloud-init or disk`},
+		{"a relative path", set(v1alpha1.AnnotationPaths, "etc"), readyServer(), nil, `annotation guestbackup.io/paths: path "etc" is not an absolute path`},
+		{"a schedule that breaks out of the timer", set(v1alpha1.AnnotationSchedule, "daily\nExecStart=/bin/sh"), readyServer(), nil, "is not a systemd calendar expression"},
+		{"a VM name that is no Kopia identity", set("name", "Web"), readyServer(), nil, "VirtualMachine team-a/Web cannot get guestbackup credentials: its credential Secret cannot be named Web-guestbackup"},
+		{"a VM name too long to label its Secret", set("name", strings.Repeat("v", 64)), readyServer(), nil,
+			"VirtualMachine team-a/" + strings.Repeat("v", 64) + " cannot get guestbackup credentials: its name (64 characters) cannot label its credential Secret (guestbackup.io/vm=<name>): must be no more than 63 characters"},
+		{"an unrelated Secret under the VM's Secret name", base, readyServer(), foreign(func(s *corev1.Secret) { s.Labels = map[string]string{"app": "web"} }),
+			"Secret team-a/web-guestbackup already exists and is not guestbackup's credential Secret for VirtualMachine web (it is not labelled app.kubernetes.io/managed-by=guestbackup): guestbackup keeps this VM's credentials in a Secret of that name and never overwrites another; rename or delete that Secret"},
+		{"guestbackup's label on a Secret made for another VM", base, readyServer(), foreign(func(s *corev1.Secret) { s.Labels[v1alpha1.LabelVM] = "db" }),
+			`(its label guestbackup.io/vm is "db", not "web")`},
+		{"a Secret another object controls", base, readyServer(), foreign(controlledBy("apps/v1", "Deployment", "web")),
+			"(it is controlled by Deployment web)"},
+		{"a Secret another VirtualMachine controls", base, readyServer(), foreign(controlledBy("kubevirt.io/v1", "VirtualMachine", "db")),
+			"(it is controlled by VirtualMachine db)"},
+		{"cloud-init forced where it cannot merge", forcedCloudInit, readyServer(), nil, "annotation guestbackup.io/mode=cloud-init cannot be honoured: its cloud-init user-data is in Secret app-owner-userdata"},
+		{"a status annotation someone edited", set(v1alpha1.AnnotationStatus, "{}"), readyServer(), nil, "annotation guestbackup.io/status is not what guestbackup wrote"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			d, err := Decide(Input{Object: tt.obj, Namespace: "team-a", Server: tt.server, NewPassword: (&passwords{}).next})
+			before := tt.secret.DeepCopy()
+			d, err := Decide(Input{Object: tt.obj, Namespace: "team-a", Server: tt.server, Secret: tt.secret, NewPassword: (&passwords{}).next})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -350,10 +381,55 @@ func TestDenials(t *testing.T) {
 			if d.Secret != nil || len(d.Patch) != 0 {
 				t.Error("a denial wrote something")
 			}
+			if !equality.Semantic.DeepEqual(tt.secret, before) {
+				t.Error("Decide changed the existing Secret")
+			}
 			if len(d.Events) != 1 || d.Events[0].Reason != ReasonInjectionRefused || d.Events[0].Type != corev1.EventTypeWarning {
 				t.Errorf("events: %+v", d.Events)
 			}
 		})
+	}
+}
+
+// TestSecretOfThisVMIsRewritten: the Secrets the webhook may write are
+// guestbackup's for this VM, adopted or not yet, including one a previous
+// VM of the same name controlled (deleted and created again: the same
+// identity, which the controller adopts for the new VM).
+func TestSecretOfThisVMIsRewritten(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	first := decide(t, base, nil, &passwords{})
+	for name, ref := range map[string]*metav1.OwnerReference{
+		"not adopted yet":       nil,
+		"adopted by this VM":    ptr.To(vmsecret.OwnerReference("web", "uid-1")),
+		"adopted by a previous": ptr.To(vmsecret.OwnerReference("web", "uid-0")),
+	} {
+		t.Run(name, func(t *testing.T) {
+			stored := first.Secret.DeepCopy()
+			if ref != nil {
+				stored.OwnerReferences = []metav1.OwnerReference{*ref}
+			}
+			d := decide(t, withAnnotation(t, base, v1alpha1.AnnotationPaths, "/var/lib/app"), stored, &passwords{})
+			if d.Denied != "" || d.Secret == nil {
+				t.Fatalf("denied %q, Secret %v: want the Secret rewritten", d.Denied, d.Secret != nil)
+			}
+			if !equality.Semantic.DeepEqual(d.Secret.OwnerReferences, stored.OwnerReferences) {
+				t.Errorf("owner references %v, want them kept: %v", d.Secret.OwnerReferences, stored.OwnerReferences)
+			}
+		})
+	}
+}
+
+// TestLongestVMName: a name of 63 characters, the most a label value
+// holds, gets its credentials.
+func TestLongestVMName(t *testing.T) {
+	var m map[string]any
+	_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+	name := strings.Repeat("v", 63)
+	m["metadata"].(map[string]any)["name"] = name
+	obj, _ := json.Marshal(m)
+	d := decide(t, obj, nil, &passwords{})
+	if d.Denied != "" || d.Secret == nil || d.Secret.Name != name+"-guestbackup" || d.Secret.Labels[v1alpha1.LabelVM] != name {
+		t.Errorf("a 63-character name: denied %q, Secret %+v", d.Denied, d.Secret)
 	}
 }
 

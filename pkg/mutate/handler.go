@@ -61,7 +61,8 @@ const Path = "/mutate-kubevirt-io-v1-virtualmachine"
 // Decide needs, and applies its decision (the Secret, the Events, the patch).
 type Handler struct {
 	// Cache serves the reads of the steady state (a VM admitted again,
-	// nothing to change) without a request to the API server.
+	// nothing to change) without a request to the API server. Nil means
+	// every decision is taken on Reader alone.
 	Cache client.Reader
 	// Reader reads from the API server itself. Whenever a decision would
 	// write the Secret, it is taken again on a fresh read: a cached Secret
@@ -103,8 +104,12 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if name == "" && head.Metadata.Annotations[v1alpha1.AnnotationServer] != "" {
 		return h.refuse(ctx, req, head.Metadata, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
 	}
-	d, err := h.decide(ctx, req, name, h.Cache)
-	if err == nil && (d.Secret != nil || d.Denied != "") && h.Reader != h.Cache {
+	first := h.Cache
+	if first == nil {
+		first = h.Reader
+	}
+	d, err := h.decide(ctx, req, name, first)
+	if err == nil && (d.Secret != nil || d.Denied != "") && h.Cache != nil {
 		// Writes and denials are decided on the API server's own state.
 		d, err = h.decide(ctx, req, name, h.Reader)
 	}

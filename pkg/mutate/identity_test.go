@@ -52,6 +52,9 @@ func TestUsername(t *testing.T) {
 		{vm: "db.primary", namespace: "team-a", want: "db.primary@team-a"},
 		{vm: "Web", namespace: "prod", wantErr: true},
 		{vm: "", namespace: "prod", wantErr: true},
+		{vm: strings.Repeat("v", 63), namespace: "prod", want: strings.Repeat("v", 63) + "@prod"},
+		// The VM's Secret is labelled with its name: 63 characters at most.
+		{vm: strings.Repeat("v", 64), namespace: "prod", wantErr: true},
 	}
 	for _, tt := range tests {
 		got, err := Username(tt.vm, tt.namespace)

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -46,14 +47,12 @@ type valueSet struct {
 	namespace string
 	// certManager: the webhook's TLS comes from cert-manager.
 	certManager bool
-	// issuer and issuerKind: the controller's --default-issuer, empty for none.
-	issuer, issuerKind string
 }
 
 var valueSets = []valueSet{
-	{name: "default", file: "default.yaml", namespace: "gb-default", certManager: true, issuer: release + "-server-ca", issuerKind: "ClusterIssuer"},
+	{name: "default", file: "default.yaml", namespace: "gb-default", certManager: true},
 	{name: "cert-manager disabled", file: "no-cert-manager.yaml", namespace: "gb-no-cert-manager"},
-	{name: "OpenShift-like", file: "openshift.yaml", namespace: "gb-openshift", certManager: true, issuer: "corporate-ca", issuerKind: "ClusterIssuer"},
+	{name: "OpenShift-like", file: "openshift.yaml", namespace: "gb-openshift", certManager: true},
 }
 
 // rendered is the chart's output, decoded.
@@ -238,6 +237,9 @@ var _ = Describe("The chart rendered", func() {
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
 				Expect(r.ofKind("ClusterRole")).To(HaveLen(2))
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
+				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
+				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(1))
+				Expect(r.ofKind("ValidatingAdmissionPolicyBinding")).To(HaveLen(1))
 			})
 
 			It("registers exactly pkg/mutate's webhook, pointing at the webhook Service", func() {
@@ -374,12 +376,8 @@ var _ = Describe("The chart rendered", func() {
 				Expect(c.Env).To(ContainElement(corev1.EnvVar{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{
 					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"},
 				}}))
-				issuer, ok := argValue(c.Args, "--default-issuer")
-				Expect(issuer).To(Equal(set.issuer))
-				Expect(ok).To(Equal(set.issuer != ""))
-				if set.issuer != "" {
-					Expect(c.Args).To(ContainElement("--default-issuer-kind=" + set.issuerKind))
-				}
+				// Each BSLS's own CA, through cert-manager when the chart uses it.
+				Expect(c.Args).To(ContainElement(fmt.Sprintf("--cert-manager-ca=%t", set.certManager)))
 			})
 
 			It("lets only the API server reach the webhook and only the monitoring namespaces scrape metrics", func() {
@@ -441,16 +439,8 @@ var _ = Describe("The chart rendered", func() {
 					root, _, _ := unstructured.NestedString(ca.Object, "spec", "issuerRef", "name")
 					Expect(r.find("Issuer", root).Object).To(HaveKeyWithValue("spec", HaveKey("selfSigned")))
 
-					if set.issuer == release+"-server-ca" {
-						// The servers' CA ClusterIssuer the controller defaults to.
-						clusterIssuer := r.find("ClusterIssuer", set.issuer)
-						caSecret, _, _ := unstructured.NestedString(clusterIssuer.Object, "spec", "ca", "secretName")
-						serverCA := r.find("Certificate", set.issuer)
-						Expect(serverCA.GetNamespace()).To(Equal("cert-manager"))
-						Expect(serverCA.Object).To(HaveKeyWithValue("spec", HaveKeyWithValue("secretName", caSecret)))
-					} else {
-						Expect(r.ofKind("ClusterIssuer")).To(BeEmpty())
-					}
+					// No CA shared by the servers: each BSLS gets its own.
+					Expect(r.ofKind("ClusterIssuer")).To(BeEmpty())
 				})
 			} else {
 				It("generates the webhook's CA and serving certificate itself, without cert-manager", func() {

@@ -8,9 +8,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	gtypes "github.com/onsi/gomega/types"
 	admissionv1 "k8s.io/api/admission/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
@@ -26,6 +30,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
@@ -74,7 +79,9 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		// Its own release, so that its ClusterRoles, created for real, do
 		// not meet the other specs' server-side dry runs.
 		r := renderRelease(rbacRelease, ns, "no-cert-manager.yaml")
-		for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"} {
+		// With the admission policy guarding guestbackup's Secrets, so
+		// that the specs below show the binaries' own writes pass it.
+		for _, kind := range []string{"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 			for _, o := range r.ofKind(kind) {
 				Expect(apiServer.Client.Create(ctx, o.DeepCopy())).To(Succeed(), "%s %s", kind, o.GetName())
 			}
@@ -100,6 +107,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			LeaderElection: true, LeaderElectionID: "controller.guestbackup.io", LeaderElectionNamespace: ns,
 			LeaseDuration: ptr.To(15 * time.Second), RenewDeadline: ptr.To(10 * time.Second), RetryPeriod: ptr.To(time.Second),
 			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
+			Cache:      manager.ControllerCache(),
 		})
 		Expect(err).NotTo(HaveOccurred())
 		Expect((&kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: ns, ActivityInterval: time.Minute}).SetupWithManager(mgr)).To(Succeed())
@@ -113,6 +121,12 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			cancel()
 			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
 		})
+
+		By("electing itself leader through the Lease in its namespace, the only Leases it may touch")
+		Eventually(mgr.Elected()).WithTimeout(30 * time.Second).Should(BeClosed())
+		lease := &coordinationv1.Lease{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "controller.guestbackup.io"}, lease)).To(Succeed())
+		Expect(lease.Spec.HolderIdentity).To(HaveValue(Not(BeEmpty())))
 
 		bsls := &v1alpha1.BackupStorageLocationServer{
 			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bsNS},
@@ -191,11 +205,135 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, &corev1.Secret{})).To(Succeed())
 	})
 
+	It("caches only guestbackup's Secrets in the controller, and reads others uncached", func() {
+		// An admin's S3 credentials beside a Secret guestbackup manages.
+		foreign := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: bsNS}, Data: map[string][]byte{"AWS_SECRET_ACCESS_KEY": []byte("admin's key")}}
+		managed := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "cache-probe", Namespace: bsNS, Labels: map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}}}
+		for _, s := range []*corev1.Secret{foreign, managed} {
+			Expect(apiServer.Client.Create(ctx, s)).To(Succeed())
+		}
+		// The cache cmd/controller runs with, as the controller's ServiceAccount.
+		opts := manager.ControllerCache()
+		opts.Scheme = apiServer.Scheme
+		informers, err := cache.New(controllerConfig, opts)
+		Expect(err).NotTo(HaveOccurred())
+		cacheCtx, stop := context.WithCancel(ctx)
+		DeferCleanup(stop)
+		go func() { _ = informers.Start(cacheCtx) }()
+		Expect(informers.WaitForCacheSync(ctx)).To(BeTrue())
+
+		Eventually(func() error { return informers.Get(ctx, client.ObjectKeyFromObject(managed), &corev1.Secret{}) }).Should(Succeed())
+		cached := &corev1.SecretList{}
+		Expect(informers.List(ctx, cached)).To(Succeed())
+		Expect(cached.Items).NotTo(BeEmpty())
+		for _, s := range cached.Items {
+			Expect(s.Labels).To(HaveKeyWithValue(v1alpha1.LabelManagedBy, v1alpha1.ManagedByValue), "cached Secret %s/%s", s.Namespace, s.Name)
+		}
+		Expect(apierrors.IsNotFound(informers.Get(ctx, client.ObjectKeyFromObject(foreign), &corev1.Secret{}))).To(BeTrue(), "the admin's Secret is not cached")
+		// The BSLS reconciler reads it around the cache (Reconciler.APIReader).
+		Expect(clientAs(controllerConfig).Get(ctx, client.ObjectKeyFromObject(foreign), &corev1.Secret{})).To(Succeed())
+	})
+
+	It("lets only guestbackup's ServiceAccounts write Secrets labelled managed-by: guestbackup", func() {
+		const team = "team-a"
+		Expect(apiServer.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: team}})).To(Succeed())
+		// A tenant: every verb on Secrets in her namespace, nothing else.
+		Expect(apiServer.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: team},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{rbacv1.VerbAll}}},
+		})).To(Succeed())
+		Expect(apiServer.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: team},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tenant"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: "alice"}},
+		})).To(Succeed())
+		aliceConfig := rest.CopyConfig(apiServer.Config)
+		aliceConfig.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
+		alice, controller, webhook := clientAs(aliceConfig), clientAs(controllerConfig), clientAs(webhookConfig)
+		credential := func(vm string) *corev1.Secret {
+			return &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vm), Namespace: team, Labels: map[string]string{
+					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vm,
+					v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
+				}},
+				Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vm + "@" + team), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789")},
+			}
+		}
+		denied := func(op string) gtypes.GomegaMatcher {
+			return And(
+				Satisfy(apierrors.IsForbidden),
+				MatchError(ContainSubstring("only guestbackup's controller and webhook may "+op+" Secrets labelled app.kubernetes.io/managed-by=guestbackup; alice may not "+op)),
+			)
+		}
+
+		By("denying a tenant's labelled Secret, with the policy's message")
+		// The API server loads a new policy asynchronously: the first
+		// denial is awaited (a forged Secret let through meanwhile is removed).
+		Eventually(func() error {
+			err := alice.Create(ctx, credential("forged"))
+			if err == nil {
+				Expect(apiServer.Client.Delete(ctx, credential("forged"))).To(Succeed())
+			}
+			return err
+		}).WithTimeout(30 * time.Second).Should(denied("create"))
+
+		By("leaving her unlabelled Secrets alone, but not letting her label one")
+		own := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "app-config", Namespace: team}, Data: map[string][]byte{"k": []byte("v")}}
+		Expect(alice.Create(ctx, own)).To(Succeed())
+		own.Labels = map[string]string{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue}
+		Expect(alice.Update(ctx, own)).To(denied("update"))
+
+		By("letting the webhook's ServiceAccount create one")
+		s := credential("db")
+		Expect(webhook.Create(ctx, s)).To(Succeed())
+
+		By("denying the tenant any edit of it: relabel, data, delete")
+		relabelled := s.DeepCopy()
+		relabelled.Labels = map[string]string{"app": "mine"}
+		Expect(alice.Update(ctx, relabelled)).To(denied("update"))
+		edited := s.DeepCopy()
+		edited.Data[v1alpha1.SecretKeyUsername] = []byte("db@team-b")
+		Expect(alice.Patch(ctx, edited, client.MergeFrom(s))).To(denied("update"))
+		Expect(alice.Delete(ctx, s)).To(denied("delete"))
+		got := &corev1.Secret{}
+		Expect(apiServer.Client.Get(ctx, client.ObjectKeyFromObject(s), got)).To(Succeed())
+		Expect(got.Labels).To(Equal(s.Labels))
+		Expect(got.Data).To(Equal(s.Data))
+
+		By("letting the controller's ServiceAccount patch and delete it")
+		patched := got.DeepCopy()
+		patched.Annotations = map[string]string{"guestbackup.io/probe": "controller"}
+		Expect(controller.Patch(ctx, patched, client.MergeFrom(got))).To(Succeed())
+		Expect(controller.Delete(ctx, patched)).To(Succeed())
+	})
+
 	It("forbids what neither binary needs", func() {
 		controller, webhook := clientAs(controllerConfig), clientAs(webhookConfig)
+		controllerWatch, err := client.NewWithWatch(controllerConfig, client.Options{Scheme: apiServer.Scheme})
+		Expect(err).NotTo(HaveOccurred())
 		d := &appsv1.Deployment{}
 		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main-server"}, d)).To(Succeed())
+		control := &corev1.Secret{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main-control"}, control)).To(Succeed())
+		bsls := &v1alpha1.BackupStorageLocationServer{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main"}, bsls)).To(Succeed())
+		_, leaseWatchErr := controllerWatch.Watch(ctx, &coordinationv1.LeaseList{}, client.InNamespace(bsNS))
 		for what, err := range map[string]error{
+			"controller lists Leases cluster-wide":            controller.List(ctx, &coordinationv1.LeaseList{}),
+			"controller reads a Lease of kube-system":         controller.Get(ctx, types.NamespacedName{Namespace: "kube-system", Name: "kube-controller-manager"}, &coordinationv1.Lease{}),
+			"controller watches Leases of another namespace":  leaseWatchErr,
+			"controller creates a Lease in another namespace": controller.Create(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
+			"controller lists Leases of its own namespace":    controller.List(ctx, &coordinationv1.LeaseList{}, client.InNamespace(ns)),
+			"controller replaces a Secret (update)":           controller.Update(ctx, control),
+			"controller replaces a Deployment (update)":       controller.Update(ctx, d),
+			"controller reads ServiceAccounts":                controller.List(ctx, &corev1.ServiceAccountList{}),
+			"controller deletes a Service":                    controller.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller deletes a ServiceAccount":             controller.Delete(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller replaces a Role (update)":             controller.Update(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller replaces a BSLS (update)":             controller.Update(ctx, bsls),
+			"controller replaces a BSLS's status (update)":    controller.Status().Update(ctx, bsls),
+			"controller writes events.k8s.io Events":          controller.Create(ctx, &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
+
 			"controller deletes a Deployment":        controller.Delete(ctx, d),
 			"controller lists nodes":                 controller.List(ctx, &corev1.NodeList{}),
 			"controller deletes a claim":             controller.Delete(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "main-repository", Namespace: bsNS}}),

@@ -1,0 +1,195 @@
+package mutate
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+
+	admissionv1 "k8s.io/api/admission/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// The Handler's edges, fast: its cache and the API server are fake clients
+// (controller-runtime's, with interceptors for what a real one does at the
+// worst moment). The envtest suite (test/kubevirt) proves the same against
+// a real API server.
+
+func handlerScheme(t *testing.T) *k8sruntime.Scheme {
+	t.Helper()
+	s := k8sruntime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1alpha1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// apiObjects are what a cluster holds for a VM of team-a to use backup/main.
+func apiObjects() []client.Object {
+	bsls := readyServer().BSLS.DeepCopy()
+	bsls.Spec.Access.NamespaceSelector = &metav1.LabelSelector{}
+	return []client.Object{bsls, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}}
+}
+
+// writes counts the Secret writes a client receives, and fails them with
+// fail when it is set.
+type writes struct {
+	n    int
+	fail error
+}
+
+func (w *writes) funcs() interceptor.Funcs {
+	write := func() error {
+		w.n++
+		return w.fail
+	}
+	return interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if err := write(); err != nil {
+				return err
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	}
+}
+
+func admissionRequest(t *testing.T, op admissionv1.Operation, obj []byte) admission.Request {
+	t.Helper()
+	return admission.Request{AdmissionRequest: admissionv1.AdmissionRequest{
+		UID: "test", Kind: metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"},
+		Namespace: "team-a", Operation: op, Object: k8sruntime.RawExtension{Raw: obj},
+	}}
+}
+
+func TestHandlerDecidesWritesOnTheAPIServersState(t *testing.T) {
+	scheme := handlerScheme(t)
+	foreign := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: "web-guestbackup", Namespace: "team-a", Labels: map[string]string{"app": "web"}},
+		Data:       map[string][]byte{"token": []byte("someone's data")},
+	}
+	// The cache holds guestbackup's Secrets only (CacheOptions): it does
+	// not see the foreign Secret the API server has.
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(apiObjects()...).Build()
+	var w writes
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), foreign)...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+
+	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init.vm.yaml")))
+	if resp.Allowed || !strings.Contains(resp.Result.Message, "Secret team-a/web-guestbackup already exists and is not guestbackup's credential Secret for VirtualMachine web") {
+		t.Fatalf("allowed %t: %q; want the foreign Secret to deny the VM", resp.Allowed, resp.Result.Message)
+	}
+	if w.n != 0 {
+		t.Errorf("%d writes to the API server, want none", w.n)
+	}
+	got := &corev1.Secret{}
+	if err := api.Get(context.Background(), client.ObjectKeyFromObject(foreign), got); err != nil || string(got.Data["token"]) != "someone's data" || len(got.Data) != 1 {
+		t.Errorf("the foreign Secret changed: %v %v", got.Data, err)
+	}
+}
+
+func TestHandlerFailsTheAdmissionOnAWriteConflict(t *testing.T) {
+	scheme := handlerScheme(t)
+	original := readVM(t, "no-cloud-init.vm.yaml")
+	first := decide(t, original, nil, &passwords{})
+	stored := first.Secret.DeepCopy()
+	objs := append(apiObjects(), stored)
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).Build()
+	w := writes{fail: apierrors.NewConflict(schema.GroupResource{Resource: "secrets"}, "web-guestbackup", nil)}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(objs...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+
+	// New paths: the Secret is rewritten, and the write loses a race.
+	mutated := withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationPaths, "/var/lib/app")
+	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Update, mutated))
+	if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || len(resp.Patches) != 0 {
+		t.Fatalf("allowed %t, code %d, %d patches: want the admission failed (the client retries and it is decided again)", resp.Allowed, resp.Result.Code, len(resp.Patches))
+	}
+	if w.n != 1 {
+		t.Errorf("%d writes, want the one that conflicted", w.n)
+	}
+}
+
+func TestHandlerRefusals(t *testing.T) {
+	scheme := handlerScheme(t)
+	generated := func() []byte {
+		var m map[string]any
+		_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+		meta := m["metadata"].(map[string]any)
+		delete(meta, "name")
+		meta["generateName"] = "web-"
+		out, _ := json.Marshal(m)
+		return out
+	}()
+	long := func() []byte {
+		var m map[string]any
+		_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+		m["metadata"].(map[string]any)["name"] = strings.Repeat("v", 64)
+		out, _ := json.Marshal(m)
+		return out
+	}()
+	for _, tc := range []struct {
+		name, want string
+		obj        []byte
+	}{
+		{"a VM named by generateName", "guestbackup needs the VM's metadata.name to issue its identity", generated},
+		{"a VM whose name cannot label its Secret", "its name (64 characters) cannot label its credential Secret", long},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var w writes
+			cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(apiObjects()...).Build()
+			api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(apiObjects()...).WithInterceptorFuncs(w.funcs()).Build()
+			h := &Handler{Cache: cache, Reader: api, Writer: api}
+			resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, tc.obj))
+			if resp.Allowed || resp.Result.Code != http.StatusForbidden || !strings.Contains(resp.Result.Message, tc.want) {
+				t.Errorf("allowed %t, code %d: %q; want a denial containing %q", resp.Allowed, resp.Result.Code, resp.Result.Message, tc.want)
+			}
+			if w.n != 0 {
+				t.Errorf("%d writes, want none", w.n)
+			}
+		})
+	}
+}
+
+func TestHandlerDryRunWritesNothing(t *testing.T) {
+	var w writes
+	cache := fake.NewClientBuilder().WithScheme(handlerScheme(t)).WithObjects(apiObjects()...).Build()
+	api := fake.NewClientBuilder().WithScheme(handlerScheme(t)).WithObjects(apiObjects()...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+	req := admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init.vm.yaml"))
+	req.DryRun = ptr.To(true)
+	resp := h.Handle(context.Background(), req)
+	if !resp.Allowed || len(resp.Patches) == 0 {
+		t.Fatalf("allowed %t with %d patches: want the injection, as a real admission", resp.Allowed, len(resp.Patches))
+	}
+	if w.n != 0 {
+		t.Errorf("%d writes on a dry run, want none", w.n)
+	}
+}

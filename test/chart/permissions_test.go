@@ -1,0 +1,219 @@
+package chart
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+)
+
+// permission is one verb on one resource granted to one subject in one
+// scope: the unit in which docs/security.md ("Permissions") is compared
+// with what the ServiceAccounts are actually granted.
+type permission struct {
+	subject, group, resource, verb, scope string
+}
+
+func (p permission) String() string {
+	group := p.group
+	if group == "" {
+		group = "core"
+	}
+	return fmt.Sprintf("%s: %s %s/%s (%s)", p.subject, p.verb, group, p.resource, p.scope)
+}
+
+// Scopes, as the table writes them.
+const (
+	scopeCluster          = "cluster"
+	scopeReleaseNamespace = "release namespace"
+	scopeBSLSNamespace    = "BSLS namespace"
+	scopeBSLSByName       = "BSLS namespace, by name"
+	scopeVeleroByName     = "Velero namespace, by name"
+)
+
+// documentedPermissions parses the table under "## Permissions" of
+// docs/security.md: | subject | API group | resources | verbs | scope | code path |.
+// Resources and verbs may list several, comma separated; "core" is the
+// core API group; backticks are ignored. A row without a code path is an
+// error: the table says why each permission exists.
+func documentedPermissions(path string) ([]permission, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var perms []permission
+	in, rows := false, 0
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		line := strings.TrimSpace(s.Text())
+		if strings.HasPrefix(line, "## ") {
+			in = line == "## Permissions"
+			continue
+		}
+		if !in || !strings.HasPrefix(line, "|") {
+			continue
+		}
+		cells := strings.Split(strings.Trim(line, "|"), "|")
+		for i := range cells {
+			cells[i] = strings.TrimSpace(strings.ReplaceAll(cells[i], "`", ""))
+		}
+		rows++
+		if rows <= 2 { // the header and its separator
+			continue
+		}
+		if len(cells) != 6 {
+			return nil, fmt.Errorf("%s: a Permissions row has %d cells, not 6: %s", path, len(cells), line)
+		}
+		if cells[5] == "" {
+			return nil, fmt.Errorf("%s: a Permissions row names no code path: %s", path, line)
+		}
+		group := cells[1]
+		if group == "core" {
+			group = ""
+		}
+		for _, resource := range splitList(cells[2]) {
+			for _, verb := range splitList(cells[3]) {
+				perms = append(perms, permission{subject: cells[0], group: group, resource: resource, verb: verb, scope: cells[4]})
+			}
+		}
+	}
+	if err := s.Err(); err != nil {
+		return nil, err
+	}
+	if rows == 0 {
+		return nil, fmt.Errorf("%s has no table under \"## Permissions\"", path)
+	}
+	return perms, nil
+}
+
+func splitList(cell string) []string {
+	var out []string
+	for _, v := range strings.Split(cell, ",") {
+		if v = strings.TrimSpace(v); v != "" {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// granted expands RBAC rules into permissions of subject in scope; rules
+// with resource names take byName as their scope.
+func granted(subject, scope, byName string, rules []rbacv1.PolicyRule) []permission {
+	var perms []permission
+	for _, r := range rules {
+		sc := scope
+		if len(r.ResourceNames) > 0 {
+			sc = byName
+		}
+		for _, g := range r.APIGroups {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					perms = append(perms, permission{subject: subject, group: g, resource: res, verb: v, scope: sc})
+				}
+			}
+		}
+	}
+	return perms
+}
+
+// chartPermissions are the permissions the rendered chart binds to its
+// ServiceAccounts, named by their component ("controller", "webhook").
+func chartPermissions(r rendered) []permission {
+	GinkgoHelper()
+	component := func(s rbacv1.Subject) string {
+		Expect(s.Kind).To(Equal(rbacv1.ServiceAccountKind), "the chart binds only its ServiceAccounts")
+		for _, c := range []string{"controller", "webhook"} {
+			if strings.HasSuffix(s.Name, "-"+c) {
+				return c
+			}
+		}
+		Fail("the chart binds an unknown ServiceAccount " + s.Name)
+		return ""
+	}
+	var perms []permission
+	for _, o := range r.ofKind("ClusterRoleBinding") {
+		b := as[rbacv1.ClusterRoleBinding](o)
+		Expect(b.RoleRef.Kind).To(Equal("ClusterRole"))
+		role := as[rbacv1.ClusterRole](r.find("ClusterRole", b.RoleRef.Name))
+		for _, s := range b.Subjects {
+			perms = append(perms, granted(component(s), scopeCluster, scopeCluster+", by name", role.Rules)...)
+		}
+	}
+	for _, o := range r.ofKind("RoleBinding") {
+		b := as[rbacv1.RoleBinding](o)
+		var rules []rbacv1.PolicyRule
+		switch b.RoleRef.Kind {
+		case "Role":
+			rules = as[rbacv1.Role](r.find("Role", b.RoleRef.Name)).Rules
+		case "ClusterRole":
+			rules = as[rbacv1.ClusterRole](r.find("ClusterRole", b.RoleRef.Name)).Rules
+		}
+		for _, s := range b.Subjects {
+			perms = append(perms, granted(component(s), scopeReleaseNamespace, scopeReleaseNamespace+", by name", rules)...)
+		}
+	}
+	return perms
+}
+
+// serverPermissions are what the controller grants a BSLS's server pod:
+// kopiaserver.ServerRole in the BSLS's namespace and, for a Velero BSL,
+// kopiaserver.VeleroAccessRole in Velero's.
+func serverPermissions() []permission {
+	GinkgoHelper()
+	b := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
+		Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
+			BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Namespace: "velero", Name: "default"},
+		}},
+	}
+	sa, role, binding := kopiaserver.ServerRole(b)
+	Expect(binding.Subjects).To(Equal([]rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: b.Namespace}}))
+	Expect(binding.RoleRef.Name).To(Equal(role.Name))
+	perms := granted("server", scopeBSLSNamespace, scopeBSLSByName, role.Rules)
+	vrole, vbinding := kopiaserver.VeleroAccessRole(b, kopiaserver.VeleroDefaultCredentialsSecret)
+	Expect(vbinding.Subjects).To(Equal([]rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: b.Namespace}}))
+	Expect(vbinding.RoleRef.Name).To(Equal(vrole.Name))
+	return append(perms, granted("server", "Velero namespace", scopeVeleroByName, vrole.Rules)...)
+}
+
+// difference is what a has and b has not, sorted, without repeats.
+func difference(a, b []permission) []string {
+	var out []string
+	for _, p := range a {
+		if !slices.Contains(b, p) {
+			out = append(out, p.String())
+		}
+	}
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+var _ = Describe("docs/security.md's Permissions table", func() {
+	It("lists every permission of every ServiceAccount, and nothing they are not granted", func() {
+		documented, err := documentedPermissions(filepath.Join(repoRoot, "docs", "security.md"))
+		Expect(err).NotTo(HaveOccurred())
+
+		var actual []permission
+		// RBAC is the same for every value set; render them all anyway, so
+		// that a value that adds a rule cannot escape the table.
+		for _, set := range valueSets {
+			actual = append(actual, chartPermissions(renderRelease(release, set.namespace, set.file))...)
+		}
+		actual = append(actual, serverPermissions()...)
+		Expect(actual).NotTo(BeEmpty())
+
+		Expect(difference(actual, documented)).To(BeEmpty(), "granted but not documented in docs/security.md (## Permissions): add a row naming the code that needs it, or remove the rule")
+		Expect(difference(documented, actual)).To(BeEmpty(), "documented in docs/security.md (## Permissions) but no longer granted: remove the row")
+	})
+})
