@@ -3,6 +3,7 @@ package v1alpha1_test
 import (
 	"context"
 	"fmt"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -47,7 +48,7 @@ var _ = Describe("BackupStorageLocationServer", func() {
 		for _, c := range version.AdditionalPrinterColumns {
 			columns = append(columns, c.Name)
 		}
-		Expect(columns).To(Equal([]string{"Ready", "Endpoint", "Users", "Age"}))
+		Expect(columns).To(Equal([]string{"Ready", "Endpoint", "Users", "Namespaces", "Age"}))
 	})
 
 	It("applies defaults to a minimal filesystem server", func() {
@@ -107,6 +108,8 @@ var _ = Describe("BackupStorageLocationServer", func() {
 			Endpoint:           "https://bsls.default.svc:51515",
 			TLSFingerprint:     "ab12",
 			Users:              3,
+			Namespaces:         2,
+			RepositoryOpened:   ptr.To(metav1.NewTime(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))),
 			Conditions: []metav1.Condition{{
 				Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "ServerReady",
 				Message: "guests can connect", LastTransitionTime: metav1.Now(),
@@ -118,6 +121,8 @@ var _ = Describe("BackupStorageLocationServer", func() {
 		got := &v1alpha1.BackupStorageLocationServer{}
 		Expect(apiServer.Client.Get(ctx, client.ObjectKeyFromObject(bsls), got)).To(Succeed())
 		Expect(got.Status.Users).To(BeEquivalentTo(3))
+		Expect(got.Status.Namespaces).To(BeEquivalentTo(2))
+		Expect(got.Status.RepositoryOpened.Time).To(BeTemporally("==", time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)))
 		Expect(got.Generation).To(Equal(generation), "a status write must not bump the generation")
 	})
 
