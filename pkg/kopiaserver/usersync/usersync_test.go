@@ -157,11 +157,12 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 
 	It("undoes, within a resync period, users another writer added behind its back", func() {
 		mallory := newGuest("mallory@team-c")
+		// SetUsers returns once the other writer's user is in the
+		// repository. Whether it is still there when the spec looks, or
+		// could log in meanwhile, depends on when the syncer's next pass
+		// runs, which the spec does not control: it looks only at the end
+		// state the syncer must reach.
 		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{mallory.user: mallory.hash})).To(Succeed())
-		// The other writer's user is in the repository now; whether it
-		// could log in before the syncer ran is a race this spec does not
-		// run: it watches the repository the syncer corrects.
-		Expect(repositoryUsers()).To(HaveKey(mallory.user))
 		Eventually(repositoryUsers).WithTimeout(provisioned).ShouldNot(HaveKey(mallory.user))
 		Eventually(canConnect(mallory)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
 		Expect(canConnect(alice)()).To(Succeed())
@@ -182,7 +183,9 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 			_, err := w.PutManifest(ctx, map[string]string{manifest.TypeLabelKey: "acl", "username": "alice", "hostname": "team-a"}, forged)
 			return err
 		})).To(Succeed())
-		Expect(repositoryACLs()).To(HaveLen(len(kopiauser.DefaultACLs()) + 1))
+		// Not checked here: that the forged manifest is in the repository
+		// before the syncer's next pass, which may come at any moment. The
+		// counter and the Event below prove it was there and was removed.
 
 		Eventually(repositoryACLs).WithTimeout(provisioned).Should(HaveLen(len(kopiauser.DefaultACLs())))
 		Eventually(func() float64 { return testutil.ToFloat64(usersync.ForeignACLsRemoved) }).WithTimeout(provisioned).Should(Equal(before + 1))
