@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
 	"time"
 
@@ -36,7 +37,7 @@ func Metric(addr, name string, labels map[string]string) (float64, error) {
 		for _, l := range m.GetLabel() {
 			have[l.GetName()] = l.GetValue()
 		}
-		if !equalLabels(have, labels) {
+		if !maps.Equal(have, labels) {
 			continue
 		}
 		switch {
@@ -49,16 +50,4 @@ func Metric(addr, name string, labels map[string]string) (float64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no series %s%v at %s", name, labels, addr)
-}
-
-func equalLabels(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // stopGrace is how long a process has to exit after SIGTERM before SIGKILL.
@@ -151,27 +153,25 @@ func Run(ctx context.Context, timeout time.Duration, dir string, env []string, p
 	return string(out), nil
 }
 
-// WaitFor polls cond every interval until it returns true, returns an error,
-// or timeout passes; the last error explains a timeout.
+// WaitFor polls cond every interval until it returns true or timeout
+// passes. An error from cond does not end the wait (a server that is not
+// up yet refuses connections); the last one explains a timeout.
 func WaitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
-	deadline := time.Now().Add(timeout)
 	var last error
-	for {
+	err := wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
 		ok, err := cond()
-		if ok {
-			return nil
-		}
 		if err != nil {
 			last = err
 		}
-		if time.Now().After(deadline) {
-			if last != nil {
-				return fmt.Errorf("not ready after %v: %w", timeout, last)
-			}
-			return fmt.Errorf("not ready after %v", timeout)
-		}
-		time.Sleep(interval)
+		return ok, nil
+	})
+	switch {
+	case err == nil:
+		return nil
+	case last != nil:
+		return fmt.Errorf("not ready after %v: %w", timeout, last)
 	}
+	return fmt.Errorf("not ready after %v", timeout)
 }
 
 func tail(path string, lines int) string {

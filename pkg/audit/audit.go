@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -30,6 +31,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -85,15 +87,15 @@ type Reconciler struct {
 	// StaleAfter applies to schedules without a fixed period; default
 	// DefaultStaleAfter.
 	StaleAfter time.Duration
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 func (r *Reconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
+	if r.Clock != nil {
+		return r.Clock.Now()
 	}
-	return time.Now()
+	return clock.RealClock{}.Now()
 }
 
 // SetupWithManager registers the reconciler: VMs (metadata only) and the
@@ -194,10 +196,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 			return ctrl.Result{}, fmt.Errorf("record activity on Secret %s/%s: %w", secret.Namespace, secret.Name, err)
 		}
 	}
-	ref := &kubevirtv1.VirtualMachine{TypeMeta: metav1.TypeMeta{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachine"}, ObjectMeta: vm.ObjectMeta}
-	for _, e := range d.Events {
-		r.Recorder.Event(ref, e.Type, e.Reason, e.Message)
-	}
+	vmevent.Record(r.Recorder, vm.ObjectMeta, d.Events)
 	return ctrl.Result{RequeueAfter: d.RecheckAfter}, nil
 }
 
@@ -233,12 +232,9 @@ func forget(vm types.NamespacedName) {
 	}
 }
 
-// Event is one Event to record on the VM.
-type Event struct{ Type, Reason, Message string }
-
 // Decision is what is new about a VM's guest.
 type Decision struct {
-	Events []Event
+	Events []vmevent.Event
 	// Annotations to set on the credential Secret ("" removes one).
 	Annotations map[string]string
 	// RecheckAfter is when staleness must be looked at again; 0: never.
@@ -275,17 +271,17 @@ func Decide(vmAnnotations, announced map[string]string, guest *activity.Guest, i
 		last = guest.Last.End
 		if guest.Last.ID != announced[AnnotationLastSnapshot] {
 			if announced[AnnotationLastSnapshot] == "" {
-				d.Events = append(d.Events, Event{corev1.EventTypeNormal, ReasonGuestConnected,
-					fmt.Sprintf("Guest backs up as %s: first snapshot at %s", guest.User, guest.First.UTC().Format(time.RFC3339))})
+				d.Events = append(d.Events, vmevent.Normal(ReasonGuestConnected,
+					fmt.Sprintf("Guest backs up as %s: first snapshot at %s", guest.User, guest.First.UTC().Format(time.RFC3339))))
 			}
-			d.Events = append(d.Events, Event{corev1.EventTypeNormal, ReasonSnapshotCreated,
+			d.Events = append(d.Events, vmevent.Normal(ReasonSnapshotCreated,
 				fmt.Sprintf("Snapshot %s of %s: %d bytes in %d files, taken in %s, ended %s; snapshots kept: %d",
 					guest.Last.ID, guest.Last.Path, guest.Last.Bytes, guest.Last.Files,
-					guest.Last.End.Sub(guest.Last.Start).Round(time.Millisecond), guest.Last.End.UTC().Format(time.RFC3339), guest.Snapshots)})
+					guest.Last.End.Sub(guest.Last.Start).Round(time.Millisecond), guest.Last.End.UTC().Format(time.RFC3339), guest.Snapshots)))
 			d.Annotations[AnnotationLastSnapshot] = guest.Last.ID
 			if stale {
-				d.Events = append(d.Events, Event{corev1.EventTypeNormal, ReasonBackupResumed,
-					fmt.Sprintf("Backups resumed: snapshot of %s at %s", guest.Last.Path, guest.Last.End.UTC().Format(time.RFC3339))})
+				d.Events = append(d.Events, vmevent.Normal(ReasonBackupResumed,
+					fmt.Sprintf("Backups resumed: snapshot of %s at %s", guest.Last.Path, guest.Last.End.UTC().Format(time.RFC3339))))
 				d.Annotations[AnnotationBackupStale] = ""
 				stale = false
 			}
@@ -308,9 +304,9 @@ func Decide(vmAnnotations, announced map[string]string, guest *activity.Guest, i
 		if guest != nil && guest.Last.ID != "" {
 			since = "the last one, at " + last.UTC().Format(time.RFC3339)
 		}
-		d.Events = append(d.Events, Event{corev1.EventTypeWarning, ReasonBackupStale,
+		d.Events = append(d.Events, vmevent.Warning(ReasonBackupStale,
 			fmt.Sprintf("No snapshot of %s within %s since %s: look in the guest at journalctl -u guestbackup-snapshot and /var/lib/guestbackup/status",
-				vmAnnotations[v1alpha1.AnnotationPaths], window, since)})
+				vmAnnotations[v1alpha1.AnnotationPaths], window, since)))
 		d.Annotations[AnnotationBackupStale] = "true"
 	}
 	return d

@@ -230,12 +230,12 @@ func TestAnnouncement(t *testing.T) {
 		generation      string
 		reason, message string
 	}{
-		{announced{}, "1", EventUserProvisioned, "User web@team-a provisioned on BackupStorageLocationServer storage/main (credentials generation 1)"},
-		{announced{"storage/main", "1"}, "2", EventCredentialsRotated,
+		{announced{}, "1", ReasonUserProvisioned, "User web@team-a provisioned on BackupStorageLocationServer storage/main (credentials generation 1)"},
+		{announced{"storage/main", "1"}, "2", ReasonCredentialsRotated,
 			"User web@team-a on BackupStorageLocationServer storage/main: credentials rotated from generation 1 to 2; the previous password no longer authenticates"},
-		{announced{"storage/main", "2"}, "7", EventCredentialsRotated, "rotated from generation 2 to 7"},
+		{announced{"storage/main", "2"}, "7", ReasonCredentialsRotated, "rotated from generation 2 to 7"},
 		// The VM moved here from another server: its first user here.
-		{announced{"storage/old", "2"}, "3", EventUserProvisioned, "User web@team-a provisioned on BackupStorageLocationServer storage/main (credentials generation 3)"},
+		{announced{"storage/old", "2"}, "3", ReasonUserProvisioned, "User web@team-a provisioned on BackupStorageLocationServer storage/main (credentials generation 3)"},
 	} {
 		reason, message := announcement("web@team-a", bsls, tc.previous, tc.generation)
 		if reason != tc.reason || !strings.Contains(message, tc.message) {

@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -37,15 +38,15 @@ import (
 
 // Reasons of the Events the VM reconciler records on a VirtualMachine.
 const (
-	// EventUserProvisioned: the VM's user is in its server's users for the
+	// ReasonUserProvisioned: the VM's user is in its server's users for the
 	// first time.
-	EventUserProvisioned = "UserProvisioned"
-	// EventCredentialsRotated: the server's users hold the hash of a new
+	ReasonUserProvisioned = "UserProvisioned"
+	// ReasonCredentialsRotated: the server's users hold the hash of a new
 	// credentials generation in place of the one announced before.
-	EventCredentialsRotated = "CredentialsRotated"
-	// EventUserRevoked: the controller deleted the VM's credential Secret,
+	ReasonCredentialsRotated = "CredentialsRotated"
+	// ReasonUserRevoked: the controller deleted the VM's credential Secret,
 	// so the server drops its user.
-	EventUserRevoked = "UserRevoked"
+	ReasonUserRevoked = "UserRevoked"
 )
 
 const (
@@ -90,15 +91,15 @@ type VMReconciler struct {
 	// re-creating a VM), so for a moment the Secret can disagree with the
 	// stored VM while nothing is wrong.
 	SettleTime time.Duration
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 func (r *VMReconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
+	if r.Clock != nil {
+		return r.Clock.Now()
 	}
-	return time.Now()
+	return clock.RealClock{}.Now()
 }
 
 func (r *VMReconciler) timing() timing {
@@ -349,7 +350,7 @@ func (r *VMReconciler) remove(ctx context.Context, vmKey types.NamespacedName, s
 	generation := vmsecret.Generation(secret)
 	bsls := vmsecret.Server(secret)
 	if a.verdict == revoke {
-		r.Recorder.Eventf(live, corev1.EventTypeNormal, EventUserRevoked,
+		r.Recorder.Eventf(live, corev1.EventTypeNormal, ReasonUserRevoked,
 			"User %s revoked from BackupStorageLocationServer %s (credentials generation %s): %s; deleted Secret %s",
 			username, bsls, generation, a.why, secret.Name)
 	}
@@ -380,9 +381,9 @@ func (a announced) covers(bsls types.NamespacedName, generation string) bool {
 // webhook issues with the next generation) or a rotation.
 func announcement(username string, bsls types.NamespacedName, previous announced, generation string) (reason, message string) {
 	if previous.generation == "" || previous.server != bsls.String() {
-		return EventUserProvisioned, fmt.Sprintf("User %s provisioned on BackupStorageLocationServer %s (credentials generation %s)", username, bsls, generation)
+		return ReasonUserProvisioned, fmt.Sprintf("User %s provisioned on BackupStorageLocationServer %s (credentials generation %s)", username, bsls, generation)
 	}
-	return EventCredentialsRotated, fmt.Sprintf("User %s on BackupStorageLocationServer %s: credentials rotated from generation %s to %s; the previous password no longer authenticates",
+	return ReasonCredentialsRotated, fmt.Sprintf("User %s on BackupStorageLocationServer %s: credentials rotated from generation %s to %s; the previous password no longer authenticates",
 		username, bsls, previous.generation, generation)
 }
 

@@ -270,7 +270,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 		if err := r.Client.Create(ctx, ca); err != nil {
 			return nil, nil, fmt.Errorf("create Secret %s: %w", ca.Name, err)
 		}
-		r.Recorder.Eventf(b, corev1.EventTypeNormal, "CAIssued", "Issued a CA for the server in Secret %s (cert-manager is not used)", ca.Name)
+		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCAIssued, "Issued a CA for the server in Secret %s (cert-manager is not used)", ca.Name)
 	}
 	if newLeaf != nil {
 		leaf := &corev1.Secret{
@@ -282,7 +282,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 		if err := r.apply(ctx, b, leaf); err != nil {
 			return nil, nil, err
 		}
-		r.Recorder.Eventf(b, corev1.EventTypeNormal, "ServingCertificateIssued", "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep their CA pin", leaf.Name)
+		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonServingCertificateIssued, "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep their CA pin", leaf.Name)
 		leafSecret = leaf
 	}
 	m, p := checkTLSSecret(leafSecret)

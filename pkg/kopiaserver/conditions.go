@@ -67,12 +67,28 @@ const (
 	ReasonReady = "Ready"
 	// ReasonNotReady: at least one other condition is not True.
 	ReasonNotReady = "NotReady"
+)
 
-	// ReasonUserRefused is the Warning Event for a credential Secret that
-	// names this server but gets no user on it: its namespace is not
-	// selected, its identity is not the one its controlling VM would get,
-	// or another Secret claims the same identity.
+// Reasons of the Events the controller records on a BSLS besides its
+// condition changes (docs/events.md).
+const (
+	// ReasonUserRefused (Warning): a credential Secret names this server
+	// but gets no user on it: its namespace is not selected, its identity
+	// is not the one its controlling VM would get, or another Secret
+	// claims the same identity.
 	ReasonUserRefused = "UserRefused"
+	// ReasonClaimCreated (Normal): the repository's PersistentVolumeClaim
+	// was created; it outlives the BSLS.
+	ReasonClaimCreated = "ClaimCreated"
+	// ReasonRepositoryPasswordGenerated (Normal): a repository password
+	// was generated for a repository never opened; the admin should back
+	// it up.
+	ReasonRepositoryPasswordGenerated = "RepositoryPasswordGenerated"
+	// ReasonCAIssued (Normal): the controller issued the BSLS's own CA.
+	ReasonCAIssued = "CAIssued"
+	// ReasonServingCertificateIssued (Normal): the controller issued the
+	// server's certificate from the BSLS's own CA.
+	ReasonServingCertificateIssued = "ServingCertificateIssued"
 )
 
 // problem is why a step cannot go on: a condition's reason and a message

@@ -3,7 +3,6 @@ package kopiaserver
 import (
 	"context"
 	"fmt"
-	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -21,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -104,15 +104,15 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
-	// Now is the clock; nil means time.Now.
-	Now func() time.Time
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 func (r *Reconciler) now() time.Time {
-	if r.Now != nil {
-		return r.Now()
+	if r.Clock != nil {
+		return r.Clock.Now()
 	}
-	return time.Now()
+	return clock.RealClock{}.Now()
 }
 
 // SetupWithManager registers the reconciler and what it watches.
@@ -543,7 +543,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 			ObjectMeta: metav1.ObjectMeta{
 				Name: userset.SecretName(b.Name, shard), Namespace: b.Namespace,
-				Labels: mergeLabels(Labels(b), map[string]string{userset.Label: b.Name}),
+				Labels: labels.Merge(Labels(b), map[string]string{userset.Label: b.Name}),
 			},
 			Type: corev1.SecretTypeOpaque,
 			Data: map[string][]byte{userset.Key: userset.Encode(hashes)},
@@ -616,7 +616,7 @@ func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupS
 	for shard := range userset.Shards {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Name: activity.ConfigMapName(b.Name, shard), Namespace: b.Namespace,
-			Labels: mergeLabels(Labels(b), map[string]string{activity.Label: b.Name}),
+			Labels: labels.Merge(Labels(b), map[string]string{activity.Label: b.Name}),
 		}}
 		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err == nil {
 			continue
@@ -654,10 +654,4 @@ func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupSt
 		names[ns.Name] = true
 	}
 	return func(ns string) bool { return names[ns] }, nil
-}
-
-func mergeLabels(a, b map[string]string) map[string]string {
-	out := maps.Clone(a)
-	maps.Copy(out, b)
-	return out
 }

@@ -120,7 +120,7 @@ func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 	if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create PersistentVolumeClaim %s: %w", pvc.Name, err)
 	}
-	r.Recorder.Eventf(b, corev1.EventTypeNormal, "ClaimCreated", "Created PersistentVolumeClaim %s (%s) for the repository; it is kept when the BackupStorageLocationServer is deleted", pvc.Name, size.String())
+	r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonClaimCreated, "Created PersistentVolumeClaim %s (%s) for the repository; it is kept when the BackupStorageLocationServer is deleted", pvc.Name, size.String())
 	return nil, nil
 }
 
@@ -171,7 +171,7 @@ func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupS
 	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create Secret %s: %w", s.Name, err)
 	}
-	r.Recorder.Eventf(b, corev1.EventTypeNormal, "RepositoryPasswordGenerated", "Generated the repository password in Secret %s for a repository this BackupStorageLocationServer never opened; back it up: it is kept when the BackupStorageLocationServer is deleted, and without it the backups cannot be read", s.Name)
+	r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonRepositoryPasswordGenerated, "Generated the repository password in Secret %s for a repository this BackupStorageLocationServer never opened; back it up: it is kept when the BackupStorageLocationServer is deleted, and without it the backups cannot be read", s.Name)
 	return nil, nil
 }
 

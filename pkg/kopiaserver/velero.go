@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
@@ -262,7 +263,7 @@ func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorage
 // to the server's ServiceAccount. docs/security.md lists its rule.
 func VeleroAccessRole(b *v1alpha1.BackupStorageLocationServer, secret string) (*rbacv1.Role, *rbacv1.RoleBinding) {
 	ns := b.Spec.Storage.BackupStorageLocation.Namespace
-	meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns, Labels: mergeLabels(Labels(b), map[string]string{LabelBSLSNamespace: b.Namespace})}
+	meta := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns, Labels: labels.Merge(Labels(b), map[string]string{LabelBSLSNamespace: b.Namespace})}
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: meta,

@@ -21,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -77,11 +78,6 @@ type Input struct {
 	Now time.Time
 }
 
-// Event is one Event to record on the VM.
-type Event struct {
-	Type, Reason, Message string
-}
-
 // Decision is what admission does to a VM.
 type Decision struct {
 	// Denied, when not empty, is why the VM is refused; nothing else applies.
@@ -92,7 +88,7 @@ type Decision struct {
 	// existing one is right (or, on opt-out, the controller removes it).
 	Secret *corev1.Secret
 	// Events to record on the VM.
-	Events []Event
+	Events []vmevent.Event
 	// Outcome names the decision for metrics: ignored, denied, issued,
 	// rotated, updated, unchanged or removed.
 	Outcome string
@@ -111,7 +107,7 @@ const (
 
 func deny(format string, args ...any) Decision {
 	msg := fmt.Sprintf(format, args...)
-	return Decision{Denied: msg, Events: []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}}, Outcome: OutcomeDenied}
+	return Decision{Denied: msg, Events: []vmevent.Event{vmevent.Warning(ReasonInjectionRefused, msg)}, Outcome: OutcomeDenied}
 }
 
 // Decide decides what to do with an admitted VM: deny it, inject the
@@ -375,8 +371,8 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 		if rotated {
 			what = "Rotated"
 		}
-		d.Events = append(d.Events, Event{corev1.EventTypeNormal, ReasonCredentialsIssued,
-			fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))})
+		d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued,
+			fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))))
 	}
 	return d, nil
 }

@@ -26,6 +26,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 )
 
 // The webhook reads BSLSs, namespaces and guestbackup's Secrets from its
@@ -172,7 +173,7 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 
 func (h *Handler) refuse(ctx context.Context, req admission.Request, m metav1.ObjectMeta, msg string) admission.Response {
 	if req.DryRun == nil || !*req.DryRun {
-		h.record(req, m, []Event{{corev1.EventTypeWarning, ReasonInjectionRefused, msg}})
+		h.record(req, m, []vmevent.Event{vmevent.Warning(ReasonInjectionRefused, msg)})
 	}
 	log.FromContext(ctx).Info("VirtualMachine refused", "namespace", req.Namespace, "reason", msg)
 	return admission.Denied(msg)
@@ -222,21 +223,12 @@ func (h *Handler) writeSecret(ctx context.Context, s *corev1.Secret) error {
 }
 
 // record puts events on the VM, by reference: on CREATE it has no UID yet.
-func (h *Handler) record(req admission.Request, m metav1.ObjectMeta, events []Event) {
-	if h.Recorder == nil || len(events) == 0 {
-		return
+func (h *Handler) record(req admission.Request, m metav1.ObjectMeta, events []vmevent.Event) {
+	if m.Name == "" {
+		m.Name = req.Name
 	}
-	name := m.Name
-	if name == "" {
-		name = req.Name
-	}
-	vm := &kubevirtv1.VirtualMachine{
-		TypeMeta:   metav1.TypeMeta{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "VirtualMachine"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: req.Namespace, UID: m.UID},
-	}
-	for _, e := range events {
-		h.Recorder.Event(vm, e.Type, e.Reason, e.Message)
-	}
+	m.Namespace = req.Namespace
+	vmevent.Record(h.Recorder, m, events)
 }
 
 // SetupWithManager serves the Handler at Path on the manager's webhook
