@@ -64,17 +64,34 @@ func FromSpec(spec *v1alpha1.PolicySpec) policy.RetentionPolicy {
 	return r
 }
 
-// Snapshot is a snapshot manifest and when the server wrote it.
+// Snapshot is a snapshot manifest, whose it is, and when the server wrote
+// it.
 type Snapshot struct {
 	Manifest *snapshot.Manifest
+	// Owner is the source the manifest entry's labels name: the labels
+	// are what the server checked against its writer's ACL, and what
+	// Kopia lists a source's snapshots by. The payload's Source is the
+	// client's word: a guest may write a manifest under its own labels
+	// that claims another user's source.
+	Owner snapshot.SourceInfo
 	// Written is the manifest entry's ModTime: the server's clock.
 	Written time.Time
 }
 
+// OwnerOf is the source a snapshot manifest entry's labels name.
+func OwnerOf(labels map[string]string) snapshot.SourceInfo {
+	return snapshot.SourceInfo{
+		UserName: labels[snapshot.UsernameLabel],
+		Host:     labels[snapshot.HostnameLabel],
+		Path:     labels[snapshot.PathLabel],
+	}
+}
+
 // Expired returns the snapshots ret does not keep when each is dated by
-// when the server wrote it, whatever start time its client claimed, oldest
-// first. Pinned snapshots are kept, as Kopia keeps them. It never changes
-// the manifests it is given.
+// when the server wrote it, whatever start time its client claimed, and
+// ranked among its owner's snapshots, whatever source its payload claims;
+// oldest first. Pinned snapshots are kept, as Kopia keeps them. It never
+// changes the manifests it is given.
 func Expired(ret policy.RetentionPolicy, snapshots []Snapshot) []manifest.ID {
 	bySource := map[snapshot.SourceInfo][]*snapshot.Manifest{}
 	for _, s := range snapshots {
@@ -82,7 +99,7 @@ func Expired(ret policy.RetentionPolicy, snapshots []Snapshot) []manifest.ID {
 		m.StartTime = fs.UTCTimestampFromTime(s.Written)
 		m.EndTime = m.StartTime
 		m.RetentionReasons = nil
-		bySource[m.Source] = append(bySource[m.Source], &m)
+		bySource[s.Owner] = append(bySource[s.Owner], &m)
 	}
 	var expired []*snapshot.Manifest
 	for _, src := range slices.SortedFunc(maps.Keys(bySource), func(a, b snapshot.SourceInfo) int { return strings.Compare(a.String(), b.String()) }) {
@@ -110,11 +127,11 @@ func Apply(ctx context.Context, r repo.Repository, ret policy.RetentionPolicy) (
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots: %w", err)
 	}
-	written := map[manifest.ID]time.Time{}
+	byID := map[manifest.ID]*manifest.EntryMetadata{}
 	ids := make([]manifest.ID, len(entries))
 	for i, e := range entries {
 		ids[i] = e.ID
-		written[e.ID] = e.ModTime
+		byID[e.ID] = e
 	}
 	manifests, err := snapshot.LoadSnapshots(ctx, r, ids)
 	if err != nil {
@@ -122,7 +139,8 @@ func Apply(ctx context.Context, r repo.Repository, ret policy.RetentionPolicy) (
 	}
 	snapshots := make([]Snapshot, 0, len(manifests))
 	for _, m := range manifests {
-		snapshots = append(snapshots, Snapshot{Manifest: m, Written: written[m.ID]})
+		e := byID[m.ID]
+		snapshots = append(snapshots, Snapshot{Manifest: m, Owner: OwnerOf(e.Labels), Written: e.ModTime})
 	}
 	expired := Expired(ret, snapshots)
 	if len(expired) == 0 {
@@ -179,10 +197,25 @@ func guestRetention(p *policy.Policy) (policy.RetentionPolicy, bool) {
 // runs with keep everything, rewriting the policies that say otherwise
 // (and creating the global policy if there is none), and returns the
 // sources whose policy it rewrote. Other settings are left as they are.
-func GuestPolicies(ctx context.Context, r repo.Repository) ([]snapshot.SourceInfo, error) {
-	policies, err := policy.ListPolicies(ctx, r)
+//
+// Policy manifests that do not parse are skipped and returned: a guest
+// may write any payload to its own policies while it has FULL access, and
+// one such manifest must not stop the others being made harmless. Kopia
+// cannot read them either, so a guest's retention that meets one fails
+// and deletes nothing.
+func GuestPolicies(ctx context.Context, r repo.Repository) (fixed []snapshot.SourceInfo, unreadable []manifest.ID, err error) {
+	entries, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: policy.ManifestType})
 	if err != nil {
-		return nil, fmt.Errorf("list policies: %w", err)
+		return nil, nil, fmt.Errorf("list policies: %w", err)
+	}
+	var policies []*policy.Policy
+	for _, e := range entries {
+		p, err := policy.GetPolicyByID(ctx, r, e.ID)
+		if err != nil {
+			unreadable = append(unreadable, e.ID)
+			continue
+		}
+		policies = append(policies, p)
 	}
 	var fix []*policy.Policy
 	hasGlobal := false
@@ -203,9 +236,8 @@ func GuestPolicies(ctx context.Context, r repo.Repository) ([]snapshot.SourceInf
 		fix = append(fix, &g)
 	}
 	if len(fix) == 0 {
-		return nil, nil
+		return nil, unreadable, nil
 	}
-	var fixed []snapshot.SourceInfo
 	err = repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "guestbackup guest retention"}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		for _, p := range fix {
 			src := p.Target()
@@ -217,7 +249,7 @@ func GuestPolicies(ctx context.Context, r repo.Repository) ([]snapshot.SourceInf
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("make guests' retention keep everything: %w", err)
+		return nil, unreadable, fmt.Errorf("make guests' retention keep everything: %w", err)
 	}
-	return fixed, nil
+	return fixed, unreadable, nil
 }

@@ -42,8 +42,17 @@ func opt(n int) *policy.OptionalInt { v := policy.OptionalInt(n); return &v }
 func snap(id string, src snapshot.SourceInfo, claimed, written time.Time, pins ...string) Snapshot {
 	return Snapshot{
 		Manifest: &snapshot.Manifest{ID: manifest.ID(id), Source: src, StartTime: fs.UTCTimestampFromTime(claimed), EndTime: fs.UTCTimestampFromTime(claimed), Pins: pins},
+		Owner:    src,
 		Written:  written,
 	}
+}
+
+// forged is snap written by owner, under its own labels, with a payload
+// that claims src.
+func forged(id string, owner, src snapshot.SourceInfo, written time.Time) Snapshot {
+	s := snap(id, src, written, written)
+	s.Owner = owner
+	return s
 }
 
 func day(n int) time.Time { return now.AddDate(0, 0, n) }
@@ -93,6 +102,16 @@ func TestExpired(t *testing.T) {
 				snap("web-1", web, future, now),
 			},
 			want: []string{"db-1"},
+		},
+		{
+			name: "snapshots whose payload claims another user's source are ranked among their writer's",
+			ret:  policy.RetentionPolicy{KeepLatest: opt(1)},
+			snapshots: []Snapshot{
+				snap("db-real", db, day(-1), day(-1)),
+				forged("web-claims-db-1", web, db, now.Add(-time.Minute)), forged("web-claims-db-2", web, db, now),
+			},
+			// db keeps its only snapshot; web's forgeries compete with each other.
+			want: []string{"web-claims-db-1"},
 		},
 		{
 			name:      "keep-all deletes nothing",
@@ -243,11 +262,11 @@ func TestGuestPoliciesDisarmKopiasRetention(t *testing.T) {
 
 	r := kopiatest.NewRepository(t)
 	setGlobal(r, policy.DefaultPolicy)
-	fixed, err := GuestPolicies(ctx, r)
+	fixed, _, err := GuestPolicies(ctx, r)
 	if err != nil || len(fixed) != 1 {
 		t.Fatalf("GuestPolicies: fixed %v, error %v; want the global policy", fixed, err)
 	}
-	if again, err := GuestPolicies(ctx, r); err != nil || len(again) != 0 {
+	if again, _, err := GuestPolicies(ctx, r); err != nil || len(again) != 0 {
 		t.Errorf("a second GuestPolicies: fixed %v, error %v; want nothing to do", again, err)
 	}
 	real = write(r, db, time.Now().Add(-time.Hour), 2)
@@ -265,5 +284,84 @@ func TestGuestPoliciesDisarmKopiasRetention(t *testing.T) {
 	expired, err := Apply(ctx, r, policy.RetentionPolicy{KeepLatest: opt(0), KeepDaily: opt(7)})
 	if err != nil || len(expired) != 11 || !slices.Contains(expired, real[0]) {
 		t.Errorf("keep-daily 7 on the server's clock expired %v (error %v), want the 11 older ones of today", expired, err)
+	}
+}
+
+// TestApplyRanksForgedSourcesAmongTheirWriters is the attack a guest can
+// make through a Kopia server, which checks a manifest's labels against
+// the writer's ACL and never its payload: snapshot manifests under its own
+// labels that claim another user's source. They must not take that
+// user's places in the admin's retention.
+func TestApplyRanksForgedSourcesAmongTheirWriters(t *testing.T) {
+	ctx := context.Background()
+	r := kopiatest.NewRepository(t)
+	var real manifest.ID
+	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		ts := fs.UTCTimestampFromTime(time.Now().Add(-time.Hour))
+		var err error
+		if real, err = snapshot.SaveSnapshot(ctx, w, &snapshot.Manifest{Source: db, StartTime: ts, EndTime: ts}); err != nil {
+			return err
+		}
+		webLabels := map[string]string{
+			manifest.TypeLabelKey:  snapshot.ManifestType,
+			snapshot.UsernameLabel: web.UserName, snapshot.HostnameLabel: web.Host, snapshot.PathLabel: web.Path,
+		}
+		for range 3 {
+			now := fs.UTCTimestampFromTime(time.Now())
+			if _, err := w.PutManifest(ctx, webLabels, &snapshot.Manifest{Source: db, StartTime: now, EndTime: now}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expired, err := Apply(ctx, r, policy.RetentionPolicy{KeepLatest: opt(1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(expired, real) {
+		t.Errorf("keep-latest 1 expired %s's only snapshot for manifests another user wrote claiming its source (expired %v)", db, expired)
+	}
+	if len(expired) != 2 {
+		t.Errorf("expired %v, want 2 of the 3 forged manifests: they are ranked among their writer's", expired)
+	}
+}
+
+// TestGuestPoliciesSkipsUnreadablePolicies: a guest with FULL access to
+// its own policies (a BSLS before it is made append-only) can write one
+// that does not parse. The other guests' retention is still made harmless.
+func TestGuestPoliciesSkipsUnreadablePolicies(t *testing.T) {
+	ctx := context.Background()
+	r := kopiatest.NewRepository(t)
+	var planted manifest.ID
+	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		if err := policy.SetPolicy(ctx, w, db, &policy.Policy{RetentionPolicy: policy.RetentionPolicy{KeepLatest: opt(1)}}); err != nil {
+			return err
+		}
+		var err error
+		planted, err = w.PutManifest(ctx, policy.LabelsForSource(web), json.RawMessage(`{"retention":{"keepLatest":"x"}}`))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed, unreadable, err := GuestPolicies(ctx, r)
+	if err != nil {
+		t.Fatalf("GuestPolicies: %v", err)
+	}
+	if !slices.Contains(fixed, db) {
+		t.Errorf("fixed %v, want %s's policy among them", fixed, db)
+	}
+	if !slices.Equal(unreadable, []manifest.ID{planted}) {
+		t.Errorf("unreadable %v, want the planted manifest %s", unreadable, planted)
+	}
+	p, err := policy.GetDefinedPolicy(ctx, r, db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.RetentionPolicy.KeepLatest != nil {
+		t.Errorf("%s's policy still says keep-latest %v", db, *p.RetentionPolicy.KeepLatest)
 	}
 }

@@ -263,14 +263,21 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly)
 	}
 	s.unreported = append(s.unreported, acls.Foreign...)
+	// A failure here must not keep users from being revoked or rotated:
+	// it is reported after them.
+	var policiesErr error
 	if s.opts.AppendOnly {
-		fixed, err := retention.GuestPolicies(ctx, r)
+		fixed, unreadable, err := retention.GuestPolicies(ctx, r)
 		if err != nil {
-			return 0, err
+			policiesErr = err
+			s.opts.Log.Error(err, "retention guests can trigger not made harmless; users are synced regardless")
 		}
 		if len(fixed) > 0 {
 			s.refreshPending = true
 			s.opts.Log.Info("retention guests can trigger set to keep everything; guestbackup applies the admin's on the server's clock", "policies", fmt.Sprint(fixed))
+		}
+		if len(unreadable) > 0 {
+			s.opts.Log.Info("policy manifests that do not parse were skipped; Kopia cannot apply them either", "manifests", fmt.Sprint(unreadable))
 		}
 	}
 	// Access rules do not depend on the users, so they are kept (and the
@@ -299,6 +306,9 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	s.unreported = nil
 	if usersErr != nil {
 		return 0, usersErr
+	}
+	if policiesErr != nil {
+		return 0, policiesErr
 	}
 	return len(desired), nil
 }
