@@ -73,9 +73,9 @@ const (
 // condition changes (docs/events.md).
 const (
 	// ReasonUserRefused (Warning): a credential Secret names this server
-	// but gets no user on it: its namespace is not selected, its identity
-	// is not the one its controlling VM would get, or another Secret
-	// claims the same identity.
+	// but gets no user on it: its namespace is not selected, its VM does
+	// not exist or names another server, another object controls it, or
+	// its labels or username key claim an identity its VM would not get.
 	ReasonUserRefused = "UserRefused"
 	// ReasonClaimCreated (Normal): the repository's PersistentVolumeClaim
 	// was created; it outlives the BSLS.
