@@ -403,4 +403,28 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			WithTimeout(10 * time.Second).ShouldNot(Equal(kopiaserver.ReasonCredentialsInvalid))
 		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Succeed())
 	})
+
+	// With names joined by a dash, s3/velero-no-profile and
+	// s3-velero/no-profile shared their Role in Velero's namespace, and
+	// the first, refused for want of consent, deleted the second's.
+	It("revokes only its own access, however alike two BSLSs' names read", func() {
+		victim := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "no-profile", Namespace: reuseNS}}
+		victimAccess := client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(victim)}
+		Expect(api.Client.Get(ctx, victimAccess, &rbacv1.RoleBinding{})).To(Succeed())
+
+		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "s3"}})).To(Succeed())
+		alike := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "velero-no-profile", Namespace: "s3"},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
+				BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Name: "other-profile", Namespace: veleroNS},
+			}},
+		}
+		Expect(kopiaserver.VeleroAccessName(alike)).NotTo(Equal(victimAccess.Name))
+		Expect(api.Client.Create(ctx, alike)).To(Succeed())
+		Eventually(condition("s3", alike.Name, v1alpha1.ConditionRepositoryReady)).
+			WithTimeout(reconciled).Should(HaveField("Reason", kopiaserver.ReasonVeleroConsentRequired))
+
+		Expect(api.Client.Get(ctx, victimAccess, &rbacv1.RoleBinding{})).To(Succeed(), "the consented BSLS keeps its RoleBinding")
+		Expect(api.Client.Get(ctx, victimAccess, &rbacv1.Role{})).To(Succeed(), "the consented BSLS keeps its Role")
+	})
 })

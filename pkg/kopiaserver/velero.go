@@ -49,8 +49,10 @@ const FinalizerVeleroAccess = "guestbackup.io/velero-access"
 
 // VeleroAccessName is the Role and RoleBinding, in Velero's namespace, that
 // let a BSLS's server read the one Secret holding the storage credentials.
+// A namespace name has no dot, so no two BSLSs share one (with a dash,
+// a-x/b and a/x-b did, and each took the other's access).
 func VeleroAccessName(b *v1alpha1.BackupStorageLocationServer) string {
-	return "guestbackup-" + b.Namespace + "-" + b.Name
+	return "guestbackup-" + b.Namespace + "." + b.Name
 }
 
 // VeleroStorage is what a Velero BSL says about its bucket, as the server
@@ -279,33 +281,46 @@ func VeleroAccessRole(b *v1alpha1.BackupStorageLocationServer, secret string) (*
 }
 
 // revokeVeleroAccess deletes the Roles and RoleBindings that let b's server
-// read a Velero Secret, in every namespace but keep ("" keeps none): those
-// the spec names, and those found by their labels, so that access granted
-// for a Velero BSL the BSLS no longer uses goes too.
+// read a Velero Secret, in every namespace but keep ("" keeps none). They
+// are found by b's labels, never by name alone: a name in someone else's
+// namespace is not proof that b wrote it.
 func (r *Reconciler) revokeVeleroAccess(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, keep string) error {
-	namespaces := map[string]bool{}
-	if ref := b.Spec.Storage.BackupStorageLocation; ref != nil {
-		namespaces[ref.Namespace] = true
-	}
 	sel := client.MatchingLabels{LabelBSLS: b.Name, LabelBSLSNamespace: b.Namespace}
-	for _, list := range []client.ObjectList{&rbacv1.RoleList{}, &rbacv1.RoleBindingList{}} {
+	// What the spec names is read from the API server: a grant made a
+	// moment ago may not be in the cache yet.
+	if ref := b.Spec.Storage.BackupStorageLocation; ref != nil && ref.Namespace != keep {
+		key := client.ObjectKey{Namespace: ref.Namespace, Name: VeleroAccessName(b)}
+		for _, obj := range []client.Object{&rbacv1.RoleBinding{}, &rbacv1.Role{}} {
+			err := r.APIReader.Get(ctx, key, obj)
+			if apierrors.IsNotFound(err) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("read %T %s: %w", obj, key, err)
+			}
+			if !labels.SelectorFromSet(labels.Set(sel)).Matches(labels.Set(obj.GetLabels())) {
+				continue
+			}
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete %T %s: %w", obj, key, err)
+			}
+		}
+	}
+	for _, list := range []client.ObjectList{&rbacv1.RoleBindingList{}, &rbacv1.RoleList{}} {
 		if err := r.Client.List(ctx, list, sel); err != nil {
 			return fmt.Errorf("list the Velero access of %s/%s: %w", b.Namespace, b.Name, err)
 		}
 		if err := meta.EachListItem(list, func(o runtime.Object) error {
-			namespaces[o.(client.Object).GetNamespace()] = true
+			obj := o.(client.Object)
+			if obj.GetNamespace() == keep {
+				return nil
+			}
+			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
+				return fmt.Errorf("delete %T %s/%s: %w", obj, obj.GetNamespace(), obj.GetName(), err)
+			}
 			return nil
 		}); err != nil {
 			return err
-		}
-	}
-	delete(namespaces, keep)
-	for ns := range namespaces {
-		om := metav1.ObjectMeta{Name: VeleroAccessName(b), Namespace: ns}
-		for _, obj := range []client.Object{&rbacv1.RoleBinding{ObjectMeta: om}, &rbacv1.Role{ObjectMeta: om}} {
-			if err := r.Client.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-				return fmt.Errorf("delete %T %s/%s: %w", obj, ns, om.Name, err)
-			}
 		}
 	}
 	return nil
