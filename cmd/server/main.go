@@ -166,7 +166,8 @@ func foreignACLsFile(configFile string) string { return configFile + ".foreign-a
 
 // writeACLs makes the repository's access rules guestbackup's before the
 // server starts, so that it never serves under Kopia's legacy rules (no
-// ACLs) or under rules someone else wrote.
+// ACLs) or under rules someone else wrote; on an append-only server it
+// also makes the retention guests can trigger keep everything.
 func writeACLs(configFile, password string, appendOnly bool) error {
 	ctx := context.Background()
 	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
@@ -177,6 +178,20 @@ func writeACLs(configFile, password string, appendOnly bool) error {
 	res, err := kopiauser.SyncACLs(ctx, r, kopiauser.ACLsFor(appendOnly))
 	if err != nil {
 		return err
+	}
+	if appendOnly {
+		// Before the server starts, too: a BSLS switched to append-only
+		// must not serve a guest's retention request under the old counts.
+		fixed, unreadable, err := retention.GuestPolicies(ctx, r)
+		if err != nil {
+			return err
+		}
+		if len(fixed) > 0 {
+			fmt.Println("retention guests can trigger set to keep everything:", fixed)
+		}
+		if len(unreadable) > 0 {
+			fmt.Println("policy manifests that do not parse were skipped:", unreadable)
+		}
 	}
 	for _, f := range res.Foreign {
 		fmt.Println("removed an ACL manifest guestbackup did not write:", f.String())
