@@ -89,6 +89,10 @@ const (
 	// ReasonServingCertificateIssued (Normal): the controller issued the
 	// server's certificate from the BSLS's own CA.
 	ReasonServingCertificateIssued = "ServingCertificateIssued"
+	// ReasonSharedAcrossNamespaces (Warning): the BSLS started serving VMs
+	// of more than one namespace, which share the repository's
+	// deduplication (DESIGN.md decision 14).
+	ReasonSharedAcrossNamespaces = "SharedAcrossNamespaces"
 )
 
 // problem is why a step cannot go on: a condition's reason and a message

@@ -2,14 +2,10 @@ package kopiaserver
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 )
-
-// ReasonSharedAcrossNamespaces is the Event recorded when a BSLS starts
-// serving VMs of more than one namespace: they share the repository's
-// deduplication (DESIGN.md decision 14).
-const ReasonSharedAcrossNamespaces = "SharedAcrossNamespaces"
 
 // ServedNamespaces are the namespaces of the users in set, sorted: a
 // user is <vm>@<namespace>, so the part after the last @ is its
@@ -23,12 +19,7 @@ func ServedNamespaces(set UserSet) []string {
 			}
 		}
 	}
-	out := make([]string, 0, len(seen))
-	for ns := range seen {
-		out = append(out, ns)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // sharedMessage says what sharing one repository across namespaces means,

@@ -113,7 +113,7 @@ func identityOf(in UserInputs, s *corev1.Secret) (username string, pending bool,
 		}
 		return "", false, fmt.Sprintf("VirtualMachine %s/%s names server %s in annotation %s, not this one", s.Namespace, vm, want, v1alpha1.AnnotationServer)
 	}
-	if c := vmsecret.Controller(s); c != nil && !(vmsecret.IsVMReference(*c) && c.Name == vm) {
+	if c := vmsecret.ForeignController(s, vm); c != nil {
 		return "", false, fmt.Sprintf("it is controlled by %s %s, not by VirtualMachine %s", c.Kind, c.Name, vm)
 	}
 	if got := vmsecret.GuestUsername(s); got != "" && got != username {

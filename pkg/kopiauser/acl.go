@@ -175,7 +175,7 @@ func managedLabels() map[string]string {
 	return map[string]string{manifest.TypeLabelKey: aclManifestType, LabelManagedACL: "true"}
 }
 
-// PlanACLs decides, from the ACL manifests found, which to delete and which
+// planACLs decides, from the ACL manifests found, which to delete and which
 // desired ACLs to write. A manifest is kept only when it carries exactly
 // guestbackup's labels and grants exactly one desired ACL not already kept;
 // every other one is deleted, and reported as foreign unless it is one of

@@ -275,6 +275,16 @@ func ControlledBy(s *corev1.Secret, vm string, uid types.UID) bool {
 	return c != nil && IsVMReference(*c) && c.Name == vm && uid != "" && c.UID == uid
 }
 
+// ForeignController is s's controller when it is anything but a
+// VirtualMachine named vm (of any UID: a VM deleted and created again under
+// that name is the same identity), nil otherwise.
+func ForeignController(s *corev1.Secret, vm string) *metav1.OwnerReference {
+	if c := Controller(s); c != nil && !(IsVMReference(*c) && c.Name == vm) {
+		return c
+	}
+	return nil
+}
+
 // NotOurs says why s, an existing Secret named Name(vm), is not
 // guestbackup's Secret for VM vm, "" when it is: it must be labelled as
 // guestbackup's and for vm, and have no controller but a VM of that name.
@@ -282,12 +292,12 @@ func ControlledBy(s *corev1.Secret, vm string, uid types.UID) bool {
 // name (deleted and created again): the same identity, which the
 // controller adopts for the new VM.
 func NotOurs(s *corev1.Secret, vm string) string {
-	switch c := Controller(s); {
+	switch c := ForeignController(s, vm); {
 	case !IsManaged(s):
 		return fmt.Sprintf("it is not labelled %s=%s", LabelManagedBy, ManagedByValue)
 	case VM(s) != vm:
 		return fmt.Sprintf("its label %s is %q, not %q", LabelVM, VM(s), vm)
-	case c != nil && !(IsVMReference(*c) && c.Name == vm):
+	case c != nil:
 		return fmt.Sprintf("it is controlled by %s %s", c.Kind, c.Name)
 	}
 	return ""
