@@ -19,9 +19,9 @@ type BackupStorageLocationServerSpec struct {
 	// +optional
 	Repository RepositorySpec `json:"repository,omitempty"`
 
-	// TLS configures the server's certificate. The server presents its leaf
-	// and CA certificates, and guests pin the CA, so leaf renewals never
-	// invalidate a guest's pin. When empty, this BSLS gets a CA of its own,
+	// TLS configures the server's certificate. Guests trust the CA and
+	// check that the certificate names the endpoint's host, so leaf
+	// renewals never touch a guest. When empty, this BSLS gets a CA of its own,
 	// kept in Secret <bsls>-ca, so that no other party's certificate is
 	// trusted by its guests: issued by cert-manager (a selfSigned Issuer, a
 	// CA Certificate and a CA Issuer in the BSLS's namespace) when the
@@ -223,8 +223,9 @@ type TLSSpec struct {
 	IssuerRef *IssuerReference `json:"issuerRef,omitempty"`
 
 	// SecretName is a kubernetes.io/tls Secret in the BSLS's namespace,
-	// managed by the admin, with tls.crt, tls.key and ca.crt. Guests pin
-	// ca.crt, and so trust whatever else that CA signs.
+	// managed by the admin, with tls.crt, tls.key and ca.crt. Guests trust
+	// ca.crt, and so whatever else that CA signs; tls.crt must name the
+	// endpoint's host.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	SecretName string `json:"secretName,omitempty"`
@@ -322,9 +323,17 @@ type BackupStorageLocationServerStatus struct {
 	// +optional
 	Endpoint string `json:"endpoint,omitempty"`
 
-	// TLSFingerprint is the SHA-256 of the server's CA certificate (DER, hex),
-	// the pin guests pass to `kopia repository connect server
-	// --server-cert-fingerprint`. It survives renewals of the leaf.
+	// TLSCA is the PEM of the CA certificates (ca.crt) that sign the
+	// server's certificate. Guests trust these and nothing else: Kopia
+	// verifies the server's chain to them and the endpoint's host name in
+	// the certificate. It survives renewals of the leaf.
+	// +optional
+	TLSCA string `json:"tlsCA,omitempty"`
+
+	// TLSFingerprint is the SHA-256 of the first certificate of TLSCA (DER,
+	// hex), for comparing CAs by eye. Guests do not pin it: Kopia's
+	// fingerprint check accepts any chain that merely contains the
+	// certificate (docs/security.md).
 	// +optional
 	TLSFingerprint string `json:"tlsFingerprint,omitempty"`
 

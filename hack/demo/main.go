@@ -65,7 +65,7 @@ write_files:
     i=0
     while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
     echo "DEMO status: $(cat /var/lib/guestbackup/status 2>/dev/null)" >/dev/console
-    kopia snapshot list --all 2>&1 | sed 's/^/DEMO /' >/dev/console
+    guestbackup-kopia snapshot list --all 2>&1 | sed 's/^/DEMO /' >/dev/console
     systemctl poweroff
 runcmd:
 - [systemd-run, --unit=demo-report, --no-block, /usr/local/sbin/demo-report]
@@ -188,7 +188,7 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 	r.say("the guest booted, connected, took its first snapshot and powered off after %v", res.Elapsed.Round(time.Second))
 	r.done()
 
-	r.step("The guest's snapshot list (kopia snapshot list --all, inside the guest)")
+	r.step("The guest's snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
 	for _, m := range demoLine.FindAllStringSubmatch(res.Console, -1) {
 		r.say("%s", m[1])
 	}

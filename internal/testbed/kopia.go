@@ -45,8 +45,11 @@ type KopiaServerOptions struct {
 	// RepoPassword is the repository password. Default: a random one.
 	RepoPassword string
 	// CA signs the server's certificate. Default: a new CA, so servers of one
-	// test can share a pin by sharing a CA.
+	// test can share trust by sharing a CA.
 	CA *pki.CA
+	// AlsoPresent are certificates the server sends after its leaf and CA:
+	// a server that impersonates another by carrying its (public) CA.
+	AlsoPresent []*x509.Certificate
 }
 
 // KopiaServer is a running `kopia server start` on loopback with TLS: it
@@ -54,8 +57,8 @@ type KopiaServerOptions struct {
 type KopiaServer struct {
 	// URL is what clients connect to: https://127.0.0.1:<port>.
 	URL string
-	// CA signed the server's certificate; CAPin is its fingerprint, the
-	// value clients pass to --server-cert-fingerprint.
+	// CA signed the server's certificate; clients trust it (CA.CertPEM()).
+	// CAPin is its fingerprint.
 	CA    *pki.CA
 	CAPin string
 	// RepoPath and RepoPassword identify the repository.
@@ -69,8 +72,9 @@ type KopiaServer struct {
 	Control         *kopiaserver.ControlClient
 	ControlPassword string
 
-	tools Tools
-	dir   string
+	tools       Tools
+	dir         string
+	alsoPresent []*x509.Certificate
 }
 
 // StartKopiaServer creates (when needed) a filesystem repository and serves
@@ -88,6 +92,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		ControlPassword: RandomPassword(),
 		tools:           tools,
 		dir:             dir,
+		alsoPresent:     opts.AlsoPresent,
 	}
 	if s.RepoPath == "" {
 		s.RepoPath = filepath.Join(dir, "repository")
@@ -167,7 +172,11 @@ func (s *KopiaServer) writeServingCert() (certFile, keyFile string, err error) {
 	}
 	certFile = filepath.Join(s.dir, "tls.crt")
 	keyFile = filepath.Join(s.dir, "tls.key")
-	if err := os.WriteFile(certFile, kp.ChainPEM(s.CA.Cert), 0o600); err != nil {
+	chain := kp.ChainPEM(s.CA.Cert)
+	for _, c := range s.alsoPresent {
+		chain = append(chain, pki.EncodeCert(c)...)
+	}
+	if err := os.WriteFile(certFile, chain, 0o600); err != nil {
 		return "", "", err
 	}
 	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
@@ -231,28 +240,57 @@ func (s *KopiaServer) AddUser(tb TB, username, password string) {
 }
 
 // KopiaClient is a kopia CLI with its own configuration and cache, as a guest
-// would have.
+// would have, trusting what a guest trusts: the CA it was given, no other.
 type KopiaClient struct {
 	ConfigFile string
 	tools      Tools
 	dir        string
+	trustDir   string
 }
 
 // NewKopiaClient prepares a client with a fresh configuration.
 func NewKopiaClient(tb TB) *KopiaClient {
 	tb.Helper()
 	dir := tb.TempDir()
-	return &KopiaClient{ConfigFile: filepath.Join(dir, "repository.config"), tools: MustTools(tb), dir: dir}
+	return &KopiaClient{ConfigFile: filepath.Join(dir, "repository.config"), tools: MustTools(tb), dir: dir, trustDir: filepath.Join(dir, "trust")}
 }
 
-// Connect runs `kopia repository connect server` as user@host, trusting only
-// a server whose chain has a certificate with the given fingerprint.
-func (c *KopiaClient) Connect(ctx context.Context, url, pin, username, password string) (string, error) {
+// Connect runs `kopia repository connect server` as user@host the way a
+// guest's bootstrap does: no fingerprint pin, Go's verification of the
+// server's chain and host name, with caPEM as the only roots (for this and
+// every later command of the client).
+func (c *KopiaClient) Connect(ctx context.Context, url string, caPEM []byte, username, password string) (string, error) {
 	user, host, ok := strings.Cut(username, "@")
 	if !ok || user == "" || host == "" {
 		return "", fmt.Errorf("%q is not user@host", username)
 	}
-	return Run(ctx, kopiaCommandTimeout, c.dir, kopiaEnv("KOPIA_PASSWORD="+password), c.tools.Kopia,
+	if err := os.MkdirAll(c.trustDir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(c.trustDir, "ca.crt"), caPEM, 0o644); err != nil { //nolint:gosec // a CA certificate is public
+		return "", err
+	}
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia,
+		"repository", "connect", "server",
+		"--config-file="+c.ConfigFile,
+		"--url="+url,
+		"--override-username="+user,
+		"--override-hostname="+host,
+	)
+}
+
+// ConnectPinned connects like Connect, but trusts any chain that contains a
+// certificate with the fingerprint pin, whatever host it names: Kopia's own
+// pin, which guests never use (it authenticates nothing: docs/security.md).
+// It is for host-side checks of a server pod that the test reaches through a
+// host port on 127.0.0.1, an address its certificate does not carry, where
+// the subject is what the server lets a user do, not how a guest trusts it.
+func (c *KopiaClient) ConnectPinned(ctx context.Context, url, pin, username, password string) (string, error) {
+	user, host, ok := strings.Cut(username, "@")
+	if !ok || user == "" || host == "" {
+		return "", fmt.Errorf("%q is not user@host", username)
+	}
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia,
 		"repository", "connect", "server",
 		"--config-file="+c.ConfigFile,
 		"--url="+url,
@@ -265,7 +303,13 @@ func (c *KopiaClient) Connect(ctx context.Context, url, pin, username, password 
 // Run runs a kopia command with the client's configuration.
 func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
 	args = append(args, "--config-file="+c.ConfigFile)
-	return Run(ctx, kopiaCommandTimeout, c.dir, kopiaEnv(), c.tools.Kopia, args...)
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env(), c.tools.Kopia, args...)
+}
+
+// env is kopiaEnv with the client's trust: Go reads its roots from these
+// variables, and naming the trust folder in both keeps the host's CAs out.
+func (c *KopiaClient) env(extra ...string) []string {
+	return kopiaEnv(append([]string{"SSL_CERT_FILE=" + filepath.Join(c.trustDir, "ca.crt"), "SSL_CERT_DIR=" + c.trustDir}, extra...)...)
 }
 
 // SnapshotIDs lists the manifest IDs of the snapshots of path the client's

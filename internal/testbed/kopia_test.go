@@ -12,19 +12,19 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
-// TestKopiaServerWithPinnedClient is the test bed's promise about Kopia: a
+// TestKopiaServerWithTrustingClient is the test bed's promise about Kopia: a
 // real server presenting leaf + CA on loopback, and a real client that
-// trusts it only through the CA's fingerprint and its own password.
-func TestKopiaServerWithPinnedClient(t *testing.T) {
+// trusts it only through the CA it was given and its own password.
+func TestKopiaServerWithTrustingClient(t *testing.T) {
 	ctx := context.Background()
 	server := StartKopiaServer(t, KopiaServerOptions{})
 	const user = "vm-a@ns-a"
 	password := RandomPassword()
 	server.AddUser(t, user, password)
 
-	t.Run("the CA pin and the user's password connect", func(t *testing.T) {
+	t.Run("the CA and the user's password connect", func(t *testing.T) {
 		client := NewKopiaClient(t)
-		if out, err := client.Connect(ctx, server.URL, server.CAPin, user, password); err != nil {
+		if out, err := client.Connect(ctx, server.URL, server.CA.CertPEM(), user, password); err != nil {
 			t.Fatalf("connect: %v\n%s", err, out)
 		}
 		data := filepath.Join(t.TempDir(), "data")
@@ -58,22 +58,31 @@ func TestKopiaServerWithPinnedClient(t *testing.T) {
 		}
 	})
 
-	t.Run("a wrong pin is refused", func(t *testing.T) {
+	t.Run("a client trusting another CA refuses the server", func(t *testing.T) {
 		other, err := pki.NewCA("another CA", time.Hour)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := NewKopiaClient(t).Connect(ctx, server.URL, pki.Fingerprint(other.Cert), user, password)
+		out, err := NewKopiaClient(t).Connect(ctx, server.URL, other.CertPEM(), user, password)
 		if err == nil {
-			t.Fatalf("connect with a foreign CA's pin succeeded:\n%s", out)
+			t.Fatalf("connect trusting a foreign CA succeeded:\n%s", out)
 		}
-		if !strings.Contains(out, "can't find certificate matching SHA256 fingerprint") {
-			t.Fatalf("refusal does not name the fingerprint:\n%s", out)
+		if !strings.Contains(out, "certificate signed by unknown authority") {
+			t.Fatalf("refusal does not say the server's certificate is not trusted:\n%s", out)
+		}
+	})
+
+	t.Run("the host's own CAs are not trusted", func(t *testing.T) {
+		// A client given no CA of the server's: Go must not fall back on
+		// the host's trust store, or any public CA would do.
+		out, err := NewKopiaClient(t).Connect(ctx, server.URL, nil, user, password)
+		if err == nil || !strings.Contains(out, "certificate signed by unknown authority") {
+			t.Fatalf("connect with an empty trust: %v\n%s", err, out)
 		}
 	})
 
 	t.Run("a wrong password is refused", func(t *testing.T) {
-		out, err := NewKopiaClient(t).Connect(ctx, server.URL, server.CAPin, user, RandomPassword())
+		out, err := NewKopiaClient(t).Connect(ctx, server.URL, server.CA.CertPEM(), user, RandomPassword())
 		if err == nil {
 			t.Fatalf("connect with a wrong password succeeded:\n%s", out)
 		}
@@ -89,7 +98,7 @@ func TestKopiaServerWithPinnedClient(t *testing.T) {
 		if second.CAPin != server.CAPin {
 			t.Fatalf("servers sharing a CA have different pins")
 		}
-		if out, err := NewKopiaClient(t).Connect(ctx, second.URL, second.CAPin, user, password); err != nil {
+		if out, err := NewKopiaClient(t).Connect(ctx, second.URL, second.CA.CertPEM(), user, password); err != nil {
 			t.Fatalf("connect to the second server: %v\n%s", err, out)
 		}
 	})
@@ -98,7 +107,7 @@ func TestKopiaServerWithPinnedClient(t *testing.T) {
 		if err := server.SetUsers(ctx, nil, user); err != nil {
 			t.Fatal(err)
 		}
-		out, err := NewKopiaClient(t).Connect(ctx, server.URL, server.CAPin, user, password)
+		out, err := NewKopiaClient(t).Connect(ctx, server.URL, server.CA.CertPEM(), user, password)
 		if err == nil {
 			t.Fatalf("a deleted user connected:\n%s", out)
 		}

@@ -126,7 +126,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
 		scanner = activity.NewScanner()
 		guest = testbed.NewKopiaClient(GinkgoT())
-		out, err := guest.Connect(ctx, srv.URL, srv.CAPin, "web@team-a", password)
+		out, err := guest.Connect(ctx, srv.URL, srv.CA.CertPEM(), "web@team-a", password)
 		Expect(err).NotTo(HaveOccurred(), out)
 		data = GinkgoT().TempDir()
 		Expect(os.WriteFile(filepath.Join(data, "ledger.csv"), []byte(strings.Repeat("a,b,c\n", 1000)), 0o600)).To(Succeed())

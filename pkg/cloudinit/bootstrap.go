@@ -12,6 +12,7 @@ import (
 	"text/template"
 
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // Where the bootstrap lives in a guest.
@@ -20,22 +21,29 @@ const (
 	StateDir       = "/var/lib/guestbackup"
 	ConnectScript  = "/usr/local/sbin/guestbackup-connect"
 	SnapshotScript = "/usr/local/sbin/guestbackup-snapshot"
-	UnitDir        = "/etc/systemd/system"
-	ConnectUnit    = "guestbackup-connect.service"
-	SnapshotUnit   = "guestbackup-snapshot.service"
-	SnapshotTimer  = "guestbackup-snapshot.timer"
+	// KopiaCommand is kopia as the bootstrap runs it, for the owner's own
+	// use: `guestbackup-kopia snapshot list`.
+	KopiaCommand = "/usr/local/bin/guestbackup-kopia"
+	// TrustDir holds ca.crt, the only CA kopia trusts for the server.
+	TrustDir      = ConfDir + "/trust"
+	UnitDir       = "/etc/systemd/system"
+	ConnectUnit   = "guestbackup-connect.service"
+	SnapshotUnit  = "guestbackup-snapshot.service"
+	SnapshotTimer = "guestbackup-snapshot.timer"
 	// DefaultSchedule is when a guest snapshots its paths unless the VM says.
 	DefaultSchedule = "daily"
 )
 
 // Bootstrap is everything a guest is given to back itself up: where its
-// server is, the CA pin, its identity and its own password. Never the
+// server is, the CA it trusts, its identity and its own password. Never the
 // repository password or storage credentials.
 type Bootstrap struct {
 	// ServerURL is the BSLS's endpoint, https://host:port.
 	ServerURL string
-	// Pin is the SHA-256 (hex) of the server's CA certificate.
-	Pin string
+	// CA is the PEM of the certificates that sign the server's certificate.
+	// The guest verifies the server's chain to them and ServerURL's host
+	// in the certificate; it trusts no other CA for the server.
+	CA []byte
 	// Username is the VM's Kopia identity, <vm>@<namespace>.
 	Username string
 	// Password is the VM's own Kopia password.
@@ -56,7 +64,6 @@ type File struct {
 }
 
 var (
-	pinPattern      = regexp.MustCompile(`^[0-9a-f]{64}$`)
 	schedulePattern = regexp.MustCompile(`^[A-Za-z0-9 *:,./~+-]{1,64}$`)
 )
 
@@ -92,8 +99,8 @@ func (b Bootstrap) Validate() error {
 	if err != nil || u.Scheme != "https" || u.Host == "" || strings.ContainsAny(b.ServerURL, "'\"\\ \n") {
 		return fmt.Errorf("server URL %q is not an https:// URL", b.ServerURL)
 	}
-	if !pinPattern.MatchString(b.Pin) {
-		return fmt.Errorf("TLS pin %q is not a lowercase hex SHA-256", b.Pin)
+	if _, err := pki.ParseCerts(b.CA); err != nil {
+		return fmt.Errorf("server CA: %w", err)
 	}
 	if err := kopiauser.ValidateUsername(b.Username); err != nil {
 		return err
@@ -122,7 +129,6 @@ func (b Bootstrap) Files() ([]File, error) {
 	fmt.Fprintf(&conf, "# Written by guestbackup: how this VM reaches its backup server.\n")
 	for _, kv := range [][2]string{
 		{"GUESTBACKUP_SERVER_URL", b.ServerURL},
-		{"GUESTBACKUP_SERVER_PIN", b.Pin},
 		{"GUESTBACKUP_USER", user},
 		{"GUESTBACKUP_HOST", host},
 		{"GUESTBACKUP_GENERATION", strconv.FormatInt(b.Generation, 10)},
@@ -130,10 +136,18 @@ func (b Bootstrap) Files() ([]File, error) {
 		// Values are validated above: no quote can end the string.
 		fmt.Fprintf(&conf, "%s='%s'\n", kv[0], kv[1])
 	}
+	cas, _ := pki.ParseCerts(b.CA) // validated above
+	var trust []byte
+	for _, c := range cas {
+		// Re-encoded: the guest gets certificates and nothing else.
+		trust = append(trust, pki.EncodeCert(c)...)
+	}
 	files := []File{
 		{Path: ConfDir + "/guestbackup.conf", Mode: 0o600, Content: conf.Bytes()},
 		// No newline: in disk mode this file is the Secret's own password key.
 		{Path: ConfDir + "/password", Mode: 0o600, Content: []byte(b.Password)},
+		{Path: TrustDir + "/ca.crt", Mode: 0o644, Content: trust},
+		{Path: KopiaCommand, Mode: 0o755, Content: []byte(kopiaCommand)},
 		{Path: ConnectScript, Mode: 0o755, Content: []byte(connectScript)},
 		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: []byte(connectUnit)},
 	}
@@ -165,9 +179,29 @@ func (b Bootstrap) Units() []string {
 	return []string{ConnectUnit}
 }
 
+// trustEnv makes kopia trust the server's CA and nothing else. Without
+// --server-cert-fingerprint, kopia lets Go verify the server's chain and
+// host name against the system roots, which Go reads from these two
+// variables; naming the trust folder in both keeps the image's public CAs
+// out. Kopia's fingerprint pin is never used: it accepts any chain that
+// merely contains the pinned certificate, and the CA's certificate is
+// public (docs/security.md).
+const trustEnv = `export SSL_CERT_FILE="$conf_dir/trust/ca.crt" SSL_CERT_DIR="$conf_dir/trust"
+`
+
+// kopiaCommand is kopia with the bootstrap's environment, for the owner.
+const kopiaCommand = `#!/bin/sh
+# guestbackup-kopia: kopia as guestbackup connected it, trusting only this
+# VM's backup server. Use it as kopia: guestbackup-kopia snapshot list
+conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
+export HOME="${HOME:-/root}"
+export KOPIA_CHECK_FOR_UPDATES=false
+` + trustEnv + `exec "${KOPIA:-kopia}" "$@"
+`
+
 // connectScript connects the guest's kopia (root's default configuration,
-// so `kopia snapshot list` works as is) using only the injected files. It
-// is idempotent: connected with this generation's credentials, it does
+// so KopiaCommand works as is) using only the injected files. It is
+// idempotent: connected with this generation's credentials, it does
 // nothing. The password reaches kopia through its environment only.
 const connectScript = `#!/bin/sh
 # guestbackup-connect: connects this VM's kopia to its guestbackup server,
@@ -179,7 +213,7 @@ attempts=${GUESTBACKUP_ATTEMPTS:-40}
 kopia=${KOPIA:-kopia}
 export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
-
+` + trustEnv + `
 log() { echo "guestbackup: $*"; }
 # mark records the outcome where an admin or the owner looks first.
 mark() {
@@ -190,12 +224,15 @@ mark() {
 
 . "$conf_dir/guestbackup.conf"
 who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
+# " ca" marks a connection that verifies the server's chain; one an earlier
+# guestbackup made with a fingerprint pin is made again.
+connected="$GUESTBACKUP_GENERATION ca"
 
 if ! command -v "$kopia" >/dev/null 2>&1; then
   mark "error: kopia is not installed in this guest; install the kopia CLI, then run: systemctl restart guestbackup-connect"
   exit 1
 fi
-if [ "$(cat "$state_dir/connected-generation" 2>/dev/null)" = "$GUESTBACKUP_GENERATION" ] &&
+if [ "$(cat "$state_dir/connected-generation" 2>/dev/null)" = "$connected" ] &&
   "$kopia" repository status >/dev/null 2>&1; then
   log "already connected to $GUESTBACKUP_SERVER_URL as $who"
   exit 0
@@ -207,10 +244,9 @@ attempt=1
 while :; do
   if KOPIA_PASSWORD="$(cat "$conf_dir/password")" "$kopia" repository connect server \
     --url="$GUESTBACKUP_SERVER_URL" \
-    --server-cert-fingerprint="$GUESTBACKUP_SERVER_PIN" \
     --override-username="$GUESTBACKUP_USER" \
     --override-hostname="$GUESTBACKUP_HOST" >"$state_dir/connect.log" 2>&1; then
-    echo "$GUESTBACKUP_GENERATION" >"$state_dir/connected-generation"
+    echo "$connected" >"$state_dir/connected-generation"
     mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
     # A first snapshot right away, not at the first timer tick.
     if [ -s "$conf_dir/paths" ] && [ -d /run/systemd/system ]; then
@@ -241,7 +277,7 @@ state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
 kopia=${KOPIA:-kopia}
 export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
-status=0
+` + trustEnv + `status=0
 while IFS= read -r path; do
   [ -n "$path" ] || continue
   if "$kopia" snapshot create "$path"; then

@@ -13,9 +13,9 @@ import (
 // its schema validator, and its own user-data processing and merging.
 
 func TestRenderedCloudConfigPassesCloudInitSchema(t *testing.T) {
-	withPaths := testBootstrap()
+	withPaths := testBootstrap(t)
 	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
-	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(), "with-paths": withPaths} {
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths} {
 		cc, err := CloudConfig(b)
 		if err != nil {
 			t.Fatal(err)
@@ -48,7 +48,7 @@ write_files:
 runcmd:
   - [touch, /var/tmp/user-marker]
 `)
-	ours, err := CloudConfig(testBootstrap())
+	ours, err := CloudConfig(testBootstrap(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ runcmd:
 
 func TestCloudInitRunsTheVMsOwnScriptUntouched(t *testing.T) {
 	script := []byte("#!/bin/bash\necho 'the owner\\'s script' > /var/tmp/user-script\n")
-	ours, err := CloudConfig(testBootstrap())
+	ours, err := CloudConfig(testBootstrap(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,7 @@ func (b Bootstrap) key() string {
 		k.WriteString(s)
 	}
 	field(b.ServerURL)
-	field(b.Pin)
+	field(string(b.CA))
 	field(b.Username)
 	field(b.Password)
 	field(strconv.FormatInt(b.Generation, 10))

@@ -33,21 +33,28 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-// A pin and password that are obviously not real ones.
-const (
-	testPin      = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-	testPassword = "not-a-real-password-0123456789"
-)
+// A password that is obviously not a real one.
+const testPassword = "not-a-real-password-0123456789"
 
-func testBootstrap() Bootstrap {
-	return Bootstrap{ServerURL: "https://main.backup.svc:51515", Pin: testPin, Username: "web@team-a", Password: testPassword, Generation: 1}
+// testCA is a fixed CA certificate (testdata/ca.crt), so goldens are stable.
+func testCA(t testing.TB) []byte {
+	t.Helper()
+	ca, err := os.ReadFile(filepath.Join("testdata", "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ca
+}
+
+func testBootstrap(t testing.TB) Bootstrap {
+	return Bootstrap{ServerURL: "https://main.backup.svc:51515", CA: testCA(t), Username: "web@team-a", Password: testPassword, Generation: 1}
 }
 
 func TestCloudConfigGolden(t *testing.T) {
-	withPaths := testBootstrap()
+	withPaths := testBootstrap(t)
 	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
 	withPaths.Schedule = "*-*-* 02:30:00"
-	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(), "with-paths": withPaths} {
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths} {
 		t.Run(name, func(t *testing.T) {
 			got, err := CloudConfig(b)
 			if err != nil {
@@ -63,7 +70,7 @@ func TestCloudConfigGolden(t *testing.T) {
 }
 
 func TestMergeKeepsTheUserPartByteForByte(t *testing.T) {
-	ours, err := CloudConfig(testBootstrap())
+	ours, err := CloudConfig(testBootstrap(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,14 +139,16 @@ func TestBootstrapRefusesWhatWouldBreakTheGuestFiles(t *testing.T) {
 	for name, mutate := range map[string]func(*Bootstrap){
 		"http URL":            func(b *Bootstrap) { b.ServerURL = "http://main.backup.svc:51515" },
 		"quote in URL":        func(b *Bootstrap) { b.ServerURL = "https://a'b:1" },
-		"upper-case pin":      func(b *Bootstrap) { b.Pin = strings.ToUpper(testPin) },
+		"no CA":               func(b *Bootstrap) { b.CA = nil },
+		"CA not PEM":          func(b *Bootstrap) { b.CA = []byte("0123456789abcdef") },
+		"private key for CA":  func(b *Bootstrap) { b.CA = []byte("-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n") },
 		"invalid identity":    func(b *Bootstrap) { b.Username = "Web@team-a" },
 		"short password":      func(b *Bootstrap) { b.Password = "short" },
 		"relative path":       func(b *Bootstrap) { b.Paths = []string{"etc"} },
 		"newline in path":     func(b *Bootstrap) { b.Paths = []string{"/etc\n[Service]"} },
 		"schedule with quote": func(b *Bootstrap) { b.Schedule = "daily\nExecStart=/bin/sh" },
 	} {
-		b := testBootstrap()
+		b := testBootstrap(t)
 		mutate(&b)
 		if _, err := CloudConfig(b); err == nil {
 			t.Errorf("%s: rendered", name)
@@ -148,7 +157,7 @@ func TestBootstrapRefusesWhatWouldBreakTheGuestFiles(t *testing.T) {
 }
 
 func TestDiskFiles(t *testing.T) {
-	b := testBootstrap()
+	b := testBootstrap(t)
 	b.Paths = []string{"/srv/data"}
 	files, err := DiskFiles(b)
 	if err != nil {

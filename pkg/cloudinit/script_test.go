@@ -1,6 +1,7 @@
 package cloudinit
 
 import (
+	"crypto/x509"
 	"os"
 	"path/filepath"
 	"strings"
@@ -62,7 +63,7 @@ func TestConnectScriptConnectsWithOnlyTheInjectedFiles(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(data, "notes.txt"), []byte("keep me\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	b := Bootstrap{ServerURL: srv.URL, Pin: srv.CAPin, Username: "web@team-a", Password: password, Generation: 3, Paths: []string{data}}
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 3, Paths: []string{data}}
 	box := newSandbox(t, b, tools.Kopia)
 
 	out, err := box.run(ConnectScript)
@@ -78,9 +79,9 @@ func TestConnectScriptConnectsWithOnlyTheInjectedFiles(t *testing.T) {
 	if out, err := box.run(SnapshotScript); err != nil || !strings.Contains(out, "snapshot of "+data+" taken") {
 		t.Fatalf("snapshot: %v\n%s", err, out)
 	}
-	list, err := testbed.Run(t.Context(), time.Minute, box.root, nil, tools.Kopia, "snapshot", "list", "--json", data)
+	list, err := testbed.Run(t.Context(), time.Minute, box.root, box.env, filepath.Join(box.root, KopiaCommand), "snapshot", "list", "--json", data)
 	if err != nil || !strings.Contains(list, `"host":"team-a","userName":"web"`) {
-		t.Errorf("the guest's own kopia lists no snapshot of %s as web@team-a: %v\n%s", data, err, list)
+		t.Errorf("the owner's %s lists no snapshot of %s as web@team-a: %v\n%s", KopiaCommand, data, err, list)
 	}
 	for _, name := range []string{"guestbackup.conf", "password"} {
 		if fi, err := os.Stat(filepath.Join(box.root, ConfDir, name)); err != nil || fi.Mode().Perm() != 0o600 {
@@ -93,7 +94,7 @@ func TestConnectScriptSaysWhyItCannotConnect(t *testing.T) {
 	tools := testbed.MustTools(t)
 	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
 	srv.AddUser(t, "web@team-a", testbed.RandomPassword())
-	b := Bootstrap{ServerURL: srv.URL, Pin: srv.CAPin, Username: "web@team-a", Password: testbed.RandomPassword(), Generation: 1}
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: testbed.RandomPassword(), Generation: 1}
 
 	box := newSandbox(t, b, tools.Kopia)
 	if out, err := box.run(ConnectScript); err == nil {
@@ -109,5 +110,29 @@ func TestConnectScriptSaysWhyItCannotConnect(t *testing.T) {
 	}
 	if st := missing.status(); !strings.Contains(st, "error: kopia is not installed in this guest") {
 		t.Errorf("status: %q", st)
+	}
+}
+
+// A server that sends the guest's CA after a leaf it signed with a key of
+// its own (the CA certificate is public: every handshake carries it) is
+// what a fingerprint pin lets in. The guest must refuse it before sending
+// its password: the impostor knows no user, so a refusal for the password
+// would mean the password was sent.
+func TestConnectScriptRefusesAServerThatOnlyCarriesItsCA(t *testing.T) {
+	tools := testbed.MustTools(t)
+	genuine := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	impostor := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{AlsoPresent: []*x509.Certificate{genuine.CA.Cert}})
+	b := Bootstrap{ServerURL: impostor.URL, CA: genuine.CA.CertPEM(), Username: "web@team-a", Password: testbed.RandomPassword(), Generation: 1}
+
+	box := newSandbox(t, b, tools.Kopia)
+	if out, err := box.run(ConnectScript); err == nil {
+		t.Fatalf("connected to the impostor:\n%s", out)
+	}
+	st := box.status()
+	if !strings.Contains(st, "certificate signed by unknown authority") {
+		t.Errorf("status does not say the server's certificate is untrusted: %q", st)
+	}
+	if strings.Contains(st, "access denied") || strings.Contains(st, "Unauthenticated") {
+		t.Errorf("the guest sent its credentials to the impostor: %q", st)
 	}
 }

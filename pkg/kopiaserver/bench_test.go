@@ -94,7 +94,7 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 				b.Fatal(err)
 			}
 			err := testbed.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
-				_, err := testbed.NewKopiaClient(b).Connect(ctx, url, pin, vm+"@"+ns, password)
+				_, err := testbed.NewKopiaClient(b).ConnectPinned(ctx, url, pin, vm+"@"+ns, password)
 				return err == nil, err
 			})
 			if err != nil {

@@ -72,7 +72,7 @@ func (r *Reconciler) certificate(ctx context.Context, b *v1alpha1.BackupStorageL
 		if s == nil {
 			return nil, p, err
 		}
-		m, p := checkTLSSecret(s)
+		m, p := checkTLSSecret(s, EndpointHost(b))
 		return &certificateResult{material: m, source: "Secret " + b.Spec.TLS.SecretName}, p, nil
 	case tlsAdminIssuer:
 		return r.certManagerCertificate(ctx, b, b.Spec.TLS.IssuerRef, "")
@@ -236,11 +236,16 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 		return nil, pending(why), nil
 	}
 	// A Secret issued earlier stays usable while cert-manager renews it.
-	m, p := checkTLSSecret(s)
-	if p != nil {
+	if _, p := checkTLSSecret(s, ""); p != nil {
 		p.Message += fmt.Sprintf(" (the Secret is written by %s: does the issuer publish its CA in ca.crt?)", source)
+		return nil, p, nil
 	}
-	return &certificateResult{material: m, source: source}, p, nil
+	// A new clientURL host is in the Certificate, not yet in its Secret.
+	m, p := checkTLSSecret(s, EndpointHost(b))
+	if p != nil {
+		return nil, pending(fmt.Sprintf("the certificate in Secret %s is not valid for %s yet", s.Name, EndpointHost(b))), nil
+	}
+	return &certificateResult{material: m, source: source}, nil, nil
 }
 
 func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*certificateResult, *problem, error) {
@@ -254,11 +259,11 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	}
 	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.now())
 	if err != nil {
-		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix or delete Secret %s; guests pin its CA, so a new one makes every guest reconnect with a new pin", err, CASecretName(b))}, nil
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix or delete Secret %s; guests trust its CA, so a new one leaves every guest distrusting the server until its VM gets the new CA", err, CASecretName(b))}, nil
 	}
 	if newCA != nil {
-		// No ownerReference: guests pin this CA, so it outlives the BSLS
-		// (a BSLS re-created on the same storage keeps its guests' pin).
+		// No ownerReference: guests trust this CA, so it outlives the BSLS
+		// (a BSLS re-created on the same storage keeps its guests' trust).
 		ca := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{
 				Name: CASecretName(b), Namespace: b.Namespace, Labels: Labels(b),
@@ -282,10 +287,10 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 		if err := r.apply(ctx, b, leaf); err != nil {
 			return nil, nil, err
 		}
-		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonServingCertificateIssued, "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep their CA pin", leaf.Name)
+		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonServingCertificateIssued, "Issued the server's certificate in Secret %s; the server restarts to load it and guests keep trusting it through its CA", leaf.Name)
 		leafSecret = leaf
 	}
-	m, p := checkTLSSecret(leafSecret)
+	m, p := checkTLSSecret(leafSecret, EndpointHost(b))
 	res := &certificateResult{material: m, source: "the controller's CA in Secret " + CASecretName(b)}
 	if certs, err := pki.ParseCerts(leafSecret.Data[corev1.TLSCertKey]); err == nil {
 		life := certs[0].NotAfter.Sub(certs[0].NotBefore)

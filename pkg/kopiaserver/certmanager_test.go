@@ -131,7 +131,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 	connect := func(pod *testbed.Pod, pin string) func() error {
 		return func() error {
 			url := "https://" + pod.Addr(v1alpha1.DefaultServerPort)
-			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, url, pin, "vm@"+ns, guestPassword)
+			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, url, pin, "vm@"+ns, guestPassword)
 			if err != nil {
 				return fmt.Errorf("%w: %s", err, out)
 			}

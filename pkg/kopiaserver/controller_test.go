@@ -193,7 +193,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 		)
 		connect := func(user, password string) func() error {
 			return func() error {
-				out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, user, password)
+				out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, user, password)
 				if err != nil {
 					return fmt.Errorf("%w: %s", err, out)
 				}
@@ -320,7 +320,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				s := &corev1.Secret{}
 				Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: "team-a", Name: "web-guestbackup"}, s)).To(Succeed())
 				client := testbed.NewKopiaClient(GinkgoT())
-				out, err := client.Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, "web@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
+				out, err := client.ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), pin, "web@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
 				Expect(err).NotTo(HaveOccurred(), out)
 				data := GinkgoT().TempDir()
 				out, err = client.Run(ctx, "snapshot", "create", data)

@@ -4,6 +4,7 @@ package kopiaserver
 
 import (
 	"fmt"
+	"net/url"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
@@ -24,4 +25,16 @@ func Endpoint(bsls *v1alpha1.BackupStorageLocationServer) string {
 		port = v1alpha1.DefaultServerPort
 	}
 	return fmt.Sprintf("https://%s.%s.svc:%d", ServiceName(bsls), bsls.Namespace, port)
+}
+
+// EndpointHost is the host (DNS name or IP) of Endpoint: the name the server's
+// certificate must be valid for, since guests verify it.
+func EndpointHost(bsls *v1alpha1.BackupStorageLocationServer) string {
+	u, err := url.Parse(Endpoint(bsls))
+	if err != nil {
+		// The CRD admits only https:// URLs; an unparsable one names no host
+		// a certificate could match.
+		return ""
+	}
+	return u.Hostname()
 }

@@ -299,7 +299,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 
-	// The certificate, and the CA pin guests are given.
+	// The certificate, and the CA guests are given to trust.
 	cert, certProblem, err := r.certificate(ctx, b)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -309,9 +309,10 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		retry(retryProblem)
 	} else {
 		in.TLSChecksum = cert.material.Checksum
+		b.Status.TLSCA = string(cert.material.CA)
 		b.Status.TLSFingerprint = cert.material.Pin
 		set(v1alpha1.ConditionCertificateReady, metav1.ConditionTrue, ReasonCertificateIssued,
-			fmt.Sprintf("Secret %s holds the server's certificate from %s; guests pin its CA", TLSSecretName(b), cert.source))
+			fmt.Sprintf("Secret %s holds the server's certificate for %s from %s; guests trust its CA only", TLSSecretName(b), EndpointHost(b), cert.source))
 		if !cert.renewAt.IsZero() {
 			retry(max(cert.renewAt.Sub(r.now()), time.Second))
 		}

@@ -91,7 +91,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			if cur.Status.TLSFingerprint == "" {
 				return fmt.Errorf("BSLS %s/%s reports no tlsFingerprint yet", b.Namespace, b.Name)
 			}
-			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, user, password)
+			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, user, password)
 			if err != nil {
 				return fmt.Errorf("%w: %s", err, out)
 			}

@@ -93,7 +93,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 	url := func(p *testbed.Pod) string { return "https://" + p.Addr(v1alpha1.DefaultServerPort) }
 	connect := func(p *testbed.Pod, g guest) func() error {
 		return func() error {
-			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, url(p), pki.Fingerprint(ca.Cert), g.user, g.password)
+			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, url(p), pki.Fingerprint(ca.Cert), g.user, g.password)
 			if err != nil {
 				return &kopiaError{err, out}
 			}
@@ -159,7 +159,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 
 	It("keeps the users' snapshots apart", func() {
 		aliceClient := testbed.NewKopiaClient(GinkgoT())
-		out, err := aliceClient.Connect(ctx, url(pod), pki.Fingerprint(ca.Cert), alice.user, alice.password)
+		out, err := aliceClient.ConnectPinned(ctx, url(pod), pki.Fingerprint(ca.Cert), alice.user, alice.password)
 		Expect(err).NotTo(HaveOccurred(), out)
 		data := GinkgoT().TempDir()
 		Expect(os.WriteFile(filepath.Join(data, "notes.txt"), []byte("alice's notes\n"), 0o600)).To(Succeed())
@@ -167,7 +167,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 
 		bobClient := testbed.NewKopiaClient(GinkgoT())
-		out, err = bobClient.Connect(ctx, url(pod), pki.Fingerprint(ca.Cert), bob.user, bob.password)
+		out, err = bobClient.ConnectPinned(ctx, url(pod), pki.Fingerprint(ca.Cert), bob.user, bob.password)
 		Expect(err).NotTo(HaveOccurred(), out)
 		out, err = bobClient.Run(ctx, "snapshot", "list", "--all")
 		Expect(err).NotTo(HaveOccurred(), out)
@@ -176,7 +176,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 
 	It("lets an append-only guest create and read its snapshots, but not delete them", func() {
 		client := testbed.NewKopiaClient(GinkgoT())
-		out, err := client.Connect(ctx, url(pod), pki.Fingerprint(ca.Cert), alice.user, alice.password)
+		out, err := client.ConnectPinned(ctx, url(pod), pki.Fingerprint(ca.Cert), alice.user, alice.password)
 		Expect(err).NotTo(HaveOccurred(), out)
 		data := GinkgoT().TempDir()
 		Expect(os.WriteFile(filepath.Join(data, "ledger.txt"), []byte("history a guest must not erase\n"), 0o600)).To(Succeed())

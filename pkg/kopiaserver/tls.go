@@ -24,7 +24,7 @@ const (
 )
 
 // CASecretName holds the self-managed CA (tls.crt, tls.key). It outlives the
-// BSLS like the repository password: it is what guests pin.
+// BSLS like the repository password: it is what guests trust.
 func CASecretName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-ca" }
 
 // ServingNames are the names the server's certificate is valid for: the
@@ -44,19 +44,23 @@ func ServingNames(b *v1alpha1.BackupStorageLocationServer) (dnsNames []string, i
 
 // tlsMaterial is a server certificate Secret's content, checked.
 type tlsMaterial struct {
-	// Pin is the SHA-256 of the CA, the value guests pin.
+	// CA is ca.crt, re-encoded: the certificates guests trust.
+	CA []byte
+	// Pin is the SHA-256 of the first CA, shown in the status.
 	Pin string
 	// Checksum changes whenever any of the three files does.
 	Checksum string
 }
 
 // checkTLSSecret verifies that a Secret holds a usable server certificate:
-// tls.crt, tls.key and a ca.crt that signed tls.crt. The problem it returns
-// names the Secret and what is missing.
-func checkTLSSecret(s *corev1.Secret) (*tlsMaterial, *problem) {
+// tls.crt, tls.key and a ca.crt that signed tls.crt for host, the host
+// guests dial. Guests verify both, so a certificate that fails either would
+// fail every guest. The problem it returns names the Secret and what is
+// wrong.
+func checkTLSSecret(s *corev1.Secret, host string) (*tlsMaterial, *problem) {
 	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
 		if len(s.Data[key]) == 0 {
-			return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests pin)", s.Name, key)}
+			return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)", s.Name, key)}
 		}
 	}
 	leaf, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
@@ -67,14 +71,21 @@ func checkTLSSecret(s *corev1.Secret) (*tlsMaterial, *problem) {
 	if err != nil {
 		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key ca.crt: %v", s.Name, err)}
 	}
-	if !verifies(leaf, cas) {
+	if !verifies(leaf, cas, "") {
 		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt does not verify against the CA in ca.crt", s.Name)}
+	}
+	if !verifies(leaf, cas, host) {
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt is not valid for %s, the host guests connect to (spec.clientURL, else the Service's DNS name), and guests check it: add it to the certificate's names", s.Name, host)}
 	}
 	sum := sha256.New()
 	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
 		sum.Write(s.Data[key])
 	}
-	return &tlsMaterial{Pin: pki.Fingerprint(cas[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
+	var bundle []byte
+	for _, c := range cas {
+		bundle = append(bundle, pki.EncodeCert(c)...)
+	}
+	return &tlsMaterial{CA: bundle, Pin: pki.Fingerprint(cas[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
 }
 
 // selfManagedTLS returns the CA and serving Secrets' data the controller
@@ -141,8 +152,8 @@ func leafValid(data map[string][]byte, ca *pki.CA, dnsNames []string, ips []net.
 }
 
 // verifies reports whether chain (leaf first, then intermediates) verifies
-// against cas, for any host name: guests pin the CA, not a name.
-func verifies(chain, cas []*x509.Certificate) bool {
+// against cas for host, or for any host when host is empty.
+func verifies(chain, cas []*x509.Certificate, host string) bool {
 	roots, intermediates := x509.NewCertPool(), x509.NewCertPool()
 	for _, c := range cas {
 		roots.AddCert(c)
@@ -150,6 +161,6 @@ func verifies(chain, cas []*x509.Certificate) bool {
 	for _, c := range chain[1:] {
 		intermediates.AddCert(c)
 	}
-	_, err := chain[0].Verify(x509.VerifyOptions{Roots: roots, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	_, err := chain[0].Verify(x509.VerifyOptions{DNSName: host, Roots: roots, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
 	return err == nil
 }

@@ -1,6 +1,7 @@
 package kopiaserver
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -20,7 +21,7 @@ func TestSelfManagedTLS(t *testing.T) {
 	if err != nil || ca == nil || leaf == nil {
 		t.Fatalf("first run: CA %v, leaf %v, error %v; want both issued", ca != nil, leaf != nil, err)
 	}
-	m, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "main-tls"}, Data: leaf})
+	m, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "main-tls"}, Data: leaf}, EndpointHost(b))
 	if p != nil {
 		t.Fatalf("issued leaf does not check: %s", p.Message)
 	}
@@ -38,7 +39,7 @@ func TestSelfManagedTLS(t *testing.T) {
 	if err != nil || newCA != nil || newLeaf == nil {
 		t.Fatalf("two thirds into its life: CA %v, leaf %v, error %v; want a new leaf only", newCA != nil, newLeaf != nil, err)
 	}
-	if m2, p := checkTLSSecret(&corev1.Secret{Data: newLeaf}); p != nil || m2.Pin != m.Pin || m2.Checksum == m.Checksum {
+	if m2, p := checkTLSSecret(&corev1.Secret{Data: newLeaf}, EndpointHost(b)); p != nil || m2.Pin != m.Pin || m2.Checksum == m.Checksum {
 		t.Errorf("renewed leaf: problem %v, same pin %v, new checksum %v", p, m2 != nil && m2.Pin == m.Pin, m2 != nil && m2.Checksum != m.Checksum)
 	}
 
@@ -56,9 +57,9 @@ func TestSelfManagedTLS(t *testing.T) {
 	}
 }
 
-func TestCheckTLSSecretRefusesAForeignCA(t *testing.T) {
+func TestCheckTLSSecret(t *testing.T) {
 	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
-	_, leaf, err := selfManagedTLS(b, nil, nil, time.Now())
+	ca, leaf, err := selfManagedTLS(b, nil, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,9 +67,41 @@ func TestCheckTLSSecretRefusesAForeignCA(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	leaf["ca.crt"] = other[corev1.TLSCertKey]
-	_, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mine"}, Data: leaf})
-	if p == nil || p.Reason != ReasonTLSSecretInvalid || p.Message != "Secret mine: tls.crt does not verify against the CA in ca.crt" {
-		t.Errorf("problem = %+v", p)
+	with := func(key string, value []byte) map[string][]byte {
+		d := maps.Clone(leaf)
+		if value == nil {
+			delete(d, key)
+		} else {
+			d[key] = value
+		}
+		return d
+	}
+	for _, tt := range []struct {
+		name string
+		data map[string][]byte
+		host string
+		want string // the problem's message; empty: usable
+	}{
+		{name: "issued for the Service's name", data: leaf, host: "main.backup.svc"},
+		{name: "no ca.crt", data: with("ca.crt", nil), host: "main.backup.svc",
+			want: "Secret mine has no key ca.crt (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)"},
+		{name: "signed by another CA", data: with("ca.crt", other[corev1.TLSCertKey]), host: "main.backup.svc",
+			want: "Secret mine: tls.crt does not verify against the CA in ca.crt"},
+		{name: "not valid for the host guests dial", data: leaf, host: "backup.example.com",
+			want: "Secret mine: tls.crt is not valid for backup.example.com, the host guests connect to (spec.clientURL, else the Service's DNS name), and guests check it: add it to the certificate's names"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			m, p := checkTLSSecret(&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "mine"}, Data: tt.data}, tt.host)
+			switch {
+			case tt.want == "" && p != nil:
+				t.Fatalf("problem %q", p.Message)
+			case tt.want == "":
+				if string(m.CA) != string(ca[corev1.TLSCertKey]) {
+					t.Errorf("CA guests trust:\n%s\nwant the CA that signed the leaf:\n%s", m.CA, ca[corev1.TLSCertKey])
+				}
+			case p == nil || p.Reason != ReasonTLSSecretInvalid || p.Message != tt.want:
+				t.Errorf("problem = %+v, want %s: %q", p, ReasonTLSSecretInvalid, tt.want)
+			}
+		})
 	}
 }

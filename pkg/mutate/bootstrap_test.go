@@ -22,7 +22,7 @@ func TestDiskModeSecretAloneConnectsAGuest(t *testing.T) {
 	tools := testbed.MustTools(t)
 	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
 	server := readyServer()
-	server.BSLS.Status.Endpoint, server.BSLS.Status.TLSFingerprint = srv.URL, srv.CAPin
+	server.BSLS.Status.Endpoint, server.BSLS.Status.TLSCA = srv.URL, string(srv.CA.CertPEM())
 	data := t.TempDir()
 	if err := os.WriteFile(filepath.Join(data, "report.txt"), []byte("quarterly\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -60,7 +60,7 @@ func TestDiskModeSecretAloneConnectsAGuest(t *testing.T) {
 	if out, err := testbed.Run(t.Context(), 2*time.Minute, root, env, filepath.Join(root, cloudinit.SnapshotScript)); err != nil || !strings.Contains(out, "snapshot of "+data+" taken") {
 		t.Fatalf("snapshot: %v\n%s", err, out)
 	}
-	list, err := testbed.Run(t.Context(), time.Minute, root, nil, tools.Kopia, "snapshot", "list", "--json", data)
+	list, err := testbed.Run(t.Context(), time.Minute, root, env, filepath.Join(root, cloudinit.KopiaCommand), "snapshot", "list", "--json", data)
 	if err != nil || !strings.Contains(list, `"host":"team-a","userName":"files"`) {
 		t.Errorf("no snapshot of %s as files@team-a: %v\n%s", data, err, list)
 	}

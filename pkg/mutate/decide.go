@@ -227,7 +227,7 @@ func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Serv
 		return fmt.Sprintf("BackupStorageLocationServer %s does not admit VMs of namespace %s (its spec.access.namespaceSelector): ask its admin to admit it", ref, vm.Namespace)
 	}
 	ready := meta.FindStatusCondition(s.BSLS.Status.Conditions, v1alpha1.ConditionReady)
-	if ready == nil || ready.Status != metav1.ConditionTrue || s.BSLS.Status.Endpoint == "" || s.BSLS.Status.TLSFingerprint == "" {
+	if ready == nil || ready.Status != metav1.ConditionTrue || s.BSLS.Status.Endpoint == "" || s.BSLS.Status.TLSCA == "" {
 		why := "it reports no status yet"
 		if ready != nil {
 			why = ready.Message
@@ -324,7 +324,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 
 	bsls := in.Server.BSLS
 	b := cloudinit.Bootstrap{
-		ServerURL: bsls.Status.Endpoint, Pin: bsls.Status.TLSFingerprint,
+		ServerURL: bsls.Status.Endpoint, CA: []byte(bsls.Status.TLSCA),
 		Username: o.user, Password: creds.password, Generation: creds.generation,
 		Paths: o.paths, Schedule: o.schedule,
 	}

@@ -28,16 +28,22 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-const (
-	testEndpoint = "https://main.backup.svc:51515"
-	testPin      = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
-)
+const testEndpoint = "https://main.backup.svc:51515"
+
+// testCA is a fixed CA certificate (testdata/ca.crt), so goldens are stable.
+var testCA = func() string {
+	ca, err := os.ReadFile(filepath.Join("testdata", "ca.crt"))
+	if err != nil {
+		panic(err)
+	}
+	return string(ca)
+}()
 
 func readyServer() Server {
 	return Server{NamespaceAllowed: true, BSLS: &v1alpha1.BackupStorageLocationServer{
 		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
 		Status: v1alpha1.BackupStorageLocationServerStatus{
-			Endpoint: testEndpoint, TLSFingerprint: testPin,
+			Endpoint: testEndpoint, TLSCA: testCA,
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready"}},
 		},
 	}}

@@ -1,9 +1,10 @@
 // Package pki issues the certificates a Kopia repository server presents when
-// cert-manager is not there to do it, and computes the pin guests trust.
+// cert-manager is not there to do it.
 //
-// Guests pin the CA, not the leaf: Kopia accepts a fingerprint that matches
-// any certificate in the chain the server presents, so a server that presents
-// leaf + CA keeps every guest's pin valid across leaf renewals.
+// Guests trust the CA, not the leaf: they verify the server's chain to it and
+// the host name they dial, so renewing the leaf never touches a guest. They
+// never use Kopia's fingerprint pin, which accepts any chain that merely
+// contains the pinned certificate; Fingerprint is for people comparing CAs.
 package pki
 
 import (
@@ -121,8 +122,8 @@ func (ca *CA) CertPEM() []byte { return EncodeCert(ca.Cert) }
 // KeyPEM encodes the CA's private key.
 func (ca *CA) KeyPEM() ([]byte, error) { return EncodeKey(ca.Key) }
 
-// ChainPEM encodes the leaf followed by the CA: what a Kopia server must
-// present so that guests pinning the CA accept it.
+// ChainPEM encodes the leaf followed by the CA: what a Kopia server
+// presents, so that a client sees which CA issued it.
 func (kp *KeyPair) ChainPEM(ca *x509.Certificate) []byte {
 	return append(EncodeCert(kp.Cert), EncodeCert(ca)...)
 }
@@ -130,8 +131,8 @@ func (kp *KeyPair) ChainPEM(ca *x509.Certificate) []byte {
 // KeyPEM encodes the key pair's private key.
 func (kp *KeyPair) KeyPEM() ([]byte, error) { return EncodeKey(kp.Key) }
 
-// Fingerprint is the pin Kopia clients take in --server-cert-fingerprint:
-// the lowercase hex SHA-256 of the certificate's DER encoding.
+// Fingerprint is the lowercase hex SHA-256 of the certificate's DER
+// encoding, the form of Kopia's --server-cert-fingerprint.
 func Fingerprint(cert *x509.Certificate) string {
 	sum := sha256.Sum256(cert.Raw)
 	return hex.EncodeToString(sum[:])
@@ -185,7 +186,7 @@ func randomSerial() (*big.Int, error) {
 
 // Chain returns the certificates of certPEM (a leaf and any intermediates)
 // followed by those of caPEM it does not already hold: the file a Kopia
-// server must present so that guests pinning the CA accept it. cert-manager
+// server presents (see ChainPEM). cert-manager
 // writes the leaf in tls.crt and the CA in ca.crt; the result is PEM.
 func Chain(certPEM, caPEM []byte) ([]byte, error) {
 	certs, err := ParseCerts(certPEM)

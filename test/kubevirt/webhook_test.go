@@ -23,9 +23,8 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
-
-const pin = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 
 // counting counts the admission requests that reach the webhook server.
 type counting struct {
@@ -96,8 +95,10 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
 		// The status a Ready BSLS has; the BSLS controller's own specs
 		// prove it writes exactly these fields.
+		ca, err := pki.NewCA("webhook spec CA", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
 		bsls.Status = v1alpha1.BackupStorageLocationServerStatus{
-			Endpoint: "https://main.backup.svc:51515", TLSFingerprint: pin,
+			Endpoint: "https://main.backup.svc:51515", TLSCA: string(ca.CertPEM()),
 			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}},
 		}
 		Expect(api.Client.Status().Update(ctx, bsls)).To(Succeed())

@@ -33,7 +33,7 @@ import (
 const reportPrelude = `#!/bin/sh
     export HOME=/root KOPIA_CHECK_FOR_UPDATES=false
     say() { echo "GB-E2E $*" >/dev/console; }
-    snapshot_id() { kopia snapshot list --json "$1" | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -n 1; }
+    snapshot_id() { guestbackup-kopia snapshot list --json "$1" | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -n 1; }
     i=0
     while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
     say "uptime $(cut -d' ' -f1 /proc/uptime)"
@@ -54,11 +54,11 @@ write_files:
   permissions: '0755'
   content: |
     ` + reportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
-    say "snapshots $(kopia snapshot list --json /srv/data | grep -c '"id"')"
+    say "snapshots $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"')"
     id=$(snapshot_id /srv/data)
     cp /srv/data/hello.txt /var/tmp/hello.orig
     rm /srv/data/hello.txt
-    if kopia restore "$id/hello.txt" /srv/data/hello.txt >/var/tmp/restore.log 2>&1 && cmp -s /var/tmp/hello.orig /srv/data/hello.txt; then
+    if guestbackup-kopia restore "$id/hello.txt" /srv/data/hello.txt >/var/tmp/restore.log 2>&1 && cmp -s /var/tmp/hello.orig /srv/data/hello.txt; then
       say "restore identical $(sha256sum </srv/data/hello.txt | cut -d' ' -f1)"
     else
       say "restore failed $(tail -n 3 /var/tmp/restore.log | tr '\n' ' ')"
@@ -79,16 +79,16 @@ write_files:
 - path: /usr/local/sbin/report
   permissions: '0755'
   content: |
-    ` + reportPrelude + `    say "snapshots $(kopia snapshot list --json /srv/db | grep -c '"id"')"
-    say "visible $(kopia snapshot list --all --json | grep -c '"id"')"
-    say "mine $(kopia snapshot list --json db@team-a:/srv/db 2>/dev/null | grep -c '"id"')"
-    say "others $(kopia snapshot list --json web@team-a:/srv/data 2>/dev/null | grep -c '"id"')"
-    if kopia restore "$(snapshot_id /srv/db)/dump.sql" /var/tmp/own.sql >/var/tmp/own.log 2>&1 && cmp -s /srv/db/dump.sql /var/tmp/own.sql; then
+    ` + reportPrelude + `    say "snapshots $(guestbackup-kopia snapshot list --json /srv/db | grep -c '"id"')"
+    say "visible $(guestbackup-kopia snapshot list --all --json | grep -c '"id"')"
+    say "mine $(guestbackup-kopia snapshot list --json db@team-a:/srv/db 2>/dev/null | grep -c '"id"')"
+    say "others $(guestbackup-kopia snapshot list --json web@team-a:/srv/data 2>/dev/null | grep -c '"id"')"
+    if guestbackup-kopia restore "$(snapshot_id /srv/db)/dump.sql" /var/tmp/own.sql >/var/tmp/own.log 2>&1 && cmp -s /srv/db/dump.sql /var/tmp/own.sql; then
       say "own restored"
     else
       say "own failed $(tail -n 3 /var/tmp/own.log | tr '\n' ' ')"
     fi
-    if kopia restore ` + webSnapshot + `/hello.txt /var/tmp/stolen.txt >/var/tmp/steal.log 2>&1; then
+    if guestbackup-kopia restore ` + webSnapshot + `/hello.txt /var/tmp/stolen.txt >/var/tmp/steal.log 2>&1; then
       say "steal restored $(cat /var/tmp/stolen.txt)"
     else
       say "steal refused $(grep -i -m 1 -e error -e denied /var/tmp/steal.log)"
@@ -229,7 +229,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)).To(Succeed())
 		web.password = string(s.Data[v1alpha1.SecretKeyPassword])
 		kopia := testbed.NewKopiaClient(GinkgoT())
-		out, err := kopia.Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+		out, err := kopia.ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
 		Expect(err).NotTo(HaveOccurred(), out)
 		ids, err := kopia.SnapshotIDs(ctx, "/srv/data")
 		Expect(err).NotTo(HaveOccurred())
@@ -302,7 +302,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		Expect(api.Client.Delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNS}})).To(Succeed())
 		Eventually(usersOfShard("web@team-a")).WithTimeout(30 * time.Second).ShouldNot(ContainSubstring("web@team-a"))
 		Eventually(func() string {
-			out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
 			if err == nil {
 				return "accepted"
 			}
@@ -312,7 +312,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 
 		s := &corev1.Secret{}
 		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, s)).To(Succeed())
-		out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, serverURL(), bsls.Status.TLSFingerprint, "db@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
+		out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "db@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
 		Expect(err).NotTo(HaveOccurred(), out)
 	})
 })

@@ -118,15 +118,16 @@ func tlsMint(t *Tenant, name string, issuer cmmeta.ObjectReference, bsls *v1alph
 }
 
 // tlsServeMinted runs a real Kopia server on a repository of its own that
-// presents the minted Secret's chain (tls.crt, then ca.crt): what the
-// tenant runs wherever guests' connections can be made to land. It returns
-// the server's URL; the spec's cleanup stops it.
-func tlsServeMinted(s *corev1.Secret) string {
+// presents the minted Secret's chain (tls.crt, then ca.crt), followed by
+// alsoPresent (PEM): what the tenant runs wherever guests' connections can
+// be made to land. It returns the server's URL; the spec's cleanup stops it.
+func tlsServeMinted(s *corev1.Secret, alsoPresent []byte) string {
 	GinkgoHelper()
 	tools := testbed.MustTools(GinkgoT())
 	dir := GinkgoT().TempDir()
 	chain, err := pki.Chain(s.Data[corev1.TLSCertKey], s.Data["ca.crt"])
 	Expect(err).NotTo(HaveOccurred())
+	chain = append(chain, alsoPresent...)
 	certFile, keyFile, config := filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"), filepath.Join(dir, "repository.config")
 	Expect(os.WriteFile(certFile, chain, 0o600)).To(Succeed())
 	Expect(os.WriteFile(keyFile, s.Data[corev1.TLSPrivateKeyKey], 0o600)).To(Succeed())
@@ -158,7 +159,9 @@ func tlsServeMinted(s *corev1.Secret) string {
 // A tenant who may create cert-manager Certificates in her namespace gets
 // a certificate for the BSLS server's names from any issuer she can use and
 // serves it: a guest whose connection lands on her server must refuse it,
-// because it pins the BSLS's own CA, which signs nothing else.
+// because it trusts the BSLS's own CA only, which signs nothing else, and
+// verifies that the CA signed the server's certificate, not merely that
+// the server sends it.
 var _ = Describe("A tenant serving a certificate she minted for a BSLS's server, with cert-manager", Ordered, func() {
 	const (
 		backupNS = "tls-backup"
@@ -173,11 +176,14 @@ var _ = Describe("A tenant serving a certificate she minted for a BSLS's server,
 		username string
 		password string
 	)
-	refusedByPin := func(url string) {
+	refused := func(url string) {
 		GinkgoHelper()
-		out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, url, s.Pin, username, password)
-		Expect(err).To(HaveOccurred(), "a guest pinned to the BSLS's CA connected to the tenant's server: %s", out)
-		Expect(out).To(ContainSubstring("can't find certificate matching SHA256 fingerprint"), "refused for its certificate, before any password is sent")
+		out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, url, s.CA, username, password)
+		Expect(err).To(HaveOccurred(), "a guest trusting the BSLS's CA connected to the tenant's server: %s", out)
+		Expect(out).To(ContainSubstring("certificate signed by unknown authority"), "refused for its certificate")
+		// Her server knows no user: a refusal of the password would mean
+		// the guest sent it.
+		Expect(out).NotTo(Or(ContainSubstring("access denied"), ContainSubstring("Unauthenticated")), "the guest sent its credentials to her server")
 	}
 
 	BeforeAll(func() {
@@ -218,16 +224,24 @@ var _ = Describe("A tenant serving a certificate she minted for a BSLS's server,
 
 	It("refuses her server when she minted from a CA ClusterIssuer of the cluster", func() {
 		minted := tlsMint(mallory, "from-cluster-ca", cmmeta.ObjectReference{Name: tlsClusterIssuer, Kind: certmanagerv1.ClusterIssuerKind, Group: "cert-manager.io"}, s.BSLS)
-		refusedByPin(tlsServeMinted(minted))
+		refused(tlsServeMinted(minted, nil))
 	})
 
 	It("refuses her server when she minted from a CA Issuer of her own", func() {
 		tlsCAHierarchy(mallory.Client, tenantNS, tenantNS, "mallory-ca")
 		minted := tlsMint(mallory, "from-own-ca", cmmeta.ObjectReference{Name: "mallory-ca", Kind: certmanagerv1.IssuerKind, Group: "cert-manager.io"}, s.BSLS)
-		refusedByPin(tlsServeMinted(minted))
+		refused(tlsServeMinted(minted, nil))
 	})
 
-	It("still lets the guest in to the genuine server with the same pin", func() {
+	It("refuses her server when it sends the BSLS's own CA after a certificate she minted", func() {
+		// The CA's certificate is public: the genuine server sends it in
+		// every handshake, and the BSLS's status shows it. A fingerprint
+		// pin of it is satisfied by any chain that carries it.
+		minted := tlsMint(mallory, "carrying-the-bsls-ca", cmmeta.ObjectReference{Name: "mallory-ca", Kind: certmanagerv1.IssuerKind, Group: "cert-manager.io"}, s.BSLS)
+		refused(tlsServeMinted(minted, s.CA))
+	})
+
+	It("still lets the guest in to the genuine server with the same CA", func() {
 		_, err := loginAs(s, username, password)
 		Expect(err).NotTo(HaveOccurred())
 	})

@@ -7,6 +7,8 @@ src=$(dirname "$0")
 dest=${DESTDIR:-}
 install -D -m 600 "$src"/'guestbackup.conf' "$dest"'/etc/guestbackup/guestbackup.conf'
 install -D -m 600 "$src"/'password' "$dest"'/etc/guestbackup/password'
+install -D -m 644 "$src"/'ca.crt' "$dest"'/etc/guestbackup/trust/ca.crt'
+install -D -m 755 "$src"/'guestbackup-kopia' "$dest"'/usr/local/bin/guestbackup-kopia'
 install -D -m 755 "$src"/'guestbackup-connect' "$dest"'/usr/local/sbin/guestbackup-connect'
 install -D -m 644 "$src"/'guestbackup-connect.service' "$dest"'/etc/systemd/system/guestbackup-connect.service'
 install -D -m 600 "$src"/'paths' "$dest"'/etc/guestbackup/paths'

@@ -72,7 +72,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 			start := time.Now()
 			putShard(b, clientset, shard, shards[shard])
 			err = testbed.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
-				_, err := testbed.NewKopiaClient(b).Connect(ctx, srv.URL, srv.CAPin, user, password)
+				_, err := testbed.NewKopiaClient(b).Connect(ctx, srv.URL, srv.CA.CertPEM(), user, password)
 				return err == nil, err
 			})
 			if err != nil {

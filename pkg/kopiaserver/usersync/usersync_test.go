@@ -72,7 +72,7 @@ func writeShard(ctx context.Context, shard int, data []byte) {
 // connect runs a real kopia client as a guest would.
 func connect(user, password string) (*testbed.KopiaClient, error) {
 	client := testbed.NewKopiaClient(GinkgoT())
-	out, err := client.Connect(context.Background(), server.URL, server.CAPin, user, password)
+	out, err := client.Connect(context.Background(), server.URL, server.CA.CertPEM(), user, password)
 	if err != nil {
 		return nil, &connectError{err: err, out: out}
 	}
