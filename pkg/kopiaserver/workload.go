@@ -314,11 +314,14 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		Affinity:          b.Spec.PodConfig.Affinity,
 		PriorityClassName: b.Spec.PodConfig.PriorityClassName,
 	}
-	strategy := appsv1.DeploymentStrategy{Type: appsv1.RollingUpdateDeploymentStrategyType}
-	if b.Spec.Storage.Filesystem != nil {
-		// A ReadWriteOnce claim cannot be mounted by the old and new pod at once.
-		strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	}
+	// One generation of server pods at a time, whatever the storage: each
+	// pod's user sync rewrites the repository's users and access rules from
+	// its own flags, so during a rolling update an old pod would keep
+	// rewriting the old ones, for instance ACLs that let guests delete
+	// snapshots for minutes after a switch to append-only. (A ReadWriteOnce
+	// claim cannot be mounted by two pods at once either.) Guests retry
+	// while the new pod starts.
+	strategy := appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
 	return &appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: DeploymentName(b), Namespace: b.Namespace, Labels: labels},
