@@ -329,7 +329,7 @@ func runSyncUsers(args []string) error {
 	syncer := usersync.New(o)
 
 	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(usersync.ForeignACLsRemoved, usersync.SnapshotsExpired)
+	metrics.MustRegister(usersync.ForeignACLsRemoved, usersync.SnapshotsExpired, usersync.RetentionFailures)
 	health := &http.Server{Addr: healthAddr, Handler: healthHandler(syncer, metrics), ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := health.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {

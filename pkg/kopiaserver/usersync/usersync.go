@@ -65,6 +65,18 @@ var ForeignACLsRemoved = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "ACL manifests found in the repository that guestbackup did not write, removed by user sync.",
 })
 
+// ReasonRetentionFailed is the reason of the Warning Event on the BSLS when
+// an append-only server's retention could not run: its snapshots are not
+// expired until it runs again.
+const ReasonRetentionFailed = "RetentionFailed"
+
+// RetentionFailures counts the runs of server-time retention that failed
+// (guestbackup_server_retention_failures_total).
+var RetentionFailures = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_retention_failures_total",
+	Help: "Runs of guestbackup's server-time retention (append-only servers) that failed; snapshots wait for the next run.",
+})
+
 // SnapshotsExpired counts the snapshots the server-time retention of an
 // append-only server deleted (guestbackup_server_snapshots_expired_total).
 var SnapshotsExpired = prometheus.NewCounter(prometheus.CounterOpts{
@@ -90,7 +102,8 @@ type Options struct {
 	Server Refresher
 	// BSLSUID is the BSLS's UID, so that its Events name it exactly.
 	BSLSUID types.UID
-	// Events receives the Warning Events about foreign ACLs; nil: none.
+	// Events receives the Warning Events about foreign ACLs and failed
+	// retention runs; nil: none.
 	Events record.EventRecorder
 	// AppendOnly keeps the repository's ACLs at kopiauser.AppendOnlyACLs,
 	// so guests cannot delete snapshots, makes the retention guests can
@@ -141,6 +154,10 @@ type Syncer struct {
 	// reported once the server has refreshed. Only Run's goroutine
 	// touches it.
 	unreported []kopiauser.ForeignACL
+	// retentionErr is the last retention run's failure, so that a run that
+	// keeps failing the same way is one Event, not one per interval. Only
+	// Run's goroutine touches it.
+	retentionErr string
 }
 
 var errNotSynced = errors.New("users not synced yet")
@@ -223,9 +240,7 @@ func (s *Syncer) Run(ctx context.Context) error {
 			}
 			continue
 		case <-retentionTick:
-			if err := s.applyRetention(ctx); err != nil {
-				s.opts.Log.Error(err, "retention not applied", "retryIn", s.opts.RetentionInterval)
-			}
+			s.reportRetention(s.applyRetention(ctx))
 			continue
 		case <-s.trigger:
 		case <-timer.C:
@@ -325,6 +340,31 @@ func (s *Syncer) reportForeign(foreign []kopiauser.ForeignACL) {
 		s.opts.Log.Info("removed an ACL manifest guestbackup did not write", "acl", f.String())
 	}
 	ForeignACLsRemoved.Add(float64(len(foreign)))
+	s.warn(ReasonForeignACLRemoved,
+		"Removed %d ACL manifest(s) guestbackup did not write; a guest or a holder of the repository password tried to change access: %s",
+		len(foreign), strings.Join(descriptions, "; "))
+}
+
+// reportRetention tells the admin about a failed retention run: a log line
+// and the counter each time, a Warning Event when the failure is new.
+func (s *Syncer) reportRetention(err error) {
+	if err == nil {
+		s.retentionErr = ""
+		return
+	}
+	RetentionFailures.Inc()
+	s.opts.Log.Error(err, "retention not applied", "retryIn", s.opts.RetentionInterval)
+	if err.Error() == s.retentionErr {
+		return
+	}
+	s.retentionErr = err.Error()
+	s.warn(ReasonRetentionFailed,
+		"Retention on the server's clock failed, so no snapshot is expired until it runs again (every %s): %v",
+		s.opts.RetentionInterval, err)
+}
+
+// warn records a Warning Event on the BSLS, when there is a recorder.
+func (s *Syncer) warn(reason, format string, args ...any) {
 	if s.opts.Events == nil {
 		return
 	}
@@ -332,9 +372,7 @@ func (s *Syncer) reportForeign(foreign []kopiauser.ForeignACL) {
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "BackupStorageLocationServer",
 		Namespace: s.opts.Namespace, Name: s.opts.BSLS, UID: s.opts.BSLSUID,
 	}
-	s.opts.Events.Eventf(ref, corev1.EventTypeWarning, ReasonForeignACLRemoved,
-		"Removed %d ACL manifest(s) guestbackup did not write; a guest or a holder of the repository password tried to change access: %s",
-		len(foreign), strings.Join(descriptions, "; "))
+	s.opts.Events.Eventf(ref, corev1.EventTypeWarning, reason, format, args...)
 }
 
 // applyRetention expires snapshots by the admin's retention on the
