@@ -236,7 +236,7 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 		return nil, pending(why), nil
 	}
 	// A Secret issued earlier stays usable while cert-manager renews it.
-	if _, p := checkTLSSecret(s, ""); p != nil {
+	if _, _, p := checkTLSStructure(s); p != nil {
 		p.Message += fmt.Sprintf(" (the Secret is written by %s: does the issuer publish its CA in ca.crt?)", source)
 		return nil, p, nil
 	}

@@ -438,7 +438,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonCertificatePending, "Certificate pending-issuer-server from cert-manager ClusterIssuer absent is not issued yet"),
 	)
 
-	It("uses an admin's own TLS Secret as it is, pinning its CA", func() {
+	It("uses an admin's own TLS Secret as it is, giving guests its CA", func() {
 		ca, err := pki.NewCA("the admin's CA", time.Hour)
 		Expect(err).NotTo(HaveOccurred())
 		leaf, err := ca.IssueServing([]string{"own-tls.storage.svc"}, nil, time.Hour)
@@ -452,12 +452,32 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 		})).To(Succeed())
 		create("own-tls", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "admin-tls"}})
 		Eventually(condition("own-tls", v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
-			Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret admin-tls holds the server's certificate from Secret admin-tls"))
+			Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret admin-tls holds the server's certificate for own-tls.storage.svc from Secret admin-tls; guests trust its CA only"))
+		Expect(bslsNamed("own-tls").Status.TLSCA).To(Equal(string(ca.CertPEM())))
 		Expect(bslsNamed("own-tls").Status.TLSFingerprint).To(Equal(pki.Fingerprint(ca.Cert)))
 		d := &appsv1.Deployment{}
 		Eventually(get("own-tls-server", d)).WithTimeout(reconciled).Should(Succeed())
 		Expect(d.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Secret.SecretName", "admin-tls")))
 		Expect(get("own-tls-ca", &corev1.Secret{})()).NotTo(Succeed(), "no CA of the controller's own")
+	})
+
+	It("refuses an admin's TLS Secret whose certificate does not name the host guests dial", func() {
+		ca, err := pki.NewCA("the admin's CA", time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		leaf, err := ca.IssueServing([]string{"backup.example.com"}, nil, time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		key, err := leaf.KeyPEM()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "other-name-tls", Namespace: ns},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{"tls.crt": pki.EncodeCert(leaf.Cert), "tls.key": key, "ca.crt": ca.CertPEM()},
+		})).To(Succeed())
+		create("other-name", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "other-name-tls"}})
+		Eventually(condition("other-name", v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
+			Should(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonTLSSecretInvalid, "tls.crt is not valid for other-name.storage.svc, the host guests connect to"))
+		Expect(bslsNamed("other-name").Status.TLSCA).To(BeEmpty(), "guests are given no CA to trust for a server they would refuse")
+		Expect(get("other-name-server", &appsv1.Deployment{})()).NotTo(Succeed(), "no server for a certificate guests refuse")
 	})
 
 	It("asks cert-manager for a certificate valid for the Service's names", func() {

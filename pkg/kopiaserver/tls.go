@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -55,26 +56,19 @@ type tlsMaterial struct {
 // checkTLSSecret verifies that a Secret holds a usable server certificate:
 // tls.crt, tls.key and a ca.crt that signed tls.crt for host, the host
 // guests dial. Guests verify both, so a certificate that fails either would
-// fail every guest. The problem it returns names the Secret and what is
-// wrong.
+// fail every guest. Guests are given only the certificates of ca.crt that
+// anchor the leaf's chain, not whatever else ca.crt holds. The problem it
+// returns names the Secret and what is wrong.
 func checkTLSSecret(s *corev1.Secret, host string) (*tlsMaterial, *problem) {
-	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
-		if len(s.Data[key]) == 0 {
-			return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)", s.Name, key)}
-		}
+	leaf, cas, p := checkTLSStructure(s)
+	if p != nil {
+		return nil, p
 	}
-	leaf, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
-	if err != nil {
-		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key tls.crt: %v", s.Name, err)}
+	if host == "" {
+		return nil, &problem{ReasonTLSSecretInvalid, "the endpoint guests connect to names no host (spec.clientURL): no certificate can be checked against it"}
 	}
-	cas, err := pki.ParseCerts(s.Data["ca.crt"])
-	if err != nil {
-		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key ca.crt: %v", s.Name, err)}
-	}
-	if !verifies(leaf, cas, "") {
-		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt does not verify against the CA in ca.crt", s.Name)}
-	}
-	if !verifies(leaf, cas, host) {
+	roots := verifiedRoots(leaf, cas, host)
+	if len(roots) == 0 {
 		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt is not valid for %s, the host guests connect to (spec.clientURL, else the Service's DNS name), and guests check it: add it to the certificate's names", s.Name, host)}
 	}
 	sum := sha256.New()
@@ -82,10 +76,32 @@ func checkTLSSecret(s *corev1.Secret, host string) (*tlsMaterial, *problem) {
 		sum.Write(s.Data[key])
 	}
 	var bundle []byte
-	for _, c := range cas {
+	for _, c := range roots {
 		bundle = append(bundle, pki.EncodeCert(c)...)
 	}
-	return &tlsMaterial{CA: bundle, Pin: pki.Fingerprint(cas[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
+	return &tlsMaterial{CA: bundle, Pin: pki.Fingerprint(roots[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
+}
+
+// checkTLSStructure checks what does not depend on the host: the three
+// keys, and a tls.crt that verifies against ca.crt.
+func checkTLSStructure(s *corev1.Secret) (leaf, cas []*x509.Certificate, p *problem) {
+	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
+		if len(s.Data[key]) == 0 {
+			return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)", s.Name, key)}
+		}
+	}
+	leaf, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+	if err != nil {
+		return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key tls.crt: %v", s.Name, err)}
+	}
+	cas, err = pki.ParseCerts(s.Data["ca.crt"])
+	if err != nil {
+		return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key ca.crt: %v", s.Name, err)}
+	}
+	if len(verifiedRoots(leaf, cas, "")) == 0 {
+		return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s: tls.crt does not verify against the CA in ca.crt", s.Name)}
+	}
+	return leaf, cas, nil
 }
 
 // selfManagedTLS returns the CA and serving Secrets' data the controller
@@ -151,9 +167,10 @@ func leafValid(data map[string][]byte, ca *pki.CA, dnsNames []string, ips []net.
 	return true
 }
 
-// verifies reports whether chain (leaf first, then intermediates) verifies
-// against cas for host, or for any host when host is empty.
-func verifies(chain, cas []*x509.Certificate, host string) bool {
+// verifiedRoots returns the certificates of cas that anchor a verified
+// chain from chain[0] (leaf first, then intermediates) for host, or for any
+// host when host is empty; none when it does not verify.
+func verifiedRoots(chain, cas []*x509.Certificate, host string) []*x509.Certificate {
 	roots, intermediates := x509.NewCertPool(), x509.NewCertPool()
 	for _, c := range cas {
 		roots.AddCert(c)
@@ -161,6 +178,16 @@ func verifies(chain, cas []*x509.Certificate, host string) bool {
 	for _, c := range chain[1:] {
 		intermediates.AddCert(c)
 	}
-	_, err := chain[0].Verify(x509.VerifyOptions{DNSName: host, Roots: roots, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
-	return err == nil
+	chains, err := chain[0].Verify(x509.VerifyOptions{DNSName: host, Roots: roots, Intermediates: intermediates, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}})
+	if err != nil {
+		return nil
+	}
+	var anchors []*x509.Certificate
+	for _, c := range chains {
+		root := c[len(c)-1]
+		if !slices.ContainsFunc(anchors, root.Equal) {
+			anchors = append(anchors, root)
+		}
+	}
+	return anchors
 }

@@ -83,6 +83,10 @@ func TestCheckTLSSecret(t *testing.T) {
 		want string // the problem's message; empty: usable
 	}{
 		{name: "issued for the Service's name", data: leaf, host: "main.backup.svc"},
+		{name: "ca.crt also holding an unrelated CA, which guests are not given", host: "main.backup.svc",
+			data: with("ca.crt", append(append([]byte{}, other[corev1.TLSCertKey]...), ca[corev1.TLSCertKey]...))},
+		{name: "an endpoint with no host", data: leaf, host: "",
+			want: "the endpoint guests connect to names no host (spec.clientURL): no certificate can be checked against it"},
 		{name: "no ca.crt", data: with("ca.crt", nil), host: "main.backup.svc",
 			want: "Secret mine has no key ca.crt (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)"},
 		{name: "signed by another CA", data: with("ca.crt", other[corev1.TLSCertKey]), host: "main.backup.svc",
