@@ -71,6 +71,10 @@ type Input struct {
 	Server Server
 	// Secret is the VM's existing credential Secret, nil when none.
 	Secret *corev1.Secret
+	// AlreadyExists is set on CREATE when a VirtualMachine of this name
+	// exists: the API server refuses the request after admission, so
+	// admission must change nothing, least of all that VM's credentials.
+	AlreadyExists bool
 	// NewPassword returns a fresh random password; called only when new
 	// credentials are issued.
 	NewPassword func() (string, error)
@@ -123,6 +127,9 @@ func Decide(in Input) (Decision, error) {
 	}
 	if vm.Namespace == "" {
 		vm.Namespace = in.Namespace
+	}
+	if in.AlreadyExists {
+		return deny("VirtualMachine %s/%s already exists: a CREATE cannot replace it, and guestbackup leaves its credentials as they are; change the existing VM instead", vm.Namespace, vm.Name), nil
 	}
 	status, hasStatus, err := parseStatus(vm.Annotations)
 	if err != nil {

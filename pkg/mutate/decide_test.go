@@ -425,6 +425,27 @@ func TestSecretOfThisVMIsRewritten(t *testing.T) {
 	}
 }
 
+// TestCreateOverAnExistingVMChangesNothing: a CREATE for a name a VM
+// already has is refused by the API server after admission; its
+// admission must neither rotate nor relabel that VM's credentials.
+func TestCreateOverAnExistingVMChangesNothing(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	stored := decide(t, base, nil, &passwords{}).Secret
+	stored.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference("web", "uid-1")}
+	before := stored.DeepCopy()
+	d, err := Decide(Input{Object: base, Namespace: "team-a", Server: readyServer(), Secret: stored, AlreadyExists: true, NewPassword: (&passwords{}).next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "VirtualMachine team-a/web already exists: a CREATE cannot replace it, and guestbackup leaves its credentials as they are; change the existing VM instead"
+	if d.Denied != want {
+		t.Errorf("denial %q, want %q", d.Denied, want)
+	}
+	if d.Secret != nil || len(d.Patch) != 0 || !equality.Semantic.DeepEqual(stored, before) {
+		t.Error("admission of a CREATE the API server refuses changed something")
+	}
+}
+
 // TestLongestVMName: a name of 63 characters, the most a label value
 // holds, gets its credentials.
 func TestLongestVMName(t *testing.T) {

@@ -35,6 +35,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get
 
 // admissionsTotal counts the webhook's admissions by outcome (Decision.Outcome, or error).
 var admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -168,7 +169,33 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
 		}
 	}
+	if in.Secret != nil && req.Operation == admissionv1.Create {
+		// Only then could a CREATE the API server will refuse change
+		// anything: the credentials of the VM that already has the name.
+		exists, err := h.vmExists(ctx, req.Namespace, name)
+		if err != nil {
+			return Decision{}, err
+		}
+		in.AlreadyExists = exists
+	}
 	return Decide(in)
+}
+
+// vmExists asks the API server (never a cache: a VM just deleted must not
+// block its re-creation) whether VirtualMachine namespace/name exists. It
+// reads metadata only.
+func (h *Handler) vmExists(ctx context.Context, namespace, name string) (bool, error) {
+	vm := &metav1.PartialObjectMetadata{}
+	vm.SetGroupVersionKind(kubevirtv1.GroupVersion.WithKind("VirtualMachine"))
+	err := h.Reader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, vm)
+	switch {
+	case err == nil:
+		return true, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
+	default:
+		return false, fmt.Errorf("read VirtualMachine %s/%s: %w", namespace, name, err)
+	}
 }
 
 func (h *Handler) refuse(ctx context.Context, req admission.Request, m metav1.ObjectMeta, msg string) admission.Response {

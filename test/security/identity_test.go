@@ -119,6 +119,26 @@ var _ = Describe("A tenant who writes Secrets", Ordered, func() {
 		Expect(err).To(refusedLogin())
 	})
 
+	It("cannot change a VM's credentials with a CREATE of its name, which the API server refuses", func() {
+		By("a second server the namespace may use, which the CREATE names")
+		serveBSLS(bslsFor(storageNS, "second", selector, false))
+		key := types.NamespacedName{Namespace: victimNS, Name: v1alpha1.CredentialSecretName("db")}
+		before := &corev1.Secret{}
+		Expect(platform.API.Client.Get(ctx, key, before)).To(Succeed())
+
+		err := bob.Client.Create(ctx, vmFor(victimNS, "db", storageNS+"/second"))
+		Expect(apierrors.IsForbidden(err) || apierrors.IsAlreadyExists(err)).To(BeTrue(), "the CREATE is refused: %v", err)
+		refusal := err
+
+		after := &corev1.Secret{}
+		Expect(platform.API.Client.Get(ctx, key, after)).To(Succeed())
+		Expect(after.ResourceVersion).To(Equal(before.ResourceVersion), "the Secret was never written")
+		Expect(after.Labels).To(Equal(before.Labels), "the Secret still names db's server")
+		_, err = loginAs(s, victim, string(before.Data[v1alpha1.SecretKeyPassword]))
+		Expect(err).NotTo(HaveOccurred(), "db logs in with the password its guest holds")
+		Expect(refusal).To(MatchError(ContainSubstring("VirtualMachine " + victimNS + "/db already exists: a CREATE cannot replace it, and guestbackup leaves its credentials as they are")))
+	})
+
 	It("cannot make the webhook overwrite an unrelated Secret that bears a VM's Secret name", func() {
 		own := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "web-guestbackup", Namespace: aliceNS, Labels: map[string]string{"app": "web"}},
