@@ -438,18 +438,26 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			v1alpha1.ConditionCertificateReady, kopiaserver.ReasonCertificatePending, "Certificate pending-issuer-server from cert-manager ClusterIssuer absent is not issued yet"),
 	)
 
-	It("uses an admin's own TLS Secret as it is, giving guests its CA", func() {
+	// adminTLSSecret creates, as an admin would, a kubernetes.io/tls Secret
+	// with a leaf for dnsName signed by a CA of the admin's, and returns the CA.
+	adminTLSSecret := func(name, dnsName string) *pki.CA {
+		GinkgoHelper()
 		ca, err := pki.NewCA("the admin's CA", time.Hour)
 		Expect(err).NotTo(HaveOccurred())
-		leaf, err := ca.IssueServing([]string{"own-tls.storage.svc"}, nil, time.Hour)
+		leaf, err := ca.IssueServing([]string{dnsName}, nil, time.Hour)
 		Expect(err).NotTo(HaveOccurred())
 		key, err := leaf.KeyPEM()
 		Expect(err).NotTo(HaveOccurred())
 		Expect(api.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "admin-tls", Namespace: ns},
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Type:       corev1.SecretTypeTLS,
 			Data:       map[string][]byte{"tls.crt": pki.EncodeCert(leaf.Cert), "tls.key": key, "ca.crt": ca.CertPEM()},
 		})).To(Succeed())
+		return ca
+	}
+
+	It("uses an admin's own TLS Secret as it is, giving guests its CA", func() {
+		ca := adminTLSSecret("admin-tls", "own-tls.storage.svc")
 		create("own-tls", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "admin-tls"}})
 		Eventually(condition("own-tls", v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
 			Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret admin-tls holds the server's certificate for own-tls.storage.svc from Secret admin-tls; guests trust its CA only"))
@@ -462,17 +470,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 	})
 
 	It("refuses an admin's TLS Secret whose certificate does not name the host guests dial", func() {
-		ca, err := pki.NewCA("the admin's CA", time.Hour)
-		Expect(err).NotTo(HaveOccurred())
-		leaf, err := ca.IssueServing([]string{"backup.example.com"}, nil, time.Hour)
-		Expect(err).NotTo(HaveOccurred())
-		key, err := leaf.KeyPEM()
-		Expect(err).NotTo(HaveOccurred())
-		Expect(api.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: "other-name-tls", Namespace: ns},
-			Type:       corev1.SecretTypeTLS,
-			Data:       map[string][]byte{"tls.crt": pki.EncodeCert(leaf.Cert), "tls.key": key, "ca.crt": ca.CertPEM()},
-		})).To(Succeed())
+		adminTLSSecret("other-name-tls", "backup.example.com")
 		create("other-name", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, TLS: v1alpha1.TLSSpec{SecretName: "other-name-tls"}})
 		Eventually(condition("other-name", v1alpha1.ConditionCertificateReady)).WithTimeout(reconciled).
 			Should(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonTLSSecretInvalid, "tls.crt is not valid for other-name.storage.svc, the host guests connect to"))
