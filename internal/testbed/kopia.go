@@ -172,10 +172,7 @@ func (s *KopiaServer) writeServingCert() (certFile, keyFile string, err error) {
 	}
 	certFile = filepath.Join(s.dir, "tls.crt")
 	keyFile = filepath.Join(s.dir, "tls.key")
-	chain := kp.ChainPEM(s.CA.Cert)
-	for _, c := range s.alsoPresent {
-		chain = append(chain, pki.EncodeCert(c)...)
-	}
+	chain := append(kp.ChainPEM(s.CA.Cert), pki.EncodeCerts(s.alsoPresent...)...)
 	if err := os.WriteFile(certFile, chain, 0o600); err != nil {
 		return "", "", err
 	}
@@ -260,23 +257,13 @@ func NewKopiaClient(tb TB) *KopiaClient {
 // server's chain and host name, with caPEM as the only roots (for this and
 // every later command of the client).
 func (c *KopiaClient) Connect(ctx context.Context, url string, caPEM []byte, username, password string) (string, error) {
-	user, host, ok := strings.Cut(username, "@")
-	if !ok || user == "" || host == "" {
-		return "", fmt.Errorf("%q is not user@host", username)
-	}
 	if err := os.MkdirAll(c.trustDir, 0o755); err != nil {
 		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(c.trustDir, "ca.crt"), caPEM, 0o644); err != nil { //nolint:gosec // a CA certificate is public
 		return "", err
 	}
-	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia,
-		"repository", "connect", "server",
-		"--config-file="+c.ConfigFile,
-		"--url="+url,
-		"--override-username="+user,
-		"--override-hostname="+host,
-	)
+	return c.connect(ctx, url, username, password)
 }
 
 // ConnectPinned connects like Connect, but trusts any chain that contains a
@@ -286,18 +273,23 @@ func (c *KopiaClient) Connect(ctx context.Context, url string, caPEM []byte, use
 // host port on 127.0.0.1, an address its certificate does not carry, where
 // the subject is what the server lets a user do, not how a guest trusts it.
 func (c *KopiaClient) ConnectPinned(ctx context.Context, url, pin, username, password string) (string, error) {
+	return c.connect(ctx, url, username, password, "--server-cert-fingerprint="+pin)
+}
+
+// connect runs `kopia repository connect server` as username (user@host).
+func (c *KopiaClient) connect(ctx context.Context, url, username, password string, extra ...string) (string, error) {
 	user, host, ok := strings.Cut(username, "@")
 	if !ok || user == "" || host == "" {
 		return "", fmt.Errorf("%q is not user@host", username)
 	}
-	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia,
+	args := append([]string{
 		"repository", "connect", "server",
-		"--config-file="+c.ConfigFile,
-		"--url="+url,
-		"--server-cert-fingerprint="+pin,
-		"--override-username="+user,
-		"--override-hostname="+host,
-	)
+		"--config-file=" + c.ConfigFile,
+		"--url=" + url,
+		"--override-username=" + user,
+		"--override-hostname=" + host,
+	}, extra...)
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia, args...)
 }
 
 // Run runs a kopia command with the client's configuration.

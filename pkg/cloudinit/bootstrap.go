@@ -136,12 +136,9 @@ func (b Bootstrap) Files() ([]File, error) {
 		// Values are validated above: no quote can end the string.
 		fmt.Fprintf(&conf, "%s='%s'\n", kv[0], kv[1])
 	}
+	// Re-encoded: the guest gets certificates and nothing else.
 	cas, _ := pki.ParseCerts(b.CA) // validated above
-	var trust []byte
-	for _, c := range cas {
-		// Re-encoded: the guest gets certificates and nothing else.
-		trust = append(trust, pki.EncodeCert(c)...)
-	}
+	trust := pki.EncodeCerts(cas...)
 	files := []File{
 		{Path: ConfDir + "/guestbackup.conf", Mode: 0o600, Content: conf.Bytes()},
 		// No newline: in disk mode this file is the Secret's own password key.

@@ -45,9 +45,10 @@ func ServingNames(b *v1alpha1.BackupStorageLocationServer) (dnsNames []string, i
 
 // tlsMaterial is a server certificate Secret's content, checked.
 type tlsMaterial struct {
-	// CA is ca.crt, re-encoded: the certificates guests trust.
+	// CA holds the certificates of ca.crt that anchor the leaf's chain,
+	// re-encoded: what guests trust.
 	CA []byte
-	// Pin is the SHA-256 of the first CA, shown in the status.
+	// Pin is the SHA-256 of the first of them, shown in the status.
 	Pin string
 	// Checksum changes whenever any of the three files does.
 	Checksum string
@@ -75,11 +76,7 @@ func checkTLSSecret(s *corev1.Secret, host string) (*tlsMaterial, *problem) {
 	for _, key := range []string{corev1.TLSCertKey, corev1.TLSPrivateKeyKey, "ca.crt"} {
 		sum.Write(s.Data[key])
 	}
-	var bundle []byte
-	for _, c := range roots {
-		bundle = append(bundle, pki.EncodeCert(c)...)
-	}
-	return &tlsMaterial{CA: bundle, Pin: pki.Fingerprint(roots[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
+	return &tlsMaterial{CA: pki.EncodeCerts(roots...), Pin: pki.Fingerprint(roots[0]), Checksum: hex.EncodeToString(sum.Sum(nil))}, nil
 }
 
 // checkTLSStructure checks what does not depend on the host: the three

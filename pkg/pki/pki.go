@@ -125,7 +125,7 @@ func (ca *CA) KeyPEM() ([]byte, error) { return EncodeKey(ca.Key) }
 // ChainPEM encodes the leaf followed by the CA: what a Kopia server
 // presents, so that a client sees which CA issued it.
 func (kp *KeyPair) ChainPEM(ca *x509.Certificate) []byte {
-	return append(EncodeCert(kp.Cert), EncodeCert(ca)...)
+	return EncodeCerts(kp.Cert, ca)
 }
 
 // KeyPEM encodes the key pair's private key.
@@ -141,6 +141,15 @@ func Fingerprint(cert *x509.Certificate) string {
 // EncodeCert encodes a certificate as PEM.
 func EncodeCert(cert *x509.Certificate) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: cert.Raw})
+}
+
+// EncodeCerts encodes certificates as one PEM bundle, in order.
+func EncodeCerts(certs ...*x509.Certificate) []byte {
+	var out []byte
+	for _, c := range certs {
+		out = append(out, EncodeCert(c)...)
+	}
+	return out
 }
 
 // EncodeKey encodes a private key as PKCS#8 PEM.
@@ -197,16 +206,12 @@ func Chain(certPEM, caPEM []byte) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("CA: %w", err)
 	}
-	var out []byte
-	for _, c := range certs {
-		out = append(out, EncodeCert(c)...)
-	}
 	for _, ca := range cas {
 		if !slices.ContainsFunc(certs, ca.Equal) {
-			out = append(out, EncodeCert(ca)...)
+			certs = append(certs, ca)
 		}
 	}
-	return out, nil
+	return EncodeCerts(certs...), nil
 }
 
 // ParseCA decodes a CA's certificate and PKCS#8 EC key, as CertPEM and KeyPEM
