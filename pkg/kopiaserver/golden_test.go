@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -118,6 +120,9 @@ func TestServerObjectsGolden(t *testing.T) {
 			}
 			want := []string{"input.yaml"}
 			for _, obj := range objs {
+				if d, ok := obj.(*appsv1.Deployment); ok {
+					checkServerPod(t, d, in.VeleroBSL != nil)
+				}
 				got, err := goldenYAML(obj)
 				if err != nil {
 					t.Fatal(err)
@@ -170,5 +175,48 @@ func compareGolden(t *testing.T, path string, got []byte) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Errorf("%s is stale (go test ./pkg/kopiaserver -run TestServerObjectsGolden -update rewrites it; -want +got):\n%s", path, cmp.Diff(strings.Split(string(want), "\n"), strings.Split(string(got), "\n")))
+	}
+}
+
+// checkServerPod asserts what must hold of every server pod, whatever a
+// golden file says: containers a restricted Pod Security Standard admits,
+// with no fixed UID (OpenShift's restricted SCC picks it); passwords and
+// S3 keys by Secret reference only; no "/" as S3 prefix; and for a Velero
+// BSL, no S3 keys in the environment at all (the init container reads
+// Velero's Secret through the API).
+func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	if c := spec.Containers[0]; c.Name != "kopia" || !slices.Equal(c.Command, []string{KopiaBinary}) {
+		t.Errorf("the first container is %s running %v, want kopia running %s", c.Name, c.Command, KopiaBinary)
+	}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Errorf("container %s: no securityContext", c.Name)
+			continue
+		case sc.RunAsUser != nil:
+			t.Errorf("container %s: runAsUser %d: OpenShift assigns the UID", c.Name, *sc.RunAsUser)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem,
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation,
+			sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot,
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
+			t.Errorf("container %s: securityContext %+v is not restricted", c.Name, sc)
+		}
+		for _, e := range c.Env {
+			secret := strings.Contains(e.Name, "PASSWORD") || strings.HasPrefix(e.Name, "AWS_")
+			if secret && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+				t.Errorf("container %s: %s is not taken from a Secret by reference", c.Name, e.Name)
+			}
+			if velero && strings.HasPrefix(e.Name, "AWS_") {
+				t.Errorf("container %s: %s in the environment of a server on a Velero BSL", c.Name, e.Name)
+			}
+		}
+		for _, arg := range c.Args {
+			if strings.HasPrefix(arg, "--s3-prefix=/") {
+				t.Errorf("container %s: %s: Kopia would write S3 keys under /", c.Name, arg)
+			}
+		}
 	}
 }
