@@ -115,7 +115,38 @@ const certManagerAnnotationCertificate = "cert-manager.io/certificate-name"
 // controller issued before is used as it is rather than re-issued by a
 // Certificate, for the same reason.
 func (r *Reconciler) certManagerCA(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.IssuerReference, error) {
-	ref := &v1alpha1.IssuerReference{Name: CAIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group}
+	existing := &corev1.Secret{}
+	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)}, existing)
+	if err != nil && !apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("get Secret %s: %w", CASecretName(b), err)
+	}
+	selfSigned, caIssuer := ownCAIssuers(b)
+	controllersCA := err == nil && existing.Annotations[certManagerAnnotationCertificate] == "" && len(existing.Data[corev1.TLSCertKey]) > 0
+	if !controllersCA {
+		if err := r.apply(ctx, b, selfSigned); err != nil {
+			return nil, err
+		}
+		ca := caCertificate(b)
+		// Not r.apply: no ownerReference, see above.
+		if err := r.Client.Patch(ctx, ca, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
+			return nil, fmt.Errorf("apply Certificate %s/%s: %w", b.Namespace, ca.Name, err)
+		}
+	}
+	if err := r.apply(ctx, b, caIssuer); err != nil {
+		return nil, err
+	}
+	return ownCAIssuerRef(b), nil
+}
+
+// ownCAIssuerRef refers to the CA Issuer of b's own CA (ownCAIssuers).
+func ownCAIssuerRef(b *v1alpha1.BackupStorageLocationServer) *v1alpha1.IssuerReference {
+	return &v1alpha1.IssuerReference{Name: CAIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group}
+}
+
+// ownCAIssuers are the cert-manager Issuers of b's own CA: a selfSigned
+// Issuer that signs the CA Certificate, and a CA Issuer, backed by the CA's
+// Secret, that signs the server's certificate.
+func ownCAIssuers(b *v1alpha1.BackupStorageLocationServer) (selfSigned, ca *certmanagerv1.Issuer) {
 	issuer := func(name string, cfg certmanagerv1.IssuerConfig) *certmanagerv1.Issuer {
 		return &certmanagerv1.Issuer{
 			TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: certmanagerv1.IssuerKind},
@@ -123,44 +154,32 @@ func (r *Reconciler) certManagerCA(ctx context.Context, b *v1alpha1.BackupStorag
 			Spec:       certmanagerv1.IssuerSpec{IssuerConfig: cfg},
 		}
 	}
-	existing := &corev1.Secret{}
-	err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)}, existing)
-	if err != nil && !apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("get Secret %s: %w", CASecretName(b), err)
-	}
-	controllersCA := err == nil && existing.Annotations[certManagerAnnotationCertificate] == "" && len(existing.Data[corev1.TLSCertKey]) > 0
-	if !controllersCA {
-		if err := r.apply(ctx, b, issuer(selfSignedIssuerName(b), certmanagerv1.IssuerConfig{SelfSigned: &certmanagerv1.SelfSignedIssuer{}})); err != nil {
-			return nil, err
-		}
-		keep := map[string]string{AnnotationKeep: "the CA that guests of BackupStorageLocationServer " + b.Name + " pin; not deleted with it"}
-		ca := &certmanagerv1.Certificate{
-			TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: "Certificate"},
-			ObjectMeta: metav1.ObjectMeta{Name: CACertificateName(b), Namespace: b.Namespace, Labels: Labels(b), Annotations: keep},
-			Spec: certmanagerv1.CertificateSpec{
-				IsCA:       true,
-				CommonName: b.Namespace + "/" + b.Name + " guestbackup CA",
-				SecretName: CASecretName(b),
-				Duration:   &metav1.Duration{Duration: selfManagedCALifetime},
-				// PKCS#8, as the controller writes its own CA: either can
-				// take over the other's Secret.
-				PrivateKey: &certmanagerv1.CertificatePrivateKey{
-					Algorithm: certmanagerv1.ECDSAKeyAlgorithm, Size: 256, Encoding: certmanagerv1.PKCS8,
-					RotationPolicy: certmanagerv1.RotationPolicyNever,
-				},
-				IssuerRef:      cmmeta.ObjectReference{Name: selfSignedIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group},
-				SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: certManagerSecretLabels(b), Annotations: keep},
+	return issuer(selfSignedIssuerName(b), certmanagerv1.IssuerConfig{SelfSigned: &certmanagerv1.SelfSignedIssuer{}}),
+		issuer(CAIssuerName(b), certmanagerv1.IssuerConfig{CA: &certmanagerv1.CAIssuer{SecretName: CASecretName(b)}})
+}
+
+// caCertificate is the cert-manager Certificate of b's own CA. It carries
+// AnnotationKeep, and the reconciler gives it no ownerReference.
+func caCertificate(b *v1alpha1.BackupStorageLocationServer) *certmanagerv1.Certificate {
+	keep := map[string]string{AnnotationKeep: "the CA that guests of BackupStorageLocationServer " + b.Name + " pin; not deleted with it"}
+	return &certmanagerv1.Certificate{
+		TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: "Certificate"},
+		ObjectMeta: metav1.ObjectMeta{Name: CACertificateName(b), Namespace: b.Namespace, Labels: Labels(b), Annotations: keep},
+		Spec: certmanagerv1.CertificateSpec{
+			IsCA:       true,
+			CommonName: b.Namespace + "/" + b.Name + " guestbackup CA",
+			SecretName: CASecretName(b),
+			Duration:   &metav1.Duration{Duration: selfManagedCALifetime},
+			// PKCS#8, as the controller writes its own CA: either can
+			// take over the other's Secret.
+			PrivateKey: &certmanagerv1.CertificatePrivateKey{
+				Algorithm: certmanagerv1.ECDSAKeyAlgorithm, Size: 256, Encoding: certmanagerv1.PKCS8,
+				RotationPolicy: certmanagerv1.RotationPolicyNever,
 			},
-		}
-		// Not r.apply: no ownerReference, see above.
-		if err := r.Client.Patch(ctx, ca, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
-			return nil, fmt.Errorf("apply Certificate %s/%s: %w", b.Namespace, ca.Name, err)
-		}
+			IssuerRef:      cmmeta.ObjectReference{Name: selfSignedIssuerName(b), Kind: certmanagerv1.IssuerKind, Group: certmanagerv1.SchemeGroupVersion.Group},
+			SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: certManagerSecretLabels(b), Annotations: keep},
+		},
 	}
-	if err := r.apply(ctx, b, issuer(ref.Name, certmanagerv1.IssuerConfig{CA: &certmanagerv1.CAIssuer{SecretName: CASecretName(b)}})); err != nil {
-		return nil, err
-	}
-	return ref, nil
 }
 
 // tlsSecret reads the serving certificate Secret; a missing one is a
@@ -177,29 +196,23 @@ func (r *Reconciler) tlsSecret(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	return s, nil, nil
 }
 
-// certManagerCertificate has cert-manager issue the server's certificate
-// from iss; source describes it in messages (default: the issuer's kind
-// and name).
-func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, iss *v1alpha1.IssuerReference, source string) (*certificateResult, *problem, error) {
+// servingCertificate is the cert-manager Certificate of b's server, issued
+// by iss (kind ClusterIssuer and group cert-manager.io unless it says
+// otherwise) for the names guests and the Service use.
+func servingCertificate(b *v1alpha1.BackupStorageLocationServer, iss *v1alpha1.IssuerReference) *certmanagerv1.Certificate {
 	kind, group := iss.Kind, iss.Group
 	if kind == "" {
-		kind = "ClusterIssuer"
+		kind = certmanagerv1.ClusterIssuerKind
 	}
 	if group == "" {
-		group = "cert-manager.io"
-	}
-	if source == "" {
-		source = fmt.Sprintf("cert-manager %s %s", kind, iss.Name)
-	}
-	if !r.CertManager {
-		return nil, &problem{ReasonCertManagerMissing, fmt.Sprintf("tls.issuerRef names %s, but cert-manager's Certificate CRD is not installed: install cert-manager, or remove tls.issuerRef so that the controller issues the certificate from a CA of its own", source)}, nil
+		group = certmanagerv1.SchemeGroupVersion.Group
 	}
 	dnsNames, ips := ServingNames(b)
 	ipStrings := make([]string, len(ips))
 	for i, ip := range ips {
 		ipStrings[i] = ip.String()
 	}
-	cert := &certmanagerv1.Certificate{
+	return &certmanagerv1.Certificate{
 		TypeMeta:   metav1.TypeMeta{APIVersion: certmanagerv1.SchemeGroupVersion.String(), Kind: "Certificate"},
 		ObjectMeta: metav1.ObjectMeta{Name: CertificateName(b), Namespace: b.Namespace, Labels: Labels(b)},
 		Spec: certmanagerv1.CertificateSpec{
@@ -212,6 +225,19 @@ func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.Bac
 			IssuerRef:      cmmeta.ObjectReference{Name: iss.Name, Kind: kind, Group: group},
 			SecretTemplate: &certmanagerv1.CertificateSecretTemplate{Labels: certManagerSecretLabels(b)},
 		},
+	}
+}
+
+// certManagerCertificate has cert-manager issue the server's certificate
+// from iss; source describes it in messages (default: the issuer's kind
+// and name).
+func (r *Reconciler) certManagerCertificate(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, iss *v1alpha1.IssuerReference, source string) (*certificateResult, *problem, error) {
+	cert := servingCertificate(b, iss)
+	if source == "" {
+		source = fmt.Sprintf("cert-manager %s %s", cert.Spec.IssuerRef.Kind, iss.Name)
+	}
+	if !r.CertManager {
+		return nil, &problem{ReasonCertManagerMissing, fmt.Sprintf("tls.issuerRef names %s, but cert-manager's Certificate CRD is not installed: install cert-manager, or remove tls.issuerRef so that the controller issues the certificate from a CA of its own", source)}, nil
 	}
 	if err := r.apply(ctx, b, cert); err != nil {
 		return nil, nil, err

@@ -1,5 +1,19 @@
 package kopiaserver
 
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
 // Reasons of a BSLS's conditions. Each names what happened in words an admin
 // can search for; the condition's message says what to do about it.
 const (
@@ -100,4 +114,212 @@ const (
 type problem struct {
 	Reason  string
 	Message string
+}
+
+// observations is what one reconcile of a BSLS found, gathered before
+// anything is decided: decide turns them into its conditions.
+type observations struct {
+	// BSLS is the object as read at the start of the pass: its spec, and
+	// the status the previous pass wrote.
+	BSLS *v1alpha1.BackupStorageLocationServer
+	// Now is the reconciler's clock.
+	Now time.Time
+	// RepositoryProblem is why the storage or the repository password is
+	// not in place, if it is not.
+	RepositoryProblem *problem
+	// Certificate is the server's certificate, when CertificateProblem is
+	// nil.
+	Certificate *certificateResult
+	// CertificateProblem is why the certificate is not usable.
+	CertificateProblem *problem
+	// Deployment is the server's Deployment; nil when there is none.
+	Deployment *appsv1.Deployment
+	// Pods are the server's pods.
+	Pods []corev1.Pod
+	// Users are the users written to the users Secrets.
+	Users UserSet
+}
+
+// decision is what decide makes of one pass's observations.
+type decision struct {
+	// Conditions are every condition of the BSLS, in the order a new BSLS
+	// first gets them.
+	Conditions []metav1.Condition
+	// RepositoryOpened is true when a server pod has the repository open.
+	RepositoryOpened bool
+	// RequeueAfter is when to look again without an event.
+	RequeueAfter time.Duration
+}
+
+// decide is the policy of the BSLS reconciler: from what a pass found, it
+// decides every condition, its reason and its message, and when to look
+// again. It reads nothing but obs.
+func decide(obs observations) decision {
+	b := obs.BSLS
+	d := decision{RequeueAfter: RecheckSecrets}
+	retry := func(after time.Duration) { d.RequeueAfter = min(d.RequeueAfter, after) }
+	cond := func(t string, s metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: b.Generation}
+	}
+	fromProblem := func(t string, p *problem) metav1.Condition {
+		return cond(t, metav1.ConditionFalse, p.Reason, p.Message)
+	}
+
+	// CertificateReady.
+	var certificate metav1.Condition
+	if p := obs.CertificateProblem; p != nil {
+		certificate = fromProblem(v1alpha1.ConditionCertificateReady, p)
+		retry(retryProblem)
+	} else {
+		certificate = cond(v1alpha1.ConditionCertificateReady, metav1.ConditionTrue, ReasonCertificateIssued,
+			fmt.Sprintf("Secret %s holds the server's certificate for %s from %s; guests trust its CA only", TLSSecretName(b), EndpointHost(b), obs.Certificate.source))
+		if renewAt := obs.Certificate.renewAt; !renewAt.IsZero() {
+			retry(max(renewAt.Sub(obs.Now), time.Second))
+		}
+	}
+
+	// RepositoryReady: a problem with storage or password comes first,
+	// then what the server pods say.
+	server := observeServer(b, obs.Deployment, obs.Pods)
+	previous := meta.FindStatusCondition(b.Status.Conditions, v1alpha1.ConditionRepositoryReady)
+	var repository metav1.Condition
+	switch {
+	case obs.RepositoryProblem != nil:
+		repository = fromProblem(v1alpha1.ConditionRepositoryReady, obs.RepositoryProblem)
+		retry(retryProblem)
+	case server.initFailure != nil:
+		repository = fromProblem(v1alpha1.ConditionRepositoryReady, withPasswordHint(b, server.initFailure))
+	case server.available:
+		d.RepositoryOpened = true
+		repository = cond(v1alpha1.ConditionRepositoryReady, metav1.ConditionTrue, ReasonRepositoryOpened, "The server opened the repository on "+storageDescription(b))
+	case previous != nil && previous.Status == metav1.ConditionTrue:
+		// Opened before; a restarting pod does not make it unready.
+		repository = *previous
+	default:
+		repository = cond(v1alpha1.ConditionRepositoryReady, metav1.ConditionUnknown, ReasonStorageResolved,
+			"Storage and password are in place on "+storageDescription(b)+"; waiting for the server pod to open the repository")
+	}
+
+	// ServerAvailable: a server that runs is reported as it is, even while
+	// a problem keeps its Deployment from being updated.
+	available := cond(v1alpha1.ConditionServerAvailable, server.status, server.reason, server.message)
+	if (obs.RepositoryProblem != nil || obs.CertificateProblem != nil) && !server.available {
+		available = cond(v1alpha1.ConditionServerAvailable, metav1.ConditionFalse, ReasonWaitingForPrerequisites,
+			"The server starts once RepositoryReady and CertificateReady have no problem left")
+	}
+
+	// UsersSynced.
+	users := obs.Users
+	var synced metav1.Condition
+	switch {
+	case len(users.Pending) > 0:
+		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonHashPending,
+			fmt.Sprintf("%d users written; %d wait for their password to be hashed or their VirtualMachine to adopt them: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
+	case !server.available:
+		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
+			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))
+	default:
+		msg := fmt.Sprintf("%d users written; the server applies them by diff at once", users.Count)
+		if len(users.Refused) > 0 {
+			msg += fmt.Sprintf("; %d credential Secrets refused (see Events)", len(users.Refused))
+		}
+		if namespaces := ServedNamespaces(users); len(namespaces) > 1 {
+			msg += "; " + sharedMessage(namespaces)
+		}
+		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionTrue, ReasonUsersSynced, msg)
+	}
+
+	// Ready: every other condition is True.
+	d.Conditions = []metav1.Condition{certificate, repository, available, synced}
+	var notReady []string
+	for _, c := range d.Conditions {
+		if c.Status != metav1.ConditionTrue {
+			notReady = append(notReady, c.Type)
+		}
+	}
+	ready := cond(v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "Guests can connect to "+Endpoint(b))
+	if len(notReady) > 0 {
+		ready = cond(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNotReady, "Not True: "+strings.Join(notReady, ", "))
+	}
+	d.Conditions = append(d.Conditions, ready)
+	return d
+}
+
+// serverState is what the server's Deployment and pods say.
+type serverState struct {
+	available bool
+	status    metav1.ConditionStatus
+	reason    string
+	message   string
+	// initFailure is set when a pod's init container (which opens the
+	// repository) failed: that is the repository's problem.
+	initFailure *problem
+}
+
+// observeServer reads the server's state from its Deployment (nil when
+// there is none) and its pods.
+func observeServer(b *v1alpha1.BackupStorageLocationServer, d *appsv1.Deployment, pods []corev1.Pod) serverState {
+	if d == nil {
+		d = &appsv1.Deployment{}
+	}
+	if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
+		return serverState{status: metav1.ConditionFalse, reason: ReasonScaledToZero, message: "spec.replicas is 0: no server runs; the repository is untouched"}
+	}
+	st := serverState{status: metav1.ConditionFalse, reason: ReasonServerStarting, message: fmt.Sprintf("Deployment %s has no available server pod yet", DeploymentName(b))}
+	if d.Status.AvailableReplicas > 0 {
+		st = serverState{available: true, status: metav1.ConditionTrue, reason: ReasonServerAvailable,
+			message: fmt.Sprintf("%d of %d server pods available", d.Status.AvailableReplicas, d.Status.Replicas)}
+	}
+	pods = slices.SortedFunc(slices.Values(pods), func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
+	for _, pod := range pods {
+		for _, cs := range pod.Status.InitContainerStatuses {
+			if t := failedTermination(cs); t != nil {
+				st.initFailure = &problem{ReasonRepositoryInitFailed, fmt.Sprintf("pod %s: the init container, which opens the repository, exited with code %d: %s", pod.Name, t.ExitCode, strings.TrimSpace(t.Message))}
+			}
+		}
+		if st.available {
+			continue
+		}
+		for _, cs := range pod.Status.ContainerStatuses {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
+				st.message = fmt.Sprintf("pod %s, container %s: %s %s", pod.Name, cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return st
+}
+
+// failedTermination is a container's latest failed exit, if any.
+func failedTermination(cs corev1.ContainerStatus) *corev1.ContainerStateTerminated {
+	if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+		return t
+	}
+	if cs.State.Terminated == nil && cs.State.Running == nil {
+		if t := cs.LastTerminationState.Terminated; t != nil && t.ExitCode != 0 {
+			return t
+		}
+	}
+	return nil
+}
+
+// storageDescription names where the repository lives, without secrets.
+func storageDescription(b *v1alpha1.BackupStorageLocationServer) string {
+	st := b.Spec.Storage
+	switch {
+	case st.Filesystem != nil:
+		return "PersistentVolumeClaim " + ClaimName(b)
+	case st.S3 != nil:
+		return fmt.Sprintf("s3://%s/%s", st.S3.Bucket, st.S3.Prefix)
+	case st.BackupStorageLocation != nil:
+		return fmt.Sprintf("Velero BackupStorageLocation %s/%s", st.BackupStorageLocation.Namespace, st.BackupStorageLocation.Name)
+	}
+	return "no storage"
+}
+
+// abbreviate lists at most three names.
+func abbreviate(names []string) string {
+	if len(names) <= 3 {
+		return strings.Join(names, ", ")
+	}
+	return strings.Join(names[:3], ", ") + fmt.Sprintf(" and %d more", len(names)-3)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -274,157 +273,113 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// CA stay (see AnnotationKeep).
 		return ctrl.Result{}, r.finalize(ctx, b)
 	}
-	orig := b.DeepCopy()
-	conds := &b.Status.Conditions
-	set := func(t string, s metav1.ConditionStatus, reason, msg string) {
-		meta.SetStatusCondition(conds, metav1.Condition{Type: t, Status: s, Reason: reason, Message: msg, ObservedGeneration: b.Generation})
-	}
-	setProblem := func(t string, p *problem) { set(t, metav1.ConditionFalse, p.Reason, p.Message) }
-	requeue := RecheckSecrets
-	retry := func(d time.Duration) {
-		if d > 0 && (requeue == 0 || d < requeue) {
-			requeue = d
-		}
-	}
-
-	// Storage and the repository password: the server cannot start without.
-	in := WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval}
-	repoProblem, err := r.storage(ctx, b, &in)
+	obs, err := r.gather(ctx, b)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if repoProblem == nil {
-		if repoProblem, err = r.repositoryPassword(ctx, b); err != nil {
-			return ctrl.Result{}, err
+	return r.report(ctx, b, obs, decide(obs))
+}
+
+// gather brings everything b's server needs into place, in the order each
+// step needs the one before, and returns what it found. A problem an admin
+// must fix is an observation, not an error: errors are the API's, and are
+// retried.
+func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
+	obs := observations{BSLS: b.DeepCopy(), Now: r.now()}
+	var err error
+
+	// Storage and the repository password: the server cannot start without.
+	in := WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval}
+	if obs.RepositoryProblem, err = r.storage(ctx, b, &in); err != nil {
+		return obs, err
+	}
+	if obs.RepositoryProblem == nil {
+		if obs.RepositoryProblem, err = r.repositoryPassword(ctx, b); err != nil {
+			return obs, err
 		}
 	}
 
 	// The certificate, and the CA guests are given to trust.
-	cert, certProblem, err := r.certificate(ctx, b)
-	if err != nil {
-		return ctrl.Result{}, err
+	if obs.Certificate, obs.CertificateProblem, err = r.certificate(ctx, b); err != nil {
+		return obs, err
 	}
-	if certProblem != nil {
-		setProblem(v1alpha1.ConditionCertificateReady, certProblem)
-		retry(retryProblem)
-	} else {
-		in.TLSChecksum = cert.material.Checksum
-		b.Status.TLSCA = string(cert.material.CA)
-		b.Status.TLSFingerprint = cert.material.Pin
-		set(v1alpha1.ConditionCertificateReady, metav1.ConditionTrue, ReasonCertificateIssued,
-			fmt.Sprintf("Secret %s holds the server's certificate for %s from %s; guests trust its CA only", TLSSecretName(b), EndpointHost(b), cert.source))
-		if !cert.renewAt.IsZero() {
-			retry(max(cert.renewAt.Sub(r.now()), time.Second))
-		}
+	if obs.CertificateProblem == nil {
+		in.TLSChecksum = obs.Certificate.material.Checksum
 	}
-	b.Status.Endpoint = Endpoint(b)
 
 	// The workload. Identity, Service and NetworkPolicy do not depend on
 	// storage or certificate; the Deployment waits for both, and an
 	// existing one keeps running while either is broken.
 	if err := r.controlSecret(ctx, b); err != nil {
-		return ctrl.Result{}, err
+		return obs, err
 	}
 	sa, role, binding := ServerRole(b)
 	for _, obj := range []client.Object{sa, role, binding, Service(b), NetworkPolicy(b, r.ControllerNamespace)} {
 		if err := r.apply(ctx, b, obj); err != nil {
-			return ctrl.Result{}, err
+			return obs, err
 		}
 	}
-	users, err := r.syncUsers(ctx, b)
-	if err != nil {
-		return ctrl.Result{}, err
+	if obs.Users, err = r.syncUsers(ctx, b); err != nil {
+		return obs, err
 	}
 	if err := r.activityConfigMaps(ctx, b); err != nil {
-		return ctrl.Result{}, err
+		return obs, err
 	}
-	deployment := &appsv1.Deployment{}
-	if repoProblem == nil && certProblem == nil {
-		if deployment, err = Deployment(b, in); err != nil {
-			return ctrl.Result{}, err
+	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
+		if obs.Deployment, err = Deployment(b, in); err != nil {
+			return obs, err
 		}
-		if err := r.apply(ctx, b, deployment); err != nil {
-			return ctrl.Result{}, err
+		if err := r.apply(ctx, b, obs.Deployment); err != nil {
+			return obs, err
 		}
-	} else if err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: DeploymentName(b)}, deployment); client.IgnoreNotFound(err) != nil {
-		return ctrl.Result{}, fmt.Errorf("get Deployment %s: %w", DeploymentName(b), err)
+	} else {
+		d := &appsv1.Deployment{}
+		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: DeploymentName(b)}, d); {
+		case err == nil:
+			obs.Deployment = d
+		case !apierrors.IsNotFound(err):
+			return obs, fmt.Errorf("get Deployment %s: %w", DeploymentName(b), err)
+		}
 	}
-	server, err := r.serverState(ctx, b, deployment)
-	if err != nil {
-		return ctrl.Result{}, err
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(b.Namespace), client.MatchingLabels(Labels(b))); err != nil {
+		return obs, fmt.Errorf("list server pods: %w", err)
 	}
+	obs.Pods = pods.Items
+	return obs, nil
+}
 
-	// Conditions, from what each step found.
-	switch {
-	case repoProblem != nil:
-		setProblem(v1alpha1.ConditionRepositoryReady, repoProblem)
-		retry(retryProblem)
-	case server.initFailure != nil:
-		setProblem(v1alpha1.ConditionRepositoryReady, withPasswordHint(b, server.initFailure))
-	case server.available:
-		if b.Status.RepositoryOpened == nil {
-			// From now on a lost password is reported, never replaced.
-			b.Status.RepositoryOpened = &metav1.Time{Time: r.now()}
-		}
-		set(v1alpha1.ConditionRepositoryReady, metav1.ConditionTrue, ReasonRepositoryOpened, "The server opened the repository on "+storageDescription(b))
-	case meta.IsStatusConditionTrue(orig.Status.Conditions, v1alpha1.ConditionRepositoryReady):
-		// Opened before; a restarting pod does not make it unready.
-	default:
-		set(v1alpha1.ConditionRepositoryReady, metav1.ConditionUnknown, ReasonStorageResolved,
-			"Storage and password are in place on "+storageDescription(b)+"; waiting for the server pod to open the repository")
+// report writes what decide decided into b's status, records an Event for
+// each condition that changed and the metrics, and says when to look
+// again. obs.BSLS is b's status before this pass.
+func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs observations, d decision) (ctrl.Result, error) {
+	orig := obs.BSLS
+	if obs.CertificateProblem == nil {
+		b.Status.TLSCA = string(obs.Certificate.material.CA)
+		b.Status.TLSFingerprint = obs.Certificate.material.Pin
 	}
-	switch {
-	case repoProblem != nil || certProblem != nil:
-		if !server.available {
-			set(v1alpha1.ConditionServerAvailable, metav1.ConditionFalse, ReasonWaitingForPrerequisites, "The server starts once RepositoryReady and CertificateReady have no problem left")
-			break
-		}
-		fallthrough
-	default:
-		set(v1alpha1.ConditionServerAvailable, server.status, server.reason, server.message)
+	b.Status.Endpoint = Endpoint(b)
+	if d.RepositoryOpened && b.Status.RepositoryOpened == nil {
+		// From now on a lost password is reported, never replaced.
+		b.Status.RepositoryOpened = &metav1.Time{Time: obs.Now}
 	}
-	b.Status.Users = int32(users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
-	namespaces := ServedNamespaces(users)
+	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
+	namespaces := ServedNamespaces(obs.Users)
 	b.Status.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users
 	if len(namespaces) > 1 && orig.Status.Namespaces <= 1 {
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonSharedAcrossNamespaces, "%s", sharedMessage(namespaces))
 	}
-	switch {
-	case len(users.Pending) > 0:
-		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonHashPending,
-			fmt.Sprintf("%d users written; %d wait for their password to be hashed or their VirtualMachine to adopt them: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
-	case !server.available:
-		set(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
-			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))
-	default:
-		msg := fmt.Sprintf("%d users written; the server applies them by diff at once", users.Count)
-		if len(users.Refused) > 0 {
-			msg += fmt.Sprintf("; %d credential Secrets refused (see Events)", len(users.Refused))
-		}
-		if len(namespaces) > 1 {
-			msg += "; " + sharedMessage(namespaces)
-		}
-		set(v1alpha1.ConditionUsersSynced, metav1.ConditionTrue, ReasonUsersSynced, msg)
-	}
-	var notReady []string
-	for _, t := range []string{v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionCertificateReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced} {
-		if !meta.IsStatusConditionTrue(*conds, t) {
-			notReady = append(notReady, t)
-		}
-	}
-	if len(notReady) == 0 {
-		set(v1alpha1.ConditionReady, metav1.ConditionTrue, ReasonReady, "Guests can connect to "+b.Status.Endpoint)
-	} else {
-		set(v1alpha1.ConditionReady, metav1.ConditionFalse, ReasonNotReady, "Not True: "+strings.Join(notReady, ", "))
+	for _, c := range d.Conditions {
+		meta.SetStatusCondition(&b.Status.Conditions, c)
 	}
 	b.Status.ObservedGeneration = b.Generation
-	recordMetrics(b, users, len(notReady) == 0)
+	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
 	r.recordTransitions(b, orig.Status.Conditions)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
-		return ctrl.Result{}, fmt.Errorf("update status of %s: %w", req.NamespacedName, err)
+		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
 	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
 }
 
 // recordTransitions emits an Event for every condition whose status or
@@ -443,84 +398,6 @@ func (r *Reconciler) recordTransitions(b *v1alpha1.BackupStorageLocationServer, 
 		}
 		r.Recorder.Eventf(b, kind, c.Reason, "%s: %s", c.Type, c.Message)
 	}
-}
-
-// storageDescription names where the repository lives, without secrets.
-func storageDescription(b *v1alpha1.BackupStorageLocationServer) string {
-	st := b.Spec.Storage
-	switch {
-	case st.Filesystem != nil:
-		return "PersistentVolumeClaim " + ClaimName(b)
-	case st.S3 != nil:
-		return fmt.Sprintf("s3://%s/%s", st.S3.Bucket, st.S3.Prefix)
-	case st.BackupStorageLocation != nil:
-		return fmt.Sprintf("Velero BackupStorageLocation %s/%s", st.BackupStorageLocation.Namespace, st.BackupStorageLocation.Name)
-	}
-	return "no storage"
-}
-
-// abbreviate lists at most three names.
-func abbreviate(names []string) string {
-	if len(names) <= 3 {
-		return strings.Join(names, ", ")
-	}
-	return strings.Join(names[:3], ", ") + fmt.Sprintf(" and %d more", len(names)-3)
-}
-
-// serverState is what the server's Deployment and pods say.
-type serverState struct {
-	available bool
-	status    metav1.ConditionStatus
-	reason    string
-	message   string
-	// initFailure is set when a pod's init container (which opens the
-	// repository) failed: that is the repository's problem.
-	initFailure *problem
-}
-
-func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, d *appsv1.Deployment) (serverState, error) {
-	if d.Spec.Replicas != nil && *d.Spec.Replicas == 0 {
-		return serverState{status: metav1.ConditionFalse, reason: ReasonScaledToZero, message: "spec.replicas is 0: no server runs; the repository is untouched"}, nil
-	}
-	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(b.Namespace), client.MatchingLabels(Labels(b))); err != nil {
-		return serverState{}, fmt.Errorf("list server pods: %w", err)
-	}
-	st := serverState{status: metav1.ConditionFalse, reason: ReasonServerStarting, message: fmt.Sprintf("Deployment %s has no available server pod yet", DeploymentName(b))}
-	if d.Status.AvailableReplicas > 0 {
-		st = serverState{available: true, status: metav1.ConditionTrue, reason: ReasonServerAvailable,
-			message: fmt.Sprintf("%d of %d server pods available", d.Status.AvailableReplicas, d.Status.Replicas)}
-	}
-	slices.SortFunc(pods.Items, func(a, b corev1.Pod) int { return strings.Compare(a.Name, b.Name) })
-	for _, pod := range pods.Items {
-		for _, cs := range pod.Status.InitContainerStatuses {
-			if t := failedTermination(cs); t != nil {
-				st.initFailure = &problem{ReasonRepositoryInitFailed, fmt.Sprintf("pod %s: the init container, which opens the repository, exited with code %d: %s", pod.Name, t.ExitCode, strings.TrimSpace(t.Message))}
-			}
-		}
-		if st.available {
-			continue
-		}
-		for _, cs := range pod.Status.ContainerStatuses {
-			if w := cs.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" {
-				st.message = fmt.Sprintf("pod %s, container %s: %s %s", pod.Name, cs.Name, w.Reason, w.Message)
-			}
-		}
-	}
-	return st, nil
-}
-
-// failedTermination is a container's latest failed exit, if any.
-func failedTermination(cs corev1.ContainerStatus) *corev1.ContainerStateTerminated {
-	if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
-		return t
-	}
-	if cs.State.Terminated == nil && cs.State.Running == nil {
-		if t := cs.LastTerminationState.Terminated; t != nil && t.ExitCode != 0 {
-			return t
-		}
-	}
-	return nil
 }
 
 // syncUsers writes the users Secrets from the credential Secrets.

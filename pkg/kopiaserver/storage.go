@@ -58,9 +58,8 @@ func (r *Reconciler) storage(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		if p, err := r.checkS3Credentials(ctx, b.Namespace, st.S3.CredentialsSecret.Name); p != nil || err != nil {
 			return p, err
 		}
-		in.S3 = st.S3
-		in.S3CredentialsSecret = st.S3.CredentialsSecret.Name
-		return nil, r.s3CABundle(ctx, b, st.S3.CABundle, in)
+		in.setStorage(b, nil)
+		return nil, r.s3CABundle(ctx, b, st.S3.CABundle)
 	case st.BackupStorageLocation != nil:
 		return r.backupStorageLocation(ctx, b, in)
 	default:
@@ -69,9 +68,29 @@ func (r *Reconciler) storage(ctx context.Context, b *v1alpha1.BackupStorageLocat
 	}
 }
 
+// setStorage fills in the storage part of in: the bucket, its
+// credentials and its CA bundle, from b's own S3 storage or, when b reuses
+// a Velero BSL, from vs, what that BSL says. Filesystem storage needs none.
+func (in *WorkloadInputs) setStorage(b *v1alpha1.BackupStorageLocationServer, vs *VeleroStorage) {
+	var bundle []byte
+	switch ref := b.Spec.Storage.BackupStorageLocation; {
+	case ref != nil && vs != nil:
+		in.S3 = &vs.S3
+		in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
+		bundle = vs.S3.CABundle
+	case b.Spec.Storage.S3 != nil:
+		in.S3 = b.Spec.Storage.S3
+		in.S3CredentialsSecret = b.Spec.Storage.S3.CredentialsSecret.Name
+		bundle = b.Spec.Storage.S3.CABundle
+	}
+	if len(bundle) > 0 {
+		in.S3CABundleConfigMap = S3CABundleName(b)
+	}
+}
+
 // s3CABundle keeps an S3 endpoint's CA bundle in a ConfigMap the init
 // container mounts (a bundle is no secret), when there is one.
-func (r *Reconciler) s3CABundle(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, bundle []byte, in *WorkloadInputs) error {
+func (r *Reconciler) s3CABundle(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, bundle []byte) error {
 	if len(bundle) == 0 {
 		return nil
 	}
@@ -80,11 +99,7 @@ func (r *Reconciler) s3CABundle(ctx context.Context, b *v1alpha1.BackupStorageLo
 		ObjectMeta: metav1.ObjectMeta{Name: S3CABundleName(b), Namespace: b.Namespace, Labels: Labels(b)},
 		Data:       map[string]string{"ca.crt": string(bundle)},
 	}
-	if err := r.apply(ctx, b, cm); err != nil {
-		return err
-	}
-	in.S3CABundleConfigMap = cm.Name
-	return nil
+	return r.apply(ctx, b, cm)
 }
 
 // claim checks the admin's claim, or creates the controller's own. The

@@ -235,9 +235,8 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 	if err := r.revokeVeleroAccess(ctx, b, ref.Namespace); err != nil {
 		return nil, err
 	}
-	in.S3 = &vs.S3
-	in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
-	return nil, r.s3CABundle(ctx, b, vs.S3.CABundle, in)
+	in.setStorage(b, vs)
+	return nil, r.s3CABundle(ctx, b, vs.S3.CABundle)
 }
 
 // veleroAccess lets b's server read one Secret in Velero's namespace, and

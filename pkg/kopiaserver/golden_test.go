@@ -1,0 +1,222 @@
+package kopiaserver
+
+import (
+	"bytes"
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
+
+// goldenDir holds one directory per case: input.yaml, and a golden file
+// per object the reconciler writes for it.
+var goldenDir = filepath.Join("testdata", "golden")
+
+// goldenInput is a case's input.yaml: a BSLS and what the reconciler
+// would find besides it.
+type goldenInput struct {
+	// BSLS is the BackupStorageLocationServer.
+	BSLS v1alpha1.BackupStorageLocationServer `json:"bsls"`
+	// VeleroBSL is the Velero BackupStorageLocation the BSLS reuses.
+	VeleroBSL map[string]any `json:"veleroBSL,omitempty"`
+	// CertManagerCA is the reconciler's CertManagerCA; cert-manager is
+	// served in every case.
+	CertManagerCA bool `json:"certManagerCA,omitempty"`
+}
+
+// renderServer is what the reconciler writes for in's BSLS from its
+// builders: Service, NetworkPolicy, Deployment and cert-manager's
+// objects. Ownership and the API server's defaults are left to the
+// envtest suite.
+func renderServer(in goldenInput) ([]client.Object, error) {
+	b := &in.BSLS
+	var vs *VeleroStorage
+	if in.VeleroBSL != nil {
+		var err error
+		if vs, err = ParseVeleroBSL(&unstructured.Unstructured{Object: in.VeleroBSL}); err != nil {
+			return nil, err
+		}
+	}
+	wi := WorkloadInputs{Image: "guestbackup:golden", TLSChecksum: "golden-tls-checksum", ActivityInterval: time.Minute}
+	wi.setStorage(b, vs)
+	d, err := Deployment(b, wi)
+	if err != nil {
+		return nil, err
+	}
+	objs := []client.Object{Service(b), NetworkPolicy(b, "guestbackup-system"), d}
+	switch chooseTLS(b, in.CertManagerCA, true) {
+	case tlsAdminIssuer:
+		objs = append(objs, servingCertificate(b, b.Spec.TLS.IssuerRef))
+	case tlsOwnCertManagerCA:
+		selfSigned, ca := ownCAIssuers(b)
+		objs = append(objs, selfSigned, caCertificate(b), ca, servingCertificate(b, ownCAIssuerRef(b)))
+	case tlsAdminSecret, tlsOwnControllerCA:
+		// Secrets, checked or issued by the controller: no object to render.
+	}
+	return objs, nil
+}
+
+// goldenYAML renders obj without the fields a builder never sets.
+func goldenYAML(obj client.Object) ([]byte, error) {
+	data, err := json.Marshal(obj)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]any
+	if err := json.Unmarshal(data, &m); err != nil {
+		return nil, err
+	}
+	if md, ok := m["metadata"].(map[string]any); ok && md["creationTimestamp"] == nil {
+		delete(md, "creationTimestamp")
+	}
+	delete(m, "status") // the API server's
+	return yaml.Marshal(m)
+}
+
+// TestServerObjectsGolden compares what the reconciler's builders write
+// for each case under testdata/golden with its golden files. A missing,
+// different or orphaned golden fails; go test -run TestServerObjectsGolden
+// -update rewrites them and removes orphans.
+func TestServerObjectsGolden(t *testing.T) {
+	dirs, err := os.ReadDir(goldenDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := 0
+	for _, dir := range dirs {
+		if !dir.IsDir() {
+			t.Errorf("%s: only case directories belong in %s", dir.Name(), goldenDir)
+			continue
+		}
+		cases++
+		t.Run(dir.Name(), func(t *testing.T) {
+			caseDir := filepath.Join(goldenDir, dir.Name())
+			data, err := os.ReadFile(filepath.Join(caseDir, "input.yaml"))
+			if err != nil {
+				t.Fatalf("%v: a case directory without input.yaml is an orphan; remove it", err)
+			}
+			var in goldenInput
+			if err := yaml.UnmarshalStrict(data, &in); err != nil {
+				t.Fatalf("input.yaml: %v", err)
+			}
+			objs, err := renderServer(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := []string{"input.yaml"}
+			for _, obj := range objs {
+				if d, ok := obj.(*appsv1.Deployment); ok {
+					checkServerPod(t, d, in.VeleroBSL != nil)
+				}
+				got, err := goldenYAML(obj)
+				if err != nil {
+					t.Fatal(err)
+				}
+				kind := obj.GetObjectKind().GroupVersionKind().Kind
+				if kind == "" {
+					t.Fatalf("%T %s has no kind: a builder sets TypeMeta for server-side apply", obj, obj.GetName())
+				}
+				name := strings.ToLower(kind) + "-" + obj.GetName() + ".yaml"
+				want = append(want, name)
+				compareGolden(t, filepath.Join(caseDir, name), got)
+			}
+			files, err := os.ReadDir(caseDir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				if slices.Contains(want, f.Name()) {
+					continue
+				}
+				path := filepath.Join(caseDir, f.Name())
+				if *update {
+					if err := os.Remove(path); err != nil {
+						t.Fatal(err)
+					}
+					continue
+				}
+				t.Errorf("%s is an orphan: the reconciler writes no such object for this case (-update removes it)", path)
+			}
+		})
+	}
+	if cases == 0 {
+		t.Fatalf("no cases in %s", goldenDir)
+	}
+}
+
+// compareGolden fails when path does not hold got; with -update it writes it.
+func compareGolden(t *testing.T, path string, got []byte) {
+	t.Helper()
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Errorf("%v (go test ./pkg/kopiaserver -run TestServerObjectsGolden -update writes it)", err)
+		return
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s is stale (go test ./pkg/kopiaserver -run TestServerObjectsGolden -update rewrites it; -want +got):\n%s", path, cmp.Diff(strings.Split(string(want), "\n"), strings.Split(string(got), "\n")))
+	}
+}
+
+// checkServerPod asserts what must hold of every server pod, whatever a
+// golden file says: containers a restricted Pod Security Standard admits,
+// with no fixed UID (OpenShift's restricted SCC picks it); passwords and
+// S3 keys by Secret reference only; no "/" as S3 prefix; and for a Velero
+// BSL, no S3 keys in the environment at all (the init container reads
+// Velero's Secret through the API).
+func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
+	t.Helper()
+	spec := d.Spec.Template.Spec
+	if c := spec.Containers[0]; c.Name != "kopia" || !slices.Equal(c.Command, []string{KopiaBinary}) {
+		t.Errorf("the first container is %s running %v, want kopia running %s", c.Name, c.Command, KopiaBinary)
+	}
+	for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Errorf("container %s: no securityContext", c.Name)
+			continue
+		case sc.RunAsUser != nil:
+			t.Errorf("container %s: runAsUser %d: OpenShift assigns the UID", c.Name, *sc.RunAsUser)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem,
+			sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation,
+			sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot,
+			sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}):
+			t.Errorf("container %s: securityContext %+v is not restricted", c.Name, sc)
+		}
+		for _, e := range c.Env {
+			secret := strings.Contains(e.Name, "PASSWORD") || strings.HasPrefix(e.Name, "AWS_")
+			if secret && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
+				t.Errorf("container %s: %s is not taken from a Secret by reference", c.Name, e.Name)
+			}
+			if velero && strings.HasPrefix(e.Name, "AWS_") {
+				t.Errorf("container %s: %s in the environment of a server on a Velero BSL", c.Name, e.Name)
+			}
+		}
+		for _, arg := range c.Args {
+			if strings.HasPrefix(arg, "--s3-prefix=/") {
+				t.Errorf("container %s: %s: Kopia would write S3 keys under /", c.Name, arg)
+			}
+		}
+	}
+}
