@@ -16,6 +16,7 @@ import (
 
 	"github.com/kopia/kopia/repo"
 
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
@@ -198,7 +199,7 @@ func (s *KopiaServer) Refresh(ctx context.Context) error {
 // SetUsers opens the repository in this process, as another writer beside
 // the server, puts (or replaces) the given users and deletes the listed
 // ones, then refreshes the server.
-func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Hash, del ...string) error {
+func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]identity.Hash, del ...string) error {
 	r, err := repo.Open(ctx, s.ConfigFile, s.RepoPassword, &repo.Options{})
 	if err != nil {
 		return fmt.Errorf("open repository %s: %w", s.RepoPath, err)
@@ -227,11 +228,11 @@ func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Has
 // AddUser hashes password and adds username to the repository (see SetUsers).
 func (s *KopiaServer) AddUser(tb TB, username, password string) {
 	tb.Helper()
-	h, err := kopiauser.NewHash(password, kopiauser.Scrypt)
+	h, err := identity.NewHash(password, identity.Scrypt)
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
-	if err := s.SetUsers(context.Background(), map[string]kopiauser.Hash{username: h}); err != nil {
+	if err := s.SetUsers(context.Background(), map[string]identity.Hash{username: h}); err != nil {
 		tb.Fatalf("add kopia user %s: %v", username, err)
 	}
 }

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -509,6 +509,6 @@ func lastWrite(secret *corev1.Secret) time.Time {
 	return t
 }
 
-func sameHash(a, b kopiauser.Hash) bool {
+func sameHash(a, b identity.Hash) bool {
 	return a.Version == b.Version && bytes.Equal(a.Value, b.Value)
 }

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -29,7 +29,7 @@ func Username(vmName, vmNamespace string) (string, error) {
 		return "", fmt.Errorf("VirtualMachine %s/%s cannot get guestbackup credentials: %w", vmNamespace, vmName, err)
 	}
 	username := vmsecret.Username(vmName, vmNamespace)
-	if err := kopiauser.ValidateUsername(username); err != nil {
+	if err := identity.ValidateUsername(username); err != nil {
 		return "", fmt.Errorf("VirtualMachine %s/%s has no valid Kopia identity: %w", vmNamespace, vmName, err)
 	}
 	return username, nil

@@ -46,6 +46,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/retention"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -482,8 +483,8 @@ func (l shardLister) List(selector labels.Selector) ([]*corev1.Secret, error) {
 
 // DesiredUsers merges the users of every shard. It fails, so that nothing is
 // deleted, while a shard is missing or malformed.
-func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]kopiauser.Hash, error) {
-	desired := map[string]kopiauser.Hash{}
+func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]identity.Hash, error) {
+	desired := map[string]identity.Hash{}
 	for shard := range userset.Shards {
 		name := userset.SecretName(bsls, shard)
 		secret, err := lister.Get(name)
@@ -501,7 +502,7 @@ func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[st
 	return desired, nil
 }
 
-func decodeShard(secret *corev1.Secret, shard int) (map[string]kopiauser.Hash, error) {
+func decodeShard(secret *corev1.Secret, shard int) (map[string]identity.Hash, error) {
 	users, err := userset.Decode(secret.Data[userset.Key])
 	if err != nil {
 		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.Key, err)
