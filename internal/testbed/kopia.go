@@ -17,9 +17,9 @@ import (
 	"github.com/kopia/kopia/repo"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/serverpod"
 )
 
 const (
@@ -70,7 +70,7 @@ type KopiaServer struct {
 	Process    *Process
 	// Control calls the server's control API; ControlPassword is the
 	// server-control user's password (its name is ControlUsername).
-	Control         *kopiaserver.ControlClient
+	Control         *serverpod.ControlClient
 	ControlPassword string
 
 	tools       Tools
@@ -128,7 +128,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		tb.Fatalf("%v", err)
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
-	s.Control = kopiaserver.NewControlClient(s.URL, ControlUsername, s.ControlPassword, []*x509.Certificate{s.CA.Cert})
+	s.Control = serverpod.NewControlClient(s.URL, ControlUsername, s.ControlPassword, []*x509.Certificate{s.CA.Cert})
 	tb.Cleanup(s.Control.Close)
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),

@@ -45,10 +45,10 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
-	"github.com/guestbackup/guestbackup/pkg/retention"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -140,7 +140,7 @@ type Syncer struct {
 	trigger chan struct{}
 
 	// activity belongs to Run's goroutine.
-	activity *activity.Scanner
+	activity *activityscan.Scanner
 
 	mu     sync.Mutex
 	status error
@@ -174,7 +174,7 @@ func New(opts Options) *Syncer {
 	if opts.RetentionInterval <= 0 {
 		opts.RetentionInterval = time.Hour
 	}
-	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activity.NewScanner()}
+	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activityscan.New()}
 }
 
 // Ready returns nil once the repository holds exactly the desired users,

@@ -15,7 +15,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/identity"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 

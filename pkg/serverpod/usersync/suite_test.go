@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 )
 
 const (
