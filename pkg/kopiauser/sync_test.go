@@ -7,7 +7,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/internal/kopiatest"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
@@ -70,7 +70,7 @@ func TestPlan(t *testing.T) {
 
 func TestSyncAgainstARepository(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	a, b, b2, c := fakeHash(t), fakeHash(t), fakeHash(t), fakeHash(t)
 
 	steps := []struct {
@@ -108,7 +108,7 @@ func TestSyncAgainstARepository(t *testing.T) {
 
 func TestSyncRefusesBadInputWhole(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	// The valid user sorts first, so it is written before the invalid one fails.
 	_, err := Sync(ctx, r, map[string]identity.Hash{"a-good@ns": fakeHash(t), "z-bad@NS": fakeHash(t)})
 	if err == nil {
@@ -135,7 +135,7 @@ func BenchmarkSync10000(b *testing.B) {
 	b.Run("initial", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
-			r := kopiatest.NewRepository(b)
+			r := testbed.NewRepository(b)
 			b.StartTimer()
 			if changes, err := Sync(ctx, r, desired); err != nil || len(changes) != len(desired) {
 				b.Fatalf("sync: %d changes, %v", len(changes), err)
@@ -143,7 +143,7 @@ func BenchmarkSync10000(b *testing.B) {
 		}
 	})
 	b.Run("resync", func(b *testing.B) {
-		r := kopiatest.NewRepository(b)
+		r := testbed.NewRepository(b)
 		if _, err := Sync(ctx, r, desired); err != nil {
 			b.Fatal(err)
 		}

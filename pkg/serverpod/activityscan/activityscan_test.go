@@ -9,7 +9,7 @@ import (
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/snapshot"
 
-	"github.com/guestbackup/guestbackup/internal/kopiatest"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -33,7 +33,7 @@ func snap(tb testing.TB, r repo.Repository, user, host, path string, end time.Ti
 
 func TestScannerReadsOnlyWhatIsNew(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	s := New()
 	if changed, err := s.Scan(ctx, r); err != nil || changed {
 		t.Fatalf("empty repository: changed %v, %v", changed, err)

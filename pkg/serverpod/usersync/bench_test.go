@@ -38,7 +38,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	}
 	defer r.Close(ctx)
 	s := usersync.New(usersync.Options{
-		Client: clientset, Namespace: namespace, BSLS: bsls, Repository: r, Server: srv.Control, Log: logr.Discard(),
+		Client: clientset, Namespace: namespace, BSLS: bsls, Repository: r, Server: controlOf(b, srv), Log: logr.Discard(),
 	})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
