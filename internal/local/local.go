@@ -1,7 +1,8 @@
 // Package local runs the whole of guestbackup on the test bed, in one
 // process, the way a cluster would: a real API server with guestbackup's
-// MutatingWebhookConfiguration (as the chart installs it), the controller's
-// reconcilers and the webhook's handler in a manager, a BSLS's Kopia server
+// MutatingWebhookConfiguration (as the chart installs it), the webhook and
+// the controller each in a manager wired and cached as its binary
+// (internal/webhook, internal/controller), a BSLS's Kopia server
 // run from the Deployment the controller wrote, and a VirtualMachine
 // realised as a qemu guest the way KubeVirt's virt-launcher would.
 //
