@@ -168,7 +168,6 @@ func runSyncUsers(args []string) error {
 		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
-	ctrl.SetLogger(o.Log) // the health probes log why they fail through it
 	o.BSLSUID = types.UID(bslsUID)
 	spec, err := serverpod.ParsePolicy(policyJSON)
 	if err != nil {

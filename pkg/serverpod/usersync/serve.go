@@ -84,20 +84,14 @@ func Serve(ctx context.Context, o ServeOptions) error {
 }
 
 // Handler serves /healthz (the process is up), /readyz (the repository
-// holds exactly the desired users; why not is logged) and /metrics (user
-// sync's counters), as controller-runtime's probes do.
+// holds exactly the desired users; when not, the body says why, so that the
+// kubelet's probe Event tells an admin) and /metrics (user sync's counters).
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
-	for path, checks := range map[string]map[string]healthz.Checker{
-		"/healthz": {"ping": healthz.Ping},
-		"/readyz":  {"users": func(*http.Request) error { return s.Ready() }},
-	} {
-		h := http.StripPrefix(path, &healthz.Handler{Checks: checks})
-		mux.Handle(path, h)
-		mux.Handle(path+"/", h)
-	}
+	mux.Handle("/healthz", healthz.CheckHandler{Checker: healthz.Ping})
+	mux.Handle("/readyz", healthz.CheckHandler{Checker: func(*http.Request) error { return s.Ready() }})
 	return mux
 }

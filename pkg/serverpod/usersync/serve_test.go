@@ -9,7 +9,8 @@ import (
 )
 
 // TestHandler holds the user-sync container's probes to what its pod spec
-// expects: alive from the start, ready only once the users are synced.
+// expects: alive from the start, ready only once the users are synced, and
+// saying why not.
 func TestHandler(t *testing.T) {
 	s := New(Options{})
 	h := s.Handler()
@@ -25,9 +26,8 @@ func TestHandler(t *testing.T) {
 		wantBody   string
 	}{
 		{"alive before the first sync", "/healthz", errNotSynced, http.StatusOK, "ok"},
-		{"not ready before the first sync", "/readyz", errNotSynced, http.StatusInternalServerError, "[-]users failed"},
-		{"not ready after a failed sync", "/readyz", errors.New("repository unreachable"), http.StatusInternalServerError, "[-]users failed"},
-		{"the failing check by name", "/readyz/users", errNotSynced, http.StatusInternalServerError, "internal server error"},
+		{"not ready before the first sync", "/readyz", errNotSynced, http.StatusInternalServerError, errNotSynced.Error()},
+		{"not ready, saying why, after a failed sync", "/readyz", errors.New("users Secret main-users-0 is missing"), http.StatusInternalServerError, "main-users-0"},
 		{"ready once synced", "/readyz", nil, http.StatusOK, "ok"},
 		{"metrics", "/metrics", nil, http.StatusOK, "guestbackup_server_foreign_acls_removed_total"},
 	} {
