@@ -8,11 +8,13 @@ package deps
 import (
 	"bufio"
 	"bytes"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -26,9 +28,16 @@ var binaries = map[string]string{
 	"server pod": module + "/cmd/server",
 }
 
+// sourcesTracked makes go test's cache key this package's results on the
+// module's Go sources: the cache sees only the files a test opens itself,
+// not what `go list` read, so without it a cached pass would outlive a
+// change that makes a binary link what it must not.
+var sourcesTracked sync.Once
+
 // goList runs `go list` with args and returns its lines.
 func goList(t *testing.T, args ...string) []string {
 	t.Helper()
+	sourcesTracked.Do(func() { trackSources(t) })
 	cmd := exec.Command("go", append([]string{"list"}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
@@ -37,6 +46,34 @@ func goList(t *testing.T, args ...string) []string {
 		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
 	return strings.Fields(string(out))
+}
+
+// trackSources stats every Go source and module file of the module, which
+// go test records as inputs of the run.
+func trackSources(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			_, err := os.ReadDir(path) // a package added or removed
+			return err
+		}
+		if strings.HasSuffix(path, ".go") || d.Name() == "go.mod" || d.Name() == "go.sum" {
+			_, err = os.Stat(path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("track the module's sources: %v", err)
+	}
 }
 
 // deps lists pkg and every package it links.
