@@ -282,7 +282,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	if want == nil {
 		return ctrl.Result{}, nil // the Hasher's write of the hash brings us back
 	}
-	username := vmsecret.Username(vm.Name, vm.Namespace)
+	username := identity.OfVM(vm.Name, vm.Namespace)
 	usersKey := types.NamespacedName{Namespace: bsls.Namespace, Name: userset.SecretName(bsls.Name, userset.ShardOf(username))}
 	users := &corev1.Secret{}
 	if err := r.Client.Get(ctx, usersKey, users); err != nil {

@@ -50,6 +50,11 @@ func ValidateUsername(name string) error {
 	return nil
 }
 
+// OfVM is the Kopia identity of VM vm of namespace: <vm>@<namespace>, a
+// user name when both are valid DNS labels. It is stable across
+// re-creation of the VM, so a VM restored by GitOps sees its own snapshots.
+func OfVM(vm, namespace string) string { return vm + "@" + namespace }
+
 // Hash is a hashed password: salt followed by the derived key, and the
 // algorithm that derived it.
 type Hash struct {

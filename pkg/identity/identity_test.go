@@ -110,3 +110,12 @@ func BenchmarkNewHash(b *testing.B) {
 		})
 	}
 }
+
+func TestOfVM(t *testing.T) {
+	if got := OfVM("web", "team-a"); got != "web@team-a" {
+		t.Errorf("OfVM = %q, want web@team-a", got)
+	}
+	if err := ValidateUsername(OfVM("web-1", "team-a")); err != nil {
+		t.Errorf("a VM's identity is not a user name: %v", err)
+	}
+}
