@@ -9,10 +9,10 @@ import (
 	"os"
 
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/guestbackup/guestbackup/internal/manager"
-	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/internal/webhook"
 )
 
 func main() {
@@ -33,15 +33,13 @@ func main() {
 }
 
 func run(flags manager.Flags, port int, certDir string) error {
-	hooks := webhook.NewServer(webhook.Options{Port: port, CertDir: certDir})
-	mgr, err := manager.New(flags, ctrl.Options{WebhookServer: hooks, Cache: mutate.CacheOptions()})
+	hooks := ctrlwebhook.NewServer(ctrlwebhook.Options{Port: port, CertDir: certDir})
+	mgr, err := manager.New(flags, ctrl.Options{WebhookServer: hooks, Cache: webhook.Cache()})
 	if err != nil {
 		return err
 	}
-	mutate.SetupWithManager(mgr)
-	// Ready only once the HTTPS server is up with its certificate.
-	if err := mgr.AddReadyzCheck("webhook", hooks.StartedChecker()); err != nil {
-		return fmt.Errorf("add readiness check: %w", err)
+	if err := webhook.Setup(mgr); err != nil {
+		return err
 	}
 	return mgr.Start(ctrl.SetupSignalHandler())
 }

@@ -1,7 +1,8 @@
 // Package local runs the whole of guestbackup on the test bed, in one
 // process, the way a cluster would: a real API server with guestbackup's
-// MutatingWebhookConfiguration (as the chart installs it), the controller's
-// reconcilers and the webhook's handler in a manager, a BSLS's Kopia server
+// MutatingWebhookConfiguration (as the chart installs it), the webhook and
+// the controller each in a manager wired and cached as its binary
+// (internal/webhook, internal/controller), a BSLS's Kopia server
 // run from the Deployment the controller wrote, and a VirtualMachine
 // realised as a qemu guest the way KubeVirt's virt-launcher would.
 //
@@ -28,12 +29,12 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
-	"sigs.k8s.io/controller-runtime/pkg/webhook"
+	ctrlwebhook "sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/audit"
-	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
@@ -56,9 +57,14 @@ const (
 
 // Options adjust Start.
 type Options struct {
-	// Logger receives the manager's logs; default: discarded.
+	// Logger receives the managers' logs; default: discarded.
 	Logger logr.Logger
-	// Setup registers what the manager runs; default Guestbackup.
+	// Controller configures the controller; default ControllerOptions().
+	Controller *controller.Options
+	// Setup, when set, replaces what runs: a single manager, configured as
+	// cmd/webhook's (its cache and webhook server), runs Setup, and no
+	// controller runs. It is for specs of the webhook alone that wire its
+	// handler themselves.
 	Setup func(ctrl.Manager) error
 }
 
@@ -70,35 +76,21 @@ type Platform struct {
 	MetricsAddr string
 }
 
-// Guestbackup registers everything guestbackup runs in a cluster: the
-// webhook's handler (cmd/webhook) and the controller's reconcilers
-// (cmd/controller), with intervals short enough for a test.
-func Guestbackup(mgr ctrl.Manager) error {
-	mutate.SetupWithManager(mgr)
-	if err := (&kopiaserver.Reconciler{Image: "guestbackup:local", ControllerNamespace: Namespace, ActivityInterval: 2 * time.Second}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the BSLS reconciler: %w", err)
-	}
-	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
-		return fmt.Errorf("set up the credential hasher: %w", err)
-	}
-	if err := (&credentials.VMReconciler{}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the VM reconciler: %w", err)
-	}
-	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the audit reconciler: %w", err)
-	}
-	return nil
+// ControllerOptions are cmd/controller's settings on the test bed: the
+// image name the pod runner recognises, the Namespace, and intervals short
+// enough for a test.
+func ControllerOptions() controller.Options {
+	return controller.Options{Image: "guestbackup:local", Namespace: Namespace, ActivityInterval: 2 * time.Second, Hashers: 2}
 }
 
 // Start starts a real API server with guestbackup's webhook configuration
-// (mutate.Webhook, pointed at a loopback server) and a manager, in this
-// process, that serves the webhook and runs o.Setup; it creates the
-// Namespace guestbackup runs in. tb's cleanup stops both.
+// (mutate.Webhook, pointed at a loopback server) and, in this process, the
+// two binaries as they run in a cluster: a manager wired as cmd/webhook's,
+// serving the webhook, and one wired as cmd/controller's, each with its
+// binary's cache (see Options.Setup for a webhook alone). It creates the
+// Namespace guestbackup runs in. tb's cleanup stops them all.
 func Start(tb testbed.TB, o Options) *Platform {
 	tb.Helper()
-	if o.Setup == nil {
-		o.Setup = Guestbackup
-	}
 	if o.Logger.GetSink() == nil {
 		o.Logger = logr.Discard()
 	}
@@ -111,7 +103,7 @@ func Start(tb testbed.TB, o Options) *Platform {
 	api := testbed.StartAPIServer(tb, testbed.APIServerOptions{Webhooks: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{cfg},
 	}})
-	p, err := startManager(tb, api, o)
+	p, err := startManagers(tb, api, o)
 	if err != nil {
 		tb.Fatalf("start guestbackup: %v", err)
 	}
@@ -122,25 +114,39 @@ func Start(tb testbed.TB, o Options) *Platform {
 	return p
 }
 
-func startManager(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform, error) {
+// startManagers starts the webhook's manager, then, unless o.Setup
+// replaces both, the controller's. The webhook's serves /metrics on
+// MetricsAddr: controller-runtime's metrics registry is global, so that
+// endpoint serves the controller's metrics too.
+func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform, error) {
 	wh := api.Env.WebhookInstallOptions
-	server := webhook.NewServer(webhook.Options{Host: wh.LocalServingHost, Port: wh.LocalServingPort, CertDir: wh.LocalServingCertDir})
+	server := ctrlwebhook.NewServer(ctrlwebhook.Options{Host: wh.LocalServingHost, Port: wh.LocalServingPort, CertDir: wh.LocalServingCertDir})
 	port, err := testbed.FreePort()
 	if err != nil {
 		return nil, err
 	}
 	metricsAddr := "127.0.0.1:" + strconv.Itoa(port)
-	stop, err := testbed.RunManager(api, testbed.ManagerOptions{
-		Logger: o.Logger, MetricsAddr: metricsAddr, WebhookServer: server, Cache: mutate.CacheOptions(),
-	}, o.Setup)
+	setup := o.Setup
+	if setup == nil {
+		setup = webhook.Setup
+	}
+	err = runManager(tb, api, testbed.ManagerOptions{
+		Logger: o.Logger.WithName("webhook"), MetricsAddr: metricsAddr, WebhookServer: server, Cache: webhook.Cache(),
+	}, setup)
 	if err != nil {
 		return nil, err
 	}
-	tb.Cleanup(func() {
-		if err := stop(); err != nil {
-			tb.Logf("manager: %v", err)
+	if o.Setup == nil {
+		co := ControllerOptions()
+		if o.Controller != nil {
+			co = *o.Controller
 		}
-	})
+		err = runManager(tb, api, testbed.ManagerOptions{Logger: o.Logger.WithName("controller"), Cache: controller.Cache()},
+			func(mgr ctrl.Manager) error { return controller.Setup(mgr, co) })
+		if err != nil {
+			return nil, err
+		}
+	}
 	err = testbed.WaitFor(startTimeout, 50*time.Millisecond, func() (bool, error) {
 		return server.StartedChecker()(nil) == nil, nil
 	})
@@ -148,6 +154,20 @@ func startManager(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform, 
 		return nil, fmt.Errorf("webhook server: %w", err)
 	}
 	return &Platform{API: api, MetricsAddr: metricsAddr}, nil
+}
+
+// runManager runs a manager until tb's cleanup.
+func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions, setup func(ctrl.Manager) error) error {
+	stop, err := testbed.RunManager(api, o, setup)
+	if err != nil {
+		return err
+	}
+	tb.Cleanup(func() {
+		if err := stop(); err != nil {
+			tb.Logf("manager: %v", err)
+		}
+	})
+	return nil
 }
 
 // ServeBSLS runs the Kopia server of bsls from the Deployment the

@@ -6,15 +6,11 @@ import (
 	"flag"
 	"fmt"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -30,22 +26,6 @@ func NewScheme() *runtime.Scheme {
 	utilruntime.Must(guestbackupv1alpha1.AddToScheme(s))
 	utilruntime.Must(kubevirtv1.AddToScheme(s))
 	return s
-}
-
-// ControllerCache keeps the controller's cache to guestbackup's own Pods,
-// ConfigMaps and Secrets (app.kubernetes.io/managed-by=guestbackup): it
-// reconciles no others, and caching every Secret of the cluster would hold
-// every credential of every tenant in its memory. The few Secrets others
-// own that the controller reads (an admin's TLS, S3 or repository password
-// Secret, Velero's credentials, cert-manager's serving Secret) it reads
-// uncached (kopiaserver.Reconciler.APIReader).
-func ControllerCache() cache.Options {
-	managed := labels.SelectorFromSet(labels.Set{guestbackupv1alpha1.LabelManagedBy: guestbackupv1alpha1.ManagedByValue})
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Pod{}:       {Label: managed},
-		&corev1.ConfigMap{}: {Label: managed},
-		&corev1.Secret{}:    {Label: managed},
-	}}
 }
 
 // Flags are the settings every guestbackup binary takes.

@@ -16,8 +16,7 @@ import (
 
 	"github.com/kopia/kopia/repo"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
@@ -67,9 +66,8 @@ type KopiaServer struct {
 	// ConfigFile is the server's repository connection.
 	ConfigFile string
 	Process    *Process
-	// Control calls the server's control API; ControlPassword is the
-	// server-control user's password (its name is ControlUsername).
-	Control         *kopiaserver.ControlClient
+	// ControlPassword is the password of the server's control user (its
+	// name is ControlUsername).
 	ControlPassword string
 
 	tools       Tools
@@ -127,8 +125,6 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		tb.Fatalf("%v", err)
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
-	s.Control = kopiaserver.NewControlClient(s.URL, ControlUsername, s.ControlPassword, []*x509.Certificate{s.CA.Cert})
-	tb.Cleanup(s.Control.Close)
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),
 		Path: tools.Kopia,
@@ -151,7 +147,8 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		if exited, err := s.Process.Exited(); exited {
 			return false, fmt.Errorf("kopia server exited: %v", err)
 		}
-		return s.Control.Connected(ctx)
+		// The control API answers a refresh once the repository is open.
+		return s.Refresh(ctx) == nil, nil
 	})
 	if err != nil {
 		tb.Fatalf("kopia server at %s: %v\n%s", s.URL, err, tail(s.Process.LogPath, 40))
@@ -190,15 +187,24 @@ func (s *KopiaServer) admin(ctx context.Context, args ...string) (string, error)
 }
 
 // Refresh makes the running server re-read the repository's manifests, so
-// users written by another process authenticate at once.
+// users written by another process authenticate at once: `kopia server
+// refresh` as the control user, trusting the server's CA by its pin.
 func (s *KopiaServer) Refresh(ctx context.Context) error {
-	return s.Control.Refresh(ctx)
+	out, err := Run(ctx, kopiaCommandTimeout, s.dir, kopiaEnv("KOPIA_SERVER_PASSWORD="+s.ControlPassword), s.tools.Kopia,
+		"server", "refresh", "--address="+s.URL, "--server-control-username="+ControlUsername, "--server-cert-fingerprint="+s.CAPin)
+	if err != nil {
+		return fmt.Errorf("kopia server refresh: %w: %s", err, out)
+	}
+	return nil
 }
 
 // SetUsers opens the repository in this process, as another writer beside
 // the server, puts (or replaces) the given users and deletes the listed
-// ones, then refreshes the server.
-func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Hash, del ...string) error {
+// ones, then refreshes the server. It writes identity's profile format
+// itself, as any other writer of the repository could: the test bed stands
+// apart from the server pod's code (package kopiauser) that its tests
+// prove.
+func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]identity.Hash, del ...string) error {
 	r, err := repo.Open(ctx, s.ConfigFile, s.RepoPassword, &repo.Options{})
 	if err != nil {
 		return fmt.Errorf("open repository %s: %w", s.RepoPath, err)
@@ -207,13 +213,23 @@ func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Has
 	err = repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "guestbackup test bed users"},
 		func(ctx context.Context, w repo.RepositoryWriter) error {
 			for name, h := range put {
-				if err := kopiauser.Put(ctx, w, name, h); err != nil {
+				p, err := identity.NewProfile(name, h)
+				if err != nil {
 					return err
+				}
+				if _, err := w.ReplaceManifests(ctx, identity.ProfileLabels(name), p); err != nil {
+					return fmt.Errorf("write profile of %s: %w", name, err)
 				}
 			}
 			for _, name := range del {
-				if err := kopiauser.Delete(ctx, w, name); err != nil {
-					return err
+				entries, err := w.FindManifests(ctx, identity.ProfileLabels(name))
+				if err != nil {
+					return fmt.Errorf("find profile of %s: %w", name, err)
+				}
+				for _, e := range entries {
+					if err := w.DeleteManifest(ctx, e.ID); err != nil {
+						return fmt.Errorf("delete profile of %s: %w", name, err)
+					}
 				}
 			}
 			return nil
@@ -227,11 +243,11 @@ func (s *KopiaServer) SetUsers(ctx context.Context, put map[string]kopiauser.Has
 // AddUser hashes password and adds username to the repository (see SetUsers).
 func (s *KopiaServer) AddUser(tb TB, username, password string) {
 	tb.Helper()
-	h, err := kopiauser.NewHash(password, kopiauser.Scrypt)
+	h, err := identity.NewHash(password, identity.Scrypt)
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
-	if err := s.SetUsers(context.Background(), map[string]kopiauser.Hash{username: h}); err != nil {
+	if err := s.SetUsers(context.Background(), map[string]identity.Hash{username: h}); err != nil {
 		tb.Fatalf("add kopia user %s: %v", username, err)
 	}
 }

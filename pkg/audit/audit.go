@@ -30,6 +30,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -160,7 +161,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	// The VM's identity, from facts: what its Secret's data says is the
 	// guest's, not the audit's.
-	user := vmsecret.Username(vm.Name, vm.Namespace)
+	user := identity.OfVM(vm.Name, vm.Namespace)
 	bsls := vmsecret.Server(secret)
 	guest, err := r.guest(ctx, bsls, user)
 	if err != nil {

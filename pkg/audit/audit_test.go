@@ -23,6 +23,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -40,7 +41,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		api         *testbed.APIServer
 		srv         *testbed.KopiaServer
 		guest       *testbed.KopiaClient
-		scanner     *activity.Scanner
+		scanner     *activityscan.Scanner
 		r           repo.Repository
 		configMaps  = func() kubernetes.Interface { return kubernetes.NewForConfigOrDie(api.Config) }
 		metricsAddr string
@@ -124,7 +125,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		r, err = repo.Open(ctx, srv.ConfigFile, srv.RepoPassword, &repo.Options{})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
-		scanner = activity.NewScanner()
+		scanner = activityscan.New()
 		guest = testbed.NewKopiaClient(GinkgoT())
 		out, err := guest.Connect(ctx, srv.URL, srv.CA.CertPEM(), "web@team-a", password)
 		Expect(err).NotTo(HaveOccurred(), out)

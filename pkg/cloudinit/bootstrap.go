@@ -11,7 +11,7 @@ import (
 	"strings"
 	"text/template"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
@@ -102,7 +102,7 @@ func (b Bootstrap) Validate() error {
 	if _, err := pki.ParseCerts(b.CA); err != nil {
 		return fmt.Errorf("server CA: %w", err)
 	}
-	if err := kopiauser.ValidateUsername(b.Username); err != nil {
+	if err := identity.ValidateUsername(b.Username); err != nil {
 		return err
 	}
 	if len(b.Password) < 16 || strings.ContainsAny(b.Password, "\x00\n") {

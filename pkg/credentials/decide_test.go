@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -46,7 +46,7 @@ func testSecret(opts ...secretOpt) *corev1.Secret {
 			v1alpha1.SecretKeyPassword:   []byte("not-a-real-password"),
 			v1alpha1.SecretKeyGeneration: []byte("1"),
 			// Hashed, as the Hasher leaves it; the value is never checked.
-			v1alpha1.SecretKeyPasswordHash:           []byte(kopiauser.Hash{Version: kopiauser.Scrypt, Value: make([]byte, 64)}.String()),
+			v1alpha1.SecretKeyPasswordHash:           []byte(identity.Hash{Version: identity.Scrypt, Value: make([]byte, 64)}.String()),
 			v1alpha1.SecretKeyPasswordHashGeneration: []byte("1"),
 		},
 	}

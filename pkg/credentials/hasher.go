@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -29,7 +29,7 @@ import (
 type Hasher struct {
 	Client client.Client
 	// Version is the hashing algorithm; default scrypt, Kopia's default.
-	Version kopiauser.HashVersion
+	Version identity.HashVersion
 }
 
 // SetupWithManager registers the Hasher; hashes run in parallel, one per core.
@@ -61,9 +61,9 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	version := h.Version
 	if version == 0 {
-		version = kopiauser.Scrypt
+		version = identity.Scrypt
 	}
-	hash, err := kopiauser.NewHash(password, version)
+	hash, err := identity.NewHash(password, version)
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
 	}
@@ -79,12 +79,12 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 
 // HashFor returns the hash a credential Secret holds for its current
 // password generation, or nil when it has none yet.
-func HashFor(secret *corev1.Secret) *kopiauser.Hash {
+func HashFor(secret *corev1.Secret) *identity.Hash {
 	text, ok := vmsecret.PasswordHash(secret)
 	if !ok {
 		return nil
 	}
-	h, err := kopiauser.ParseHash(text)
+	h, err := identity.ParseHash(text)
 	if err != nil {
 		return nil
 	}

@@ -25,7 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -282,7 +282,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	if want == nil {
 		return ctrl.Result{}, nil // the Hasher's write of the hash brings us back
 	}
-	username := vmsecret.Username(vm.Name, vm.Namespace)
+	username := identity.OfVM(vm.Name, vm.Namespace)
 	usersKey := types.NamespacedName{Namespace: bsls.Namespace, Name: userset.SecretName(bsls.Name, userset.ShardOf(username))}
 	users := &corev1.Secret{}
 	if err := r.Client.Get(ctx, usersKey, users); err != nil {
@@ -509,6 +509,6 @@ func lastWrite(secret *corev1.Secret) time.Time {
 	return t
 }
 
-func sameHash(a, b kopiauser.Hash) bool {
+func sameHash(a, b identity.Hash) bool {
 	return a.Version == b.Version && bytes.Equal(a.Value, b.Value)
 }

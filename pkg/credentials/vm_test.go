@@ -22,7 +22,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -201,10 +201,10 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		}).WithTimeout(10 * time.Second).Should(Succeed())
 	}
 	// hashed waits for the Hasher's hash of the Secret's current generation.
-	hashed := func(vm string) kopiauser.Hash {
+	hashed := func(vm string) identity.Hash {
 		GinkgoHelper()
-		var h *kopiauser.Hash
-		Eventually(func() *kopiauser.Hash {
+		var h *identity.Hash
+		Eventually(func() *identity.Hash {
 			s := &corev1.Secret{}
 			if err := api.Client.Get(ctx, secretKey(vm), s); err != nil {
 				return nil
@@ -216,13 +216,13 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 	}
 	// provisionOn writes username's hash into the users Secret of its shard
 	// of the BSLS storage/bsls, as the BSLS reconciler does.
-	provisionOn := func(bsls, username string, h kopiauser.Hash) {
+	provisionOn := func(bsls, username string, h identity.Hash) {
 		GinkgoHelper()
 		shard := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{
 			Name: userset.SecretName(bsls, userset.ShardOf(username)), Namespace: storageNamespace,
 		}}
 		_, err := controllerutil.CreateOrUpdate(ctx, api.Client, shard, func() error {
-			users := map[string]kopiauser.Hash{}
+			users := map[string]identity.Hash{}
 			if data := shard.Data[userset.Key]; len(data) > 0 {
 				var err error
 				if users, err = userset.Decode(data); err != nil {
@@ -236,7 +236,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		})
 		Expect(err).NotTo(HaveOccurred())
 	}
-	provision := func(username string, h kopiauser.Hash) {
+	provision := func(username string, h identity.Hash) {
 		GinkgoHelper()
 		provisionOn(bslsName, username, h)
 	}
@@ -415,7 +415,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(BeEmpty())
 
 			By("not counting another hash for the user")
-			stale, err := kopiauser.NewHash(testbed.RandomPassword(), kopiauser.Scrypt)
+			stale, err := identity.NewHash(testbed.RandomPassword(), identity.Scrypt)
 			Expect(err).NotTo(HaveOccurred())
 			provision(username, stale)
 			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(BeEmpty())
@@ -433,7 +433,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 				map[string]string{"namespace": storageNamespace, "bsls": bslsName})).To(BeNumerically(">=", 1))
 		})
 
-		rotate := func(generation string) kopiauser.Hash {
+		rotate := func(generation string) identity.Hash {
 			GinkgoHelper()
 			password := testbed.RandomPassword()
 			passwords = append(passwords, password)

@@ -14,13 +14,13 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
-func hashOf(b byte, version kopiauser.HashVersion) kopiauser.Hash {
-	return kopiauser.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
+func hashOf(b byte, version identity.HashVersion) identity.Hash {
+	return identity.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
 }
 
 // testServer is the BSLS the CollectUsers tests collect for.
@@ -58,8 +58,8 @@ func vmMeta(namespace, name, server string) *metav1.PartialObjectMetadata {
 }
 
 func TestCollectUsers(t *testing.T) {
-	h := hashOf(7, kopiauser.Scrypt)
-	hashOfSecret := func(s *corev1.Secret) *kopiauser.Hash {
+	h := hashOf(7, identity.Scrypt)
+	hashOfSecret := func(s *corev1.Secret) *identity.Hash {
 		if s.Data["hashed"] == nil {
 			return nil
 		}
@@ -123,7 +123,7 @@ func TestCollectUsers(t *testing.T) {
 			name:        "a VM name that is no Kopia identity is refused",
 			secrets:     []corev1.Secret{credential("a", "Web", true)},
 			vms:         []*metav1.PartialObjectMetadata{vmMeta("a", "Web", main)},
-			wantRefused: map[string]string{"a/Web-guestbackup": "VirtualMachine a/Web has no valid Kopia identity: " + kopiauser.ValidateUsername("Web@a").Error()},
+			wantRefused: map[string]string{"a/Web-guestbackup": "VirtualMachine a/Web has no valid Kopia identity: " + identity.ValidateUsername("Web@a").Error()},
 		},
 		{
 			name:        "a Secret without a VM label is refused",
@@ -252,7 +252,7 @@ func BenchmarkCollectUsers10000(b *testing.B) {
 		vms[types.NamespacedName{Namespace: ns, Name: vm}] = vmMeta(ns, vm, testServer.String())
 		secrets[i].Data[v1alpha1.SecretKeyGeneration] = []byte("1")
 		secrets[i].Data[v1alpha1.SecretKeyPasswordHashGeneration] = []byte("1")
-		secrets[i].Data[v1alpha1.SecretKeyPasswordHash] = []byte(hashOf(byte(i), kopiauser.Scrypt).String())
+		secrets[i].Data[v1alpha1.SecretKeyPasswordHash] = []byte(hashOf(byte(i), identity.Scrypt).String())
 	}
 	for b.Loop() {
 		set := CollectUsers(UserInputs{Server: testServer, Secrets: secrets, VMs: vms, Allowed: func(string) bool { return true }, HashOf: credentials.HashFor})

@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 func TestVeleroConsents(t *testing.T) {
@@ -187,14 +187,14 @@ func TestChooseTLS(t *testing.T) {
 func TestServedNamespaces(t *testing.T) {
 	var set UserSet
 	for i := range set.Shards {
-		set.Shards[i] = map[string]kopiauser.Hash{}
+		set.Shards[i] = map[string]identity.Hash{}
 	}
 	if got := ServedNamespaces(set); len(got) != 0 {
 		t.Errorf("no users: %v", got)
 	}
-	set.Shards[0]["db@team-b"] = kopiauser.Hash{}
-	set.Shards[3]["web@team-a"] = kopiauser.Hash{}
-	set.Shards[7]["cache@team-a"] = kopiauser.Hash{}
+	set.Shards[0]["db@team-b"] = identity.Hash{}
+	set.Shards[3]["web@team-a"] = identity.Hash{}
+	set.Shards[7]["cache@team-a"] = identity.Hash{}
 	got := ServedNamespaces(set)
 	if strings.Join(got, ",") != "team-a,team-b" {
 		t.Errorf("ServedNamespaces = %v, want team-a, team-b", got)

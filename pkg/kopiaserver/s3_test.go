@@ -22,6 +22,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
@@ -155,8 +156,8 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
 				Data: map[string][]byte{
-					kopiaserver.AWSAccessKeyID:     []byte(minio.AccessKeyID),
-					kopiaserver.AWSSecretAccessKey: []byte(minio.SecretAccessKey),
+					awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
+					awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
 				},
 			})).To(Succeed())
 			bsls = &v1alpha1.BackupStorageLocationServer{

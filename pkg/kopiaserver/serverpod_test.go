@@ -16,8 +16,8 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -39,7 +39,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		claimDir string
 		binaries map[string]string
 		pod      *testbed.Pod
-		hashes   map[string]kopiauser.Hash
+		hashes   map[string]identity.Hash
 		alice    = guest{"alice@team-a", testbed.RandomPassword()}
 		bob      = guest{"bob@team-b", testbed.RandomPassword()}
 	)
@@ -58,15 +58,15 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 	// writeUsers writes every users shard, as the controller will.
 	writeUsers := func(guests ...guest) {
 		GinkgoHelper()
-		shards := make([]map[string]kopiauser.Hash, userset.Shards)
+		shards := make([]map[string]identity.Hash, userset.Shards)
 		for i := range shards {
-			shards[i] = map[string]kopiauser.Hash{}
+			shards[i] = map[string]identity.Hash{}
 		}
 		for _, g := range guests {
 			h, ok := hashes[g.user+g.password]
 			if !ok { // hashed once per password, never again
 				var err error
-				h, err = kopiauser.NewHash(g.password, kopiauser.Scrypt)
+				h, err = identity.NewHash(g.password, identity.Scrypt)
 				Expect(err).NotTo(HaveOccurred())
 				hashes[g.user+g.password] = h
 			}
@@ -103,7 +103,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		hashes = map[string]kopiauser.Hash{}
+		hashes = map[string]identity.Hash{}
 		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
 		tools := testbed.MustTools(GinkgoT())
 		binaries = map[string]string{

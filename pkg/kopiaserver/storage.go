@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/awscreds"
 )
 
 // DefaultClaimSize is the size of a filesystem claim the controller creates
@@ -22,12 +23,6 @@ var DefaultClaimSize = resource.MustParse("10Gi")
 // AnnotationKeep on an object the controller created says why it outlives
 // its BSLS: it has no ownerReference on purpose.
 const AnnotationKeep = "guestbackup.io/keep"
-
-// S3 credential keys, as AWS's tools name them.
-const (
-	AWSAccessKeyID     = "AWS_ACCESS_KEY_ID"
-	AWSSecretAccessKey = "AWS_SECRET_ACCESS_KEY"
-)
 
 // S3CABundleName is the ConfigMap holding an S3 endpoint's CA bundle.
 func S3CABundleName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-s3-ca" }
@@ -145,11 +140,11 @@ func (r *Reconciler) checkS3Credentials(ctx context.Context, namespace, name str
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, AWSAccessKeyID, AWSSecretAccessKey)}, nil
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, awscreds.AccessKeyID, awscreds.SecretAccessKey)}, nil
 		}
 		return nil, fmt.Errorf("get Secret %s: %w", name, err)
 	}
-	for _, key := range []string{AWSAccessKeyID, AWSSecretAccessKey} {
+	for _, key := range []string{awscreds.AccessKeyID, awscreds.SecretAccessKey} {
 		if len(s.Data[key]) == 0 {
 			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s has no key %s", name, key)}, nil
 		}

@@ -9,7 +9,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -18,7 +18,7 @@ import (
 // Secrets could not be included yet and why.
 type UserSet struct {
 	// Shards are the users of each users Secret, indexed by userset.ShardOf.
-	Shards [userset.Shards]map[string]kopiauser.Hash
+	Shards [userset.Shards]map[string]identity.Hash
 	// Count is the number of users in all shards.
 	Count int
 	// Pending names (namespace/name) the credential Secrets of VMs that
@@ -43,7 +43,7 @@ type UserInputs struct {
 	Allowed func(namespace string) bool
 	// HashOf is a Secret's hash of its current password; nil until the
 	// controller has hashed it.
-	HashOf func(*corev1.Secret) *kopiauser.Hash
+	HashOf func(*corev1.Secret) *identity.Hash
 }
 
 // CollectUsers decides the users of a BSLS from the per-VM credential
@@ -60,7 +60,7 @@ type UserInputs struct {
 func CollectUsers(in UserInputs) UserSet {
 	set := UserSet{Refused: map[string]string{}}
 	for i := range set.Shards {
-		set.Shards[i] = map[string]kopiauser.Hash{}
+		set.Shards[i] = map[string]identity.Hash{}
 	}
 	for i := range in.Secrets {
 		s := &in.Secrets[i]
@@ -100,7 +100,7 @@ func identityOf(in UserInputs, s *corev1.Secret) (username string, pending bool,
 		return "", false, fmt.Sprintf("namespace %s is not selected by spec.access.namespaceSelector", s.Namespace)
 	}
 	username = vmsecret.Identity(s)
-	if err := kopiauser.ValidateUsername(username); err != nil {
+	if err := identity.ValidateUsername(username); err != nil {
 		return "", false, fmt.Sprintf("VirtualMachine %s/%s has no valid Kopia identity: %v", s.Namespace, vm, err)
 	}
 	v := in.VMs[types.NamespacedName{Namespace: s.Namespace, Name: vm}]

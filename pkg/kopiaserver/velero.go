@@ -1,8 +1,6 @@
 package kopiaserver
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"fmt"
@@ -23,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/awscreds"
 )
 
 // +kubebuilder:rbac:groups=velero.io,resources=backupstoragelocations,verbs=get;list;watch
@@ -139,51 +138,6 @@ func ParseVeleroBSL(bsl *unstructured.Unstructured) (*VeleroStorage, error) {
 	return vs, nil
 }
 
-// ParseAWSCredentials reads one profile of an AWS shared credentials file,
-// the format of Velero's credential Secrets.
-func ParseAWSCredentials(data []byte, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
-	section := ""
-	found := false
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
-			continue
-		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
-			// ~/.aws/config writes [profile x]; credentials files write [x].
-			section = strings.TrimPrefix(strings.TrimSpace(line[1:len(line)-1]), "profile ")
-			found = found || section == profile
-			continue
-		}
-		if section != profile {
-			continue
-		}
-		key, value, ok := strings.Cut(line, "=")
-		if !ok {
-			continue
-		}
-		switch strings.TrimSpace(key) {
-		case "aws_access_key_id":
-			accessKeyID = strings.TrimSpace(value)
-		case "aws_secret_access_key":
-			secretAccessKey = strings.TrimSpace(value)
-		case "aws_session_token":
-			sessionToken = strings.TrimSpace(value)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", "", "", err
-	}
-	switch {
-	case !found:
-		return "", "", "", fmt.Errorf("no profile [%s]", profile)
-	case accessKeyID == "" || secretAccessKey == "":
-		return "", "", "", fmt.Errorf("profile [%s] lacks aws_access_key_id or aws_secret_access_key", profile)
-	}
-	return accessKeyID, secretAccessKey, sessionToken, nil
-}
-
 // backupStorageLocation resolves a Velero BSL into S3 storage. Velero's
 // credential Secret is not copied: a Role in Velero's namespace lets the
 // server's service account read that one Secret, and the server pod's init
@@ -225,7 +179,7 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 		}
 		return nil, fmt.Errorf("get Secret %s/%s: %w", ref.Namespace, vs.Credentials.Name, err)
 	}
-	if _, _, _, err := ParseAWSCredentials(s.Data[vs.Credentials.Key], vs.Profile); err != nil {
+	if _, _, _, err := awscreds.Parse(s.Data[vs.Credentials.Key], vs.Profile); err != nil {
 		return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s/%s, key %s, is not an AWS credentials file Kopia can use: %v", ref.Namespace, vs.Credentials.Name, vs.Credentials.Key, err)}, nil
 	}
 	if err := r.veleroAccess(ctx, b, vs.Credentials.Name); err != nil {

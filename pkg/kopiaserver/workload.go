@@ -17,6 +17,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -213,8 +214,8 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 				"--s3-credentials-profile="+v.Profile)
 		} else {
 			initEnv = append(initEnv,
-				secretEnv(AWSAccessKeyID, secretKey(in.S3CredentialsSecret, AWSAccessKeyID), false),
-				secretEnv(AWSSecretAccessKey, secretKey(in.S3CredentialsSecret, AWSSecretAccessKey), false),
+				secretEnv(awscreds.AccessKeyID, secretKey(in.S3CredentialsSecret, awscreds.AccessKeyID), false),
+				secretEnv(awscreds.SecretAccessKey, secretKey(in.S3CredentialsSecret, awscreds.SecretAccessKey), false),
 				secretEnv("AWS_SESSION_TOKEN", secretKey(in.S3CredentialsSecret, "AWS_SESSION_TOKEN"), true),
 			)
 		}

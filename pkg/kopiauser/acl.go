@@ -15,6 +15,8 @@ import (
 	"github.com/kopia/kopia/repo/manifest"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/policy"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // Kopia keeps access rules as repository manifests of type "acl", like
@@ -83,7 +85,7 @@ var (
 	ownUserPolicy   = map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.PolicyTypeLabel: policy.PolicyTypeUser, policy.UsernameLabel: ownUser, policy.HostnameLabel: ownHost}
 	ownPathPolicies = map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.PolicyTypeLabel: policy.PolicyTypePath, policy.UsernameLabel: ownUser, policy.HostnameLabel: ownHost}
 	ownSnapshots    = map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: ownUser, snapshot.HostnameLabel: ownHost}
-	ownUserProfile  = map[string]string{manifest.TypeLabelKey: manifestType, usernameLabel: ownUser + "@" + ownHost}
+	ownUserProfile  = map[string]string{manifest.TypeLabelKey: identity.ManifestType, identity.LabelUsername: ownUser + "@" + ownHost}
 )
 
 // DefaultACLs are the rules of a BSLS that is not append-only: Kopia's own

@@ -9,7 +9,7 @@ import (
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/manifest"
 
-	"github.com/guestbackup/guestbackup/internal/kopiatest"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
 // level is Kopia's effective access of user@host to a manifest labelled
@@ -172,7 +172,7 @@ func acls(t *testing.T, r repo.Repository) map[string]bool {
 
 func TestSyncACLs(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	// What the attack left: a guest's self-granted FULL, labelled with its
 	// own user and host as Kopia's legacy rules let it write.
 	forged := ACL{User: "db@team-a", Target: map[string]string{manifest.TypeLabelKey: "snapshot"}, Access: AccessFull}

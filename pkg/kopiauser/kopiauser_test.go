@@ -1,112 +1,17 @@
 package kopiauser
 
 import (
-	"encoding/base64"
-	"encoding/json"
 	"testing"
+
+	"github.com/kopia/kopia/repo/manifest"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
-func TestValidateUsername(t *testing.T) {
-	for name, valid := range map[string]bool{
-		"vm-a@ns-a":    true,
-		"web.1@prod_2": true,
-		"VM@ns":        false, // Kopia lowercases nothing: uppercase never authenticates
-		"vm":           false,
-		"@ns":          false,
-		"vm@":          false,
-		"vm@ns@x":      false,
-		"vm a@ns":      false,
-		"vm@ns/other":  false,
-		"vm@ns\n":      false,
-	} {
-		if err := ValidateUsername(name); (err == nil) != valid {
-			t.Errorf("ValidateUsername(%q) = %v, want valid=%v", name, err, valid)
-		}
-	}
-}
-
-func TestHash(t *testing.T) {
-	for _, version := range []HashVersion{Scrypt, PBKDF2} {
-		h, err := NewHash("correct horse", version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := h.Validate(); err != nil {
-			t.Fatalf("version %d: fresh hash invalid: %v", version, err)
-		}
-		if !h.Matches("correct horse") {
-			t.Errorf("version %d: hash does not match its password", version)
-		}
-		if h.Matches("correct horse ") || h.Matches("") {
-			t.Errorf("version %d: hash matches another password", version)
-		}
-		again, err := NewHash("correct horse", version)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if string(again.Value) == string(h.Value) {
-			t.Errorf("version %d: two hashes of one password are equal: the salt is not random", version)
-		}
-
-		// String is the encoding `kopia server user set --user-password-hash` takes.
-		data, err := base64.StdEncoding.DecodeString(h.String())
-		if err != nil {
-			t.Fatal(err)
-		}
-		var decoded struct {
-			Version int    `json:"passwordHashVersion"`
-			Value   []byte `json:"passwordHash"`
-		}
-		if err := json.Unmarshal(data, &decoded); err != nil {
-			t.Fatal(err)
-		}
-		if HashVersion(decoded.Version) != version || string(decoded.Value) != string(h.Value) {
-			t.Errorf("version %d: String does not round-trip: %s", version, data)
-		}
-		parsed, err := ParseHash(h.String())
-		if err != nil || parsed.Version != h.Version || string(parsed.Value) != string(h.Value) {
-			t.Errorf("version %d: ParseHash(String()) = %v, %v", version, parsed, err)
-		}
-	}
-}
-
-func TestParseHashRejects(t *testing.T) {
-	for _, s := range []string{"", "%%%", "bm90IGpzb24=", (Hash{Version: 7, Value: make([]byte, 64)}).String()} {
-		if _, err := ParseHash(s); err == nil {
-			t.Errorf("ParseHash(%q) accepted it", s)
-		}
-	}
-}
-
-func TestHashValidateRejects(t *testing.T) {
-	for name, h := range map[string]Hash{
-		"unknown version": {Version: 3, Value: make([]byte, 64)},
-		"short":           {Version: Scrypt, Value: make([]byte, 63)},
-		"empty":           {Version: PBKDF2},
-	} {
-		if err := h.Validate(); err == nil {
-			t.Errorf("%s: Validate accepted it", name)
-		}
-		if h.Matches("") {
-			t.Errorf("%s: Matches accepted a password", name)
-		}
-	}
-}
-
-// BenchmarkNewHash shows why each password is hashed once and the hash kept:
-// every hash costs what Kopia's server spends on one login.
-func BenchmarkNewHash(b *testing.B) {
-	for _, bc := range []struct {
-		name    string
-		version HashVersion
-	}{{"scrypt", Scrypt}, {"pbkdf2", PBKDF2}} {
-		b.Run(bc.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := NewHash("correct horse", bc.version); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+// TestProfileLabelsAreKopias holds identity, which may not import Kopia, to
+// the label Kopia finds manifests by.
+func TestProfileLabelsAreKopias(t *testing.T) {
+	if identity.TypeLabel != manifest.TypeLabelKey {
+		t.Fatalf("identity.TypeLabel = %q, Kopia's type label is %q", identity.TypeLabel, manifest.TypeLabelKey)
 	}
 }

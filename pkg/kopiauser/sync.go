@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/kopia/kopia/repo"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // Op is what a Change does to one user.
@@ -27,14 +29,14 @@ type Change struct {
 	Op       Op
 	Username string
 	// Hash is the desired hash; empty for OpDelete.
-	Hash Hash
+	Hash identity.Hash
 }
 
 // Plan returns the changes that turn actual into desired, sorted by user
 // name so that a plan is reproducible. Hashes are compared as stored: a
 // password is never re-hashed to find out whether it changed, so callers keep
 // each user's hash and hand the same one over on every resync.
-func Plan(desired, actual map[string]Hash) []Change {
+func Plan(desired, actual map[string]identity.Hash) []Change {
 	var changes []Change
 	for name, want := range desired {
 		have, ok := actual[name]
@@ -78,7 +80,7 @@ func Apply(ctx context.Context, w repo.RepositoryWriter, changes []Change) error
 
 // Sync makes the repository's users exactly desired, in one write session,
 // and returns what it changed.
-func Sync(ctx context.Context, r repo.Repository, desired map[string]Hash) ([]Change, error) {
+func Sync(ctx context.Context, r repo.Repository, desired map[string]identity.Hash) ([]Change, error) {
 	actual, err := List(ctx, r)
 	if err != nil {
 		return nil, err

@@ -7,54 +7,55 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/internal/kopiatest"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // fakeHash is a well-formed hash of no password: sync compares hashes as
 // stored and never derives one, so its cost is independent of scrypt's.
-func fakeHash(tb testing.TB) Hash {
+func fakeHash(tb testing.TB) identity.Hash {
 	tb.Helper()
-	v := make([]byte, saltLength+keyLength)
+	v := make([]byte, 64)
 	if _, err := rand.Read(v); err != nil {
 		tb.Fatal(err)
 	}
-	return Hash{Version: Scrypt, Value: v}
+	return identity.Hash{Version: identity.Scrypt, Value: v}
 }
 
 func TestPlan(t *testing.T) {
-	a, b, b2 := Hash{Scrypt, []byte("a")}, Hash{Scrypt, []byte("b")}, Hash{Scrypt, []byte("b2")}
-	bPBKDF2 := Hash{PBKDF2, []byte("b")}
+	a, b, b2 := identity.Hash{Version: identity.Scrypt, Value: []byte("a")}, identity.Hash{Version: identity.Scrypt, Value: []byte("b")}, identity.Hash{Version: identity.Scrypt, Value: []byte("b2")}
+	bPBKDF2 := identity.Hash{Version: identity.PBKDF2, Value: []byte("b")}
 	tests := []struct {
 		name            string
-		desired, actual map[string]Hash
+		desired, actual map[string]identity.Hash
 		want            []Change
 	}{
 		{name: "nothing", want: nil},
-		{name: "in sync", desired: map[string]Hash{"a@x": a}, actual: map[string]Hash{"a@x": a}, want: nil},
+		{name: "in sync", desired: map[string]identity.Hash{"a@x": a}, actual: map[string]identity.Hash{"a@x": a}, want: nil},
 		{
 			name:    "add to an empty repository",
-			desired: map[string]Hash{"b@x": b, "a@x": a},
+			desired: map[string]identity.Hash{"b@x": b, "a@x": a},
 			want:    []Change{{OpAdd, "a@x", a}, {OpAdd, "b@x", b}},
 		},
 		{
 			name:    "new password",
-			desired: map[string]Hash{"b@x": b2}, actual: map[string]Hash{"b@x": b},
+			desired: map[string]identity.Hash{"b@x": b2}, actual: map[string]identity.Hash{"b@x": b},
 			want: []Change{{OpUpdate, "b@x", b2}},
 		},
 		{
 			name:    "same bytes, other algorithm",
-			desired: map[string]Hash{"b@x": bPBKDF2}, actual: map[string]Hash{"b@x": b},
+			desired: map[string]identity.Hash{"b@x": bPBKDF2}, actual: map[string]identity.Hash{"b@x": b},
 			want: []Change{{OpUpdate, "b@x", bPBKDF2}},
 		},
 		{
 			name:   "every user revoked",
-			actual: map[string]Hash{"a@x": a, "b@x": b},
+			actual: map[string]identity.Hash{"a@x": a, "b@x": b},
 			want:   []Change{{Op: OpDelete, Username: "a@x"}, {Op: OpDelete, Username: "b@x"}},
 		},
 		{
 			name:    "add, change and delete at once",
-			desired: map[string]Hash{"b@x": b2, "c@x": a},
-			actual:  map[string]Hash{"a@x": a, "b@x": b},
+			desired: map[string]identity.Hash{"b@x": b2, "c@x": a},
+			actual:  map[string]identity.Hash{"a@x": a, "b@x": b},
 			want:    []Change{{Op: OpDelete, Username: "a@x"}, {OpUpdate, "b@x", b2}, {OpAdd, "c@x", a}},
 		},
 	}
@@ -69,17 +70,17 @@ func TestPlan(t *testing.T) {
 
 func TestSyncAgainstARepository(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	a, b, b2, c := fakeHash(t), fakeHash(t), fakeHash(t), fakeHash(t)
 
 	steps := []struct {
-		desired map[string]Hash
+		desired map[string]identity.Hash
 		changes int
 	}{
-		{desired: map[string]Hash{"a@ns": a, "b@ns": b}, changes: 2},
-		{desired: map[string]Hash{"a@ns": a, "b@ns": b}, changes: 0}, // a resync writes nothing
-		{desired: map[string]Hash{"b@ns": b2, "c@ns": c}, changes: 3},
-		{desired: map[string]Hash{}, changes: 2},
+		{desired: map[string]identity.Hash{"a@ns": a, "b@ns": b}, changes: 2},
+		{desired: map[string]identity.Hash{"a@ns": a, "b@ns": b}, changes: 0}, // a resync writes nothing
+		{desired: map[string]identity.Hash{"b@ns": b2, "c@ns": c}, changes: 3},
+		{desired: map[string]identity.Hash{}, changes: 2},
 	}
 	for i, step := range steps {
 		changes, err := Sync(ctx, r, step.desired)
@@ -107,9 +108,9 @@ func TestSyncAgainstARepository(t *testing.T) {
 
 func TestSyncRefusesBadInputWhole(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	// The valid user sorts first, so it is written before the invalid one fails.
-	_, err := Sync(ctx, r, map[string]Hash{"a-good@ns": fakeHash(t), "z-bad@NS": fakeHash(t)})
+	_, err := Sync(ctx, r, map[string]identity.Hash{"a-good@ns": fakeHash(t), "z-bad@NS": fakeHash(t)})
 	if err == nil {
 		t.Fatal("sync accepted an invalid user name")
 	}
@@ -126,7 +127,7 @@ func TestSyncRefusesBadInputWhole(t *testing.T) {
 // the first writes every user, the second finds nothing to do. No password is
 // hashed either time.
 func BenchmarkSync10000(b *testing.B) {
-	desired := make(map[string]Hash, 10_000)
+	desired := make(map[string]identity.Hash, 10_000)
 	for i := range 10_000 {
 		desired[fmt.Sprintf("vm-%05d@ns-%d", i, i%50)] = fakeHash(b)
 	}
@@ -134,7 +135,7 @@ func BenchmarkSync10000(b *testing.B) {
 	b.Run("initial", func(b *testing.B) {
 		for b.Loop() {
 			b.StopTimer()
-			r := kopiatest.NewRepository(b)
+			r := testbed.NewRepository(b)
 			b.StartTimer()
 			if changes, err := Sync(ctx, r, desired); err != nil || len(changes) != len(desired) {
 				b.Fatalf("sync: %d changes, %v", len(changes), err)
@@ -142,7 +143,7 @@ func BenchmarkSync10000(b *testing.B) {
 		}
 	})
 	b.Run("resync", func(b *testing.B) {
-		r := kopiatest.NewRepository(b)
+		r := testbed.NewRepository(b)
 		if _, err := Sync(ctx, r, desired); err != nil {
 			b.Fatal(err)
 		}

@@ -8,7 +8,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -19,7 +19,7 @@ func ParseServerRef(value string) (types.NamespacedName, error) {
 }
 
 // Username is the Kopia identity of a VM: <vm-name>@<vm-namespace>
-// (vmsecret.Username). It is stable across re-creation of the VM, so a VM
+// (identity.OfVM). It is stable across re-creation of the VM, so a VM
 // restored by GitOps sees its own old snapshots. It fails for a VM whose
 // name cannot carry guestbackup's credentials: the VM's Secret is named
 // and labelled after it (vmsecret.ValidateVMName), and its identity must
@@ -28,8 +28,8 @@ func Username(vmName, vmNamespace string) (string, error) {
 	if err := vmsecret.ValidateVMName(vmName); err != nil {
 		return "", fmt.Errorf("VirtualMachine %s/%s cannot get guestbackup credentials: %w", vmNamespace, vmName, err)
 	}
-	username := vmsecret.Username(vmName, vmNamespace)
-	if err := kopiauser.ValidateUsername(username); err != nil {
+	username := identity.OfVM(vmName, vmNamespace)
+	if err := identity.ValidateUsername(username); err != nil {
 		return "", fmt.Errorf("VirtualMachine %s/%s has no valid Kopia identity: %w", vmNamespace, vmName, err)
 	}
 	return username, nil

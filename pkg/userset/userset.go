@@ -14,7 +14,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // How the desired users reach a server pod: the controller hashes each VM's
@@ -48,7 +48,7 @@ func ShardOf(username string) int {
 // Encode renders users as the content of a users Secret: one line per
 // user, sorted, "<user@host> <hash version> <base64 of salt||key>". Sorted
 // output keeps a Secret unchanged when its users are.
-func Encode(users map[string]kopiauser.Hash) []byte {
+func Encode(users map[string]identity.Hash) []byte {
 	names := make([]string, 0, len(users))
 	for name := range users {
 		names = append(names, name)
@@ -64,8 +64,8 @@ func Encode(users map[string]kopiauser.Hash) []byte {
 
 // Decode parses what Encode wrote, rejecting any malformed line,
 // invalid user name or hash, or duplicate user.
-func Decode(data []byte) (map[string]kopiauser.Hash, error) {
-	users := map[string]kopiauser.Hash{}
+func Decode(data []byte) (map[string]identity.Hash, error) {
+	users := map[string]identity.Hash{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	for n := 1; sc.Scan(); n++ {
 		line := sc.Text()
@@ -77,7 +77,7 @@ func Decode(data []byte) (map[string]kopiauser.Hash, error) {
 			return nil, fmt.Errorf("line %d: want \"<user@host> <version> <hash>\", got %d fields", n, len(fields))
 		}
 		name := fields[0]
-		if err := kopiauser.ValidateUsername(name); err != nil {
+		if err := identity.ValidateUsername(name); err != nil {
 			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		version, err := strconv.Atoi(fields[1])
@@ -88,7 +88,7 @@ func Decode(data []byte) (map[string]kopiauser.Hash, error) {
 		if err != nil {
 			return nil, fmt.Errorf("line %d: hash of %s: %w", n, name, err)
 		}
-		h := kopiauser.Hash{Version: kopiauser.HashVersion(version), Value: value}
+		h := identity.Hash{Version: identity.HashVersion(version), Value: value}
 		if err := h.Validate(); err != nil {
 			return nil, fmt.Errorf("line %d: user %s: %w", n, name, err)
 		}

@@ -7,17 +7,17 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
-func hashOf(b byte, version kopiauser.HashVersion) kopiauser.Hash {
-	return kopiauser.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
+func hashOf(b byte, version identity.HashVersion) identity.Hash {
+	return identity.Hash{Version: version, Value: bytes.Repeat([]byte{b}, 64)}
 }
 
 func TestEncodeUsersRoundTrip(t *testing.T) {
-	users := map[string]kopiauser.Hash{
-		"web@prod": hashOf(1, kopiauser.Scrypt),
-		"db@prod":  hashOf(2, kopiauser.PBKDF2),
+	users := map[string]identity.Hash{
+		"web@prod": hashOf(1, identity.Scrypt),
+		"db@prod":  hashOf(2, identity.PBKDF2),
 	}
 	data := Encode(users)
 	want := "db@prod 2 " + strings.Repeat("AgIC", 21) + "Ag==\n" +
@@ -38,7 +38,7 @@ func TestEncodeUsersRoundTrip(t *testing.T) {
 }
 
 func TestDecodeUsersRejects(t *testing.T) {
-	valid := strings.TrimSpace(string(Encode(map[string]kopiauser.Hash{"a@b": hashOf(1, kopiauser.Scrypt)})))
+	valid := strings.TrimSpace(string(Encode(map[string]identity.Hash{"a@b": hashOf(1, identity.Scrypt)})))
 	fields := strings.Fields(valid)
 	tests := map[string]struct{ data, want string }{
 		"two fields":      {data: "a@b 1\n", want: "got 2 fields"},
@@ -62,13 +62,13 @@ func TestDecodeUsersRejects(t *testing.T) {
 // TestShardsHoldTenThousandUsers checks the sizing the users Secrets rely
 // on: 10,000 users spread over every shard, none near a Secret's 1 MiB.
 func TestShardsHoldTenThousandUsers(t *testing.T) {
-	shards := make([]map[string]kopiauser.Hash, Shards)
+	shards := make([]map[string]identity.Hash, Shards)
 	for i := range shards {
-		shards[i] = map[string]kopiauser.Hash{}
+		shards[i] = map[string]identity.Hash{}
 	}
 	for i := range 10_000 {
 		name := fmt.Sprintf("vm-%05d@namespace-%03d", i, i%300)
-		shards[ShardOf(name)][name] = hashOf(byte(i), kopiauser.Scrypt)
+		shards[ShardOf(name)][name] = hashOf(byte(i), identity.Scrypt)
 	}
 	for i, users := range shards {
 		size := len(Encode(users))

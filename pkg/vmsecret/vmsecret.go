@@ -43,6 +43,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // Labels of the Secret, all written by the webhook.
@@ -104,11 +105,6 @@ var vmKind = schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: 
 
 // Name is the Secret of VM vm, in the VM's namespace.
 func Name(vm string) string { return v1alpha1.CredentialSecretName(vm) }
-
-// Username is the Kopia identity of VM vm of namespace: <vm>@<namespace>.
-// It is stable across re-creation of the VM, so a VM restored by GitOps
-// sees its own snapshots. The Kopia rule for user names is kopiauser's.
-func Username(vm, namespace string) string { return vm + "@" + namespace }
 
 // ValidateVMName says why a VM named vm cannot have a credential Secret:
 // the Secret is named Name(vm) and labelled LabelVM=vm, so vm must be a
@@ -181,7 +177,7 @@ func Identity(s *corev1.Secret) string {
 	if VM(s) == "" {
 		return ""
 	}
-	return Username(VM(s), s.Namespace)
+	return identity.OfVM(VM(s), s.Namespace)
 }
 
 // GuestUsername is the username key: what the guest connects as. Never

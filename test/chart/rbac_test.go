@@ -30,9 +30,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/manager"
-	"github.com/guestbackup/guestbackup/pkg/audit"
-	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/internal/controller"
+	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -107,13 +106,10 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			LeaderElection: true, LeaderElectionID: "controller.guestbackup.io", LeaderElectionNamespace: ns,
 			LeaseDuration: ptr.To(15 * time.Second), RenewDeadline: ptr.To(10 * time.Second), RetryPeriod: ptr.To(time.Second),
 			Controller: config.Controller{SkipNameValidation: ptr.To(true)},
-			Cache:      manager.ControllerCache(),
+			Cache:      controller.Cache(),
 		})
 		Expect(err).NotTo(HaveOccurred())
-		Expect((&kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: ns, ActivityInterval: time.Minute}).SetupWithManager(mgr)).To(Succeed())
-		Expect((&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 1)).To(Succeed())
-		Expect((&credentials.VMReconciler{}).SetupWithManager(mgr)).To(Succeed())
-		Expect((&audit.Reconciler{}).SetupWithManager(mgr)).To(Succeed())
+		Expect(controller.Setup(mgr, controller.Options{Image: "guestbackup:test", Namespace: ns, ActivityInterval: time.Minute, Hashers: 1})).To(Succeed())
 		mgrCtx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mgr.Start(mgrCtx) }()
@@ -178,7 +174,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		bsls.Status.Conditions = []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}}
 		Expect(apiServer.Client.Status().Update(ctx, bsls)).To(Succeed())
 
-		opts := mutate.CacheOptions()
+		opts := webhook.Cache()
 		opts.Scheme = apiServer.Scheme
 		informers, err := cache.New(webhookConfig, opts)
 		Expect(err).NotTo(HaveOccurred())
@@ -213,7 +209,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			Expect(apiServer.Client.Create(ctx, s)).To(Succeed())
 		}
 		// The cache cmd/controller runs with, as the controller's ServiceAccount.
-		opts := manager.ControllerCache()
+		opts := controller.Cache()
 		opts.Scheme = apiServer.Scheme
 		informers, err := cache.New(controllerConfig, opts)
 		Expect(err).NotTo(HaveOccurred())

@@ -20,7 +20,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 

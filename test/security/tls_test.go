@@ -3,7 +3,6 @@ package security
 import (
 	"crypto/tls"
 	"crypto/x509"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -15,16 +14,13 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/audit"
-	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
-	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
@@ -36,22 +32,12 @@ const tlsIssued = 60 * time.Second
 // anyone allowed to create a Certificate in any namespace can use it.
 const tlsClusterIssuer = "guestbackup-server-ca"
 
-// tlsChartSetup runs guestbackup as the chart configures the controller
-// with cert-manager enabled (--cert-manager-ca), otherwise as
-// local.Guestbackup does.
-func tlsChartSetup(mgr ctrl.Manager) error {
-	mutate.SetupWithManager(mgr)
-	r := &kopiaserver.Reconciler{Image: "guestbackup:local", ControllerNamespace: local.Namespace, ActivityInterval: 2 * time.Second, CertManagerCA: true}
-	if err := r.SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the BSLS reconciler: %w", err)
-	}
-	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
-		return fmt.Errorf("set up the credential hasher: %w", err)
-	}
-	if err := (&credentials.VMReconciler{}).SetupWithManager(mgr); err != nil {
-		return fmt.Errorf("set up the VM reconciler: %w", err)
-	}
-	return (&audit.Reconciler{}).SetupWithManager(mgr)
+// tlsChartController is the controller as the chart configures it with
+// cert-manager enabled (--cert-manager-ca), otherwise as local runs it.
+func tlsChartController() *controller.Options {
+	o := local.ControllerOptions()
+	o.CertManagerCA = true
+	return &o
 }
 
 // tlsCAHierarchy creates, through c, a selfSigned issuer, a CA Certificate
@@ -192,7 +178,7 @@ var _ = Describe("A tenant serving a certificate she minted for a BSLS's server,
 		// own controllers. The scaffold's helpers use the package's
 		// platform, so it stands in for it until this container ends
 		// (specs run one at a time).
-		cm := local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: tlsChartSetup})
+		cm := local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Controller: tlsChartController()})
 		testbed.StartCertManager(GinkgoT(), cm.API, testbed.CertManagerOptions{})
 		shared := platform
 		platform = cm

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/manager"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
@@ -77,7 +77,7 @@ var _ = Describe("A BSLS author naming a Velero BackupStorageLocation without th
 		for _, ns := range []string{veleroNS, authorNS} {
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 		}
-		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, Cache: manager.ControllerCache()}, func(mgr ctrl.Manager) error {
+		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, Cache: controller.Cache()}, func(mgr ctrl.Manager) error {
 			return (&kopiaserver.Reconciler{Image: "guestbackup:local", ControllerNamespace: "guestbackup-system"}).SetupWithManager(mgr)
 		})
 		Expect(err).NotTo(HaveOccurred())

@@ -1,4 +1,4 @@
-package activity_test
+package activityscan_test
 
 import (
 	"context"
@@ -18,6 +18,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -78,7 +79,7 @@ func BenchmarkPollCycle(b *testing.B) {
 		}
 	}
 	write(1000, 10, time.Now())
-	s := activity.NewScanner()
+	s := activityscan.New()
 	cycle := func() {
 		if err := r.Refresh(ctx); err != nil {
 			b.Fatal(err)

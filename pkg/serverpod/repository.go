@@ -1,4 +1,4 @@
-package kopiaserver
+package serverpod
 
 import (
 	"context"
@@ -13,7 +13,7 @@ import (
 	"github.com/kopia/kopia/snapshot/policy"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/retention"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 )
 
 // Storage is where a repository lives, as the server pod reaches it.

@@ -18,8 +18,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -29,12 +30,12 @@ const provisioned = 30 * time.Second
 // guest is a VM's identity and password, hashed once as the controller does.
 type guest struct {
 	user, password string
-	hash           kopiauser.Hash
+	hash           identity.Hash
 }
 
 func newGuest(user string) guest {
 	password := testbed.RandomPassword()
-	h, err := kopiauser.NewHash(password, kopiauser.Scrypt)
+	h, err := identity.NewHash(password, identity.Scrypt)
 	Expect(err).NotTo(HaveOccurred())
 	return guest{user: user, password: password, hash: h}
 }
@@ -42,9 +43,9 @@ func newGuest(user string) guest {
 // writeUsers writes every shard Secret so that they list exactly guests.
 func writeUsers(guests ...guest) {
 	ctx := context.Background()
-	shards := make([]map[string]kopiauser.Hash, userset.Shards)
+	shards := make([]map[string]identity.Hash, userset.Shards)
 	for i := range shards {
-		shards[i] = map[string]kopiauser.Hash{}
+		shards[i] = map[string]identity.Hash{}
 	}
 	for _, g := range guests {
 		shards[userset.ShardOf(g.user)][g.user] = g.hash
@@ -96,7 +97,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 	It("changes nothing until every shard Secret exists", func() {
 		// A user already in the repository, as on storage a new cluster attaches.
 		earlier := newGuest("earlier@team-a")
-		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{earlier.user: earlier.hash})).To(Succeed())
+		Expect(server.SetUsers(context.Background(), map[string]identity.Hash{earlier.user: earlier.hash})).To(Succeed())
 
 		Eventually(syncer.Ready).WithTimeout(provisioned).Should(MatchError(ContainSubstring("main-users-0")))
 		writeShard(context.Background(), 0, nil)
@@ -162,7 +163,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		// could log in meanwhile, depends on when the syncer's next pass
 		// runs, which the spec does not control: it looks only at the end
 		// state the syncer must reach.
-		Expect(server.SetUsers(context.Background(), map[string]kopiauser.Hash{mallory.user: mallory.hash})).To(Succeed())
+		Expect(server.SetUsers(context.Background(), map[string]identity.Hash{mallory.user: mallory.hash})).To(Succeed())
 		Eventually(repositoryUsers).WithTimeout(provisioned).ShouldNot(HaveKey(mallory.user))
 		Eventually(canConnect(mallory)).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")))
 		Expect(canConnect(alice)()).To(Succeed())
@@ -205,7 +206,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 })
 
 // repositoryUsers is the users the repository holds now.
-func repositoryUsers() map[string]kopiauser.Hash {
+func repositoryUsers() map[string]identity.Hash {
 	ctx := context.Background()
 	Expect(observer.Refresh(ctx)).To(Succeed())
 	users, err := kopiauser.List(ctx, observer)

@@ -45,9 +45,10 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
-	"github.com/guestbackup/guestbackup/pkg/retention"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -139,7 +140,7 @@ type Syncer struct {
 	trigger chan struct{}
 
 	// activity belongs to Run's goroutine.
-	activity *activity.Scanner
+	activity *activityscan.Scanner
 
 	mu     sync.Mutex
 	status error
@@ -173,7 +174,7 @@ func New(opts Options) *Syncer {
 	if opts.RetentionInterval <= 0 {
 		opts.RetentionInterval = time.Hour
 	}
-	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activity.NewScanner()}
+	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activityscan.New()}
 }
 
 // Ready returns nil once the repository holds exactly the desired users,
@@ -482,8 +483,8 @@ func (l shardLister) List(selector labels.Selector) ([]*corev1.Secret, error) {
 
 // DesiredUsers merges the users of every shard. It fails, so that nothing is
 // deleted, while a shard is missing or malformed.
-func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]kopiauser.Hash, error) {
-	desired := map[string]kopiauser.Hash{}
+func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]identity.Hash, error) {
+	desired := map[string]identity.Hash{}
 	for shard := range userset.Shards {
 		name := userset.SecretName(bsls, shard)
 		secret, err := lister.Get(name)
@@ -501,7 +502,7 @@ func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[st
 	return desired, nil
 }
 
-func decodeShard(secret *corev1.Secret, shard int) (map[string]kopiauser.Hash, error) {
+func decodeShard(secret *corev1.Secret, shard int) (map[string]identity.Hash, error) {
 	users, err := userset.Decode(secret.Data[userset.Key])
 	if err != nil {
 		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.Key, err)

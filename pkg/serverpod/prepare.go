@@ -1,4 +1,4 @@
-package kopiaserver
+package serverpod
 
 import (
 	"context"

@@ -14,8 +14,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
-	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -38,15 +38,15 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	}
 	defer r.Close(ctx)
 	s := usersync.New(usersync.Options{
-		Client: clientset, Namespace: namespace, BSLS: bsls, Repository: r, Server: srv.Control, Log: logr.Discard(),
+		Client: clientset, Namespace: namespace, BSLS: bsls, Repository: r, Server: controlOf(b, srv), Log: logr.Discard(),
 	})
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { _ = s.Run(runCtx) }()
 
-	shards := make([]map[string]kopiauser.Hash, userset.Shards)
+	shards := make([]map[string]identity.Hash, userset.Shards)
 	for i := range shards {
-		shards[i] = map[string]kopiauser.Hash{}
+		shards[i] = map[string]identity.Hash{}
 		putShard(b, clientset, i, shards[i])
 	}
 	if err := testbed.WaitFor(time.Minute, 50*time.Millisecond, func() (bool, error) { return s.Ready() == nil, s.Ready() }); err != nil {
@@ -61,7 +61,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 			user := fmt.Sprintf("vm-%03d@bench", n)
 			n++
 			password := testbed.RandomPassword()
-			h, err := kopiauser.NewHash(password, kopiauser.Scrypt) // hashed once, by the controller
+			h, err := identity.NewHash(password, identity.Scrypt) // hashed once, by the controller
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -86,7 +86,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	b.ReportMetric(float64(len(latencies)), "users")
 }
 
-func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]kopiauser.Hash) {
+func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]identity.Hash) {
 	b.Helper()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{

@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/kopiatest"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
 var (
@@ -252,7 +252,7 @@ func TestGuestPoliciesDisarmKopiasRetention(t *testing.T) {
 	}
 
 	// What the attack did to a repository with Kopia's default policy.
-	attacked := kopiatest.NewRepository(t)
+	attacked := testbed.NewRepository(t)
 	setGlobal(attacked, policy.DefaultPolicy)
 	real := write(attacked, db, time.Now().Add(-time.Hour), 2)
 	write(attacked, db, future, 10)
@@ -260,7 +260,7 @@ func TestGuestPoliciesDisarmKopiasRetention(t *testing.T) {
 		t.Fatalf("the attack no longer works on Kopia's defaults (deleted %v): this test proves nothing", deleted)
 	}
 
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	setGlobal(r, policy.DefaultPolicy)
 	fixed, _, err := GuestPolicies(ctx, r)
 	if err != nil || len(fixed) != 1 {
@@ -294,7 +294,7 @@ func TestGuestPoliciesDisarmKopiasRetention(t *testing.T) {
 // user's places in the admin's retention.
 func TestApplyRanksForgedSourcesAmongTheirWriters(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	var real manifest.ID
 	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		ts := fs.UTCTimestampFromTime(time.Now().Add(-time.Hour))
@@ -334,7 +334,7 @@ func TestApplyRanksForgedSourcesAmongTheirWriters(t *testing.T) {
 // that does not parse. The other guests' retention is still made harmless.
 func TestGuestPoliciesSkipsUnreadablePolicies(t *testing.T) {
 	ctx := context.Background()
-	r := kopiatest.NewRepository(t)
+	r := testbed.NewRepository(t)
 	var planted manifest.ID
 	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		if err := policy.SetPolicy(ctx, w, db, &policy.Policy{RetentionPolicy: policy.RetentionPolicy{KeepLatest: opt(1)}}); err != nil {

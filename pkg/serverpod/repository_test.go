@@ -1,4 +1,4 @@
-package kopiaserver_test
+package serverpod_test
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/serverpod"
 )
 
 // globalPolicy reads the repository's global policy with the real kopia CLI.
@@ -40,7 +40,7 @@ func globalPolicy(t *testing.T, configFile, password string) (keepLatest int, co
 
 func TestConnectOrCreate(t *testing.T) {
 	ctx := context.Background()
-	storage := kopiaserver.Storage{Filesystem: &kopiaserver.FilesystemLocation{Path: filepath.Join(t.TempDir(), "repository")}}
+	storage := serverpod.Storage{Filesystem: &serverpod.FilesystemLocation{Path: filepath.Join(t.TempDir(), "repository")}}
 	const password = "repository password"
 	defaults := &v1alpha1.PolicySpec{
 		Retention:   &v1alpha1.RetentionPolicy{KeepLatest: ptr.To[int32](3)},
@@ -48,7 +48,7 @@ func TestConnectOrCreate(t *testing.T) {
 	}
 
 	first := filepath.Join(t.TempDir(), "repository.config")
-	created, err := kopiaserver.ConnectOrCreate(ctx, storage, first, password, defaults)
+	created, err := serverpod.ConnectOrCreate(ctx, storage, first, password, defaults)
 	if err != nil || !created {
 		t.Fatalf("first ConnectOrCreate = %v, %v; want a new repository", created, err)
 	}
@@ -58,7 +58,7 @@ func TestConnectOrCreate(t *testing.T) {
 
 	// A restarted pod connects; the repository's policy is the admin's to change, not ours.
 	second := filepath.Join(t.TempDir(), "repository.config")
-	created, err = kopiaserver.ConnectOrCreate(ctx, storage, second, password, &v1alpha1.PolicySpec{Compression: "s2-default"})
+	created, err = serverpod.ConnectOrCreate(ctx, storage, second, password, &v1alpha1.PolicySpec{Compression: "s2-default"})
 	if err != nil || created {
 		t.Fatalf("second ConnectOrCreate = %v, %v; want a connection to the existing repository", created, err)
 	}
@@ -66,16 +66,16 @@ func TestConnectOrCreate(t *testing.T) {
 		t.Fatalf("reconnecting changed the policy: keeps %d latest with %q", keep, comp)
 	}
 
-	_, err = kopiaserver.ConnectOrCreate(ctx, storage, filepath.Join(t.TempDir(), "c"), "wrong password", nil)
+	_, err = serverpod.ConnectOrCreate(ctx, storage, filepath.Join(t.TempDir(), "c"), "wrong password", nil)
 	if err == nil || !strings.Contains(err.Error(), "invalid repository password") {
 		t.Fatalf("wrong password: error = %v, want one saying the password is invalid", err)
 	}
 }
 
 func TestConnectOrCreateWithoutDefaults(t *testing.T) {
-	storage := kopiaserver.Storage{Filesystem: &kopiaserver.FilesystemLocation{Path: filepath.Join(t.TempDir(), "repository")}}
+	storage := serverpod.Storage{Filesystem: &serverpod.FilesystemLocation{Path: filepath.Join(t.TempDir(), "repository")}}
 	config := filepath.Join(t.TempDir(), "repository.config")
-	if _, err := kopiaserver.ConnectOrCreate(context.Background(), storage, config, "pw", nil); err != nil {
+	if _, err := serverpod.ConnectOrCreate(context.Background(), storage, config, "pw", nil); err != nil {
 		t.Fatal(err)
 	}
 	// Kopia's own defaults, as `kopia repository create` sets them.
@@ -85,11 +85,11 @@ func TestConnectOrCreateWithoutDefaults(t *testing.T) {
 }
 
 func TestStorageNeedsExactlyOneKind(t *testing.T) {
-	for name, s := range map[string]kopiaserver.Storage{
+	for name, s := range map[string]serverpod.Storage{
 		"none": {},
-		"both": {Filesystem: &kopiaserver.FilesystemLocation{Path: t.TempDir()}, S3: &kopiaserver.S3Location{Bucket: "b"}},
+		"both": {Filesystem: &serverpod.FilesystemLocation{Path: t.TempDir()}, S3: &serverpod.S3Location{Bucket: "b"}},
 	} {
-		if _, err := kopiaserver.ConnectOrCreate(context.Background(), s, filepath.Join(t.TempDir(), "c"), "pw", nil); err == nil {
+		if _, err := serverpod.ConnectOrCreate(context.Background(), s, filepath.Join(t.TempDir(), "c"), "pw", nil); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}

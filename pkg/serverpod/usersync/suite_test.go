@@ -2,6 +2,7 @@ package usersync_test
 
 import (
 	"context"
+	"crypto/x509"
 	"testing"
 	"time"
 
@@ -16,7 +17,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/kopiaserver/usersync"
+	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 )
 
 const (
@@ -70,7 +72,7 @@ var _ = BeforeSuite(func() {
 		BSLSUID:    bslsUID,
 		Events:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"}),
 		Repository: r,
-		Server:     server.Control,
+		Server:     controlOf(GinkgoT(), server),
 		// Short, so that a spec can watch a resync undo another writer's change.
 		Resync: 3 * time.Second,
 		Log:    GinkgoLogr,
@@ -83,3 +85,11 @@ var _ = BeforeSuite(func() {
 		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
 	})
 })
+
+// controlOf is the server pod's control-API client of srv, as user sync
+// gets it: the server-control user, trusting srv's CA.
+func controlOf(tb testbed.TB, srv *testbed.KopiaServer) *serverpod.ControlClient {
+	c := serverpod.NewControlClient(srv.URL, testbed.ControlUsername, srv.ControlPassword, []*x509.Certificate{srv.CA.Cert})
+	tb.Cleanup(c.Close)
+	return c
+}

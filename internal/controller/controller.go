@@ -1,0 +1,83 @@
+// Package controller is cmd/controller's wiring: the cache the controller
+// runs with and the reconcilers it registers. internal/local and the chart's
+// test run the controller through it, so that what they prove is the
+// configuration the binary ships.
+package controller
+
+import (
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+)
+
+// Options are the controller's settings (cmd/controller's flags).
+type Options struct {
+	// Image holds kopia and guestbackup-server; server pods run it.
+	Image string
+	// Namespace is the controller's own; every server's NetworkPolicy
+	// admits it.
+	Namespace string
+	// CertManagerCA has cert-manager issue each BSLS's CA
+	// (kopiaserver.Reconciler.CertManagerCA).
+	CertManagerCA bool
+	// Hashers is how many passwords are hashed in parallel.
+	Hashers int
+	// ActivityInterval is how often server pods publish their guests' new
+	// snapshots for the audit; 0 disables it.
+	ActivityInterval time.Duration
+}
+
+// Cache keeps the controller's cache to guestbackup's own Pods, ConfigMaps
+// and Secrets (app.kubernetes.io/managed-by=guestbackup): it reconciles no
+// others, and caching every Secret of the cluster would hold every
+// credential of every tenant in its memory. The few Secrets others own that
+// the controller reads (an admin's TLS, S3 or repository password Secret,
+// Velero's credentials, cert-manager's serving Secret) it reads uncached
+// (kopiaserver.Reconciler.APIReader).
+func Cache() cache.Options {
+	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{
+		&corev1.Pod{}:       {Label: managed},
+		&corev1.ConfigMap{}: {Label: managed},
+		&corev1.Secret{}:    {Label: managed},
+	}}
+}
+
+// Setup registers the controller's reconcilers with mgr, which must run
+// with Cache, and its readiness check.
+func Setup(mgr ctrl.Manager, o Options) error {
+	if o.Image == "" {
+		return fmt.Errorf("the server image is required")
+	}
+	if o.Namespace == "" {
+		return fmt.Errorf("the controller's namespace is required")
+	}
+	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA}
+	if err := r.SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
+	}
+	if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, max(o.Hashers, 1)); err != nil {
+		return fmt.Errorf("set up the credential hasher: %w", err)
+	}
+	if err := (&credentials.VMReconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the VM credential reconciler: %w", err)
+	}
+	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the guest activity audit: %w", err)
+	}
+	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+	return nil
+}

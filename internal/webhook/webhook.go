@@ -1,0 +1,28 @@
+// Package webhook is cmd/webhook's wiring: the cache the webhook runs with
+// and the handler it serves. internal/local and the chart's test run the
+// webhook through it, so that what they prove is the configuration the
+// binary ships.
+package webhook
+
+import (
+	"fmt"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+)
+
+// Cache is the webhook's cache (mutate.CacheOptions: only guestbackup's
+// Secrets).
+func Cache() cache.Options { return mutate.CacheOptions() }
+
+// Setup registers the VirtualMachine mutation on mgr's webhook server, and a
+// readiness check that passes once that server is up with its certificate.
+func Setup(mgr ctrl.Manager) error {
+	mutate.SetupWithManager(mgr)
+	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
+		return fmt.Errorf("add readiness check: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,135 @@
+// Package activityscan finds what a Kopia server's guests did, in the
+// server pod: it scans the repository's snapshot manifests incrementally
+// and publishes, per guest, how many snapshots it has and its latest one
+// into the activity ConfigMaps (package activity is their format).
+package activityscan
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/manifest"
+	"github.com/kopia/kopia/snapshot"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+
+	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// Scanner keeps the activity of a repository's guests, reading only what
+// is new at each scan: the snapshot manifests' metadata (labels and
+// write time, held in memory by Kopia) every time, the payload of one new
+// manifest per guest at most.
+type Scanner struct {
+	seen      map[manifest.ID]bool
+	guests    map[string]activity.Guest
+	published [userset.Shards][]byte
+}
+
+// New returns a Scanner that has seen nothing.
+func New() *Scanner {
+	return &Scanner{seen: map[manifest.ID]bool{}, guests: map[string]activity.Guest{}}
+}
+
+// Shards returns the activity of every guest, by userset shard.
+func (s *Scanner) Shards() [userset.Shards]map[string]activity.Guest {
+	var shards [userset.Shards]map[string]activity.Guest
+	for i := range shards {
+		shards[i] = map[string]activity.Guest{}
+	}
+	for user, g := range s.guests {
+		shards[userset.ShardOf(user)][user] = g
+	}
+	return shards
+}
+
+// Scan reads what changed since the last scan and reports whether any
+// guest's activity did.
+func (s *Scanner) Scan(ctx context.Context, r repo.Repository) (bool, error) {
+	entries, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: snapshot.ManifestType})
+	if err != nil {
+		return false, fmt.Errorf("list snapshots: %w", err)
+	}
+	counts := map[string]int{}
+	newest := map[string]*manifest.EntryMetadata{}
+	first := map[string]time.Time{}
+	for _, e := range entries {
+		user := e.Labels[snapshot.UsernameLabel] + "@" + e.Labels[snapshot.HostnameLabel]
+		counts[user]++
+		if s.seen[e.ID] {
+			continue
+		}
+		s.seen[e.ID] = true
+		if n := newest[user]; n == nil || e.ModTime.After(n.ModTime) {
+			newest[user] = e
+		}
+		if f, ok := first[user]; !ok || e.ModTime.Before(f) {
+			first[user] = e.ModTime
+		}
+	}
+	changed := false
+	for user, count := range counts {
+		g, had := s.guests[user]
+		g.User = user
+		if g.Snapshots != count {
+			g.Snapshots, changed = count, true
+		}
+		if f, ok := first[user]; ok && (g.First.IsZero() || f.Before(g.First)) {
+			g.First, changed = f.UTC(), true
+		}
+		if e := newest[user]; e != nil {
+			var m snapshot.Manifest
+			if _, err := r.GetManifest(ctx, e.ID, &m); err != nil {
+				return changed, fmt.Errorf("read snapshot %s of %s: %w", e.ID, user, err)
+			}
+			if end := m.EndTime.ToTime(); !had || end.After(g.Last.End) {
+				g.Last = activity.Snapshot{
+					ID: string(e.ID), Path: m.Source.Path,
+					Start: m.StartTime.ToTime().UTC(), End: end.UTC(),
+					Bytes: m.Stats.TotalFileSize, Files: m.Stats.TotalFileCount,
+				}
+				changed = true
+			}
+		}
+		s.guests[user] = g
+	}
+	for user, g := range s.guests {
+		if counts[user] == 0 && g.Snapshots != 0 {
+			g.Snapshots, changed = 0, true // every snapshot deleted; the last one stays on record
+			s.guests[user] = g
+		}
+	}
+	return changed, nil
+}
+
+// Publish writes the activity ConfigMaps of bsls whose content changed
+// since the last Publish; they must exist (the controller creates them).
+// A cycle with nothing new costs no API request.
+func (s *Scanner) Publish(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls string) error {
+	for shard, guests := range s.Shards() {
+		data := activity.Encode(guests)
+		if bytes.Equal(data, s.published[shard]) {
+			continue
+		}
+		name := activity.ConfigMapName(bsls, shard)
+		cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("activity ConfigMap %s: %w", name, err)
+		}
+		if cm.Data[activity.Key] != string(data) {
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			cm.Data[activity.Key] = string(data)
+			if _, err := configMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("update activity ConfigMap %s: %w", name, err)
+			}
+		}
+		s.published[shard] = data
+	}
+	return nil
+}

@@ -1,0 +1,183 @@
+package serverpod
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
+)
+
+// veleroReadTimeout bounds the read of Velero's credential Secret.
+const veleroReadTimeout = time.Minute
+
+// InitOptions is what the init container does, from its flags.
+type InitOptions struct {
+	PrepareOptions
+	// Velero, when set, names the Velero credential Secret the S3
+	// credentials are read from, through the API; otherwise they come from
+	// the environment (awscreds' variables).
+	Velero *VeleroCredentials
+	// AppendOnly writes the append-only access rules instead of the
+	// default ones.
+	AppendOnly bool
+	// Out receives what Init did, for the container's log.
+	Out io.Writer
+}
+
+// VeleroCredentials names one profile of the AWS shared credentials file in
+// a Velero credential Secret.
+type VeleroCredentials struct {
+	Namespace, Name, Key, Profile string
+	// Client reads the Secret; the pod's service account may get that
+	// one Secret.
+	Client kubernetes.Interface
+}
+
+// Init gets a server pod ready to serve: it completes the S3 credentials,
+// connects to (or creates) the repository, writes the TLS chain, and makes
+// the repository's access rules guestbackup's before the server starts, so
+// that it never serves under Kopia's legacy rules (no ACLs) or under rules
+// someone else wrote. The ACL manifests it removes are left for user sync
+// to report (TakeForeignACLs).
+func Init(ctx context.Context, o InitOptions) error {
+	if o.Out == nil {
+		o.Out = io.Discard
+	}
+	if s3 := o.Storage.S3; s3 != nil {
+		var err error
+		if o.Velero != nil {
+			err = s3.readVelero(ctx, *o.Velero)
+		} else {
+			err = s3.readEnv()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	created, err := Prepare(ctx, o.PrepareOptions)
+	if err != nil {
+		return err
+	}
+	if created {
+		fmt.Fprintln(o.Out, "created a new repository")
+	} else {
+		fmt.Fprintln(o.Out, "connected to the existing repository")
+	}
+	return writeACLs(ctx, o.Out, o.ConfigFile, o.Password, o.AppendOnly)
+}
+
+// readEnv sets the credentials from the environment.
+func (s *S3Location) readEnv() error {
+	s.AccessKeyID = os.Getenv(awscreds.AccessKeyID)
+	s.SecretAccessKey = os.Getenv(awscreds.SecretAccessKey)
+	s.SessionToken = os.Getenv(awscreds.SessionToken)
+	if s.AccessKeyID == "" || s.SecretAccessKey == "" {
+		return fmt.Errorf("environment variables %s and %s must be set for S3 storage", awscreds.AccessKeyID, awscreds.SecretAccessKey)
+	}
+	return nil
+}
+
+// readVelero sets the credentials from a Velero credential Secret.
+func (s *S3Location) readVelero(ctx context.Context, v VeleroCredentials) error {
+	ctx, cancel := context.WithTimeout(ctx, veleroReadTimeout)
+	defer cancel()
+	secret, err := v.Client.CoreV1().Secrets(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read Velero's credentials: %w", err)
+	}
+	s.AccessKeyID, s.SecretAccessKey, s.SessionToken, err = awscreds.Parse(secret.Data[v.Key], v.Profile)
+	if err != nil {
+		return fmt.Errorf("Secret %s/%s, key %s: %w", v.Namespace, v.Name, v.Key, err)
+	}
+	return nil
+}
+
+// ParsePolicy decodes the JSON of a BSLS's repository.defaultPolicy, as the
+// controller passes it in --default-policy; "" is no policy.
+func ParsePolicy(data string) (*v1alpha1.PolicySpec, error) {
+	if data == "" {
+		return nil, nil
+	}
+	p := &v1alpha1.PolicySpec{}
+	if err := json.Unmarshal([]byte(data), p); err != nil {
+		return nil, fmt.Errorf("default policy: %w", err)
+	}
+	return p, nil
+}
+
+// foreignACLsFile is where init leaves the foreign ACLs it removed, for the
+// user-sync container (which shares the config folder) to report.
+func foreignACLsFile(configFile string) string { return configFile + ".foreign-acls.json" }
+
+// writeACLs writes guestbackup's access rules; on an append-only server it
+// also makes the retention guests can trigger keep everything.
+func writeACLs(ctx context.Context, out io.Writer, configFile, password string, appendOnly bool) error {
+	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
+	if err != nil {
+		return fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(ctx) //nolint:errcheck // the write session flushed what matters
+	res, err := kopiauser.SyncACLs(ctx, r, kopiauser.ACLsFor(appendOnly))
+	if err != nil {
+		return err
+	}
+	if appendOnly {
+		// Before the server starts, too: a BSLS switched to append-only
+		// must not serve a guest's retention request under the old counts.
+		fixed, unreadable, err := retention.GuestPolicies(ctx, r)
+		if err != nil {
+			return err
+		}
+		if len(fixed) > 0 {
+			fmt.Fprintln(out, "retention guests can trigger set to keep everything:", fixed)
+		}
+		if len(unreadable) > 0 {
+			fmt.Fprintln(out, "policy manifests that do not parse were skipped:", unreadable)
+		}
+	}
+	for _, f := range res.Foreign {
+		fmt.Fprintln(out, "removed an ACL manifest guestbackup did not write:", f.String())
+	}
+	data, err := json.Marshal(res.Foreign)
+	if err != nil {
+		return fmt.Errorf("encode foreign ACLs: %w", err)
+	}
+	if err := os.WriteFile(foreignACLsFile(configFile), data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", foreignACLsFile(configFile), err)
+	}
+	return nil
+}
+
+// TakeForeignACLs returns the foreign ACLs the init container removed
+// before the server started, and forgets them, so that a restarted
+// user-sync container does not report them again.
+func TakeForeignACLs(configFile string) ([]kopiauser.ForeignACL, error) {
+	name := foreignACLsFile(configFile)
+	data, err := os.ReadFile(name)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", name, err)
+	}
+	var foreign []kopiauser.ForeignACL
+	if err := json.Unmarshal(data, &foreign); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if err := os.Remove(name); err != nil {
+		return nil, fmt.Errorf("remove %s: %w", name, err)
+	}
+	return foreign, nil
+}

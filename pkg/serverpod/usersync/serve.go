@@ -1,0 +1,97 @@
+package usersync
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/record"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+
+	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/serverpod"
+)
+
+// healthReadHeaderTimeout bounds a probe's request headers.
+const healthReadHeaderTimeout = 5 * time.Second
+
+// ServeOptions is what the user-sync container runs with.
+type ServeOptions struct {
+	// Options are the Syncer's; Serve sets Repository, Server, Events and
+	// RemovedBefore.
+	Options
+	// ConfigFile is the repository connection init wrote; Password the
+	// repository's.
+	ConfigFile, Password string
+	// ServerURL is the Kopia server in this pod; ControlUsername and
+	// ControlPassword its server-control user; CAFile the CA its
+	// certificate verifies against.
+	ServerURL, ControlUsername, ControlPassword, CAFile string
+	// HealthAddr serves Handler.
+	HealthAddr string
+}
+
+// Serve runs the user-sync container until ctx ends: it opens the
+// repository, reports the ACLs init removed, records Events on the BSLS,
+// serves Handler on HealthAddr and keeps the users in sync.
+func Serve(ctx context.Context, o ServeOptions) error {
+	var err error
+	if o.RemovedBefore, err = serverpod.TakeForeignACLs(o.ConfigFile); err != nil {
+		return err
+	}
+	caPEM, err := os.ReadFile(o.CAFile)
+	if err != nil {
+		return fmt.Errorf("read CA: %w", err)
+	}
+	cas, err := pki.ParseCerts(caPEM)
+	if err != nil {
+		return fmt.Errorf("CA %s: %w", o.CAFile, err)
+	}
+	// Events on the BSLS (create and patch in its namespace, as the Role allows).
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
+	defer broadcaster.Shutdown()
+	o.Events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"})
+
+	r, err := repo.Open(ctx, o.ConfigFile, o.Password, &repo.Options{})
+	if err != nil {
+		return fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
+	o.Repository = r
+	control := serverpod.NewControlClient(o.ServerURL, o.ControlUsername, o.ControlPassword, cas)
+	defer control.Close()
+	o.Server = control
+	syncer := New(o.Options)
+
+	health := &http.Server{Addr: o.HealthAddr, Handler: syncer.Handler(), ReadHeaderTimeout: healthReadHeaderTimeout}
+	go func() {
+		if err := health.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			o.Log.Error(err, "health endpoint stopped")
+		}
+	}()
+	defer health.Close()
+	return syncer.Run(ctx)
+}
+
+// Handler serves /healthz (the process is up), /readyz (the repository
+// holds exactly the desired users; when not, the body says why, so that the
+// kubelet's probe Event tells an admin) and /metrics (user sync's counters).
+func (s *Syncer) Handler() http.Handler {
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
+	mux.Handle("/healthz", healthz.CheckHandler{Checker: healthz.Ping})
+	mux.Handle("/readyz", healthz.CheckHandler{Checker: func(*http.Request) error { return s.Ready() }})
+	return mux
+}

@@ -1,0 +1,181 @@
+// Package deps holds each process to the code it may link: the webhook and
+// the controller never open a Kopia repository, so they link none of
+// Kopia's code; the server pod runs beside Kopia and links no cert-manager;
+// the test bed stands apart from the code its tests prove. It also holds
+// docs/architecture.md's package map to what `go list` says.
+package deps
+
+import (
+	"bufio"
+	"bytes"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+const module = "github.com/guestbackup/guestbackup"
+
+// binaries are the programs guestbackup ships, by the name the package map
+// gives the process each one is.
+var binaries = map[string]string{
+	"controller": module + "/cmd/controller",
+	"webhook":    module + "/cmd/webhook",
+	"server pod": module + "/cmd/server",
+}
+
+// sourcesTracked makes go test's cache key this package's results on the
+// module's Go sources: the cache sees only the files a test opens itself,
+// not what `go list` read, so without it a cached pass would outlive a
+// change that makes a binary link what it must not.
+var sourcesTracked sync.Once
+
+// goList runs `go list` with args and returns its lines.
+func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	sourcesTracked.Do(func() { trackSources(t) })
+	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	return strings.Fields(string(out))
+}
+
+// trackSources stats every Go source and module file of the module, which
+// go test records as inputs of the run.
+func trackSources(t *testing.T) {
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if path != root && strings.HasPrefix(d.Name(), ".") {
+				return filepath.SkipDir
+			}
+			_, err := os.ReadDir(path) // a package added or removed
+			return err
+		}
+		if strings.HasSuffix(path, ".go") || d.Name() == "go.mod" || d.Name() == "go.sum" {
+			_, err = os.Stat(path)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatalf("track the module's sources: %v", err)
+	}
+}
+
+// deps lists pkg and every package it links.
+func deps(t *testing.T, pkg string) []string {
+	return goList(t, "-deps", pkg)
+}
+
+func TestNoProcessLinksAnothersCode(t *testing.T) {
+	for _, tt := range []struct {
+		pkg string
+		// forbidden are import path prefixes none of pkg's dependencies
+		// may have.
+		forbidden []string
+	}{
+		{binaries["webhook"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiaserver", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/credentials"}},
+		{binaries["controller"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/mutate"}},
+		{binaries["server pod"], []string{"github.com/cert-manager/", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit"}},
+		// The harness proves the product: none of the code it proves may
+		// be its own foundation (identity and pki are leaves it shares).
+		{module + "/internal/testbed", []string{module + "/pkg/serverpod", module + "/pkg/kopiauser", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit", module + "/pkg/cloudinit", module + "/internal/local", module + "/internal/controller", module + "/internal/webhook"}},
+	} {
+		t.Run(strings.TrimPrefix(tt.pkg, module+"/"), func(t *testing.T) {
+			for _, dep := range deps(t, tt.pkg) {
+				for _, f := range tt.forbidden {
+					if dep == f || strings.HasPrefix(dep, strings.TrimSuffix(f, "/")+"/") {
+						t.Errorf("%s links %s", tt.pkg, dep)
+					}
+				}
+			}
+		})
+	}
+}
+
+// packageMap reads the package map of docs/architecture.md: each row's
+// package and the processes it says run it.
+func packageMap(t *testing.T) map[string][]string {
+	t.Helper()
+	root := goList(t, "-m", "-f", "{{.Dir}}")[0]
+	data, err := os.ReadFile(filepath.Join(root, "docs", "architecture.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string][]string{}
+	in := false
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		line := sc.Text()
+		switch {
+		case strings.HasPrefix(line, "## "):
+			in = line == "## Package map"
+		case in && strings.HasPrefix(line, "| `"):
+			cells := strings.Split(line, "|")
+			if len(cells) < 4 {
+				t.Fatalf("package map row %q: want | package | runs in | what |", line)
+			}
+			pkg := strings.Trim(strings.TrimSpace(cells[1]), "`")
+			var procs []string
+			for p := range strings.SplitSeq(cells[2], ",") {
+				procs = append(procs, strings.TrimSpace(p))
+			}
+			slices.Sort(procs)
+			if _, dup := rows[pkg]; dup {
+				t.Errorf("package map lists %s twice", pkg)
+			}
+			rows[pkg] = procs
+		}
+	}
+	if len(rows) == 0 {
+		t.Fatal("docs/architecture.md has no \"## Package map\" table")
+	}
+	return rows
+}
+
+// TestPackageMapMatchesGoList: every package of api/, cmd/, pkg/ and
+// internal/ is in the map, and the map says which binaries link it; a
+// package no binary links is the test bed's.
+func TestPackageMapMatchesGoList(t *testing.T) {
+	linkedBy := map[string][]string{}
+	for name, bin := range binaries {
+		for _, dep := range deps(t, bin) {
+			linkedBy[dep] = append(linkedBy[dep], name)
+		}
+	}
+	rows := packageMap(t)
+	for _, pkg := range goList(t, module+"/api/...", module+"/cmd/...", module+"/pkg/...", module+"/internal/...") {
+		name := strings.TrimPrefix(pkg, module+"/")
+		got, ok := rows[name]
+		if !ok {
+			t.Errorf("the package map does not list %s", name)
+			continue
+		}
+		delete(rows, name)
+		want := linkedBy[pkg]
+		if len(want) == 0 {
+			want = []string{"test bed"}
+		}
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Errorf("the package map says %s runs in %s; go list says %s", name, strings.Join(got, ", "), strings.Join(want, ", "))
+		}
+	}
+	for name := range rows {
+		t.Errorf("the package map lists %s, which go list does not know", name)
+	}
+}
