@@ -209,7 +209,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			if err := api.Client.Get(ctx, secretKey(vm), s); err != nil {
 				return nil
 			}
-			h = credentials.HashFor(s)
+			h = credentials.CurrentHash(s)
 			return h
 		}).WithTimeout(reconciled).ShouldNot(BeNil())
 		return *h
@@ -393,6 +393,54 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Expect(ownerRefs(vm)()).To(BeEmpty(), vm)
 		}
 		Expect(events(optedOut)()).To(BeEmpty())
+	})
+
+	Describe("a rotation while the VM's guest runs", Ordered, func() {
+		var (
+			vm            *kubevirtv1.VirtualMachine
+			vmi           *kubevirtv1.VirtualMachineInstance
+			first, second kopiauser.Hash
+		)
+		// serverHash is the hash the server is given for the VM's user.
+		serverHash := func() *kopiauser.Hash { return credentials.HashFor(secretOf("rotating")) }
+		rotateTo := func(generation string) {
+			GinkgoHelper()
+			updateSecret("rotating", func(s *corev1.Secret) {
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(testbed.RandomPassword())
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte(generation)
+				s.Annotations[v1alpha1.AnnotationIssuedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+			})
+		}
+
+		It("keeps the server accepting the previous password while an instance started before the rotation runs, and says so on the VM", func() {
+			vm, _ = createAdopted("rotating", testbed.RandomPassword())
+			first = hashed("rotating")
+			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
+			create(vmi)
+			// Creation times have a resolution of a second.
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			rotateTo("2")
+			second = hashed("rotating")
+			Expect(second).NotTo(Equal(first))
+			Consistently(serverHash).WithTimeout(2 * time.Second).Should(HaveValue(Equal(first)))
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix(
+				"RotationPending: Credentials generation 2 is ready; the server keeps accepting generation 1's password until the guest restarts with the new one")))
+		})
+
+		It("gives the server the new password once that instance is gone", func() {
+			Expect(api.Client.Delete(ctx, vmi)).To(Succeed())
+			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(second)))
+			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+		})
+
+		It("gives the server a stopped VM's new password at once", func() {
+			before := len(events(vm)())
+			rotateTo("3")
+			third := hashed("rotating")
+			Expect(serverHash()).To(HaveValue(Equal(third)))
+			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(before))
+		})
 	})
 
 	Describe("announcing the user's provisioning", Ordered, func() {
