@@ -76,9 +76,10 @@ func renderCloudConfig(b Bootstrap) ([]byte, error) {
 	// GUESTBACKUP_ROOT installs under another root, for tests, and
 	// starts nothing.
 	sh.WriteString("set -eu\numask 077\nroot=${GUESTBACKUP_ROOT:-}\n")
-	// put installs stdin as file $1 with mode $2, atomically; with a
-	// third argument, without stdin's final newline.
-	sh.WriteString(`put() { f=$root$1; mkdir -p "${f%/*}"; if [ $# -gt 2 ]; then c=$(cat); printf '%s' "$c"; else cat; fi >"$f.new"; chmod "$2" "$f.new"; mv -f "$f.new" "$f"; }` + "\n")
+	// put installs stdin as file $1 with mode $2, atomically (created
+	// private, then given its mode); with a third argument, without
+	// stdin's final newline. Folders it makes get the usual 0755.
+	sh.WriteString(`put() { f=$root$1; (umask 022 && mkdir -p "${f%/*}"); if [ $# -gt 2 ]; then c=$(cat); printf '%s' "$c"; else cat; fi >"$f.new"; chmod "$2" "$f.new"; mv -f "$f.new" "$f"; }` + "\n")
 	for _, f := range files {
 		content := string(f.Content)
 		for _, line := range strings.Split(content, "\n") {

@@ -95,6 +95,54 @@ func TestConnectScriptConnectsWithOnlyTheInjectedFiles(t *testing.T) {
 	}
 }
 
+// A later boot's bootstrap reaches kopia: when its files changed (another
+// server and CA, as after a new clientURL or a renewed CA; new paths) the
+// connect service connects again, which also takes a first snapshot of the
+// paths; when nothing changed it keeps its connection.
+func TestConnectScriptConnectsAgainWhenItsFilesChange(t *testing.T) {
+	tools := testbed.MustTools(t)
+	old := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	moved := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	password := testbed.RandomPassword()
+	old.AddUser(t, "web@team-a", password)
+	moved.AddUser(t, "web@team-a", password)
+	b := Bootstrap{ServerURL: old.URL, CA: old.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Paths: []string{"/srv/data"}}
+	box := newSandbox(t, b, tools.Kopia)
+	if out, err := box.run(ConnectScript); err != nil {
+		t.Fatalf("connect: %v\n%s", err, out)
+	}
+	// boot installs b's files as the next boot's bootstrap would, and runs
+	// the connect service.
+	boot := func(b Bootstrap) string {
+		t.Helper()
+		files, err := b.Files()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(box.root, f.Path), f.Content, os.FileMode(f.Mode)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, err := box.run(ConnectScript)
+		if err != nil {
+			t.Fatalf("connect: %v\n%s", err, out)
+		}
+		return out
+	}
+	if out := boot(b); !strings.Contains(out, "already connected") {
+		t.Errorf("nothing changed, yet it connected again:\n%s", out)
+	}
+	b.ServerURL, b.CA = moved.URL, moved.CA.CertPEM()
+	if out := boot(b); strings.Contains(out, "already connected") || !strings.Contains(box.status(), "connected to "+moved.URL) {
+		t.Errorf("a new server and CA: status %q\n%s", box.status(), out)
+	}
+	b.Paths = []string{"/srv/data", "/srv/more"}
+	if out := boot(b); strings.Contains(out, "already connected") {
+		t.Errorf("new paths, and no new connection (and so no first snapshot of them):\n%s", out)
+	}
+}
+
 // A boot that brought no bootstrap follows an opt-out: the connect service
 // disconnects kopia and removes the credentials, the scripts and the
 // units, and says so.
@@ -178,6 +226,9 @@ func TestBootcmdInstallsTheBootstrapAtEveryBoot(t *testing.T) {
 		if fi, _ := os.Stat(filepath.Join(root, f.Path)); fi.Mode().Perm() != os.FileMode(f.Mode) {
 			t.Errorf("%s: mode %v, want %#o", f.Path, fi.Mode().Perm(), f.Mode)
 		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, ConfDir)); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("%s: %v, mode %v; want the usual 0755 of a folder (its files keep their own)", ConfDir, err, fi.Mode().Perm())
 	}
 	if marker, err := os.ReadFile(filepath.Join(root, BootMarker)); err != nil || string(marker) != "1\n" {
 		t.Errorf("boot marker: %q, %v", marker, err)
