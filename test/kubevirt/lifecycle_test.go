@@ -13,7 +13,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -191,25 +190,8 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		var err error
-		localPort, err = testbed.FreePort()
-		Expect(err).NotTo(HaveOccurred())
-		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr})
-		api = platform.API
-		for _, ns := range []string{bslsNS, vmNS} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
-		}
-		bsls = &v1alpha1.BackupStorageLocationServer{
-			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNS},
-			Spec: v1alpha1.BackupStorageLocationServerSpec{
-				Storage:   v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
-				Access:    v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
-				ClientURL: fmt.Sprintf("https://%s:%d", testbed.GuestHostAddress, localPort),
-			},
-		}
-		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
-		_, err = platform.ServeBSLS(ctx, GinkgoT(), bsls, localPort)
-		Expect(err).NotTo(HaveOccurred())
+		bp := startBackupPlatform(ctx, bslsNS, vmNS)
+		platform, api, bsls, localPort = bp.Platform, bp.API, bp.bsls, bp.port
 		Eventually(func() bool {
 			_ = api.Client.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
 			return meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)
