@@ -118,7 +118,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	hashed := CurrentHash(secret) != nil
 	_, previousGeneration, rotating := vmsecret.PreviousHash(secret)
-	staleHash, staleGeneration, stale := vmsecret.StaleHash(secret)
+	staleHash, staleGeneration, stale := staleOnSameServer(secret)
 	if hashed && !rotating {
 		return ctrl.Result{}, nil
 	}
@@ -264,10 +264,21 @@ func HashFor(secret *corev1.Secret) *kopiauser.Hash {
 	if text, _, ok := vmsecret.PreviousHash(secret); ok {
 		return parseHash(text)
 	}
-	if text, _, ok := vmsecret.StaleHash(secret); ok {
+	if text, _, ok := staleOnSameServer(secret); ok {
 		return parseHash(text)
 	}
 	return CurrentHash(secret)
+}
+
+// staleOnSameServer is vmsecret.StaleHash when the hash was provisioned on
+// the server the Secret names now: a rotation. New credentials for another
+// server (the VM moved) keep nothing of the old server's user.
+func staleOnSameServer(secret *corev1.Secret) (hash, generation string, ok bool) {
+	hash, generation, ok = vmsecret.StaleHash(secret)
+	if server, _ := vmsecret.Announced(secret); !ok || server != vmsecret.Server(secret).String() {
+		return "", "", false
+	}
+	return hash, generation, true
 }
 
 // CurrentHash returns the hash of the current generation's password, nil

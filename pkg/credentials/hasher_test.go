@@ -7,6 +7,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -46,6 +47,8 @@ func TestKeepPrevious(t *testing.T) {
 func TestHashForDuringARotation(t *testing.T) {
 	secret := func(data map[string]string) *corev1.Secret {
 		s := &corev1.Secret{Data: map[string][]byte{}}
+		s.Labels = vmsecret.Labels("web", types.NamespacedName{Namespace: "storage", Name: "main"})
+		vmsecret.SetAnnounced(s, "storage/main", "1")
 		for k, v := range data {
 			s.Data[k] = []byte(v)
 		}
@@ -54,21 +57,27 @@ func TestHashForDuringARotation(t *testing.T) {
 	h1, h2 := testHash(t, "the first password"), testHash(t, "the second password")
 	for name, tc := range map[string]struct {
 		data          map[string]string
+		moved         bool
 		server, owner string
 	}{
-		"first generation, not hashed": {map[string]string{vmsecret.KeyGeneration: "1"}, "", ""},
+		"first generation, not hashed": {map[string]string{vmsecret.KeyGeneration: "1"}, false, "", ""},
 		"first generation, hashed": {map[string]string{vmsecret.KeyGeneration: "1",
-			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, h1, h1},
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, false, h1, h1},
 		"rotated, not hashed yet": {map[string]string{vmsecret.KeyGeneration: "2",
-			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, h1, ""},
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, false, h1, ""},
+		"moved to another server, not hashed yet": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, true, "", ""},
 		"rotated, waiting for the guest": {map[string]string{vmsecret.KeyGeneration: "2",
 			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2",
-			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1"}, h1, h2},
+			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1"}, false, h1, h2},
 		"rotated, done": {map[string]string{vmsecret.KeyGeneration: "2",
-			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2"}, h2, h2},
+			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2"}, false, h2, h2},
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := secret(tc.data)
+			if tc.moved {
+				s.Labels[vmsecret.LabelServerName] = "second"
+			}
 			if got := hashText(HashFor(s)); got != tc.server {
 				t.Errorf("HashFor = %q, want %q", got, tc.server)
 			}

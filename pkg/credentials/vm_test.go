@@ -415,6 +415,8 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		It("keeps the server accepting the previous password while an instance started before the rotation runs, and says so on the VM", func() {
 			vm, _ = createAdopted("rotating", testbed.RandomPassword())
 			first = hashed("rotating")
+			provision("rotating@vms", first)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix("UserProvisioned:")))
 			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
 			create(vmi)
 			// Creation times have a resolution of a second.

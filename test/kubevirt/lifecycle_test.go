@@ -87,6 +87,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 	)
 	key := types.NamespacedName{Namespace: vmNS, Name: vmName}
 
+	vmEvents := func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", vmName) }
 	getVM := func() *kubevirtv1.VirtualMachine {
 		GinkgoHelper()
 		vm := &kubevirtv1.VirtualMachine{}
@@ -213,6 +214,8 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 	It("opts in the VM that already booted: at its next boot the guest connects and snapshots, and a rotation meanwhile locks it out of nothing", func() {
 		annotate(map[string]*string{v1alpha1.AnnotationServer: ptrTo(bslsNS + "/main"), v1alpha1.AnnotationPaths: ptrTo("/srv/data")})
 		first, _ := hashedGeneration()
+		Eventually(vmEvents).WithTimeout(time.Minute).Should(
+			ContainElement(HavePrefix("Normal UserProvisioned: User " + user + " provisioned")))
 
 		m := boot(func() {
 			By("rotating the password and changing the paths while the guest boots with the first credentials")
@@ -227,7 +230,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 			Expect(second).NotTo(Equal(first))
 			Consistently(func() string { return login(passwords[first]) }).WithTimeout(5*time.Second).WithPolling(time.Second).Should(BeEmpty(),
 				"the running guest's password is valid until it restarts with the new one")
-			Eventually(func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", vmName) }).WithTimeout(30 * time.Second).Should(
+			Eventually(vmEvents).WithTimeout(30 * time.Second).Should(
 				ContainElement(HavePrefix("Normal RotationPending: Credentials generation " + second + " is ready")))
 		})
 		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as "+user+" (credentials generation "+first+")"), "markers %q", m)
@@ -248,7 +251,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 
 		Expect(login(password)).To(BeEmpty(), "the new password")
 		Expect(login(passwords[first])).To(HavePrefix("refused"), "the rotated-out password")
-		Eventually(func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", vmName) }).WithTimeout(30 * time.Second).Should(
+		Eventually(vmEvents).WithTimeout(30 * time.Second).Should(
 			ContainElement(ContainSubstring("credentials rotated from generation " + first + " to " + second)))
 
 		now := snapshotCounts()
