@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -50,12 +51,16 @@ const (
 // play its part); stop ends them and waits, bounded.
 func runController(api *testbed.APIServer, metricsAddr string) (stop func() error, err error) {
 	return testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
-		if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+		if err := (&credentials.Hasher{Client: mgr.GetClient(), Clock: hasherClock}).SetupWithManager(mgr, 2); err != nil {
 			return err
 		}
 		return (&credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}).SetupWithManager(mgr)
 	})
 }
+
+// hasherClock is the Hasher's clock: the specs move it past a rotation's
+// grace period rather than wait a day.
+var hasherClock = clocktesting.NewFakePassiveClock(time.Now())
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
 func credentialSecret(vm, password, generation string) *corev1.Secret {
@@ -442,6 +447,25 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Expect(serverHash()).To(HaveValue(Equal(third)))
 			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
 			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(before))
+		})
+
+		It("gives the server the new password when the grace period ends, though the guest has not restarted, and warns on the VM", func() {
+			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
+			create(vmi)
+			DeferCleanup(func() { _ = api.Client.Delete(ctx, vmi) })
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			rotateTo("4")
+			fourth := hashed("rotating")
+			Expect(serverHash()).NotTo(HaveValue(Equal(fourth)), "kept while the instance runs")
+
+			hasherClock.SetTime(time.Now().Add(credentials.DefaultRotationGrace + time.Minute))
+			DeferCleanup(func() { hasherClock.SetTime(time.Now()) })
+			// Any change brings the Secret back to the Hasher, as its
+			// requeue at the deadline would.
+			updateSecret("rotating", func(s *corev1.Secret) { s.Labels["touched"] = "1" })
+			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(fourth)))
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix(
+				"RotationForced: Generation 3's password no longer authenticates although the guest has not restarted since the rotation")))
 		})
 	})
 
