@@ -6,7 +6,7 @@
 #   docs/api.md                                the API reference, from that CRD (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
-#   test/crds/kubevirt/                        KubeVirt's VirtualMachine CRD, as virt-operator installs it
+#   test/crds/kubevirt/                        KubeVirt's VirtualMachine and VirtualMachineInstance CRDs, as virt-operator installs them
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
 #   test/crds/velero/                          Velero's BackupStorageLocation CRD, from VELERO_VERSION
 # hack/verify-generated.sh runs it into a temporary OUT and compares.
@@ -53,8 +53,9 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$CONTROLLER_GEN" crd:allowDangerousTypes=true,maxDescLen=0 paths=kubevirt.io/api/core/v1 \
 	output:crd:dir="$tmp"
-go run ./hack/kubevirtcrd "$tmp/kubevirt.io_virtualmachines.yaml" \
-	"$OUT/test/crds/kubevirt/kubevirt.io_virtualmachines.yaml"
+for crd in virtualmachines virtualmachineinstances; do
+	go run ./hack/kubevirtcrd "$tmp/kubevirt.io_$crd.yaml" "$OUT/test/crds/kubevirt/kubevirt.io_$crd.yaml"
+done
 
 # `go list -m` names no folder for a module not yet in the module cache.
 go mod download github.com/cert-manager/cert-manager

@@ -1,7 +1,8 @@
-// Command kubevirtcrd completes the VirtualMachine CRD that controller-gen
-// generates from kubevirt.io/api with what KubeVirt's operator adds when it
-// installs the CRD at runtime (KubeVirt ships no CRD YAML): the status
-// subresource, the short names, the "all" category and the printer columns.
+// Command kubevirtcrd completes a VirtualMachine or VirtualMachineInstance
+// CRD that controller-gen generates from kubevirt.io/api with what KubeVirt's
+// operator adds when it installs the CRD at runtime (KubeVirt ships no CRD
+// YAML): the status subresource, the short names, the "all" category and the
+// printer columns.
 //
 //	kubevirtcrd IN OUT
 package main
@@ -54,13 +55,34 @@ func mustMarshal(v any) []byte {
 	return data
 }
 
-// complete adds to a generated VirtualMachine CRD what virt-operator adds.
+// additions are what virt-operator adds to each CRD
+// (pkg/virt-operator/resource/generate/components/crds.go).
+var additions = map[string]struct {
+	shortNames []string
+	columns    []any
+}{
+	"VirtualMachine": {[]string{"vm", "vms"}, []any{
+		map[string]any{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+		map[string]any{"name": "Status", "type": "string", "jsonPath": ".status.printableStatus", "description": "Human readable status"},
+		map[string]any{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
+	}},
+	"VirtualMachineInstance": {[]string{"vmi", "vmis"}, []any{
+		map[string]any{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+		map[string]any{"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+		map[string]any{"name": "IP", "type": "string", "jsonPath": ".status.interfaces[0].ipAddress"},
+		map[string]any{"name": "NodeName", "type": "string", "jsonPath": ".status.nodeName"},
+		map[string]any{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
+	}},
+}
+
+// complete adds to a generated CRD what virt-operator adds.
 func complete(crd map[string]any) error {
 	kind, _, _ := unstructured.NestedString(crd, "spec", "names", "kind")
-	if kind != "VirtualMachine" {
-		return fmt.Errorf("want the VirtualMachine CRD, got kind %q", kind)
+	add, ok := additions[kind]
+	if !ok {
+		return fmt.Errorf("want the VirtualMachine or VirtualMachineInstance CRD, got kind %q", kind)
 	}
-	if err := unstructured.SetNestedStringSlice(crd, []string{"vm", "vms"}, "spec", "names", "shortNames"); err != nil {
+	if err := unstructured.SetNestedStringSlice(crd, add.shortNames, "spec", "names", "shortNames"); err != nil {
 		return err
 	}
 	if err := unstructured.SetNestedStringSlice(crd, []string{"all"}, "spec", "names", "categories"); err != nil {
@@ -78,11 +100,7 @@ func complete(crd map[string]any) error {
 		}
 		found = true
 		version["subresources"] = map[string]any{"status": map[string]any{}}
-		version["additionalPrinterColumns"] = []any{
-			map[string]any{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-			map[string]any{"name": "Status", "type": "string", "jsonPath": ".status.printableStatus", "description": "Human readable status"},
-			map[string]any{"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type=='Ready')].status"},
-		}
+		version["additionalPrinterColumns"] = add.columns
 	}
 	if !found {
 		return fmt.Errorf("no v1 version")

@@ -14,11 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/google/uuid"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -74,6 +76,11 @@ type Platform struct {
 	API *testbed.APIServer
 	// MetricsAddr is the loopback address of the manager's /metrics.
 	MetricsAddr string
+
+	// disks holds each VM's root disk, by the VM's UID.
+	disks string
+	// claims are the folders ServeBSLS gave the BSLSs' repository claims.
+	claims map[types.NamespacedName]string
 }
 
 // ControllerOptions are cmd/controller's settings on the test bed: the
@@ -153,7 +160,7 @@ func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform,
 	if err != nil {
 		return nil, fmt.Errorf("webhook server: %w", err)
 	}
-	return &Platform{API: api, MetricsAddr: metricsAddr}, nil
+	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), claims: map[types.NamespacedName]string{}}, nil
 }
 
 // runManager runs a manager until tb's cleanup.
@@ -190,13 +197,15 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	if err != nil {
 		return nil, err
 	}
+	claim := tb.TempDir()
+	p.claims[client.ObjectKeyFromObject(bsls)] = claim
 	pod := testbed.RunPod(tb, testbed.PodOptions{
 		Namespace: bsls.Namespace, Spec: d.Spec.Template.Spec, API: p.API,
 		Binaries: map[string]string{
 			kopiaserver.KopiaBinary:  tools.Kopia,
 			kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
 		},
-		Claims: map[string]string{kopiaserver.ClaimName(bsls): tb.TempDir()},
+		Claims: map[string]string{kopiaserver.ClaimName(bsls): claim},
 		Ports:  map[int32]int{v1alpha1.DefaultServerPort: port},
 	})
 	if err := pod.WaitReady(serverReadyTimeout); err != nil {
@@ -216,16 +225,42 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	return pod, nil
 }
 
+// firmwareUUIDNamespace is the UUIDv5 namespace of KubeVirt's legacy
+// firmware UUID (kubevirt.io/kubevirt pkg/virt-controller/watch/vm,
+// firmware.go: magicUUID and CalculateLegacyUUID).
+var firmwareUUIDNamespace = uuid.MustParse("6a1a24a1-4061-4607-8bf4-a3963d0c5895")
+
+// InstanceID is the NoCloud instance-id KubeVirt gives vm's guest: its
+// firmware UUID (pkg/cloud-init, cloudInitUUIDFromVMI, when the VM gives no
+// meta-data of its own). virt-api sets spec.template.spec.domain.firmware.uuid
+// once; where it is absent, virt-controller's firmware sync sets the legacy
+// UUID, a UUIDv5 of the VM's name (CalculateLegacyUUID). Either way it stays
+// the same across every stop and start of the VM, so cloud-init runs its
+// per-instance modules at the VM's first boot only.
+func InstanceID(vm *kubevirtv1.VirtualMachine) string {
+	if t := vm.Spec.Template; t != nil && t.Spec.Domain.Firmware != nil && t.Spec.Domain.Firmware.UUID != "" {
+		return string(t.Spec.Domain.Firmware.UUID)
+	}
+	return uuid.NewSHA1(firmwareUUIDNamespace, []byte(vm.Name)).String()
+}
+
 // Realise returns the boot of vm's guest the way KubeVirt's virt-launcher
 // would make it: its cloudInitNoCloud volume (inline userData, or the
-// userdata key of its secretRef, untouched) is the NoCloud seed, each secret
-// volume a disk with its label and its disk's serial. The containerDisk is
-// the test bed's guest image, whatever image it names.
+// userdata key of its secretRef, untouched) is the NoCloud seed with
+// KubeVirt's instance-id (InstanceID), each secret volume a disk with its
+// label and its disk's serial. The containerDisk is the test bed's guest
+// image, whatever image it names, under an overlay of the VM's own that every
+// boot of the VM (by its UID) reuses, as a persistent volume would be.
 func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (testbed.GuestOptions, error) {
 	var opts testbed.GuestOptions
 	if vm.Spec.Template == nil {
 		return opts, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
 	}
+	if vm.UID == "" {
+		return opts, fmt.Errorf("VirtualMachine %s/%s has no UID: realise the VM the API server stored", vm.Namespace, vm.Name)
+	}
+	opts.InstanceID = InstanceID(vm)
+	opts.RootDisk = filepath.Join(p.disks, string(vm.UID)+".qcow2")
 	spec := vm.Spec.Template.Spec
 	secretData := func(name string) (map[string][]byte, error) {
 		s := &corev1.Secret{}
@@ -271,6 +306,78 @@ func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (
 		return opts, fmt.Errorf("VirtualMachine %s/%s has no cloud-init user-data", vm.Namespace, vm.Name)
 	}
 	return opts, nil
+}
+
+// Repository connects a kopia client to the filesystem repository of bsls,
+// which ServeBSLS served, as its owner (with the repository password): what
+// a storage admin sees, every user's snapshots whether or not the server
+// still has the user.
+func (p *Platform) Repository(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer) (*testbed.KopiaClient, error) {
+	claim, ok := p.claims[client.ObjectKeyFromObject(bsls)]
+	if !ok {
+		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s was not served by ServeBSLS", bsls.Namespace, bsls.Name)
+	}
+	ref := kopiaserver.RepositoryPassword(bsls)
+	s := &corev1.Secret{}
+	if err := p.API.Client.Get(ctx, types.NamespacedName{Namespace: bsls.Namespace, Name: ref.Name}, s); err != nil {
+		return nil, fmt.Errorf("repository password: %w", err)
+	}
+	c := testbed.NewKopiaClient(tb)
+	if out, err := c.RunWithPassword(ctx, string(s.Data[ref.Key]), "repository", "connect", "filesystem",
+		"--path="+filepath.Join(claim, bsls.Spec.Repository.PathPrefix)); err != nil {
+		return nil, fmt.Errorf("connect to the repository of %s/%s: %w: %s", bsls.Namespace, bsls.Name, err, out)
+	}
+	return c, nil
+}
+
+// Instance is a running guest of a VM, with the VirtualMachineInstance
+// that stands for it in the API.
+type Instance struct {
+	// Guest is the qemu guest.
+	Guest *testbed.Guest
+	// VMI is the VirtualMachineInstance, as stored.
+	VMI *kubevirtv1.VirtualMachineInstance
+
+	api *testbed.APIServer
+}
+
+// StartVM starts a guest of vm, as stored, the way KubeVirt does: first
+// virt-controller's part, a VirtualMachineInstance of the VM's name
+// controlled by the VM with the VM's template, then virt-launcher's, the
+// guest realised from the VM (Realise) after the instance exists, so that it
+// reads the Secrets as they are then. tb's cleanup stops the guest and
+// deletes the instance.
+func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine) (*Instance, error) {
+	tb.Helper()
+	if vm.Spec.Template == nil || vm.UID == "" {
+		return nil, fmt.Errorf("VirtualMachine %s/%s: start the VM the API server stored, with its template", vm.Namespace, vm.Name)
+	}
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: vm.Name, Namespace: vm.Namespace, Labels: vm.Spec.Template.ObjectMeta.Labels,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vm, kubevirtv1.VirtualMachineGroupVersionKind)},
+		},
+		Spec: *vm.Spec.Template.Spec.DeepCopy(),
+	}
+	if err := p.API.Client.Create(ctx, vmi); err != nil {
+		return nil, fmt.Errorf("create the VirtualMachineInstance of %s/%s: %w", vm.Namespace, vm.Name, err)
+	}
+	tb.Cleanup(func() { _ = p.API.Client.Delete(context.Background(), vmi) })
+	opts, err := p.Realise(ctx, vm)
+	if err != nil {
+		return nil, err
+	}
+	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API}, nil
+}
+
+// Wait waits for the guest to power itself off and deletes its instance, as
+// KubeVirt does when a VM's guest shuts down.
+func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
+	res, err := i.Guest.Wait()
+	if derr := client.IgnoreNotFound(i.api.Client.Delete(ctx, i.VMI)); derr != nil && err == nil {
+		err = fmt.Errorf("delete VirtualMachineInstance %s/%s: %w", i.VMI.Namespace, i.VMI.Name, derr)
+	}
+	return res, err
 }
 
 // Events returns the Events about the object kind/name in namespace, oldest

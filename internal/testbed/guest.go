@@ -56,9 +56,18 @@ type GuestOptions struct {
 	// MetaData is the NoCloud meta-data; empty: an instance-id of
 	// InstanceID.
 	MetaData []byte
-	// InstanceID identifies the instance to cloud-init; empty: a random one,
-	// so cloud-init runs its per-instance modules.
+	// InstanceID identifies the instance to cloud-init, which runs its
+	// per-instance modules (write_files, runcmd) only for an id it has not
+	// seen on the guest's disk. A VM's boots share one id, as in KubeVirt
+	// (its firmware UUID); a test that wants a never-seen VM says so with
+	// FreshInstanceID. Required unless MetaData is given.
 	InstanceID string
+	// RootDisk is the file of the VM's own root disk, a copy-on-write
+	// overlay of the test bed's image: created at the first boot and kept,
+	// so every later boot of the VM finds what earlier ones wrote, as a VM
+	// on a persistent volume does. Empty: a disk for this boot alone,
+	// removed with the test.
+	RootDisk string
 	// ExtraDisks are attached after the root disk and the seed, in order.
 	ExtraDisks []GuestDisk
 	// Timeout bounds the guest's life; it is killed when it passes.
@@ -67,7 +76,8 @@ type GuestOptions struct {
 }
 
 // Guest is a test bed guest running under qemu (TCG, no KVM) with the
-// test bed's Debian image, a fresh copy-on-write overlay and a NoCloud seed.
+// test bed's Debian image under the VM's own copy-on-write overlay, and a
+// NoCloud seed.
 type Guest struct {
 	// ConsoleLog is the serial console's log file.
 	ConsoleLog string
@@ -191,19 +201,32 @@ func (g *Guest) keepConsole(tb TB) {
 // qemu's arguments.
 func (g *Guest) prepare(image GuestImage, opts GuestOptions) ([]string, error) {
 	ctx := context.Background()
-	overlay := filepath.Join(g.dir, "root.qcow2")
-	// Per boot: cloud-init runs once per instance, and the image stays clean.
-	if out, err := Run(ctx, guestToolTimeout, g.dir, nil, "qemu-img", "create", "-q", "-f", "qcow2",
-		"-b", image.Root, "-F", "raw", overlay); err != nil {
-		return nil, fmt.Errorf("create overlay: %w: %s", err, out)
-	}
 	metaData := opts.MetaData
 	if len(metaData) == 0 {
-		id := opts.InstanceID
-		if id == "" {
-			id = "guest-" + randomHex(6)
+		if opts.InstanceID == "" {
+			return nil, errors.New("no instance-id: give the VM's own (KubeVirt's is its firmware UUID) or, for a VM never booted before, FreshInstanceID()")
 		}
-		metaData = []byte("instance-id: " + id + "\nlocal-hostname: guest\n")
+		if strings.ContainsAny(opts.InstanceID, "\n\r") {
+			return nil, fmt.Errorf("instance-id %q spans lines", opts.InstanceID)
+		}
+		metaData = []byte("instance-id: " + opts.InstanceID + "\nlocal-hostname: guest\n")
+	}
+	overlay := opts.RootDisk
+	if overlay == "" {
+		overlay = filepath.Join(g.dir, "root.qcow2")
+	}
+	// The image stays clean: the guest writes into its own overlay, made
+	// once per VM.
+	if _, err := os.Stat(overlay); errors.Is(err, os.ErrNotExist) {
+		if err := os.MkdirAll(filepath.Dir(overlay), 0o755); err != nil {
+			return nil, fmt.Errorf("root disk: %w", err)
+		}
+		if out, err := Run(ctx, guestToolTimeout, g.dir, nil, "qemu-img", "create", "-q", "-f", "qcow2",
+			"-b", image.Root, "-F", "raw", overlay); err != nil {
+			return nil, fmt.Errorf("create root disk %s: %w: %s", overlay, err, out)
+		}
+	} else if err != nil {
+		return nil, fmt.Errorf("root disk: %w", err)
 	}
 	seed := filepath.Join(g.dir, "seed.iso")
 	if err := makeISO(ctx, g.dir, seed, "cidata", map[string][]byte{"user-data": opts.UserData, "meta-data": metaData}); err != nil {
@@ -290,6 +313,10 @@ func makeISO(ctx context.Context, dir, iso, label string, files map[string][]byt
 
 // qemuEscape doubles commas, qemu's escape in option values.
 func qemuEscape(s string) string { return strings.ReplaceAll(s, ",", ",,") }
+
+// FreshInstanceID is an instance-id no guest has seen: the boot of a VM
+// that never booted before, for a test that wants exactly that.
+func FreshInstanceID() string { return "guest-" + randomHex(6) }
 
 func randomHex(n int) string {
 	b := make([]byte, n)

@@ -90,11 +90,52 @@ func TestGuestPrepareRejectsWhatKubeVirtRejects(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			g := &Guest{dir: t.TempDir()}
-			_, err := g.prepare(fakeImage(t), GuestOptions{ExtraDisks: []GuestDisk{tc.disk}})
+			_, err := g.prepare(fakeImage(t), GuestOptions{InstanceID: "vm-1", ExtraDisks: []GuestDisk{tc.disk}})
 			if err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Fatalf("prepare: got %v, want an error about %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// A VM's boots share its disk and its instance-id, as KubeVirt's do: the
+// overlay is made once and never replaced, and no boot makes up an id.
+func TestGuestPrepareKeepsTheVMsDiskAndInstanceID(t *testing.T) {
+	image := fakeImage(t)
+	disk := filepath.Join(t.TempDir(), "vms", "web.qcow2")
+	prepare := func(opts GuestOptions) ([]string, error) {
+		g := &Guest{dir: t.TempDir()}
+		g.ConsoleLog = filepath.Join(g.dir, "console.log")
+		return g.prepare(image, opts)
+	}
+	if _, err := prepare(GuestOptions{InstanceID: "uuid-1", RootDisk: disk}); err != nil {
+		t.Fatalf("first boot: %v", err)
+	}
+	// What the guest wrote: a stand-in byte at the overlay's end.
+	f, err := os.OpenFile(disk, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteString("written by the first boot"); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	before, _ := os.ReadFile(disk)
+	args, err := prepare(GuestOptions{InstanceID: "uuid-1", RootDisk: disk})
+	if err != nil {
+		t.Fatalf("second boot: %v", err)
+	}
+	if after, _ := os.ReadFile(disk); string(after) != string(before) {
+		t.Error("the second boot replaced the VM's disk")
+	}
+	if !strings.Contains(strings.Join(args, " "), "file="+disk+",if=none,id=root,format=qcow2") {
+		t.Errorf("the guest does not boot from its own disk: %v", args)
+	}
+	if _, err := prepare(GuestOptions{RootDisk: disk}); err == nil || !strings.Contains(err.Error(), "instance-id") {
+		t.Errorf("a boot without an instance-id: got %v, want an error naming it", err)
+	}
+	if a, b := FreshInstanceID(), FreshInstanceID(); a == b {
+		t.Errorf("two fresh instance-ids are both %q", a)
 	}
 }
 
@@ -135,7 +176,7 @@ func TestGuestIsKilledAtItsTimeout(t *testing.T) {
 		}
 		os.RemoveAll(filepath.Dir(kept[1]))
 	}()
-	g := StartGuest(tb, GuestOptions{UserData: []byte("#cloud-config\n"), Timeout: 15 * time.Second})
+	g := StartGuest(tb, GuestOptions{UserData: []byte("#cloud-config\n"), InstanceID: FreshInstanceID(), Timeout: 15 * time.Second})
 	start := time.Now()
 	res, err := g.Wait()
 	if err == nil || !strings.Contains(err.Error(), "did not power off") {

@@ -314,6 +314,13 @@ func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
 	return Run(ctx, kopiaCommandTimeout, c.dir, c.env(), c.tools.Kopia, args...)
 }
 
+// RunWithPassword runs a kopia command with the client's configuration and
+// password in KOPIA_PASSWORD, never in its arguments.
+func (c *KopiaClient) RunWithPassword(ctx context.Context, password string, args ...string) (string, error) {
+	args = append(args, "--config-file="+c.ConfigFile)
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia, args...)
+}
+
 // env is kopiaEnv with the client's trust: Go reads its roots from these
 // variables, and naming the trust folder in both keeps the host's CAs out.
 func (c *KopiaClient) env(extra ...string) []string {

@@ -32,6 +32,11 @@ const (
 	SnapshotTimer = "guestbackup-snapshot.timer"
 	// DefaultSchedule is when a guest snapshots its paths unless the VM says.
 	DefaultSchedule = "daily"
+	// BootMarker is written, on a tmpfs, by every boot that brought the
+	// bootstrap (cloud-init's bootcmd, or disk mode's install.sh): a boot
+	// without it opted out, and the connect service then removes the
+	// credentials and the schedule.
+	BootMarker = "/run/guestbackup/bootstrap"
 )
 
 // Bootstrap is everything a guest is given to back itself up: where its
@@ -176,6 +181,32 @@ func (b Bootstrap) Units() []string {
 	return []string{ConnectUnit}
 }
 
+// snapshotFiles are the files only a bootstrap with paths has.
+var snapshotFiles = []string{ConfDir + "/paths", SnapshotScript, UnitDir + "/" + SnapshotUnit, UnitDir + "/" + SnapshotTimer}
+
+// activation is the shell that follows the files' installation at every
+// boot, in both deliveries: it marks the boot as one that brought the
+// bootstrap, drops what an earlier bootstrap with paths left when this one
+// has none, and (re)starts the units without waiting for them (they are
+// ordered after the boot step that runs it, so waiting would hang the
+// boot). A changed file takes effect at once: the connect service
+// reconnects when its configuration changed.
+func (b Bootstrap) activation() string {
+	var sh strings.Builder
+	fmt.Fprintf(&sh, "mkdir -p \"$root\"%s && echo %d >\"$root\"%s\n", path.Dir(BootMarker), b.Generation, BootMarker)
+	if len(b.Paths) == 0 {
+		fmt.Fprintf(&sh, "[ -n \"$root\" ] || ! [ -d /run/systemd/system ] || systemctl disable --now %s >/dev/null 2>&1 || true\n", SnapshotTimer)
+		fmt.Fprintf(&sh, "rm -f%s\n", rootPrefixed(snapshotFiles...))
+	}
+	// $root is set for tests only: systemd is the guest's.
+	sh.WriteString("if [ -z \"$root\" ] && [ -d /run/systemd/system ]; then\n")
+	sh.WriteString("  systemctl daemon-reload\n")
+	fmt.Fprintf(&sh, "  systemctl enable %s\n", strings.Join(b.Units(), " "))
+	fmt.Fprintf(&sh, "  systemctl restart --no-block %s\n", strings.Join(b.Units(), " "))
+	sh.WriteString("fi\n")
+	return sh.String()
+}
+
 // trustEnv makes kopia trust the server's CA and nothing else. Without
 // --server-cert-fingerprint, kopia lets Go verify the server's chain and
 // host name against the system roots, which Go reads from these two
@@ -198,14 +229,20 @@ export KOPIA_CHECK_FOR_UPDATES=false
 
 // connectScript connects the guest's kopia (root's default configuration,
 // so KopiaCommand works as is) using only the injected files. It is
-// idempotent: connected with this generation's credentials, it does
-// nothing. The password reaches kopia through its environment only.
-const connectScript = `#!/bin/sh
+// idempotent: connected with the files as they are, it does nothing; any
+// change to them (credentials, server, CA, paths) connects again. At a boot
+// that brought no bootstrap (BootMarker is missing: the VM opted out) it
+// disconnects and removes the credentials, the schedule and itself. The
+// password reaches kopia through its environment only.
+var connectScript = `#!/bin/sh
 # guestbackup-connect: connects this VM's kopia to its guestbackup server,
 # using only what guestbackup injected into ` + ConfDir + `.
 set -u
 conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
 state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
+# GUESTBACKUP_ROOT: the root the files are under, for tests; "" in a guest.
+root=${GUESTBACKUP_ROOT:-}
+boot_marker="$root` + BootMarker + `"
 attempts=${GUESTBACKUP_ATTEMPTS:-40}
 kopia=${KOPIA:-kopia}
 export HOME="${HOME:-/root}"
@@ -219,17 +256,32 @@ mark() {
   log "$*"
 }
 
+# A boot that brought no bootstrap is one after the VM opted out: the guest
+# stops backing up. Its snapshots stay on the server.
+if [ ! -e "$boot_marker" ]; then
+  "$kopia" repository disconnect >/dev/null 2>&1 || true
+  if [ -z "$root" ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now ` + SnapshotTimer + ` >/dev/null 2>&1 || true
+    systemctl disable ` + ConnectUnit + ` >/dev/null 2>&1 || true
+  fi
+  rm -rf "$conf_dir" "$state_dir/connected"
+  rm -f` + rootPrefixed(KopiaCommand, ConnectScript, SnapshotScript, UnitDir+"/"+SnapshotUnit, UnitDir+"/"+SnapshotTimer, UnitDir+"/"+ConnectUnit) + `
+  [ -z "$root" ] && [ -d /run/systemd/system ] && systemctl daemon-reload
+  mark "opted out: this boot brought no guestbackup bootstrap, so its credentials and schedule are removed; the snapshots stay on the server"
+  exit 0
+fi
+
 . "$conf_dir/guestbackup.conf"
 who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
-# " ca" marks a connection that verifies the server's chain; one an earlier
-# guestbackup made with a fingerprint pin is made again.
-connected="$GUESTBACKUP_GENERATION ca"
+# What the connection was made with: any change (credentials, server, CA,
+# paths) makes it again, and takes a first snapshot of the new paths.
+connected=$(cat "$conf_dir/guestbackup.conf" "$conf_dir/password" "$conf_dir/trust/ca.crt" "$conf_dir/paths" 2>/dev/null | sha256sum | cut -d' ' -f1)
 
 if ! command -v "$kopia" >/dev/null 2>&1; then
   mark "error: kopia is not installed in this guest; install the kopia CLI, then run: systemctl restart guestbackup-connect"
   exit 1
 fi
-if [ "$(cat "$state_dir/connected-generation" 2>/dev/null)" = "$connected" ] &&
+if [ "$(cat "$state_dir/connected" 2>/dev/null)" = "$connected" ] &&
   "$kopia" repository status >/dev/null 2>&1; then
   log "already connected to $GUESTBACKUP_SERVER_URL as $who"
   exit 0
@@ -243,7 +295,7 @@ while :; do
     --url="$GUESTBACKUP_SERVER_URL" \
     --override-username="$GUESTBACKUP_USER" \
     --override-hostname="$GUESTBACKUP_HOST" >"$state_dir/connect.log" 2>&1; then
-    echo "$connected" >"$state_dir/connected-generation"
+    echo "$connected" >"$state_dir/connected"
     mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
     # A first snapshot right away, not at the first timer tick.
     if [ -s "$conf_dir/paths" ] && [ -d /run/systemd/system ]; then
@@ -263,6 +315,15 @@ while :; do
   [ "$delay" -gt 60 ] && delay=60
 done
 `
+
+// rootPrefixed lists paths for a shell command, each under $root.
+func rootPrefixed(paths ...string) string {
+	var b strings.Builder
+	for _, p := range paths {
+		b.WriteString(` "$root"` + p)
+	}
+	return b.String()
+}
 
 // snapshotScript snapshots each configured path; one failing path does
 // not stop the others, but fails the run.
@@ -294,7 +355,8 @@ const connectUnit = `[Unit]
 Description=Connect kopia to this VM's guestbackup server
 Documentation=https://github.com/guestbackup/guestbackup
 Wants=network-online.target
-After=network-online.target
+# After the boot step that installs this boot's bootstrap, if any.
+After=network-online.target cloud-init.service guestbackup-disk.service
 
 [Service]
 Type=simple

@@ -2,6 +2,7 @@ package cloudinit
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 
 	"sigs.k8s.io/yaml"
@@ -30,6 +31,7 @@ func TestRenderedCloudConfigPassesCloudInitSchema(t *testing.T) {
 type merged struct {
 	Hostname   string     `json:"hostname"`
 	Packages   []string   `json:"packages"`
+	BootCmd    []any      `json:"bootcmd"`
 	RunCmd     [][]string `json:"runcmd"`
 	WriteFiles []struct {
 		Path        string `json:"path"`
@@ -42,6 +44,8 @@ func TestCloudInitRunsTheVMsOwnConfigAndOurs(t *testing.T) {
 	user := []byte(`#cloud-config
 hostname: web-01
 packages: [htop]
+bootcmd:
+  - [touch, /var/tmp/user-boot-marker]
 write_files:
   - path: /etc/motd
     content: "owned by the VM owner\n"
@@ -73,18 +77,20 @@ runcmd:
 	if got.Hostname != "web-01" || len(got.Packages) != 1 {
 		t.Errorf("the VM's own keys were lost: hostname %q, packages %v", got.Hostname, got.Packages)
 	}
-	if len(got.RunCmd) < 2 || got.RunCmd[0][1] != "/var/tmp/user-marker" || got.RunCmd[len(got.RunCmd)-1][3] != ConnectUnit {
-		t.Errorf("want the VM's runcmd first and ours appended, got %v", got.RunCmd)
+	if len(got.RunCmd) != 1 || got.RunCmd[0][1] != "/var/tmp/user-marker" {
+		t.Errorf("the VM's runcmd changed: %v", got.RunCmd)
 	}
-	paths := map[string]string{}
-	for _, f := range got.WriteFiles {
-		paths[f.Path] = f.Permissions
+	if len(got.WriteFiles) != 1 || got.WriteFiles[0].Path != "/etc/motd" {
+		t.Errorf("the VM's write_files changed: %v", got.WriteFiles)
 	}
-	if _, ok := paths["/etc/motd"]; !ok {
-		t.Errorf("the VM's own file is gone: %v", paths)
+	// Ours runs at every boot, after the VM's own.
+	if len(got.BootCmd) != 2 {
+		t.Fatalf("want the VM's bootcmd then ours, got %v", got.BootCmd)
 	}
-	if paths[ConfDir+"/password"] != "0600" || paths[ConnectScript] != "0755" {
-		t.Errorf("our files are missing or have the wrong modes: %v", paths)
+	script, _ := got.BootCmd[1].(string)
+	if first, _ := got.BootCmd[0].([]any); len(first) != 2 || first[1] != "/var/tmp/user-boot-marker" ||
+		!strings.Contains(script, "put "+ConfDir+"/password 0600 -n") || !strings.Contains(script, "systemctl restart --no-block "+ConnectUnit) {
+		t.Errorf("want the VM's bootcmd first and ours appended, got %v", got.BootCmd)
 	}
 }
 

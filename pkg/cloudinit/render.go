@@ -29,27 +29,28 @@ const (
 	ourPartName  = "guestbackup.cfg"
 )
 
-// mergeHow makes our part append to the VM's own lists (write_files,
-// runcmd) and never replace a key the VM's own cloud-config sets.
+// mergeHow makes our part append to the VM's own lists (bootcmd) and never
+// replace a key the VM's own cloud-config sets.
 const mergeHow = "list(append)+dict(no_replace,recurse_list)+str()"
 
 // The cloud-config is encoded by the YAML library itself, not through JSON
 // as sigs.k8s.io/yaml does: the webhook renders it on every admission, and
 // the JSON round trip tripled its cost.
-type writeFile struct {
-	Path        string `yaml:"path"`
-	Permissions string `yaml:"permissions"`
-	Owner       string `yaml:"owner"`
-	Content     string `yaml:"content"`
-}
-
 type cloudConfig struct {
-	WriteFiles []writeFile `yaml:"write_files"`
-	RunCmd     [][]string  `yaml:"runcmd"`
+	BootCmd []string `yaml:"bootcmd"`
 }
 
-// CloudConfig renders the bootstrap as a #cloud-config document: the files
-// written with their modes, then the units enabled and started.
+// heredocEnd ends each file's content in the install script; no line of
+// the bootstrap's files may be it.
+const heredocEnd = "GUESTBACKUP_EOF"
+
+// CloudConfig renders the bootstrap as a #cloud-config document whose one
+// bootcmd installs the files with their modes and (re)starts the units.
+// cloud-init runs bootcmd at every boot, while write_files and runcmd run
+// only at an instance's first: KubeVirt's instance-id is the VM's firmware
+// UUID, the same at every boot, so only a per-boot module reaches a VM that
+// opted in after its first boot, or whose credentials, paths, schedule,
+// server or CA changed since.
 func CloudConfig(b Bootstrap) ([]byte, error) {
 	key := b.key()
 	if rendered, ok := renderings.get(key); ok {
@@ -68,20 +69,37 @@ func renderCloudConfig(b Bootstrap) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	cc := cloudConfig{RunCmd: [][]string{{"systemctl", "daemon-reload"}}}
+	var sh strings.Builder
+	// A subshell: the VM's own bootcmd lines run in the same script, and
+	// ours must neither see nor change their shell's options.
+	fmt.Fprintf(&sh, "( # guestbackup: install this boot's bootstrap (credentials generation %d)\n", b.Generation)
+	// GUESTBACKUP_ROOT installs under another root, for tests, and
+	// starts nothing.
+	sh.WriteString("set -eu\numask 077\nroot=${GUESTBACKUP_ROOT:-}\n")
+	// put installs stdin as file $1 with mode $2, atomically (created
+	// private, then given its mode); with a third argument, without
+	// stdin's final newline. Folders it makes get the usual 0755.
+	sh.WriteString(`put() { f=$root$1; (umask 022 && mkdir -p "${f%/*}"); if [ $# -gt 2 ]; then c=$(cat); printf '%s' "$c"; else cat; fi >"$f.new"; chmod "$2" "$f.new"; mv -f "$f.new" "$f"; }` + "\n")
 	for _, f := range files {
-		cc.WriteFiles = append(cc.WriteFiles, writeFile{
-			Path: f.Path, Permissions: fmt.Sprintf("%#o", f.Mode), Owner: "root:root", Content: string(f.Content),
-		})
+		content := string(f.Content)
+		for _, line := range strings.Split(content, "\n") {
+			if line == heredocEnd {
+				return nil, fmt.Errorf("bootstrap: file %s has a line %q", f.Path, heredocEnd)
+			}
+		}
+		chomp := ""
+		if !strings.HasSuffix(content, "\n") {
+			content, chomp = content+"\n", " -n"
+		}
+		fmt.Fprintf(&sh, "put %s %#o%s <<'%s'\n%s%s\n", f.Path, f.Mode, chomp, heredocEnd, content, heredocEnd)
 	}
-	for _, unit := range b.Units() {
-		cc.RunCmd = append(cc.RunCmd, []string{"systemctl", "enable", "--now", unit})
-	}
-	body, err := yaml.Marshal(cc)
+	sh.WriteString(b.activation())
+	sh.WriteString(")\n")
+	body, err := yaml.Marshal(cloudConfig{BootCmd: []string{sh.String()}})
 	if err != nil {
 		return nil, fmt.Errorf("encode cloud-config: %w", err)
 	}
-	header := fmt.Sprintf("#cloud-config\n# guestbackup bootstrap for %s, credentials generation %d.\n", b.Username, b.Generation)
+	header := fmt.Sprintf("#cloud-config\n# guestbackup bootstrap for %s, credentials generation %d, installed at every boot.\n", b.Username, b.Generation)
 	return append([]byte(header), body...), nil
 }
 
@@ -236,26 +254,19 @@ func DiskFiles(b Bootstrap) (map[string][]byte, error) {
 	var install bytes.Buffer
 	install.WriteString(`#!/bin/sh
 # install.sh: puts guestbackup's bootstrap from this disk in place and
-# starts it. Run by the guest's guestbackup-disk unit; safe to run again.
-# DESTDIR installs under another root and starts nothing.
+# starts it. Run by the guest's guestbackup-disk unit at every boot; safe
+# to run again. DESTDIR installs under another root and starts nothing.
 set -eu
 src=$(dirname "$0")
 dest=${DESTDIR:-}
+root=$dest
 `)
 	for _, f := range files {
 		key := diskKey(f.Path)
 		out[key] = f.Content
 		fmt.Fprintf(&install, "install -D -m %s %s \"$dest\"%s\n", strconv.FormatUint(uint64(f.Mode), 8), shellQuote(`$src/`+key), shellQuote(f.Path))
 	}
-	install.WriteString("[ -z \"$dest\" ] && [ -d /run/systemd/system ] || exit 0\n")
-	install.WriteString("systemctl daemon-reload\n")
-	for _, unit := range b.Units() {
-		fmt.Fprintf(&install, "systemctl enable %s\n", unit)
-		// The connect unit restarts so that new credentials take effect;
-		// without waiting: the guestbackup-disk unit running this script is
-		// ordered before it, so a waiting restart would hang the boot.
-		fmt.Fprintf(&install, "systemctl restart --no-block %s\n", unit)
-	}
+	install.WriteString(b.activation())
 	out[v1alpha1.SecretKeyInstall] = install.Bytes()
 	return out, nil
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
@@ -26,6 +28,8 @@ func newSandbox(t *testing.T, b Bootstrap, kopia string) *sandbox {
 		t.Fatal(err)
 	}
 	root := t.TempDir()
+	// This boot brought the bootstrap, as its bootcmd says.
+	files = append(files, File{Path: BootMarker, Mode: 0o644, Content: []byte("1\n")})
 	for _, f := range files {
 		p := filepath.Join(root, f.Path)
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -39,6 +43,7 @@ func newSandbox(t *testing.T, b Bootstrap, kopia string) *sandbox {
 		"GUESTBACKUP_CONF_DIR=" + filepath.Join(root, ConfDir),
 		"GUESTBACKUP_STATE_DIR=" + filepath.Join(root, StateDir),
 		"GUESTBACKUP_ATTEMPTS=2",
+		"GUESTBACKUP_ROOT=" + root,
 		"KOPIA=" + kopia,
 	}}
 }
@@ -86,6 +91,158 @@ func TestConnectScriptConnectsWithOnlyTheInjectedFiles(t *testing.T) {
 	for _, name := range []string{"guestbackup.conf", "password"} {
 		if fi, err := os.Stat(filepath.Join(box.root, ConfDir, name)); err != nil || fi.Mode().Perm() != 0o600 {
 			t.Errorf("%s: %v, mode %v; want 0600", name, err, fi.Mode().Perm())
+		}
+	}
+}
+
+// A later boot's bootstrap reaches kopia: when its files changed (another
+// server and CA, as after a new clientURL or a renewed CA; new paths) the
+// connect service connects again, which also takes a first snapshot of the
+// paths; when nothing changed it keeps its connection.
+func TestConnectScriptConnectsAgainWhenItsFilesChange(t *testing.T) {
+	tools := testbed.MustTools(t)
+	old := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	moved := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	password := testbed.RandomPassword()
+	old.AddUser(t, "web@team-a", password)
+	moved.AddUser(t, "web@team-a", password)
+	b := Bootstrap{ServerURL: old.URL, CA: old.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Paths: []string{"/srv/data"}}
+	box := newSandbox(t, b, tools.Kopia)
+	if out, err := box.run(ConnectScript); err != nil {
+		t.Fatalf("connect: %v\n%s", err, out)
+	}
+	// boot installs b's files as the next boot's bootstrap would, and runs
+	// the connect service.
+	boot := func(b Bootstrap) string {
+		t.Helper()
+		files, err := b.Files()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range files {
+			if err := os.WriteFile(filepath.Join(box.root, f.Path), f.Content, os.FileMode(f.Mode)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		out, err := box.run(ConnectScript)
+		if err != nil {
+			t.Fatalf("connect: %v\n%s", err, out)
+		}
+		return out
+	}
+	if out := boot(b); !strings.Contains(out, "already connected") {
+		t.Errorf("nothing changed, yet it connected again:\n%s", out)
+	}
+	b.ServerURL, b.CA = moved.URL, moved.CA.CertPEM()
+	if out := boot(b); strings.Contains(out, "already connected") || !strings.Contains(box.status(), "connected to "+moved.URL) {
+		t.Errorf("a new server and CA: status %q\n%s", box.status(), out)
+	}
+	b.Paths = []string{"/srv/data", "/srv/more"}
+	if out := boot(b); strings.Contains(out, "already connected") {
+		t.Errorf("new paths, and no new connection (and so no first snapshot of them):\n%s", out)
+	}
+}
+
+// A boot that brought no bootstrap follows an opt-out: the connect service
+// disconnects kopia and removes the credentials, the scripts and the
+// units, and says so.
+func TestConnectScriptOptsOutAtABootWithoutTheBootstrap(t *testing.T) {
+	tools := testbed.MustTools(t)
+	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	password := testbed.RandomPassword()
+	srv.AddUser(t, "web@team-a", password)
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Paths: []string{t.TempDir()}}
+	box := newSandbox(t, b, tools.Kopia)
+	if out, err := box.run(ConnectScript); err != nil {
+		t.Fatalf("connect: %v\n%s", err, out)
+	}
+	script, err := os.ReadFile(filepath.Join(box.root, ConnectScript))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The next boot: /run is empty, and the VM's cloud-init has no
+	// guestbackup part any more.
+	if err := os.Remove(filepath.Join(box.root, BootMarker)); err != nil {
+		t.Fatal(err)
+	}
+	kept := filepath.Join(t.TempDir(), "guestbackup-connect")
+	if err := os.WriteFile(kept, script, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	out, err := testbed.Run(t.Context(), 2*time.Minute, box.root, box.env, kept)
+	if err != nil {
+		t.Fatalf("connect at a boot without the bootstrap: %v\n%s", err, out)
+	}
+	if st := box.status(); !strings.Contains(st, "opted out") {
+		t.Errorf("status: %q", st)
+	}
+	for _, p := range []string{ConfDir, KopiaCommand, ConnectScript, SnapshotScript, UnitDir + "/" + SnapshotTimer, UnitDir + "/" + ConnectUnit} {
+		if _, err := os.Stat(filepath.Join(box.root, p)); !os.IsNotExist(err) {
+			t.Errorf("%s is still there after the opt-out (%v)", p, err)
+		}
+	}
+	if out, err := testbed.Run(t.Context(), time.Minute, box.root, box.env, tools.Kopia, "repository", "status"); err == nil {
+		t.Errorf("kopia is still connected after the opt-out:\n%s", out)
+	}
+}
+
+// The bootstrap's bootcmd, as cloud-init runs it at every boot, installs
+// the files with their modes, and a later boot's bootstrap replaces them:
+// a new password takes effect, and paths that are gone take the snapshot
+// files with them.
+func TestBootcmdInstallsTheBootstrapAtEveryBoot(t *testing.T) {
+	root := t.TempDir()
+	boot := func(b Bootstrap) {
+		t.Helper()
+		cc, err := CloudConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			BootCmd []string `json:"bootcmd"`
+		}
+		if err := yaml.Unmarshal(cc, &doc); err != nil || len(doc.BootCmd) != 1 {
+			t.Fatalf("want one bootcmd, got %d: %v", len(doc.BootCmd), err)
+		}
+		// As cloud-init's bootcmd runs it: one sh script of its lines.
+		script := filepath.Join(t.TempDir(), "bootcmd.sh")
+		if err := os.WriteFile(script, []byte("#!/bin/sh\n"+doc.BootCmd[0]), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := testbed.Run(t.Context(), time.Minute, root, []string{"GUESTBACKUP_ROOT=" + root}, "/bin/sh", script); err != nil {
+			t.Fatalf("bootcmd: %v\n%s", err, out)
+		}
+	}
+	first := testBootstrap(t)
+	first.Paths = []string{"/srv/data"}
+	boot(first)
+	files, _ := first.Files()
+	for _, f := range files {
+		got, err := os.ReadFile(filepath.Join(root, f.Path))
+		if err != nil || string(got) != string(f.Content) {
+			t.Errorf("%s: %v, content %q, want %q", f.Path, err, got, f.Content)
+			continue
+		}
+		if fi, _ := os.Stat(filepath.Join(root, f.Path)); fi.Mode().Perm() != os.FileMode(f.Mode) {
+			t.Errorf("%s: mode %v, want %#o", f.Path, fi.Mode().Perm(), f.Mode)
+		}
+	}
+	if fi, err := os.Stat(filepath.Join(root, ConfDir)); err != nil || fi.Mode().Perm() != 0o755 {
+		t.Errorf("%s: %v, mode %v; want the usual 0755 of a folder (its files keep their own)", ConfDir, err, fi.Mode().Perm())
+	}
+	if marker, err := os.ReadFile(filepath.Join(root, BootMarker)); err != nil || string(marker) != "1\n" {
+		t.Errorf("boot marker: %q, %v", marker, err)
+	}
+
+	second := testBootstrap(t)
+	second.Password, second.Generation = "another-password-of-the-second-generation", 2
+	boot(second)
+	if got, _ := os.ReadFile(filepath.Join(root, ConfDir, "password")); string(got) != second.Password {
+		t.Errorf("the second boot's password file holds %q", got)
+	}
+	for _, p := range snapshotFiles {
+		if _, err := os.Stat(filepath.Join(root, p)); !os.IsNotExist(err) {
+			t.Errorf("%s outlived the paths (%v)", p, err)
 		}
 	}
 }

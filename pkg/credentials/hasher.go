@@ -6,84 +6,296 @@ package credentials
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
-// The hasher reads credential Secrets from the cache and patches in the hash.
+// The hasher reads credential Secrets from the cache and patches in the
+// hash; it reads the VMs' instances to tell when a rotation reached the guest.
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// Reasons of the Events the Hasher records on a VirtualMachine.
+const (
+	// ReasonRotationPending: the server keeps accepting the previous
+	// password until the guest restarts with the new one.
+	ReasonRotationPending = "RotationPending"
+	// ReasonRotationForced: the grace period ended while the guest still
+	// ran with the previous password, which the server no longer accepts.
+	ReasonRotationForced = "RotationForced"
+)
+
+// DefaultRotationGrace is how long, at most, the server keeps accepting a
+// rotated-out password while the VM's guest still runs with it.
+const DefaultRotationGrace = 24 * time.Hour
 
 // Hasher hashes each per-VM password once per generation, the way Kopia
 // stores it, and keeps the hash in the Secret: the BSLS's user sync reads
 // hashes only, so a resync never hashes again (hashing is slow by design).
+//
+// A rotation reaches a guest only when it starts again: KubeVirt builds the
+// guest's cloud-init disk (or secret disk) from the Secret when it creates
+// the VirtualMachineInstance. So when a guest that started before the
+// rotation still runs, the Hasher keeps the previous generation's hash as
+// the one the server accepts (HashFor) until that instance is gone (the VM
+// stopped or restarted: its next instance reads the new password) or
+// RotationGrace has passed, and says so on the VM.
 type Hasher struct {
 	Client client.Client
 	// Version is the hashing algorithm; default scrypt, Kopia's default.
 	Version identity.HashVersion
+	// Recorder records Events on VMs; default: the manager's.
+	Recorder record.EventRecorder
+	// RotationGrace bounds how long a previous password stays valid while
+	// the guest has not restarted; default DefaultRotationGrace.
+	RotationGrace time.Duration
+	// Clock tells the time; nil means the real clock.
+	Clock clock.PassiveClock
 }
 
 // SetupWithManager registers the Hasher; hashes run in parallel, one per core.
+// It watches the VMs' instances (their metadata: the name and creation time
+// are all it reads), so that a restarted guest ends a rotation at once.
 func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	if h.Recorder == nil {
+		h.Recorder = mgr.GetEventRecorderFor(eventSource)
+	}
 	sel := vmsecret.Selector()
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("credential-hasher").
 		For(&corev1.Secret{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return sel.Matches(labels.Set(o.GetLabels()))
 		}))).
+		// An instance's creation and deletion are all that matter: its
+		// frequent status updates pass none.
+		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(secretOfInstance), builder.OnlyMetadata,
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(concurrency, 1)}).
 		Complete(h)
 }
 
-// Reconcile hashes one Secret's password when its hash is missing or stale.
+// secretOfInstance maps an instance to its VM's Secret: a VM's instance
+// bears the VM's name.
+func secretOfInstance(_ context.Context, o client.Object) []reconcile.Request {
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: vmsecret.Name(o.GetName())}}}
+}
+
+func (h *Hasher) now() time.Time {
+	if h.Clock != nil {
+		return h.Clock.Now()
+	}
+	return clock.RealClock{}.Now()
+}
+
+// Reconcile hashes one Secret's password when its hash is missing or stale,
+// and ends a rotation's grace once the guest has the new password.
 func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	secret := &corev1.Secret{}
 	if err := h.Client.Get(ctx, req.NamespacedName, secret); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if HashFor(secret) != nil {
+	if !vmsecret.Selector().Matches(labels.Set(secret.Labels)) {
+		// Reached from an instance: a Secret of that name that is not
+		// guestbackup's is never touched.
 		return ctrl.Result{}, nil
 	}
-	password := vmsecret.Password(secret)
-	if password == "" {
-		// The webhook always writes one; nothing to hash until it does.
-		log.FromContext(ctx).Info("credential Secret has no password", "secret", req.NamespacedName)
+	hashed := CurrentHash(secret) != nil
+	_, previousGeneration, rotating := vmsecret.PreviousHash(secret)
+	staleHash, staleGeneration, stale := staleOnSameServer(secret)
+	if hashed && !rotating {
 		return ctrl.Result{}, nil
 	}
-	version := h.Version
-	if version == 0 {
-		version = identity.Scrypt
+	var keep Keep
+	if rotating || stale {
+		// Only a rotation asks whether the guest restarted since.
+		instance, err := h.instance(ctx, secret)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		grace := h.RotationGrace
+		if grace <= 0 {
+			grace = DefaultRotationGrace
+		}
+		keep = KeepPrevious(vmsecret.IssuedAt(secret), instance, h.now(), grace)
 	}
-	hash, err := identity.NewHash(password, version)
-	if err != nil {
-		return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
+
+	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	var event func()
+	switch {
+	case !hashed:
+		password := vmsecret.Password(secret)
+		if password == "" {
+			// The webhook always writes one; nothing to hash until it does.
+			log.FromContext(ctx).Info("credential Secret has no password", "secret", req.NamespacedName)
+			return ctrl.Result{}, nil
+		}
+		version := h.Version
+		if version == 0 {
+			version = identity.Scrypt
+		}
+		hash, err := identity.NewHash(password, version)
+		if err != nil {
+			return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
+		}
+		vmsecret.SetPasswordHash(secret, hash.String())
+		switch {
+		case !keep.Keep:
+			vmsecret.SetPreviousHash(secret, "", "")
+		case rotating:
+			// Rotated again before the guest restarted: it still has the
+			// password kept for it, not the one in between.
+			staleGeneration = previousGeneration
+		case stale:
+			vmsecret.SetPreviousHash(secret, staleHash, staleGeneration)
+		}
+		if keep.Keep {
+			event = func() {
+				h.record(secret, corev1.EventTypeNormal, ReasonRotationPending,
+					"Credentials generation %s is ready; the server keeps accepting generation %s's password until the guest restarts with the new one (%s), at the latest until %s: restart the VM to revoke it now",
+					vmsecret.Generation(secret), staleGeneration, keep.Why, keep.Until.UTC().Format(time.RFC3339))
+			}
+		}
+	case !keep.Keep:
+		vmsecret.SetPreviousHash(secret, "", "")
+		if keep.Forced {
+			event = func() {
+				h.record(secret, corev1.EventTypeWarning, ReasonRotationForced,
+					"Generation %s's password no longer authenticates although the guest has not restarted since the rotation (%s): restart the VM so that its guest gets generation %s",
+					previousGeneration, keep.Why, vmsecret.Generation(secret))
+			}
+		}
+	default:
+		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
 	}
 	// The patch carries the resourceVersion: a password rotated since the
 	// read makes it conflict instead of storing a stale hash.
-	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	vmsecret.SetPasswordHash(secret, hash.String())
 	if err := h.Client.Patch(ctx, secret, patch); err != nil {
 		return ctrl.Result{}, fmt.Errorf("store password hash of %s: %w", req.NamespacedName, err)
+	}
+	if event != nil {
+		event()
+	}
+	if _, _, kept := vmsecret.PreviousHash(secret); kept {
+		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
 	}
 	return ctrl.Result{}, nil
 }
 
-// HashFor returns the hash a credential Secret holds for its current
-// password generation, or nil when it has none yet.
+// instance reads the metadata of the instance of the Secret's VM; nil when
+// the VM runs none.
+func (h *Hasher) instance(ctx context.Context, secret *corev1.Secret) (*metav1.PartialObjectMetadata, error) {
+	vmi := &metav1.PartialObjectMetadata{}
+	vmi.SetGroupVersionKind(kubevirtv1.VirtualMachineInstanceGroupVersionKind)
+	key := types.NamespacedName{Namespace: secret.Namespace, Name: vmsecret.VM(secret)}
+	if err := h.Client.Get(ctx, key, vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil //nolint:nilnil // a VM that runs no instance is a state KeepPrevious decides on
+		}
+		return nil, fmt.Errorf("get VirtualMachineInstance %s: %w", key, err)
+	}
+	return vmi, nil
+}
+
+// record records an Event on the VM that controls secret, if any.
+func (h *Hasher) record(secret *corev1.Secret, eventType, reason, format string, args ...any) {
+	c := vmsecret.Controller(secret)
+	if h.Recorder == nil || c == nil || !vmsecret.IsVMReference(*c) {
+		return
+	}
+	ref := &corev1.ObjectReference{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name, Namespace: secret.Namespace, UID: c.UID}
+	h.Recorder.Eventf(ref, eventType, reason, format, args...)
+}
+
+// Keep is whether the server keeps accepting the previous generation's
+// password, and why.
+type Keep struct {
+	Keep bool
+	// Forced: the grace period ended while the guest still ran with the
+	// previous password.
+	Forced bool
+	// Until is the end of the grace period.
+	Until time.Time
+	// Why, in words fit for an Event.
+	Why string
+}
+
+// KeepPrevious decides whether the server keeps accepting the password of
+// the generation before the one issued at issued, given the VM's running
+// instance (nil: none) at time now. The guest has the new password once an
+// instance created after the rotation runs, or at the next start when none
+// runs; only an instance created before it still needs the previous one.
+// Creation times have a resolution of a second, so an instance created in
+// the rotation's second counts as one that has the new password.
+func KeepPrevious(issued time.Time, instance *metav1.PartialObjectMetadata, now time.Time, grace time.Duration) Keep {
+	until := issued.Add(grace)
+	switch {
+	case instance == nil:
+		return Keep{Until: until, Why: "the VM runs no instance: its next start reads the new credentials"}
+	case !instance.CreationTimestamp.Time.Before(issued.Truncate(time.Second)):
+		return Keep{Until: until, Why: fmt.Sprintf("its instance started at %s, after the rotation", instance.CreationTimestamp.UTC().Format(time.RFC3339))}
+	case !now.Before(until):
+		return Keep{Forced: true, Until: until, Why: fmt.Sprintf("its instance started at %s; the grace period of %s ended", instance.CreationTimestamp.UTC().Format(time.RFC3339), grace)}
+	}
+	return Keep{Keep: true, Until: until, Why: fmt.Sprintf("its instance started at %s, before the rotation", instance.CreationTimestamp.UTC().Format(time.RFC3339))}
+}
+
+// HashFor returns the hash the server accepts for a credential Secret's
+// user, nil when there is none yet: the previous generation's while a
+// rotation waits for the guest to restart (or while the new password is
+// being hashed), else the current generation's.
 func HashFor(secret *corev1.Secret) *identity.Hash {
+	if text, _, ok := vmsecret.PreviousHash(secret); ok {
+		return parseHash(text)
+	}
+	if text, _, ok := staleOnSameServer(secret); ok {
+		return parseHash(text)
+	}
+	return CurrentHash(secret)
+}
+
+// staleOnSameServer is vmsecret.StaleHash when the hash was provisioned on
+// the server the Secret names now: a rotation. New credentials for another
+// server (the VM moved) keep nothing of the old server's user.
+func staleOnSameServer(secret *corev1.Secret) (hash, generation string, ok bool) {
+	hash, generation, ok = vmsecret.StaleHash(secret)
+	if server, _ := vmsecret.Announced(secret); !ok || server != vmsecret.Server(secret).String() {
+		return "", "", false
+	}
+	return hash, generation, true
+}
+
+// CurrentHash returns the hash of the current generation's password, nil
+// when the Hasher has not computed it yet.
+func CurrentHash(secret *corev1.Secret) *identity.Hash {
 	text, ok := vmsecret.PasswordHash(secret)
 	if !ok {
 		return nil
 	}
+	return parseHash(text)
+}
+
+func parseHash(text string) *identity.Hash {
 	h, err := identity.ParseHash(text)
 	if err != nil {
 		return nil

@@ -278,7 +278,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	if generation == "" || previous.covers(bsls, generation) {
 		return ctrl.Result{}, nil
 	}
-	want := HashFor(secret)
+	want := CurrentHash(secret)
 	if want == nil {
 		return ctrl.Result{}, nil // the Hasher's write of the hash brings us back
 	}
@@ -475,7 +475,7 @@ func decide(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, now time.Ti
 			return action{verdict: leave, why: "the VirtualMachine has no UID yet"}
 		case vmsecret.ControlledBy(secret, vm.Name, vm.UID):
 			return action{verdict: keep, why: "controlled by its VirtualMachine"}
-		case vmsecret.Password(secret) != "" && HashFor(secret) == nil:
+		case vmsecret.Password(secret) != "" && CurrentHash(secret) == nil:
 			// The Hasher is hashing this password: a write now would make
 			// its write conflict and the (slow) hash be computed again.
 			// Its write brings the Secret back here.

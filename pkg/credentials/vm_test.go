@@ -13,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -50,12 +51,16 @@ const (
 // play its part); stop ends them and waits, bounded.
 func runController(api *testbed.APIServer, metricsAddr string) (stop func() error, err error) {
 	return testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
-		if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+		if err := (&credentials.Hasher{Client: mgr.GetClient(), Clock: hasherClock}).SetupWithManager(mgr, 2); err != nil {
 			return err
 		}
 		return (&credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}).SetupWithManager(mgr)
 	})
 }
+
+// hasherClock is the Hasher's clock: the specs move it past a rotation's
+// grace period rather than wait a day.
+var hasherClock = clocktesting.NewFakePassiveClock(time.Now())
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
 func credentialSecret(vm, password, generation string) *corev1.Secret {
@@ -209,7 +214,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			if err := api.Client.Get(ctx, secretKey(vm), s); err != nil {
 				return nil
 			}
-			h = credentials.HashFor(s)
+			h = credentials.CurrentHash(s)
 			return h
 		}).WithTimeout(reconciled).ShouldNot(BeNil())
 		return *h
@@ -393,6 +398,75 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Expect(ownerRefs(vm)()).To(BeEmpty(), vm)
 		}
 		Expect(events(optedOut)()).To(BeEmpty())
+	})
+
+	Describe("a rotation while the VM's guest runs", Ordered, func() {
+		var (
+			vm            *kubevirtv1.VirtualMachine
+			vmi           *kubevirtv1.VirtualMachineInstance
+			first, second identity.Hash
+		)
+		// serverHash is the hash the server is given for the VM's user.
+		serverHash := func() *identity.Hash { return credentials.HashFor(secretOf("rotating")) }
+		rotateTo := func(generation string) {
+			GinkgoHelper()
+			updateSecret("rotating", func(s *corev1.Secret) {
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(testbed.RandomPassword())
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte(generation)
+				s.Annotations[v1alpha1.AnnotationIssuedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+			})
+		}
+
+		It("keeps the server accepting the previous password while an instance started before the rotation runs, and says so on the VM", func() {
+			vm, _ = createAdopted("rotating", testbed.RandomPassword())
+			first = hashed("rotating")
+			provision("rotating@vms", first)
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix("UserProvisioned:")))
+			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
+			create(vmi)
+			// Creation times have a resolution of a second.
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			rotateTo("2")
+			second = hashed("rotating")
+			Expect(second).NotTo(Equal(first))
+			Consistently(serverHash).WithTimeout(2 * time.Second).Should(HaveValue(Equal(first)))
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix(
+				"RotationPending: Credentials generation 2 is ready; the server keeps accepting generation 1's password until the guest restarts with the new one")))
+		})
+
+		It("gives the server the new password once that instance is gone", func() {
+			Expect(api.Client.Delete(ctx, vmi)).To(Succeed())
+			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(second)))
+			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+		})
+
+		It("gives the server a stopped VM's new password at once", func() {
+			before := len(events(vm)())
+			rotateTo("3")
+			third := hashed("rotating")
+			Expect(serverHash()).To(HaveValue(Equal(third)))
+			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(before))
+		})
+
+		It("gives the server the new password when the grace period ends, though the guest has not restarted, and warns on the VM", func() {
+			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
+			create(vmi)
+			DeferCleanup(func() { _ = api.Client.Delete(ctx, vmi) })
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			rotateTo("4")
+			fourth := hashed("rotating")
+			Expect(serverHash()).NotTo(HaveValue(Equal(fourth)), "kept while the instance runs")
+
+			hasherClock.SetTime(time.Now().Add(credentials.DefaultRotationGrace + time.Minute))
+			DeferCleanup(func() { hasherClock.SetTime(time.Now()) })
+			// Any change brings the Secret back to the Hasher, as its
+			// requeue at the deadline would.
+			updateSecret("rotating", func(s *corev1.Secret) { s.Labels["touched"] = "1" })
+			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(fourth)))
+			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix(
+				"RotationForced: Generation 3's password no longer authenticates although the guest has not restarted since the rotation")))
+		})
 	})
 
 	Describe("announcing the user's provisioning", Ordered, func() {

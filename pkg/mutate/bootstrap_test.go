@@ -52,6 +52,7 @@ func TestDiskModeSecretAloneConnectsAGuest(t *testing.T) {
 		"GUESTBACKUP_CONF_DIR=" + filepath.Join(root, cloudinit.ConfDir),
 		"GUESTBACKUP_STATE_DIR=" + filepath.Join(root, cloudinit.StateDir),
 		"GUESTBACKUP_ATTEMPTS=2",
+		"GUESTBACKUP_ROOT=" + root,
 		"KOPIA=" + tools.Kopia,
 	}
 	if out, err := testbed.Run(t.Context(), 2*time.Minute, root, env, filepath.Join(root, cloudinit.ConnectScript)); err != nil {

@@ -534,9 +534,8 @@ func payloadKeys(existing *corev1.Secret) []string {
 	}
 	var keys []string
 	for k := range existing.Data {
-		switch k {
-		case vmsecret.KeyUsername, vmsecret.KeyPassword, vmsecret.KeyGeneration,
-			vmsecret.KeyPasswordHash, vmsecret.KeyPasswordHashGeneration:
+		switch {
+		case k == vmsecret.KeyUsername, k == vmsecret.KeyPassword, k == vmsecret.KeyGeneration, vmsecret.IsControllerKey(k):
 			continue
 		}
 		keys = append(keys, k)

@@ -12,7 +12,8 @@
 //     payload (key userdata in cloud-init mode, the bootstrap's files,
 //     install.sh among them, in disk mode); annotation issued-at.
 //   - The controller's Hasher (pkg/credentials): the keys passwordHash and
-//     passwordHashGeneration.
+//     passwordHashGeneration, and previousPasswordHash and
+//     previousPasswordHashGeneration during a rotation.
 //   - The controller's VM reconciler (pkg/credentials): the ownerReference
 //     that makes the VM the Secret's controller (OwnerReference), and the
 //     announced-* annotations.
@@ -74,6 +75,13 @@ const (
 	// KeyPasswordHashGeneration (Hasher) is the generation KeyPasswordHash
 	// was computed for.
 	KeyPasswordHashGeneration = v1alpha1.SecretKeyPasswordHashGeneration
+	// KeyPreviousPasswordHash and KeyPreviousPasswordHashGeneration
+	// (Hasher) are the hash of the generation before the current one while
+	// the server still accepts it: a rotation reaches the guest only when
+	// it starts again, and until then its guest knows the previous password
+	// alone (see credentials.Hasher).
+	KeyPreviousPasswordHash           = "previousPasswordHash"
+	KeyPreviousPasswordHashGeneration = "previousPasswordHashGeneration"
 	// KeyUserData (webhook) is the cloud-init user-data KubeVirt reads.
 	KeyUserData = v1alpha1.SecretKeyUserData
 	// KeyInstall (webhook) is the disk-mode installer.
@@ -204,6 +212,49 @@ func PasswordHash(s *corev1.Secret) (string, bool) {
 		return "", false
 	}
 	return data(s, KeyPasswordHash), true
+}
+
+// StaleHash is the hash the Secret holds for an earlier generation than its
+// current one, with that generation; false when there is none: a rotation
+// the Hasher has not hashed yet leaves the previous hash in place.
+func StaleHash(s *corev1.Secret) (hash, generation string, ok bool) {
+	g := data(s, KeyPasswordHashGeneration)
+	if g == "" || g == Generation(s) || data(s, KeyPasswordHash) == "" {
+		return "", "", false
+	}
+	return data(s, KeyPasswordHash), g, true
+}
+
+// PreviousHash is the hash of the previous generation the server still
+// accepts, with its generation; false when there is none.
+func PreviousHash(s *corev1.Secret) (hash, generation string, ok bool) {
+	h := data(s, KeyPreviousPasswordHash)
+	return h, data(s, KeyPreviousPasswordHashGeneration), h != ""
+}
+
+// SetPreviousHash records hash of generation as the previous generation's
+// that the server keeps accepting; an empty hash removes it.
+func SetPreviousHash(s *corev1.Secret, hash, generation string) {
+	if hash == "" {
+		delete(s.Data, KeyPreviousPasswordHash)
+		delete(s.Data, KeyPreviousPasswordHashGeneration)
+		return
+	}
+	if s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	s.Data[KeyPreviousPasswordHash] = []byte(hash)
+	s.Data[KeyPreviousPasswordHashGeneration] = []byte(generation)
+}
+
+// IsControllerKey is whether key is written by the controller, never by
+// the webhook, which keeps it when it rewrites the Secret.
+func IsControllerKey(key string) bool {
+	switch key {
+	case KeyPasswordHash, KeyPasswordHashGeneration, KeyPreviousPasswordHash, KeyPreviousPasswordHashGeneration:
+		return true
+	}
+	return false
 }
 
 // SetPasswordHash records hash as the current generation's.

@@ -164,33 +164,8 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		var err error
-		// The server's port on the host's loopback, fixed before the BSLS
-		// exists: the guest reaches it as 10.0.2.2:<port> (qemu's user
-		// network), which is the BSLS's clientURL, as for a VM on a
-		// secondary network that cannot resolve the Service's name.
-		localPort, err = testbed.FreePort()
-		Expect(err).NotTo(HaveOccurred())
-		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr})
-		api = platform.API
-		for _, ns := range []string{bslsNS, vmNS} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
-		}
-
-		// The admin's BSLS, and its server pod run from the Deployment the
-		// controller writes, for the whole container (a pod started in an
-		// It would stop with it).
-		bsls = &v1alpha1.BackupStorageLocationServer{
-			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNS},
-			Spec: v1alpha1.BackupStorageLocationServerSpec{
-				Storage:   v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
-				Access:    v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
-				ClientURL: fmt.Sprintf("https://%s:%d", testbed.GuestHostAddress, localPort),
-			},
-		}
-		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
-		_, err = platform.ServeBSLS(ctx, GinkgoT(), bsls, localPort)
-		Expect(err).NotTo(HaveOccurred())
+		bp := startBackupPlatform(ctx, bslsNS, vmNS)
+		platform, api, bsls, localPort = bp.Platform, bp.API, bp.bsls, bp.port
 	})
 
 	It("runs the admin's BSLS from the Deployment it writes: Ready, with endpoint and pin", func() {

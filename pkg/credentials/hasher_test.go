@@ -1,0 +1,105 @@
+package credentials
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
+)
+
+func TestKeepPrevious(t *testing.T) {
+	issued := time.Date(2026, 3, 1, 12, 0, 0, 500_000_000, time.UTC)
+	grace := time.Hour
+	started := func(at time.Time) *metav1.PartialObjectMetadata {
+		return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(at)}}
+	}
+	for name, tc := range map[string]struct {
+		instance     *metav1.PartialObjectMetadata
+		now          time.Time
+		keep, forced bool
+		why          string
+	}{
+		"stopped VM":                          {nil, issued.Add(time.Minute), false, false, "runs no instance"},
+		"instance started before":             {started(issued.Add(-time.Hour)), issued.Add(time.Minute), true, false, "before the rotation"},
+		"instance started after":              {started(issued.Add(time.Minute).Truncate(time.Second)), issued.Add(2 * time.Minute), false, false, "after the rotation"},
+		"instance started in the same second": {started(issued.Truncate(time.Second)), issued.Add(time.Minute), false, false, "after the rotation"},
+		"instance started the second before":  {started(issued.Truncate(time.Second).Add(-time.Second)), issued.Add(time.Minute), true, false, "before the rotation"},
+		"grace ended":                         {started(issued.Add(-time.Hour)), issued.Add(grace), false, true, "grace period of 1h0m0s ended"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got := KeepPrevious(issued, tc.instance, tc.now, grace)
+			if got.Keep != tc.keep || got.Forced != tc.forced || !strings.Contains(got.Why, tc.why) || !got.Until.Equal(issued.Add(grace)) {
+				t.Errorf("KeepPrevious = %+v, want keep %v, forced %v, why containing %q, until %v", got, tc.keep, tc.forced, tc.why, issued.Add(grace))
+			}
+		})
+	}
+}
+
+// The server keeps the previous hash while a rotation waits, the stale one
+// while the new password is hashed, and the current one otherwise: a
+// rotation never leaves the user without a hash.
+func TestHashForDuringARotation(t *testing.T) {
+	secret := func(data map[string]string) *corev1.Secret {
+		s := &corev1.Secret{Data: map[string][]byte{}}
+		s.Labels = vmsecret.Labels("web", types.NamespacedName{Namespace: "storage", Name: "main"})
+		vmsecret.SetAnnounced(s, "storage/main", "1")
+		for k, v := range data {
+			s.Data[k] = []byte(v)
+		}
+		return s
+	}
+	h1, h2 := testHash(t, "the first password"), testHash(t, "the second password")
+	for name, tc := range map[string]struct {
+		data          map[string]string
+		moved         bool
+		server, owner string
+	}{
+		"first generation, not hashed": {map[string]string{vmsecret.KeyGeneration: "1"}, false, "", ""},
+		"first generation, hashed": {map[string]string{vmsecret.KeyGeneration: "1",
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, false, h1, h1},
+		"rotated, not hashed yet": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, false, h1, ""},
+		"moved to another server, not hashed yet": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, true, "", ""},
+		"rotated, waiting for the guest": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2",
+			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1"}, false, h1, h2},
+		"rotated, done": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2"}, false, h2, h2},
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := secret(tc.data)
+			if tc.moved {
+				s.Labels[vmsecret.LabelServerName] = "second"
+			}
+			if got := hashText(HashFor(s)); got != tc.server {
+				t.Errorf("HashFor = %q, want %q", got, tc.server)
+			}
+			if got := hashText(CurrentHash(s)); got != tc.owner {
+				t.Errorf("CurrentHash = %q, want %q", got, tc.owner)
+			}
+		})
+	}
+}
+
+func testHash(t *testing.T, password string) string {
+	t.Helper()
+	h, err := identity.NewHash(password, identity.PBKDF2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h.String()
+}
+
+func hashText(h *identity.Hash) string {
+	if h == nil {
+		return ""
+	}
+	return h.String()
+}
