@@ -45,6 +45,10 @@ const (
 	ReasonCredentialsIssued = "CredentialsIssued"
 	// ReasonInjectionRefused: the VM was denied; the message says why.
 	ReasonInjectionRefused = "InjectionRefused"
+	// ReasonInjectionNotUpdated: an injected VM's guestbackup annotations
+	// changed while its server cannot render a bootstrap; the VM is
+	// admitted as it is, and the message says when the change applies.
+	ReasonInjectionNotUpdated = "InjectionNotUpdated"
 )
 
 // SecretName is the per-VM credential Secret of a VM (vmsecret.Name).
@@ -65,6 +69,10 @@ type Input struct {
 	// against it, so fields guestbackup's types do not know are never
 	// touched.
 	Object []byte
+	// OldObject is the VirtualMachine as stored before an UPDATE; nil on
+	// CREATE. It tells what the webhook injected when an update removed
+	// the status annotation, and which of guestbackup's annotations changed.
+	OldObject []byte
 	// Namespace is the request's; an object being created may have none.
 	Namespace string
 	// Server is the BSLS the VM's guestbackup.io/server annotation names.
@@ -128,19 +136,24 @@ func Decide(in Input) (Decision, error) {
 	if vm.Namespace == "" {
 		vm.Namespace = in.Namespace
 	}
+	if vm.DeletionTimestamp != nil {
+		// Nothing guestbackup does may hold up a deletion, and a VM on
+		// its way out gets no new credentials.
+		return Decision{Outcome: OutcomeIgnored}, nil
+	}
 	if in.AlreadyExists {
 		return deny("VirtualMachine %s/%s already exists: a CREATE cannot replace it, and guestbackup leaves its credentials as they are; change the existing VM instead", vm.Namespace, vm.Name), nil
 	}
-	status, hasStatus, err := parseStatus(vm.Annotations)
+	pr, err := priorInjection(vm.Annotations, in.OldObject)
 	if err != nil {
 		return deny("%v", err), nil
 	}
 	value, optedIn := vm.Annotations[v1alpha1.AnnotationServer]
 	if !optedIn {
-		if !hasStatus {
+		if !pr.known {
 			return Decision{Outcome: OutcomeIgnored}, nil
 		}
-		return optOut(&vm, status, in.Secret), nil
+		return optOut(&vm, pr, in.Secret), nil
 	}
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
@@ -154,13 +167,20 @@ func Decide(in Input) (Decision, error) {
 				vm.Namespace, in.Secret.Name, vm.Name, why, v1alpha1.AnnotationServer), nil
 		}
 	}
-	if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
-		return deny("%s", refusal), nil
-	}
 	if vm.Spec.Template == nil {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
-	d, err := inject(&vm, o, status, hasStatus, in)
+	if pr.injectedFor(&vm, o.server) {
+		// The VM already carries its bootstrap: its life (edits, start,
+		// stop) never waits on its server's health. The Secret is
+		// rendered again only when the server can render it.
+		if !serves(in.Server) {
+			return keepInjection(&vm, o.server, pr, in), nil
+		}
+	} else if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	d, err := inject(&vm, o, pr, in)
 	if err != nil || d.Denied != "" {
 		return d, err
 	}
@@ -226,6 +246,12 @@ func readOptions(vm *kubevirtv1.VirtualMachine, server string) (options, string)
 	return o, ""
 }
 
+// checkServer says why a VM cannot get a bootstrap from the server s
+// (ref) now, "" when it can. A new bootstrap needs the server to exist, to
+// admit the VM's namespace, and to have published the endpoint and the CA
+// the guest trusts. Its aggregate Ready is not asked: it is False for a
+// moment whenever any VM's user is being provisioned or a certificate
+// renews, and neither stands in a new VM's way.
 func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Server) string {
 	if s.BSLS == nil {
 		return fmt.Sprintf("BackupStorageLocationServer %s named by annotation %s does not exist: ask your cluster admin for the right <namespace>/<name>", ref, v1alpha1.AnnotationServer)
@@ -233,15 +259,130 @@ func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Serv
 	if !s.NamespaceAllowed {
 		return fmt.Sprintf("BackupStorageLocationServer %s does not admit VMs of namespace %s (its spec.access.namespaceSelector): ask its admin to admit it", ref, vm.Namespace)
 	}
-	ready := meta.FindStatusCondition(s.BSLS.Status.Conditions, v1alpha1.ConditionReady)
-	if ready == nil || ready.Status != metav1.ConditionTrue || s.BSLS.Status.Endpoint == "" || s.BSLS.Status.TLSCA == "" {
-		why := "it reports no status yet"
-		if ready != nil {
-			why = ready.Message
-		}
-		return fmt.Sprintf("BackupStorageLocationServer %s is not Ready (%s): retry once it is", ref, why)
+	if !serves(s) {
+		return fmt.Sprintf("BackupStorageLocationServer %s has not published its endpoint and CA certificate yet (%s), and the guest needs both: see `kubectl describe bsls -n %s %s`, and retry once status.endpoint and status.tlsCA are set",
+			ref, readiness(s.BSLS), ref.Namespace, ref.Name)
 	}
 	return ""
+}
+
+// serves is whether s can render a bootstrap: it exists and has published
+// its endpoint and CA.
+func serves(s Server) bool {
+	return s.BSLS != nil && s.BSLS.Status.Endpoint != "" && s.BSLS.Status.TLSCA != ""
+}
+
+// readiness is the BSLS's Ready condition, in words.
+func readiness(bsls *v1alpha1.BackupStorageLocationServer) string {
+	ready := meta.FindStatusCondition(bsls.Status.Conditions, v1alpha1.ConditionReady)
+	if ready == nil {
+		return "it reports no status yet"
+	}
+	return fmt.Sprintf("Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
+}
+
+// keepInjection admits an injected VM whose server cannot render its
+// bootstrap (deleted, or its endpoint or CA not published) as it is: its
+// Secret stays, and only a status annotation an update removed is put
+// back. A change of guestbackup's annotations cannot apply now: a Warning
+// says so, and when it will.
+func keepInjection(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, pr prior, in Input) Decision {
+	d := Decision{Outcome: OutcomeUnchanged}
+	if !pr.written {
+		op, err := statusOp(pr.status, false)
+		if err != nil {
+			return deny("guestbackup cannot write its status annotation: %v", err)
+		}
+		d.Patch, d.Outcome = []jsonpatch.JsonPatchOperation{op}, OutcomeUpdated
+	}
+	if optionsChanged(vm.Annotations, in.OldObject) {
+		why := fmt.Sprintf("has not published its endpoint and CA certificate (%s)", readinessOf(in.Server))
+		if in.Server.BSLS == nil {
+			why = "does not exist"
+		}
+		d.Events = append(d.Events, vmevent.Warning(ReasonInjectionNotUpdated, fmt.Sprintf(
+			"BackupStorageLocationServer %s %s: the VM is admitted and its Secret %s kept as it was; the changed guestbackup.io annotations apply when the VM is next admitted with them while the server serves",
+			ref, why, pr.status.Secret)))
+	}
+	return d
+}
+
+func readinessOf(s Server) string {
+	if s.BSLS == nil {
+		return "it does not exist"
+	}
+	return readiness(s.BSLS)
+}
+
+// optionsChanged is whether an update changed any guestbackup.io
+// annotation but the status.
+func optionsChanged(annotations map[string]string, oldObject []byte) bool {
+	if oldObject == nil {
+		return false
+	}
+	old := headOf(oldObject).Annotations
+	for _, m := range []map[string]string{annotations, old} {
+		for k := range m {
+			if strings.HasPrefix(k, v1alpha1.AnnotationPrefix) && k != v1alpha1.AnnotationStatus && annotations[k] != old[k] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// headOf reads an object's metadata; an unreadable one has none.
+func headOf(object []byte) metav1.ObjectMeta {
+	var head struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	}
+	_ = json.Unmarshal(object, &head)
+	return head.Metadata
+}
+
+// prior is what the webhook injected before this admission, as its status
+// annotation says: the admitted object's, or, when an update removed it,
+// the stored object's (so that removing it loses nothing of the owner's).
+type prior struct {
+	status v1alpha1.InjectionStatus
+	// known: status holds what was injected.
+	known bool
+	// written: the admitted object carries the annotation.
+	written bool
+}
+
+func priorInjection(annotations map[string]string, oldObject []byte) (prior, error) {
+	st, ok, err := parseStatus(annotations)
+	if err != nil || ok {
+		return prior{status: st, known: ok, written: ok}, err
+	}
+	if oldObject != nil {
+		if st, ok, err := parseStatus(headOf(oldObject).Annotations); err == nil && ok {
+			return prior{status: st, known: true}, nil
+		}
+	}
+	return prior{}, nil
+}
+
+// injectedFor is whether vm still carries the bootstrap the status says
+// was injected for it, on server.
+func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.NamespacedName) bool {
+	return p.known && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name) &&
+		vm.Spec.Template != nil && stillInjected(&vm.Spec.Template.Spec, p.status)
+}
+
+// statusOp writes st as the status annotation; replace says the object
+// already has one.
+func statusOp(st v1alpha1.InjectionStatus, replace bool) (jsonpatch.JsonPatchOperation, error) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return jsonpatch.JsonPatchOperation{}, fmt.Errorf("encode the status annotation: %w", err)
+	}
+	op := "add"
+	if replace {
+		op = "replace"
+	}
+	return jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)), nil
 }
 
 // parseStatus reads the status annotation the webhook wrote.
@@ -285,9 +426,10 @@ type placement struct {
 	userPart   []byte // the VM's own user-data, when merged
 }
 
-func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStatus, hasStatus bool, in Input) (Decision, error) {
+func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decision, error) {
 	var d Decision
 	spec := &vm.Spec.Template.Spec
+	old, hasStatus := pr.status, pr.known
 
 	creds, ok := currentCredentials(in.Secret, o.server)
 	rotated := hasStatus && ok && old.Rotate != o.rotate
@@ -351,16 +493,12 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm.Name), User: o.user,
 		Generation: creds.generation, Rotate: o.rotate, Volume: p.volume, Disk: p.disk, MergedFrom: p.mergedFrom,
 	}
-	if !hasStatus || st != old {
-		data, err := json.Marshal(st)
+	if !pr.written || st != old {
+		op, err := statusOp(st, pr.written)
 		if err != nil {
 			return Decision{}, err
 		}
-		op := "add"
-		if hasStatus {
-			op = "replace"
-		}
-		ops = append(ops, jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)))
+		ops = append(ops, op)
 	}
 	d.Patch = ops
 	switch {
@@ -578,7 +716,8 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 
 // optOut removes what the status says was injected and gives the VM its
 // own user-data back.
-func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *corev1.Secret) Decision {
+func optOut(vm *kubevirtv1.VirtualMachine, pr prior, secret *corev1.Secret) Decision {
+	st := pr.status
 	var ops []jsonpatch.JsonPatchOperation
 	if vm.Spec.Template != nil {
 		spec := &vm.Spec.Template.Spec
@@ -608,7 +747,9 @@ func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *
 			}
 		}
 	}
-	ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
+	if pr.written {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
+	}
 	return Decision{Patch: ops, Outcome: OutcomeRemoved}
 }
 

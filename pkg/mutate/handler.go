@@ -144,6 +144,9 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 // decide gathers Decide's input through r and decides.
 func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
 	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
+	if req.Operation == admissionv1.Update {
+		in.OldObject = req.OldObject.Raw
+	}
 	var head struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}

@@ -1,0 +1,148 @@
+package mutate
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// withField is obj with the value at path (objects created as needed) set;
+// a nil value removes it.
+func withField(t *testing.T, obj []byte, value any, path ...string) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	cur := m
+	for _, p := range path[:len(path)-1] {
+		next, ok := cur[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			cur[p] = next
+		}
+		cur = next
+	}
+	if value == nil {
+		delete(cur, path[len(path)-1])
+	} else {
+		cur[path[len(path)-1]] = value
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// injected is the no-cloud-init VM as the webhook stored it, and its Secret.
+func injected(t *testing.T, name string) ([]byte, *corev1.Secret) {
+	t.Helper()
+	original := readVM(t, name)
+	first := decide(t, original, nil, &passwords{})
+	if first.Denied != "" {
+		t.Fatal(first.Denied)
+	}
+	return apply(t, original, first), first.Secret
+}
+
+// TestNeverBlocksAnInjectedVM: a VM that already carries its bootstrap is
+// never denied for its server's health: start, stop, edits and the
+// finalizer removal of a deleting VM do not wait on a BSLS.
+func TestNeverBlocksAnInjectedVM(t *testing.T) {
+	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	hashPending := readyServer()
+	hashPending.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "UsersSynced", Message: "Not True: UsersSynced"}
+	certRolling := readyServer()
+	certRolling.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "CertificateReady", Message: "Not True: CertificateReady"}
+	noEndpoint := readyServer()
+	noEndpoint.BSLS.Status = v1alpha1.BackupStorageLocationServerStatus{}
+	notAdmitted := readyServer()
+	notAdmitted.NamespaceAllowed = false
+
+	edited := withField(t, stored, "Halted", "spec", "runStrategy")
+	edited = withField(t, edited, map[string]any{"tier": "db"}, "metadata", "labels")
+	for name, server := range map[string]Server{
+		"not Ready while a new VM's hash is pending": hashPending,
+		"not Ready while its certificate rolls":      certRolling,
+		"with no endpoint published":                 noEndpoint,
+		"that no longer admits the namespace":        notAdmitted,
+		"deleted":                                    {},
+	} {
+		t.Run("a server "+name, func(t *testing.T) {
+			d, err := Decide(Input{Object: edited, OldObject: stored, Namespace: "team-a", Server: server, Secret: secret, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+				t.Errorf("an edit of an injected VM: denied %q, patch %+v, Secret written %t; want it admitted unchanged", d.Denied, d.Patch, d.Secret != nil)
+			}
+		})
+	}
+
+	t.Run("a changed annotation while the server is gone is admitted, and says it waits", func(t *testing.T) {
+		changed := withAnnotation(t, stored, v1alpha1.AnnotationPaths, "/var/lib/app")
+		d, err := Decide(Input{Object: changed, OldObject: stored, Namespace: "team-a", Secret: secret, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+			t.Fatalf("denied %q, patch %+v, Secret written %t; want it admitted unchanged", d.Denied, d.Patch, d.Secret != nil)
+		}
+		if len(d.Events) != 1 || d.Events[0].Type != corev1.EventTypeWarning || d.Events[0].Reason != ReasonInjectionNotUpdated ||
+			!strings.Contains(d.Events[0].Message, "BackupStorageLocationServer backup/main does not exist") {
+			t.Errorf("events: %+v", d.Events)
+		}
+	})
+}
+
+// TestADeletingVMIsAdmittedUnchanged: nothing holds up a deletion, and a
+// deleting VM is never issued credentials.
+func TestADeletingVMIsAdmittedUnchanged(t *testing.T) {
+	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	deleting := withField(t, stored, "2026-11-25T07:00:00Z", "metadata", "deletionTimestamp")
+	for name, in := range map[string]Input{
+		"its finalizer removed":         {Object: withField(t, deleting, nil, "metadata", "finalizers"), OldObject: deleting, Secret: secret},
+		"rotated while it is deleted":   {Object: withAnnotation(t, deleting, v1alpha1.AnnotationRotate, "now"), OldObject: deleting, Secret: secret},
+		"its Secret gone":               {Object: deleting, OldObject: deleting},
+		"its server gone":               {Object: deleting, OldObject: deleting, Secret: secret, Server: Server{}},
+		"opted out while it is deleted": {Object: withoutServer(t, deleting), OldObject: deleting, Secret: secret},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Namespace, in.NewPassword = "team-a", (&passwords{}).next
+			if name != "its server gone" {
+				in.Server = readyServer()
+			}
+			d, err := Decide(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil || len(d.Events) != 0 {
+				t.Errorf("a deleting VM: %+v; want it admitted unchanged", d)
+			}
+		})
+	}
+}
+
+// TestANewVMNeedsWhatItsBootstrapNeeds: a new VM is admitted while its
+// server is not Ready for reasons that do not concern it (a previous VM's
+// hash pending, a certificate renewal): it needs the endpoint and the CA.
+func TestANewVMNeedsWhatItsBootstrapNeeds(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	for _, reason := range []string{"UsersSynced", "CertificateReady", "ServerAvailable"} {
+		server := readyServer()
+		server.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: "Not True: " + reason}
+		d, err := Decide(Input{Object: base, Namespace: "team-a", Server: server, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || d.Secret == nil {
+			t.Errorf("Ready=False (%s): denied %q; want the VM admitted with its credentials", reason, d.Denied)
+		}
+	}
+}
