@@ -344,6 +344,26 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		noSecretsIn(vm, password)
 	})
 
+	It("never deletes a Secret a volume of its VM still reads, and deletes it once none does", func() {
+		s, vm := credentialSecret("inuse", testbed.RandomPassword(), "1"), virtualMachine("inuse", server)
+		// What a VM whose opt-out never reached the webhook looks like:
+		// its cloud-init still reads the Secret.
+		vm.Spec.Template.Spec.Volumes = []kubevirtv1.Volume{{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{
+			CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: s.Name}},
+		}}}
+		create(s, vm)
+		Eventually(ownerRefs("inuse")).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(
+			"SecretInUse: Secret inuse-guestbackup is kept although the VirtualMachine no longer has annotation guestbackup.io/server: " +
+				"volume cloudinit of the VirtualMachine still reads it (its cloud-init would be lost); it is deleted once no volume does, and its user is not provisioned meanwhile"))
+		Consistently(secretExists("inuse")).WithTimeout(settleTime + 2*time.Second).Should(Succeed())
+
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { vm.Spec.Template.Spec.Volumes = nil })
+		Eventually(secretGone("inuse")).WithTimeout(reconciled).Should(Succeed())
+		Eventually(events(vm)).WithTimeout(reconciled).Should(WithTransform(withReason("UserRevoked"), HaveLen(1)))
+	})
+
 	It("revokes the user of a VM that names another server", func() {
 		vm, _ := createAdopted("moved", testbed.RandomPassword())
 		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { vm.Annotations[v1alpha1.AnnotationServer] = "storage/other" })

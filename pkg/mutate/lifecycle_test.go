@@ -146,3 +146,52 @@ func TestANewVMNeedsWhatItsBootstrapNeeds(t *testing.T) {
 		}
 	}
 }
+
+// withoutAnnotations is obj without the annotations keys.
+func withoutAnnotations(t *testing.T, obj []byte, keys ...string) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		delete(m["metadata"].(map[string]any)["annotations"].(map[string]any), k)
+	}
+	out, _ := json.Marshal(m)
+	return out
+}
+
+// TestRemovingAnnotationsLosesNothing: whatever guestbackup annotations an
+// update removes, the owner's own cloud-init survives: removing the
+// opt-in gives it back where it was, removing only the status (which the
+// webhook manages) puts the status back.
+func TestRemovingAnnotationsLosesNothing(t *testing.T) {
+	for _, name := range []string{"inline-cloud-config", "base64-cloud-config", "no-cloud-init", "mode-disk", "secret-ref"} {
+		t.Run(name, func(t *testing.T) {
+			original := readVM(t, name+".vm.yaml")
+			stored, secret := injected(t, name+".vm.yaml")
+			admit := func(obj []byte) []byte {
+				t.Helper()
+				d, err := Decide(Input{Object: obj, OldObject: stored, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Denied != "" || d.Secret != nil || len(d.Events) != 0 {
+					t.Fatalf("denied %q, Secret written %t, events %+v", d.Denied, d.Secret != nil, d.Events)
+				}
+				return apply(t, obj, d)
+			}
+			t.Run("both annotations in one update", func(t *testing.T) {
+				got := admit(withoutAnnotations(t, stored, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus))
+				if want := withoutServer(t, original); !jsonEqual(got, want) {
+					t.Errorf("after the update:\n%s\nwant the VM as it was before it opted in:\n%s", got, want)
+				}
+			})
+			t.Run("only the status", func(t *testing.T) {
+				if got := admit(withoutAnnotations(t, stored, v1alpha1.AnnotationStatus)); !jsonEqual(got, stored) {
+					t.Errorf("after the update:\n%s\nwant the injected VM as it was:\n%s", got, stored)
+				}
+			})
+		})
+	}
+}

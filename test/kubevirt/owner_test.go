@@ -1,0 +1,109 @@
+package kubevirt
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+)
+
+// settleTime is the VM reconciler's, short.
+const settleTime = 2 * time.Second
+
+// ownCloudConfig is a VM owner's own inline cloud-config.
+const ownCloudConfig = "#cloud-config\nwrite_files:\n  - path: /var/tmp/owner-marker\n    content: \"mine\\n\"\n"
+
+// withOwnCloudInit gives vm the owner's inline cloud-config in a NoCloud
+// volume of its own.
+func withOwnCloudInit(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
+	vm.Spec.Template.Spec.Volumes = append(vm.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
+		Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: ownCloudConfig}},
+	})
+	vm.Spec.Template.Spec.Domain.Devices.Disks = append(vm.Spec.Template.Spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: "cloudinit"})
+	return vm
+}
+
+// What the owner wrote is theirs (DESIGN.md decision 17): whatever they
+// remove, their cloud-init comes back as it was; a copy gets an identity
+// of its own; the audit is where an admin looks.
+var _ = Describe("The owner's VM, with the webhook and the controller", Ordered, func() {
+	var (
+		ctx context.Context
+		bed *webhookBed
+	)
+	update := func(name string, f func(*kubevirtv1.VirtualMachine)) error {
+		vm := bed.getVM(ctx, name)
+		f(vm)
+		return bed.api.Client.Update(ctx, vm)
+	}
+	ownPartOf := func(name string) string {
+		GinkgoHelper()
+		s, err := bed.secretOf(ctx, name)()
+		Expect(err).NotTo(HaveOccurred())
+		part, err := cloudinit.UserPart(s.Data[v1alpha1.SecretKeyUserData])
+		Expect(err).NotTo(HaveOccurred())
+		return string(part)
+	}
+	merged := func(name string) {
+		GinkgoHelper()
+		vm := bed.getVM(ctx, name)
+		Expect(vm.Annotations).To(HaveKey(v1alpha1.AnnotationStatus))
+		Expect(vm.Spec.Template.Spec.Volumes).To(HaveLen(2), "no second cloud-init volume, no disk")
+		Expect(vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserDataSecretRef).NotTo(BeNil())
+		Expect(vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserDataSecretRef.Name).To(Equal(mutate.SecretName(name)))
+		Expect(ownPartOf(name)).To(Equal(ownCloudConfig))
+	}
+	ownBack := func(name string) {
+		GinkgoHelper()
+		vm := bed.getVM(ctx, name)
+		Expect(vm.Annotations).NotTo(HaveKey(v1alpha1.AnnotationStatus))
+		Expect(vm.Spec.Template.Spec.Volumes).To(HaveLen(2))
+		Expect(vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud).To(Equal(&kubevirtv1.CloudInitNoCloudSource{UserData: ownCloudConfig}))
+		Expect(vm.Spec.Template.Spec.Domain.Devices.Disks).To(HaveLen(2))
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		bed = startWebhookBed(ctx, webhookBedOptions{Setup: func(mgr ctrl.Manager) error {
+			if err := (&credentials.Hasher{Client: mgr.GetClient()}).SetupWithManager(mgr, 2); err != nil {
+				return err
+			}
+			// A short settle time, so that a revocation is seen soon.
+			return (&credentials.VMReconciler{SettleTime: settleTime}).SetupWithManager(mgr)
+		}})
+	})
+
+	It("puts the status back when only it is removed, keeping the owner's cloud-config", func() {
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(typicalVM("keep"))))).To(Succeed())
+		merged("keep")
+		Expect(update("keep", func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationStatus) })).To(Succeed())
+		merged("keep")
+
+		By("and gives it back when the VM then opts out")
+		Expect(update("keep", func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })).To(Succeed())
+		ownBack("keep")
+	})
+
+	It("gives the owner's cloud-config back when both annotations go in one update", func() {
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(typicalVM("both"))))).To(Succeed())
+		merged("both")
+		Expect(update("both", func(vm *kubevirtv1.VirtualMachine) {
+			delete(vm.Annotations, v1alpha1.AnnotationServer)
+			delete(vm.Annotations, v1alpha1.AnnotationStatus)
+		})).To(Succeed())
+		ownBack("both")
+		Eventually(func() bool {
+			_, err := bed.secretOf(ctx, "both")()
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(settleTime+30*time.Second).Should(BeTrue(), "the controller revokes the user once no volume reads the Secret")
+	})
+})
