@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -231,9 +232,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{}, err
 		}
 		logger.Info("adopted credential Secret", "virtualMachine", vm.Name, "uid", vm.UID)
-		return r.announce(ctx, vm, secret)
+		return r.announceIssued(ctx, vm, secret)
 	case keep:
-		return r.announce(ctx, vm, secret)
+		return r.announceIssued(ctx, vm, secret)
 	case revoke, collect:
 		return r.remove(ctx, req.NamespacedName, secret, a)
 	}
@@ -272,6 +273,27 @@ func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetada
 		return fmt.Errorf("adopt Secret %s/%s for VirtualMachine %s: %w", secret.Namespace, secret.Name, vm.Name, err)
 	}
 	return nil
+}
+
+// announceIssued records the CredentialsIssued Event the webhook decided
+// at the VM's creation, now that the VM has a UID (kubectl describe shows
+// only Events with it), then announces the provisioning.
+func (r *VMReconciler) announceIssued(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) (ctrl.Result, error) {
+	if msg := vmsecret.IssuedEvent(secret); msg != "" {
+		// Removed before it is recorded: should the Event then be lost
+		// with the process, that costs one Event, while the other order
+		// would repeat it.
+		patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		delete(secret.Annotations, vmsecret.AnnotationIssuedEvent)
+		if err := r.Client.Patch(ctx, secret, patch); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: retryConflict}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("record the issued credentials of Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+		}
+		r.Recorder.Event(vm, corev1.EventTypeNormal, vmevent.ReasonCredentialsIssued, msg)
+	}
+	return r.announce(ctx, vm, secret)
 }
 
 // announce records on the VM that its user is provisioned (or rotated) once

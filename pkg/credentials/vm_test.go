@@ -333,6 +333,19 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		Expect(secretOf("adopt").UID).To(Equal(s.UID), "the Secret survived the re-creation")
 	})
 
+	It("records the CredentialsIssued Event the webhook left at the VM's creation once the VM exists, with its UID, once", func() {
+		s := credentialSecret("issued", testbed.RandomPassword(), "1")
+		msg := "Issued Kopia credentials for issued@vms on BackupStorageLocationServer storage/main (generation 1, cloud-init mode, Secret issued-guestbackup)"
+		s.Annotations[vmsecret.AnnotationIssuedEvent] = msg
+		create(s)
+		vm := virtualMachine("issued", server)
+		create(vm)
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement("CredentialsIssued: " + msg))
+		Eventually(func() map[string]string { return secretOf("issued").Annotations }).WithTimeout(reconciled).ShouldNot(HaveKey(vmsecret.AnnotationIssuedEvent))
+		restartController(func() {})
+		Consistently(func() []string { return withReason("CredentialsIssued")(events(vm)()) }).WithTimeout(3 * time.Second).Should(HaveLen(1))
+	})
+
 	It("revokes the user of a VM that opts out: deletes the Secret and records UserRevoked on the VM", func() {
 		password := testbed.RandomPassword()
 		vm, _ := createAdopted("optout", password)

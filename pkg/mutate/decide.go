@@ -41,8 +41,10 @@ const (
 
 // Event reasons the webhook records on a VM.
 const (
-	// ReasonCredentialsIssued: the VM got new Kopia credentials.
-	ReasonCredentialsIssued = "CredentialsIssued"
+	// ReasonCredentialsIssued: the VM got new Kopia credentials. On
+	// CREATE the Event waits in the Secret for the VM's UID
+	// (vmsecret.AnnotationIssuedEvent): the controller records it.
+	ReasonCredentialsIssued = vmevent.ReasonCredentialsIssued
 	// ReasonInjectionRefused: the VM was denied; the message says why.
 	ReasonInjectionRefused = "InjectionRefused"
 	// ReasonInjectionNotUpdated: an injected VM's guestbackup annotations
@@ -516,8 +518,15 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 		if rotated {
 			what = "Rotated"
 		}
-		d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued,
-			fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))))
+		msg := fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))
+		if vm.UID == "" {
+			// A VM being created has no UID: an Event now would never
+			// show in kubectl describe. The controller records it once
+			// the VM exists.
+			d.Secret.Annotations[vmsecret.AnnotationIssuedEvent] = msg
+		} else {
+			d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued, msg))
+		}
 	}
 	return d, nil
 }

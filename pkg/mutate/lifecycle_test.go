@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // withField is obj with the value at path (objects created as needed) set;
@@ -193,5 +194,24 @@ func TestRemovingAnnotationsLosesNothing(t *testing.T) {
 				}
 			})
 		})
+	}
+}
+
+// TestCredentialsIssuedWaitsForTheUID: an Event without the VM's UID is
+// never shown by kubectl describe. At creation the message waits in the
+// Secret for the controller; at an update the VM has its UID.
+func TestCredentialsIssuedWaitsForTheUID(t *testing.T) {
+	created := decide(t, readVM(t, "no-cloud-init.vm.yaml"), nil, &passwords{})
+	if len(created.Events) != 0 || created.Secret.Annotations[vmsecret.AnnotationIssuedEvent] == "" {
+		t.Errorf("at creation: events %+v, issued-event %q; want the Event in the Secret", created.Events, created.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
+	}
+	plain := withField(t, withoutServer(t, readVM(t, "no-cloud-init.vm.yaml")), "uid-1", "metadata", "uid")
+	optedIn := withAnnotation(t, plain, v1alpha1.AnnotationServer, "backup/main")
+	d, err := Decide(Input{Object: optedIn, OldObject: plain, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Events) != 1 || d.Events[0].Reason != ReasonCredentialsIssued || d.Secret.Annotations[vmsecret.AnnotationIssuedEvent] != "" {
+		t.Errorf("an opt-in by update: events %+v, issued-event %q; want the Event recorded at once", d.Events, d.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
 	}
 }

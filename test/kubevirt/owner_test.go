@@ -2,11 +2,13 @@ package kubevirt
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/kubectl/pkg/describe"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // settleTime is the VM reconciler's, short.
@@ -71,6 +74,24 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 		Expect(vm.Spec.Template.Spec.Domain.Devices.Disks).To(HaveLen(2))
 	}
 
+	// describe is `kubectl describe vm <name>` in team-a, by kubectl's own
+	// code: its Events are those with the VM's UID.
+	describeVM := func(name string) func() (string, error) {
+		return func() (string, error) {
+			mapping, err := bed.api.Client.RESTMapper().RESTMapping(kubevirtv1.VirtualMachineGroupVersionKind.GroupKind(), kubevirtv1.GroupVersion.Version)
+			if err != nil {
+				return "", err
+			}
+			d, ok := describe.DescriberFor(mapping.GroupVersionKind.GroupKind(), bed.api.Config)
+			if !ok {
+				if d, ok = describe.GenericDescriberFor(mapping, bed.api.Config); !ok {
+					return "", fmt.Errorf("kubectl has no describer for %s", mapping.GroupVersionKind)
+				}
+			}
+			return d.Describe("team-a", name, describe.DescriberSettings{ShowEvents: true, ChunkSize: 500})
+		}
+	}
+
 	BeforeAll(func() {
 		ctx = context.Background()
 		bed = startWebhookBed(ctx, webhookBedOptions{Setup: func(mgr ctrl.Manager) error {
@@ -80,6 +101,27 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 			// A short settle time, so that a revocation is seen soon.
 			return (&credentials.VMReconciler{SettleTime: settleTime}).SetupWithManager(mgr)
 		}})
+	})
+
+	It("shows an admin the credentials issued to a VM created with the annotation, in kubectl describe", func() {
+		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("described")))).To(Succeed())
+		Eventually(describeVM("described")).WithTimeout(30 * time.Second).Should(And(
+			MatchRegexp(`Normal\s+CredentialsIssued\s+.*Issued Kopia credentials for described@team-a on BackupStorageLocationServer backup/main \(generation 1, cloud-init mode, Secret described-guestbackup\)`),
+		))
+		s, err := bed.secretOf(ctx, "described")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(s.Annotations).NotTo(HaveKey(vmsecret.AnnotationIssuedEvent))
+
+		By("and those of a VM annotated later")
+		plain := typicalVM("later")
+		plain.Namespace, plain.Annotations = "team-a", nil
+		plain.Spec.Template.Spec.Volumes = plain.Spec.Template.Spec.Volumes[:1]
+		plain.Spec.Template.Spec.Domain.Devices.Disks = plain.Spec.Template.Spec.Domain.Devices.Disks[:1]
+		Expect(bed.api.Client.Create(ctx, plain)).To(Succeed())
+		Expect(update("later", func(vm *kubevirtv1.VirtualMachine) {
+			vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main"}
+		})).To(Succeed())
+		Eventually(describeVM("later")).WithTimeout(30 * time.Second).Should(MatchRegexp(`Normal\s+CredentialsIssued\s+.*Issued Kopia credentials for later@team-a`))
 	})
 
 	It("puts the status back when only it is removed, keeping the owner's cloud-config", func() {

@@ -16,6 +16,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 var _ = Describe("The admission webhook, registered in a real API server", Ordered, func() {
@@ -56,7 +57,9 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		Expect(len(s.Data[v1alpha1.SecretKeyPassword])).To(BeNumerically(">=", 43))
 		Expect(testbed.ValidateCloudConfig(GinkgoT(), s.Data[v1alpha1.SecretKeyUserData])).To(Succeed())
 		Expect(string(s.Data[v1alpha1.SecretKeyUserData])).To(ContainSubstring(string(s.Data[v1alpha1.SecretKeyPassword])))
-		Eventually(vmEvents("web")).Should(ContainElement(HavePrefix("Normal CredentialsIssued: Issued Kopia credentials for web@team-a on BackupStorageLocationServer backup/main")))
+		// The VM had no UID at admission: its CredentialsIssued Event
+		// waits in the Secret for the controller (owner_test.go).
+		Expect(s.Annotations).To(HaveKeyWithValue(vmsecret.AnnotationIssuedEvent, HavePrefix("Issued Kopia credentials for web@team-a on BackupStorageLocationServer backup/main")))
 	})
 
 	It("changes nothing when the VM is admitted again", func() {
