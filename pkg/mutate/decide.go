@@ -81,6 +81,12 @@ type Input struct {
 	Server Server
 	// Secret is the VM's existing credential Secret, nil when none.
 	Secret *corev1.Secret
+	// Sources are the credential Secrets, by name, of other VMs that this
+	// VM's status annotation names or its volumes read (CopySources): a
+	// copy of an injected VM (a VirtualMachineClone copies annotations, as
+	// does get -o yaml, rename, apply) reads its source's. They are only
+	// read: the owner's own user-data, when it was merged, is there.
+	Sources map[string]*corev1.Secret
 	// AlreadyExists is set on CREATE when a VirtualMachine of this name
 	// exists: the API server refuses the request after admission, so
 	// admission must change nothing, least of all that VM's credentials.
@@ -155,7 +161,12 @@ func Decide(in Input) (Decision, error) {
 		if !pr.known {
 			return Decision{Outcome: OutcomeIgnored}, nil
 		}
-		return optOut(&vm, pr, in.Secret), nil
+		secret := in.Secret
+		if pr.status.Secret != SecretName(vm.Name) {
+			// A copy opting out: the owner's user-data is in its source's.
+			secret = source(in.Sources, pr.status.Secret, vm.Name)
+		}
+		return optOut(&vm, pr, secret), nil
 	}
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
@@ -172,6 +183,10 @@ func Decide(in Input) (Decision, error) {
 	if vm.Spec.Template == nil {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
+	var copyOps []jsonpatch.JsonPatchOperation
+	if pr, copyOps, refusal = adoptCopy(&vm, pr, in.Sources); refusal != "" {
+		return deny("%s", refusal), nil
+	}
 	if pr.injectedFor(&vm, o.server) {
 		// The VM already carries its bootstrap: its life (edits, start,
 		// stop) never waits on its server's health. The Secret is
@@ -185,6 +200,12 @@ func Decide(in Input) (Decision, error) {
 	d, err := inject(&vm, o, pr, in)
 	if err != nil || d.Denied != "" {
 		return d, err
+	}
+	if len(copyOps) > 0 {
+		d.Patch = append(copyOps, d.Patch...)
+		if d.Outcome == OutcomeUnchanged {
+			d.Outcome = OutcomeUpdated
+		}
 	}
 	return checkApplies(in.Object, d), nil
 }
@@ -351,6 +372,10 @@ type prior struct {
 	known bool
 	// written: the admitted object carries the annotation.
 	written bool
+	// copied: status is another VM's, made this VM's (adoptCopy); source
+	// is that VM's Secret, nil when it is gone.
+	copied bool
+	source *corev1.Secret
 }
 
 func priorInjection(annotations map[string]string, oldObject []byte) (prior, error) {
@@ -369,8 +394,133 @@ func priorInjection(annotations map[string]string, oldObject []byte) (prior, err
 // injectedFor is whether vm still carries the bootstrap the status says
 // was injected for it, on server.
 func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.NamespacedName) bool {
-	return p.known && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name) &&
+	return p.known && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name) &&
 		vm.Spec.Template != nil && stillInjected(&vm.Spec.Template.Spec, p.status)
+}
+
+// CopySources names the Secrets, other than its own, that the VM object
+// may have been copied with: the one its status annotation names and those
+// its cloud-init and secret volumes read, when named as a credential
+// Secret. The handler reads them for Decide (Input.Sources).
+func CopySources(object []byte) []string {
+	var vm kubevirtv1.VirtualMachine
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(object, &vm); err != nil {
+		return nil
+	}
+	own := SecretName(vm.Name)
+	var names []string
+	add := func(name string) {
+		if name != own && strings.HasSuffix(name, SecretName("")) && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	if st, ok, err := parseStatus(vm.Annotations); err == nil && ok {
+		add(st.Secret)
+	}
+	if vm.Spec.Template != nil {
+		for _, v := range vm.Spec.Template.Spec.Volumes {
+			add(readsSecret(v))
+		}
+	}
+	return names
+}
+
+// readsSecret is the Secret a cloud-init (user-data) or secret volume
+// reads, "" for none.
+func readsSecret(v kubevirtv1.Volume) string {
+	switch {
+	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
+		return v.CloudInitNoCloud.UserDataSecretRef.Name
+	case v.Secret != nil:
+		return v.Secret.SecretName
+	}
+	return ""
+}
+
+// source is sources' credential Secret name if it is another VM's than
+// vm's: labelled as guestbackup's, and named for the VM it is labelled for.
+func source(sources map[string]*corev1.Secret, name, vm string) *corev1.Secret {
+	s := sources[name]
+	if s == nil || s.Name != name || !vmsecret.IsManaged(s) || !vmsecret.IsNamedFor(s) || vmsecret.VM(s) == vm {
+		return nil
+	}
+	return s
+}
+
+// adoptCopy makes a copied injection this VM's own. A copy of an injected
+// VM reads its source's credential Secret, and the status it carries (if
+// any) is its source's: left so, it would boot as the source's identity
+// and write into its history. Its volumes are pointed at the VM's own
+// Secret (the patch returned), vm is changed to match, and what was
+// injected (the copied status, or, without one, what the volumes show) is
+// taken as this VM's, to be issued its own credentials. The source's
+// Secret is only read, for the owner's own user-data when it was merged.
+func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*corev1.Secret) (prior, []jsonpatch.JsonPatchOperation, string) {
+	own := SecretName(vm.Name)
+	spec := &vm.Spec.Template.Spec
+	from := ""
+	switch {
+	case pr.known && pr.status.Secret != own:
+		from = pr.status.Secret
+	case !pr.known:
+		for _, v := range spec.Volumes {
+			if name := readsSecret(v); name != own && source(sources, name, vm.Name) != nil {
+				from = name
+				break
+			}
+		}
+	}
+	if from == "" {
+		return pr, nil, ""
+	}
+	src := source(sources, from, vm.Name)
+	var ops []jsonpatch.JsonPatchOperation
+	first := -1
+	for i := range spec.Volumes {
+		v := &spec.Volumes[i]
+		if readsSecret(*v) != from {
+			continue
+		}
+		base := fmt.Sprintf("/spec/template/spec/volumes/%d", i)
+		if v.Secret != nil {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/secret/secretName", own))
+			v.Secret = &kubevirtv1.SecretVolumeSource{SecretName: own, VolumeLabel: v.Secret.VolumeLabel, Optional: v.Secret.Optional}
+		} else {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/cloudInitNoCloud/secretRef/name", own))
+			nc := *v.CloudInitNoCloud
+			nc.UserDataSecretRef = &corev1.LocalObjectReference{Name: own}
+			v.CloudInitNoCloud = &nc
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	if first < 0 {
+		// Only the annotation was copied: nothing was injected here.
+		return prior{written: pr.written}, nil, ""
+	}
+	st := pr.status
+	v := spec.Volumes[first]
+	if !pr.known {
+		// The status was not copied: what was injected is what the
+		// volume shows.
+		st = v1alpha1.InjectionStatus{Mode: v1alpha1.ModeCloudInit, Server: vmsecret.Server(src).String(), Volume: v.Name}
+		_, err := cloudinit.UserPart(src.Data[vmsecret.KeyUserData])
+		switch {
+		case v.Secret != nil:
+			st.Mode, st.Disk = v1alpha1.ModeDisk, v.Name
+		case err == nil:
+			st.MergedFrom = "userData" // the field it came from is not recorded anywhere else
+		case diskIndex(spec, v.Name) >= 0:
+			st.Disk = v.Name
+		}
+	}
+	if st.MergedFrom != "" && src == nil {
+		return pr, nil, fmt.Sprintf("VirtualMachine %s/%s is a copy of a VM guestbackup injected: its volume %s reads Secret %s, which does not exist any more, and only it held the owner's own user-data; put the VM's own cloud-init back into volume %s (%s) and remove annotation %s",
+			vm.Namespace, vm.Name, v.Name, from, v.Name, st.MergedFrom, v1alpha1.AnnotationStatus)
+	}
+	st.Secret = own
+	return prior{status: st, known: true, written: pr.written, copied: true, source: src}, ops, ""
 }
 
 // statusOp writes st as the status annotation; replace says the object
@@ -459,7 +609,11 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 	if hasStatus && stillInjected(spec, old) {
 		p = placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
 		if p.mergedFrom != "" {
-			part, err := cloudinit.UserPart(secretData(in.Secret, vmsecret.KeyUserData))
+			from := in.Secret
+			if pr.copied {
+				from = pr.source
+			}
+			part, err := cloudinit.UserPart(secretData(from, vmsecret.KeyUserData))
 			if err != nil {
 				return deny("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus), nil
 			}

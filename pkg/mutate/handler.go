@@ -172,6 +172,21 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
 		}
 	}
+	for _, name := range CopySources(req.Object.Raw) {
+		// A copy of an injected VM reads another VM's Secret: Decide
+		// gives it its own, taking the owner's user-data from that one.
+		s := &corev1.Secret{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, s)
+		switch {
+		case err == nil:
+			if in.Sources == nil {
+				in.Sources = map[string]*corev1.Secret{}
+			}
+			in.Sources[name] = s
+		case !apierrors.IsNotFound(err):
+			return Decision{}, fmt.Errorf("read Secret %s: %w", name, err)
+		}
+	}
 	if in.Secret != nil && req.Operation == admissionv1.Create {
 		// Only then could a CREATE the API server will refuse change
 		// anything: the credentials of the VM that already has the name.

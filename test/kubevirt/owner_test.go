@@ -2,12 +2,14 @@ package kubevirt
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubectl/pkg/describe"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -122,6 +124,39 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 			vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main"}
 		})).To(Succeed())
 		Eventually(describeVM("later")).WithTimeout(30 * time.Second).Should(MatchRegexp(`Normal\s+CredentialsIssued\s+.*Issued Kopia credentials for later@team-a`))
+	})
+
+	It("gives a copy of an injected VM (get -o yaml, rename, apply) its own credentials, Secret and Events, and the owner's cloud-config", func() {
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(typicalVM("source"))))).To(Succeed())
+		merged("source")
+		sourceSecret, err := bed.secretOf(ctx, "source")()
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(describeVM("source")).WithTimeout(30 * time.Second).Should(ContainSubstring("CredentialsIssued"))
+
+		By("copying it as kubectl get -o yaml, a rename and kubectl apply do")
+		clone := bed.getVM(ctx, "source").DeepCopy()
+		clone.ObjectMeta = metav1.ObjectMeta{Name: "clone", Namespace: "team-a", Annotations: clone.Annotations, Labels: clone.Labels}
+		clone.Status = kubevirtv1.VirtualMachineStatus{}
+		Expect(clone.Annotations).To(HaveKey(v1alpha1.AnnotationStatus), "the copy carries the source's status")
+		Expect(bed.api.Client.Create(ctx, clone)).To(Succeed())
+		merged("clone")
+		cloneSecret, err := bed.secretOf(ctx, "clone")()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cloneSecret.Data[v1alpha1.SecretKeyPassword]).NotTo(Equal(sourceSecret.Data[v1alpha1.SecretKeyPassword]))
+		Expect(string(cloneSecret.Data[v1alpha1.SecretKeyUsername])).To(Equal("clone@team-a"))
+		var st v1alpha1.InjectionStatus
+		Expect(json.Unmarshal([]byte(bed.getVM(ctx, "clone").Annotations[v1alpha1.AnnotationStatus]), &st)).To(Succeed())
+		Expect(st.Secret).To(Equal("clone-guestbackup"))
+		Expect(st.User).To(Equal("clone@team-a"))
+		Eventually(describeVM("clone")).WithTimeout(30 * time.Second).Should(MatchRegexp(`Normal\s+CredentialsIssued\s+.*Issued Kopia credentials for clone@team-a`))
+
+		By("leaving the source's Secret and Events alone")
+		after, err := bed.secretOf(ctx, "source")()
+		Expect(err).NotTo(HaveOccurred())
+		for _, key := range []string{v1alpha1.SecretKeyUsername, v1alpha1.SecretKeyPassword, v1alpha1.SecretKeyGeneration, v1alpha1.SecretKeyUserData} {
+			Expect(after.Data[key]).To(Equal(sourceSecret.Data[key]), key)
+		}
+		Expect(describeVM("source")()).NotTo(ContainSubstring("clone"))
 	})
 
 	It("puts the status back when only it is removed, keeping the owner's cloud-config", func() {
