@@ -576,6 +576,9 @@ type placement struct {
 	disk       string
 	mergedFrom string
 	userPart   []byte // the VM's own user-data, when merged
+	// diskWhy is why disk mode was chosen for a VM that did not ask for
+	// it: its guest must have the disk unit, and is told so.
+	diskWhy string
 }
 
 func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decision, error) {
@@ -672,7 +675,11 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 		if rotated {
 			what = "Rotated"
 		}
-		msg := fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))
+		mode := p.mode + " mode"
+		if p.diskWhy != "" {
+			mode += " because " + p.diskWhy + ": the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)"
+		}
+		msg := fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s, Secret %s)", what, o.user, o.server, creds.generation, mode, SecretName(vm.Name))
 		if vm.UID == "" {
 			// A VM being created has no UID: an Event now would never
 			// show in kubectl describe. The controller records it once
@@ -706,6 +713,18 @@ func stillInjected(spec *kubevirtv1.VirtualMachineInstanceSpec, st v1alpha1.Inje
 func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
 	spec := &vm.Spec.Template.Spec
 	secret := SecretName(vm.Name)
+	// Guests that read no NoCloud would be given a bootstrap they never
+	// see: their owners are told what to do instead.
+	for _, v := range spec.Volumes {
+		if v.Sysprep != nil {
+			return placement{}, nil, fmt.Sprintf("VirtualMachine %s/%s is configured by sysprep (volume %s): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation %s",
+				vm.Namespace, vm.Name, v.Name, v1alpha1.AnnotationServer)
+		}
+	}
+	if _, ok := vm.Spec.Template.ObjectMeta.Annotations[kubevirtv1.IgnitionAnnotation]; ok && mode != v1alpha1.ModeDisk {
+		return placement{}, nil, fmt.Sprintf("VirtualMachine %s/%s is configured by Ignition (annotation %s of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config (docs/guest.md, Disk mode) and set annotation %s=%s, or remove annotation %s",
+			vm.Namespace, vm.Name, kubevirtv1.IgnitionAnnotation, v1alpha1.AnnotationMode, v1alpha1.ModeDisk, v1alpha1.AnnotationServer)
+	}
 	ci := -1
 	for i, v := range spec.Volumes {
 		if v.CloudInitNoCloud != nil || v.CloudInitConfigDrive != nil {
@@ -769,7 +788,7 @@ func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement
 	if volumeIndex(spec, DiskVolume) >= 0 || diskIndex(spec, DiskVolume) >= 0 {
 		return placement{}, nil, fmt.Sprintf("the VM already has a volume or disk named %s that guestbackup did not add: rename it", DiskVolume)
 	}
-	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume}
+	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume, diskWhy: why}
 	vol := map[string]any{"name": DiskVolume, "secret": map[string]any{"secretName": secret, "volumeLabel": DiskLabel}}
 	disk := map[string]any{"name": DiskVolume, "serial": DiskSerial, "disk": map[string]any{"bus": "virtio"}}
 	ops, refusal := addVolumeAndDisk(object, vol, disk)

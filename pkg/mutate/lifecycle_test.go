@@ -215,3 +215,53 @@ func TestCredentialsIssuedWaitsForTheUID(t *testing.T) {
 		t.Errorf("an opt-in by update: events %+v, issued-event %q; want the Event recorded at once", d.Events, d.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
 	}
 }
+
+// TestGuestsThatReadNoNoCloud: a Windows guest (sysprep) and an Ignition
+// guest never read a NoCloud volume: they are told what to do rather than
+// given one; a guest whose bootstrap goes on a disk is told it needs the
+// disk unit.
+func TestGuestsThatReadNoNoCloud(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	var m map[string]any
+	if err := decodeJSON(base, &m); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := m["spec"].(map[string]any)["template"].(map[string]any)
+	tmplSpec := tmpl["spec"].(map[string]any)
+	tmplSpec["volumes"] = append(tmplSpec["volumes"].([]any), map[string]any{"name": "sysprep", "sysprep": map[string]any{"secret": map[string]any{"name": "answers"}}})
+	windows, _ := json.Marshal(m)
+	ignition := withField(t, base, `{"ignition":{"version":"3.3.0"}}`, "spec", "template", "metadata", "annotations", "kubevirt.io/ignitiondata")
+
+	for _, tt := range []struct {
+		name string
+		obj  []byte
+		want string
+	}{
+		{"a Windows guest (sysprep)", windows, "VirtualMachine team-a/web is configured by sysprep (volume sysprep): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation guestbackup.io/server"},
+		{"an Ignition guest", ignition, "VirtualMachine team-a/web is configured by Ignition (annotation kubevirt.io/ignitiondata of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config (docs/guest.md, Disk mode) and set annotation guestbackup.io/mode=disk, or remove annotation guestbackup.io/server"},
+		{"an Ignition guest forced to cloud-init", withAnnotation(t, ignition, v1alpha1.AnnotationMode, "cloud-init"), "is configured by Ignition"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: tt.obj, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Denied, tt.want) || d.Secret != nil {
+				t.Errorf("denial %q, want it to contain %q", d.Denied, tt.want)
+			}
+		})
+	}
+
+	t.Run("an Ignition guest in disk mode", func(t *testing.T) {
+		d := decide(t, withAnnotation(t, ignition, v1alpha1.AnnotationMode, "disk"), nil, &passwords{})
+		if d.Denied != "" || d.Secret == nil {
+			t.Errorf("denied %q: the owner installs the disk unit through Ignition", d.Denied)
+		}
+	})
+	t.Run("a ConfigDrive guest is told it needs the disk unit", func(t *testing.T) {
+		d := decide(t, readVM(t, "config-drive.vm.yaml"), nil, &passwords{})
+		if msg := d.Secret.Annotations[vmsecret.AnnotationIssuedEvent]; !strings.Contains(msg, "disk mode because it uses a cloudInitConfigDrive volume: the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)") {
+			t.Errorf("CredentialsIssued %q", msg)
+		}
+	})
+}

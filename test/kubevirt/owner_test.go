@@ -8,6 +8,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/kubectl/pkg/describe"
@@ -157,6 +158,24 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 			Expect(after.Data[key]).To(Equal(sourceSecret.Data[key]), key)
 		}
 		Expect(describeVM("source")()).NotTo(ContainSubstring("clone"))
+	})
+
+	It("tells the owner of a guest that reads no NoCloud (Windows, Ignition) what to do", func() {
+		windows := optIn(typicalVM("windows"))
+		windows.Spec.Template.Spec.Volumes = append(windows.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
+			Name: "sysprep", VolumeSource: kubevirtv1.VolumeSource{Sysprep: &kubevirtv1.SysprepSource{Secret: &corev1.LocalObjectReference{Name: "answers"}}},
+		})
+		windows.Spec.Template.Spec.Domain.Devices.Disks = append(windows.Spec.Template.Spec.Domain.Devices.Disks, kubevirtv1.Disk{
+			Name: "sysprep", DiskDevice: kubevirtv1.DiskDevice{CDRom: &kubevirtv1.CDRomTarget{Bus: kubevirtv1.DiskBusSATA}},
+		})
+		Expect(bed.api.Client.Create(ctx, windows)).To(MatchError(ContainSubstring("is configured by sysprep (volume sysprep): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation guestbackup.io/server")))
+
+		coreos := optIn(typicalVM("coreos"))
+		coreos.Spec.Template.ObjectMeta.Annotations = map[string]string{kubevirtv1.IgnitionAnnotation: `{"ignition":{"version":"3.3.0"}}`}
+		Expect(bed.api.Client.Create(ctx, coreos)).To(MatchError(ContainSubstring("is configured by Ignition (annotation kubevirt.io/ignitiondata of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config")))
+		coreos.Annotations[v1alpha1.AnnotationMode] = v1alpha1.ModeDisk
+		Expect(bed.api.Client.Create(ctx, coreos)).To(Succeed())
+		Expect(bed.getVM(ctx, "coreos").Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", mutate.DiskVolume)))
 	})
 
 	It("puts the status back when only it is removed, keeping the owner's cloud-config", func() {
