@@ -123,29 +123,32 @@ var _ = Describe("Re-applying the owner's manifest, as GitOps tools do", Ordered
 	})
 
 	for _, tc := range []struct {
-		name string
-		vm   func(string) *kubevirtv1.VirtualMachine
-		own  string
+		name, suffix string
+		vm           func(string) *kubevirtv1.VirtualMachine
+		own          string
 	}{
-		{"without cloud-init", func(name string) *kubevirtv1.VirtualMachine { return optIn(typicalVM(name)) }, ""},
-		{"with its own inline cloud-config", func(name string) *kubevirtv1.VirtualMachine { return withOwnCloudInit(optIn(typicalVM(name))) }, ownCloudConfig},
+		{"without cloud-init", "plain", func(name string) *kubevirtv1.VirtualMachine { return optIn(typicalVM(name)) }, ""},
+		{"with its own inline cloud-config", "own", func(name string) *kubevirtv1.VirtualMachine { return withOwnCloudInit(optIn(typicalVM(name))) }, ownCloudConfig},
 	} {
-		It("converges with kubectl's client-side apply, for a VM "+tc.name, func() {
-			name := "csa-" + map[string]string{"": "plain", ownCloudConfig: "own"}[tc.own]
+		// applied applies the manifest of VM name three times with apply,
+		// checking each time that it converged.
+		applied := func(name string, apply func(map[string]any)) map[string]any {
+			GinkgoHelper()
 			m := manifest(tc.vm(name))
 			for range 3 {
-				kubectlApply(m)
+				apply(m)
 				oneValidVM(name, tc.own)
 			}
+			return m
+		}
+
+		It("converges with kubectl's client-side apply, for a VM "+tc.name, func() {
+			applied("csa-"+tc.suffix, kubectlApply)
 		})
 
 		It("converges with server-side apply by another field manager, and a dry run shows no drift, for a VM "+tc.name, func() {
-			name := "ssa-" + map[string]string{"": "plain", ownCloudConfig: "own"}[tc.own]
-			m := manifest(tc.vm(name))
-			for range 3 {
-				serverSideApply(m)
-				oneValidVM(name, tc.own)
-			}
+			name := "ssa-" + tc.suffix
+			m := applied(name, func(m map[string]any) { serverSideApply(m) })
 			live := bed.getVM(ctx, name)
 			for _, mf := range live.ManagedFields {
 				// The webhook's changes belong to the manager of the request

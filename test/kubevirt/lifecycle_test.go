@@ -122,17 +122,7 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 
 		By("the server deleted")
 		Expect(bed.api.Client.Delete(ctx, &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Namespace: "backup", Name: "main"}})).To(Succeed())
-		DeferCleanup(func() {
-			bsls := &v1alpha1.BackupStorageLocationServer{
-				ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
-				Spec: v1alpha1.BackupStorageLocationServerSpec{
-					Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
-					Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
-				},
-			}
-			Expect(bed.api.Client.Create(ctx, bsls)).To(Succeed())
-			bed.setServerStatus(ctx, metav1.ConditionTrue, "Ready", "ready")
-		})
+		DeferCleanup(bed.createServer, ctx)
 		Eventually(func() bool {
 			return apierrors.IsNotFound(bed.api.Client.Get(ctx, client.ObjectKey{Namespace: "backup", Name: "main"}, &v1alpha1.BackupStorageLocationServer{}))
 		}).Should(BeTrue())

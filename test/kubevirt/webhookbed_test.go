@@ -73,6 +73,14 @@ func startWebhookBed(ctx context.Context, o webhookBedOptions) *webhookBed {
 	for _, ns := range []string{"backup", "team-a"} {
 		Expect(b.api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
 	}
+	b.createServer(ctx)
+	return b
+}
+
+// createServer creates BSLS backup/main, admitting the namespaces labelled
+// backup=allowed, with the status of a Ready BSLS.
+func (b *webhookBed) createServer(ctx context.Context) {
+	GinkgoHelper()
 	bsls := &v1alpha1.BackupStorageLocationServer{
 		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
 		Spec: v1alpha1.BackupStorageLocationServerSpec{
@@ -82,7 +90,6 @@ func startWebhookBed(ctx context.Context, o webhookBedOptions) *webhookBed {
 	}
 	Expect(b.api.Client.Create(ctx, bsls)).To(Succeed())
 	b.setServerStatus(ctx, metav1.ConditionTrue, "Ready", "ready")
-	return b
 }
 
 // setServerStatus gives backup/main the status the BSLS controller writes
