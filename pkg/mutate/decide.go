@@ -134,6 +134,13 @@ func deny(format string, args ...any) Decision {
 // bootstrap, re-issue credentials, keep everything as it is, or remove
 // what was injected when the VM opted out. Admitting its result again
 // yields no patch. An error is an internal failure, not a denial.
+//
+// It never stands in a VM's life: a VM being deleted is admitted
+// unchanged, and a VM that was given its bootstrap is never denied for its
+// server's state. Nothing of the owner's is lost: what was injected is read
+// from the stored object (OldObject) when an update removed the status
+// annotation. A copy of an injected VM is given an identity of its own
+// (adoptCopy).
 func Decide(in Input) (Decision, error) {
 	// Field names are case-sensitive, as the API server reads them and as
 	// the patch's paths are.
@@ -188,9 +195,10 @@ func Decide(in Input) (Decision, error) {
 		return deny("%s", refusal), nil
 	}
 	if pr.injectedFor(&vm, o.server) {
-		// The VM already carries its bootstrap: its life (edits, start,
-		// stop) never waits on its server's health. The Secret is
-		// rendered again only when the server can render it.
+		// The VM was given its bootstrap: its life (edits, start, stop,
+		// a GitOps tool applying its manifest again) never waits on its
+		// server's health. The Secret is rendered again only when the
+		// server can render it.
 		if !serves(in.Server) {
 			return keepInjection(&vm, o.server, pr, in), nil
 		}
@@ -304,11 +312,12 @@ func readiness(bsls *v1alpha1.BackupStorageLocationServer) string {
 	return fmt.Sprintf("Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
 }
 
-// keepInjection admits an injected VM whose server cannot render its
-// bootstrap (deleted, or its endpoint or CA not published) as it is: its
-// Secret stays, and only a status annotation an update removed is put
-// back. A change of guestbackup's annotations cannot apply now: a Warning
-// says so, and when it will.
+// keepInjection admits a VM that was given its bootstrap, and whose
+// server cannot render one now (deleted, or its endpoint or CA not
+// published), as it is: its Secret stays, and only a status annotation an
+// update removed is put back. What cannot apply now (changed guestbackup
+// annotations, or the bootstrap's volume an update dropped) is said in a
+// Warning, with when it will.
 func keepInjection(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, pr prior, in Input) Decision {
 	d := Decision{Outcome: OutcomeUnchanged}
 	if !pr.written {
@@ -318,15 +327,21 @@ func keepInjection(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, pr p
 		}
 		d.Patch, d.Outcome = []jsonpatch.JsonPatchOperation{op}, OutcomeUpdated
 	}
-	if optionsChanged(vm.Annotations, in.OldObject) {
-		why := fmt.Sprintf("has not published its endpoint and CA certificate (%s)", readinessOf(in.Server))
-		if in.Server.BSLS == nil {
-			why = "does not exist"
-		}
-		d.Events = append(d.Events, vmevent.Warning(ReasonInjectionNotUpdated, fmt.Sprintf(
-			"BackupStorageLocationServer %s %s: the VM is admitted and its Secret %s kept as it was; the changed guestbackup.io annotations apply when the VM is next admitted with them while the server serves",
-			ref, why, pr.status.Secret)))
+	what := ""
+	switch {
+	case !stillInjected(&vm.Spec.Template.Spec, pr.status):
+		what = fmt.Sprintf("the VM is admitted without the volume %s that reads its Secret %s, which this update removed; guestbackup adds it again", pr.status.Volume, pr.status.Secret)
+	case optionsChanged(vm.Annotations, in.OldObject):
+		what = fmt.Sprintf("the VM is admitted and its Secret %s kept as it was; the changed guestbackup.io annotations apply", pr.status.Secret)
+	default:
+		return d
 	}
+	why := fmt.Sprintf("has not published its endpoint and CA certificate (%s)", readinessOf(in.Server))
+	if in.Server.BSLS == nil {
+		why = "does not exist"
+	}
+	d.Events = append(d.Events, vmevent.Warning(ReasonInjectionNotUpdated, fmt.Sprintf(
+		"BackupStorageLocationServer %s %s: %s when the VM is next admitted with a change to guestbackup.io annotations or its volumes while the server serves", ref, why, what)))
 	return d
 }
 
@@ -391,11 +406,11 @@ func priorInjection(annotations map[string]string, oldObject []byte) (prior, err
 	return prior{}, nil
 }
 
-// injectedFor is whether vm still carries the bootstrap the status says
-// was injected for it, on server.
+// injectedFor is whether the status says vm was given its bootstrap, on
+// server; the template may have lost it since (an update that dropped
+// the volume).
 func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.NamespacedName) bool {
-	return p.known && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name) &&
-		vm.Spec.Template != nil && stillInjected(&vm.Spec.Template.Spec, p.status)
+	return p.known && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name)
 }
 
 // CopySources names the Secrets, other than its own, that the VM object

@@ -96,7 +96,22 @@ func TestNeverBlocksAnInjectedVM(t *testing.T) {
 			t.Fatalf("denied %q, patch %+v, Secret written %t; want it admitted unchanged", d.Denied, d.Patch, d.Secret != nil)
 		}
 		if len(d.Events) != 1 || d.Events[0].Type != corev1.EventTypeWarning || d.Events[0].Reason != ReasonInjectionNotUpdated ||
-			!strings.Contains(d.Events[0].Message, "BackupStorageLocationServer backup/main does not exist") {
+			!strings.Contains(d.Events[0].Message, "BackupStorageLocationServer backup/main does not exist: the VM is admitted and its Secret web-guestbackup kept as it was") {
+			t.Errorf("events: %+v", d.Events)
+		}
+	})
+
+	t.Run("the owner's manifest applied again while the server is gone is admitted, and says what waits", func(t *testing.T) {
+		reapplied := withField(t, stored, []any{map[string]any{"name": "root", "containerDisk": map[string]any{"image": "quay.io/containerdisks/debian:12"}}}, "spec", "template", "spec", "volumes")
+		d, err := Decide(Input{Object: reapplied, OldObject: stored, Namespace: "team-a", Secret: secret, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+			t.Fatalf("denied %q, patch %+v, Secret written %t; want it admitted as it is", d.Denied, d.Patch, d.Secret != nil)
+		}
+		if len(d.Events) != 1 || d.Events[0].Reason != ReasonInjectionNotUpdated ||
+			!strings.Contains(d.Events[0].Message, "the VM is admitted without the volume guestbackup-cloudinit that reads its Secret web-guestbackup, which this update removed; guestbackup adds it again when") {
 			t.Errorf("events: %+v", d.Events)
 		}
 	})
