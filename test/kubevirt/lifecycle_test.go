@@ -3,6 +3,7 @@ package kubevirt
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -133,6 +134,14 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 		Expect(generation("steady")).To(Equal(before), "the credentials stay as they were")
 		Eventually(bed.vmEvents(ctx, "steady")).Should(ContainElement(ContainSubstring(
 			"Warning InjectionNotUpdated: BackupStorageLocationServer backup/main does not exist: the VM is admitted and its Secret steady-guestbackup kept as it was")))
+		Expect(update("steady", func(vm *kubevirtv1.VirtualMachine) {
+			// The owner's manifest applied again: without what was injected.
+			drop := func(name string) bool { return name == mutate.CloudInitVolume }
+			vm.Spec.Template.Spec.Volumes = slices.DeleteFunc(vm.Spec.Template.Spec.Volumes, func(v kubevirtv1.Volume) bool { return drop(v.Name) })
+			vm.Spec.Template.Spec.Domain.Devices.Disks = slices.DeleteFunc(vm.Spec.Template.Spec.Domain.Devices.Disks, func(d kubevirtv1.Disk) bool { return drop(d.Name) })
+		})).To(Succeed(), "the owner's manifest applied again")
+		Eventually(bed.vmEvents(ctx, "steady")).Should(ContainElement(ContainSubstring(
+			"the VM is admitted without the volume guestbackup-cloudinit that reads its Secret steady-guestbackup, which this update removed")))
 		deleteThroughFinalizer("steady")
 	})
 
