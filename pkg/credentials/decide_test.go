@@ -282,3 +282,34 @@ func TestVMChanged(t *testing.T) {
 		t.Error("creation and deletion of a VM must pass")
 	}
 }
+
+func TestVolumeReading(t *testing.T) {
+	ref := &corev1.LocalObjectReference{Name: "web-guestbackup"}
+	other := &corev1.LocalObjectReference{Name: "web-own"}
+	for _, tt := range []struct {
+		name   string
+		source kubevirtv1.VolumeSource
+		want   string
+	}{
+		{"cloud-init user-data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: ref}}, "v"},
+		{"cloud-init network data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: other, NetworkDataSecretRef: ref}}, "v"},
+		{"a config drive", kubevirtv1.VolumeSource{CloudInitConfigDrive: &kubevirtv1.CloudInitConfigDriveSource{UserDataSecretRef: ref}}, "v"},
+		{"a secret disk", kubevirtv1.VolumeSource{Secret: &kubevirtv1.SecretVolumeSource{SecretName: "web-guestbackup"}}, "v"},
+		{"sysprep", kubevirtv1.VolumeSource{Sysprep: &kubevirtv1.SysprepSource{Secret: ref}}, "v"},
+		{"another Secret", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: other}}, ""},
+		{"inline user-data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: "#cloud-config\n"}}, ""},
+		{"a container disk", kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "web-guestbackup"}}, ""},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			vm := &kubevirtv1.VirtualMachine{Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{Volumes: []kubevirtv1.Volume{{Name: "v", VolumeSource: tt.source}}},
+			}}}
+			if got := volumeReading(vm, "web-guestbackup"); got != tt.want {
+				t.Errorf("volumeReading = %q, want %q", got, tt.want)
+			}
+		})
+	}
+	if got := volumeReading(&kubevirtv1.VirtualMachine{}, "web-guestbackup"); got != "" {
+		t.Errorf("a VM without a template: %q", got)
+	}
+}

@@ -27,6 +27,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -47,6 +48,9 @@ const (
 	// ReasonUserRevoked: the controller deleted the VM's credential Secret,
 	// so the server drops its user.
 	ReasonUserRevoked = "UserRevoked"
+	// ReasonSecretInUse: the VM's credential Secret is due for deletion,
+	// but a volume of the VM still reads it, so it is kept.
+	ReasonSecretInUse = "SecretInUse"
 )
 
 const (
@@ -147,12 +151,15 @@ func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // vmChanged passes the VM events that can change a decision: creation,
-// deletion, the opt-in annotation and the start of a deletion. A running
+// deletion, the opt-in annotation, the start of a deletion and a spec
+// change (which may free a Secret a volume read). A running
 // VM's frequent status updates pass none.
 func vmChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		oldVM, newVM := e.ObjectOld, e.ObjectNew
 		return oldVM.GetAnnotations()[v1alpha1.AnnotationServer] != newVM.GetAnnotations()[v1alpha1.AnnotationServer] ||
+			// A spec change may stop a volume reading the Secret.
+			oldVM.GetGeneration() != newVM.GetGeneration() ||
 			oldVM.GetDeletionTimestamp().IsZero() != newVM.GetDeletionTimestamp().IsZero() ||
 			oldVM.GetUID() != newVM.GetUID()
 	}}
@@ -225,9 +232,9 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 			return ctrl.Result{}, err
 		}
 		logger.Info("adopted credential Secret", "virtualMachine", vm.Name, "uid", vm.UID)
-		return r.announce(ctx, vm, secret)
+		return r.announceIssued(ctx, vm, secret)
 	case keep:
-		return r.announce(ctx, vm, secret)
+		return r.announceIssued(ctx, vm, secret)
 	case revoke, collect:
 		return r.remove(ctx, req.NamespacedName, secret, a)
 	}
@@ -266,6 +273,27 @@ func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetada
 		return fmt.Errorf("adopt Secret %s/%s for VirtualMachine %s: %w", secret.Namespace, secret.Name, vm.Name, err)
 	}
 	return nil
+}
+
+// announceIssued records the CredentialsIssued Event the webhook decided
+// at the VM's creation, now that the VM has a UID (kubectl describe shows
+// only Events with it), then announces the provisioning.
+func (r *VMReconciler) announceIssued(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) (ctrl.Result, error) {
+	if msg := vmsecret.IssuedEvent(secret); msg != "" {
+		// Removed before it is recorded: should the Event then be lost
+		// with the process, that costs one Event, while the other order
+		// would repeat it.
+		patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		delete(secret.Annotations, vmsecret.AnnotationIssuedEvent)
+		if err := r.Client.Patch(ctx, secret, patch); err != nil {
+			if apierrors.IsConflict(err) {
+				return ctrl.Result{RequeueAfter: retryConflict}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("record the issued credentials of Secret %s/%s: %w", secret.Namespace, secret.Name, err)
+		}
+		r.Recorder.Event(vm, corev1.EventTypeNormal, vmevent.ReasonCredentialsIssued, msg)
+	}
+	return r.announce(ctx, vm, secret)
 }
 
 // announce records on the VM that its user is provisioned (or rotated) once
@@ -333,6 +361,25 @@ func (r *VMReconciler) remove(ctx context.Context, vmKey types.NamespacedName, s
 		// and the requeue covers a missed one.
 		logger.V(1).Info("cache is behind the API server; credential Secret kept", "cached", a.why, "live", again.why)
 		return ctrl.Result{RequeueAfter: retryConflict}, nil
+	}
+	if a.verdict == revoke && live.DeletionTimestamp.IsZero() {
+		// Nothing of the owner's is lost: while the VM's own volumes read
+		// the Secret (its cloud-init may live only there), it stays. The
+		// VM no longer names its server, so the user is not provisioned.
+		vm := &kubevirtv1.VirtualMachine{}
+		if err := r.APIReader.Get(ctx, vmKey, vm); err != nil {
+			if apierrors.IsNotFound(err) {
+				return ctrl.Result{RequeueAfter: retryConflict}, nil
+			}
+			return ctrl.Result{}, fmt.Errorf("get VirtualMachine %s: %w", vmKey, err)
+		}
+		if volume := volumeReading(vm, secret.Name); volume != "" {
+			r.Recorder.Eventf(live, corev1.EventTypeWarning, ReasonSecretInUse,
+				"Secret %s is kept although %s: volume %s of the VirtualMachine still reads it (its cloud-init would be lost); it is deleted once no volume does, and its user is not provisioned meanwhile",
+				secret.Name, a.why, volume)
+			logger.Info("credential Secret kept: a volume of its VM reads it", "volume", volume, "why", a.why)
+			return ctrl.Result{}, nil // a change of the VM's spec brings us back
+		}
 	}
 	// Delete exactly the version decided on: one the webhook rewrote since
 	// is decided again.
@@ -511,4 +558,41 @@ func lastWrite(secret *corev1.Secret) time.Time {
 
 func sameHash(a, b identity.Hash) bool {
 	return a.Version == b.Version && bytes.Equal(a.Value, b.Value)
+}
+
+// volumeReading is the name of a volume of vm's template that reads
+// Secret name, "" when none does.
+func volumeReading(vm *kubevirtv1.VirtualMachine, name string) string {
+	if vm.Spec.Template == nil {
+		return ""
+	}
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		if slices.Contains(secretsOf(v.VolumeSource), name) {
+			return v.Name
+		}
+	}
+	return ""
+}
+
+// secretsOf names the Secrets a volume reads.
+func secretsOf(v kubevirtv1.VolumeSource) []string {
+	var names []string
+	ref := func(r *corev1.LocalObjectReference) {
+		if r != nil {
+			names = append(names, r.Name)
+		}
+	}
+	switch {
+	case v.Secret != nil:
+		names = append(names, v.Secret.SecretName)
+	case v.CloudInitNoCloud != nil:
+		ref(v.CloudInitNoCloud.UserDataSecretRef)
+		ref(v.CloudInitNoCloud.NetworkDataSecretRef)
+	case v.CloudInitConfigDrive != nil:
+		ref(v.CloudInitConfigDrive.UserDataSecretRef)
+		ref(v.CloudInitConfigDrive.NetworkDataSecretRef)
+	case v.Sysprep != nil:
+		ref(v.Sysprep.Secret)
+	}
+	return names
 }

@@ -338,6 +338,19 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		Expect(secretOf("adopt").UID).To(Equal(s.UID), "the Secret survived the re-creation")
 	})
 
+	It("records the CredentialsIssued Event the webhook left at the VM's creation once the VM exists, with its UID, once", func() {
+		s := credentialSecret("issued", testbed.RandomPassword(), "1")
+		msg := "Issued Kopia credentials for issued@vms on BackupStorageLocationServer storage/main (generation 1, cloud-init mode, Secret issued-guestbackup)"
+		s.Annotations[vmsecret.AnnotationIssuedEvent] = msg
+		create(s)
+		vm := virtualMachine("issued", server)
+		create(vm)
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement("CredentialsIssued: " + msg))
+		Eventually(func() map[string]string { return secretOf("issued").Annotations }).WithTimeout(reconciled).ShouldNot(HaveKey(vmsecret.AnnotationIssuedEvent))
+		restartController(func() {})
+		Consistently(func() []string { return withReason("CredentialsIssued")(events(vm)()) }).WithTimeout(3 * time.Second).Should(HaveLen(1))
+	})
+
 	It("revokes the user of a VM that opts out: deletes the Secret and records UserRevoked on the VM", func() {
 		password := testbed.RandomPassword()
 		vm, _ := createAdopted("optout", password)
@@ -347,6 +360,26 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			"UserRevoked: User optout@vms revoked from BackupStorageLocationServer storage/main (credentials generation 1): " +
 				"the VirtualMachine no longer has annotation guestbackup.io/server; deleted Secret optout-guestbackup"))
 		noSecretsIn(vm, password)
+	})
+
+	It("never deletes a Secret a volume of its VM still reads, and deletes it once none does", func() {
+		s, vm := credentialSecret("inuse", testbed.RandomPassword(), "1"), virtualMachine("inuse", server)
+		// What a VM whose opt-out never reached the webhook looks like:
+		// its cloud-init still reads the Secret.
+		vm.Spec.Template.Spec.Volumes = []kubevirtv1.Volume{{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{
+			CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: &corev1.LocalObjectReference{Name: s.Name}},
+		}}}
+		create(s, vm)
+		Eventually(ownerRefs("inuse")).WithTimeout(reconciled).Should(Equal(ownerRefTo(vm)))
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })
+		Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(
+			"SecretInUse: Secret inuse-guestbackup is kept although the VirtualMachine no longer has annotation guestbackup.io/server: " +
+				"volume cloudinit of the VirtualMachine still reads it (its cloud-init would be lost); it is deleted once no volume does, and its user is not provisioned meanwhile"))
+		Consistently(secretExists("inuse")).WithTimeout(settleTime + 2*time.Second).Should(Succeed())
+
+		updateVM(vm, func(vm *kubevirtv1.VirtualMachine) { vm.Spec.Template.Spec.Volumes = nil })
+		Eventually(secretGone("inuse")).WithTimeout(reconciled).Should(Succeed())
+		Eventually(events(vm)).WithTimeout(reconciled).Should(WithTransform(withReason("UserRevoked"), HaveLen(1)))
 	})
 
 	It("revokes the user of a VM that names another server", func() {

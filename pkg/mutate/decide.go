@@ -41,10 +41,16 @@ const (
 
 // Event reasons the webhook records on a VM.
 const (
-	// ReasonCredentialsIssued: the VM got new Kopia credentials.
-	ReasonCredentialsIssued = "CredentialsIssued"
+	// ReasonCredentialsIssued: the VM got new Kopia credentials. On
+	// CREATE the Event waits in the Secret for the VM's UID
+	// (vmsecret.AnnotationIssuedEvent): the controller records it.
+	ReasonCredentialsIssued = vmevent.ReasonCredentialsIssued
 	// ReasonInjectionRefused: the VM was denied; the message says why.
 	ReasonInjectionRefused = "InjectionRefused"
+	// ReasonInjectionNotUpdated: an injected VM's guestbackup annotations
+	// changed while its server cannot render a bootstrap; the VM is
+	// admitted as it is, and the message says when the change applies.
+	ReasonInjectionNotUpdated = "InjectionNotUpdated"
 )
 
 // SecretName is the per-VM credential Secret of a VM (vmsecret.Name).
@@ -65,12 +71,22 @@ type Input struct {
 	// against it, so fields guestbackup's types do not know are never
 	// touched.
 	Object []byte
+	// OldObject is the VirtualMachine as stored before an UPDATE; nil on
+	// CREATE. It tells what the webhook injected when an update removed
+	// the status annotation, and which of guestbackup's annotations changed.
+	OldObject []byte
 	// Namespace is the request's; an object being created may have none.
 	Namespace string
 	// Server is the BSLS the VM's guestbackup.io/server annotation names.
 	Server Server
 	// Secret is the VM's existing credential Secret, nil when none.
 	Secret *corev1.Secret
+	// Sources are the credential Secrets, by name, of other VMs that this
+	// VM's status annotation names or its volumes read (CopySources): a
+	// copy of an injected VM (a VirtualMachineClone copies annotations, as
+	// does get -o yaml, rename, apply) reads its source's. They are only
+	// read: the owner's own user-data, when it was merged, is there.
+	Sources map[string]*corev1.Secret
 	// AlreadyExists is set on CREATE when a VirtualMachine of this name
 	// exists: the API server refuses the request after admission, so
 	// admission must change nothing, least of all that VM's credentials.
@@ -118,6 +134,13 @@ func deny(format string, args ...any) Decision {
 // bootstrap, re-issue credentials, keep everything as it is, or remove
 // what was injected when the VM opted out. Admitting its result again
 // yields no patch. An error is an internal failure, not a denial.
+//
+// It never stands in a VM's life: a VM being deleted is admitted
+// unchanged, and a VM that was given its bootstrap is never denied for its
+// server's state. Nothing of the owner's is lost: what was injected is read
+// from the stored object (OldObject) when an update removed the status
+// annotation. A copy of an injected VM is given an identity of its own
+// (adoptCopy).
 func Decide(in Input) (Decision, error) {
 	// Field names are case-sensitive, as the API server reads them and as
 	// the patch's paths are.
@@ -128,19 +151,29 @@ func Decide(in Input) (Decision, error) {
 	if vm.Namespace == "" {
 		vm.Namespace = in.Namespace
 	}
+	if vm.DeletionTimestamp != nil {
+		// Nothing guestbackup does may hold up a deletion, and a VM on
+		// its way out gets no new credentials.
+		return Decision{Outcome: OutcomeIgnored}, nil
+	}
 	if in.AlreadyExists {
 		return deny("VirtualMachine %s/%s already exists: a CREATE cannot replace it, and guestbackup leaves its credentials as they are; change the existing VM instead", vm.Namespace, vm.Name), nil
 	}
-	status, hasStatus, err := parseStatus(vm.Annotations)
+	pr, err := priorInjection(vm.Annotations, in.OldObject)
 	if err != nil {
 		return deny("%v", err), nil
 	}
 	value, optedIn := vm.Annotations[v1alpha1.AnnotationServer]
 	if !optedIn {
-		if !hasStatus {
+		if !pr.known {
 			return Decision{Outcome: OutcomeIgnored}, nil
 		}
-		return optOut(&vm, status, in.Secret), nil
+		secret := in.Secret
+		if pr.status.Secret != SecretName(vm.Name) {
+			// A copy opting out: the owner's user-data is in its source's.
+			secret = source(in.Sources, pr.status.Secret, vm.Name)
+		}
+		return optOut(&vm, pr, secret), nil
 	}
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
@@ -154,15 +187,33 @@ func Decide(in Input) (Decision, error) {
 				vm.Namespace, in.Secret.Name, vm.Name, why, v1alpha1.AnnotationServer), nil
 		}
 	}
-	if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
-		return deny("%s", refusal), nil
-	}
 	if vm.Spec.Template == nil {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
-	d, err := inject(&vm, o, status, hasStatus, in)
+	var copyOps []jsonpatch.JsonPatchOperation
+	if pr, copyOps, refusal = adoptCopy(&vm, pr, in.Sources); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	if pr.injectedFor(&vm, o.server) {
+		// The VM was given its bootstrap: its life (edits, start, stop,
+		// a GitOps tool applying its manifest again) never waits on its
+		// server's health. The Secret is rendered again only when the
+		// server can render it.
+		if !serves(in.Server) {
+			return keepInjection(&vm, o.server, pr, in), nil
+		}
+	} else if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	d, err := inject(&vm, o, pr, in)
 	if err != nil || d.Denied != "" {
 		return d, err
+	}
+	if len(copyOps) > 0 {
+		d.Patch = append(copyOps, d.Patch...)
+		if d.Outcome == OutcomeUnchanged {
+			d.Outcome = OutcomeUpdated
+		}
 	}
 	return checkApplies(in.Object, d), nil
 }
@@ -226,6 +277,12 @@ func readOptions(vm *kubevirtv1.VirtualMachine, server string) (options, string)
 	return o, ""
 }
 
+// checkServer says why a VM cannot get a bootstrap from the server s
+// (ref) now, "" when it can. A new bootstrap needs the server to exist, to
+// admit the VM's namespace, and to have published the endpoint and the CA
+// the guest trusts. Its aggregate Ready is not asked: it is False for a
+// moment whenever any VM's user is being provisioned or a certificate
+// renews, and neither stands in a new VM's way.
 func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Server) string {
 	if s.BSLS == nil {
 		return fmt.Sprintf("BackupStorageLocationServer %s named by annotation %s does not exist: ask your cluster admin for the right <namespace>/<name>", ref, v1alpha1.AnnotationServer)
@@ -233,15 +290,266 @@ func checkServer(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, s Serv
 	if !s.NamespaceAllowed {
 		return fmt.Sprintf("BackupStorageLocationServer %s does not admit VMs of namespace %s (its spec.access.namespaceSelector): ask its admin to admit it", ref, vm.Namespace)
 	}
-	ready := meta.FindStatusCondition(s.BSLS.Status.Conditions, v1alpha1.ConditionReady)
-	if ready == nil || ready.Status != metav1.ConditionTrue || s.BSLS.Status.Endpoint == "" || s.BSLS.Status.TLSCA == "" {
-		why := "it reports no status yet"
-		if ready != nil {
-			why = ready.Message
-		}
-		return fmt.Sprintf("BackupStorageLocationServer %s is not Ready (%s): retry once it is", ref, why)
+	if !serves(s) {
+		return fmt.Sprintf("BackupStorageLocationServer %s has not published its endpoint and CA certificate yet (%s), and the guest needs both: see `kubectl describe bsls -n %s %s`, and retry once status.endpoint and status.tlsCA are set",
+			ref, readiness(s.BSLS), ref.Namespace, ref.Name)
 	}
 	return ""
+}
+
+// serves is whether s can render a bootstrap: it exists and has published
+// its endpoint and CA.
+func serves(s Server) bool {
+	return s.BSLS != nil && s.BSLS.Status.Endpoint != "" && s.BSLS.Status.TLSCA != ""
+}
+
+// readiness is the BSLS's Ready condition, in words.
+func readiness(bsls *v1alpha1.BackupStorageLocationServer) string {
+	ready := meta.FindStatusCondition(bsls.Status.Conditions, v1alpha1.ConditionReady)
+	if ready == nil {
+		return "it reports no status yet"
+	}
+	return fmt.Sprintf("Ready=%s %s: %s", ready.Status, ready.Reason, ready.Message)
+}
+
+// keepInjection admits a VM that was given its bootstrap, and whose
+// server cannot render one now (deleted, or its endpoint or CA not
+// published), as it is: its Secret stays, and only a status annotation an
+// update removed is put back. What cannot apply now (changed guestbackup
+// annotations, or the bootstrap's volume an update dropped) is said in a
+// Warning, with when it will.
+func keepInjection(vm *kubevirtv1.VirtualMachine, ref types.NamespacedName, pr prior, in Input) Decision {
+	d := Decision{Outcome: OutcomeUnchanged}
+	if !pr.written {
+		op, err := statusOp(pr.status, false)
+		if err != nil {
+			return deny("guestbackup cannot write its status annotation: %v", err)
+		}
+		d.Patch, d.Outcome = []jsonpatch.JsonPatchOperation{op}, OutcomeUpdated
+	}
+	what := ""
+	switch {
+	case !stillInjected(&vm.Spec.Template.Spec, pr.status):
+		what = fmt.Sprintf("the VM is admitted without the volume %s that reads its Secret %s, which this update removed; guestbackup adds it again", pr.status.Volume, pr.status.Secret)
+	case optionsChanged(vm.Annotations, in.OldObject):
+		what = fmt.Sprintf("the VM is admitted and its Secret %s kept as it was; the changed guestbackup.io annotations apply", pr.status.Secret)
+	default:
+		return d
+	}
+	why := fmt.Sprintf("has not published its endpoint and CA certificate (%s)", readinessOf(in.Server))
+	if in.Server.BSLS == nil {
+		why = "does not exist"
+	}
+	d.Events = append(d.Events, vmevent.Warning(ReasonInjectionNotUpdated, fmt.Sprintf(
+		"BackupStorageLocationServer %s %s: %s when the VM is next admitted with a change to guestbackup.io annotations or its volumes while the server serves", ref, why, what)))
+	return d
+}
+
+func readinessOf(s Server) string {
+	if s.BSLS == nil {
+		return "it does not exist"
+	}
+	return readiness(s.BSLS)
+}
+
+// optionsChanged is whether an update changed any guestbackup.io
+// annotation but the status.
+func optionsChanged(annotations map[string]string, oldObject []byte) bool {
+	if oldObject == nil {
+		return false
+	}
+	old := headOf(oldObject).Annotations
+	for _, m := range []map[string]string{annotations, old} {
+		for k := range m {
+			if strings.HasPrefix(k, v1alpha1.AnnotationPrefix) && k != v1alpha1.AnnotationStatus && annotations[k] != old[k] {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// headOf reads an object's metadata; an unreadable one has none.
+func headOf(object []byte) metav1.ObjectMeta {
+	var head struct {
+		Metadata metav1.ObjectMeta `json:"metadata"`
+	}
+	_ = json.Unmarshal(object, &head)
+	return head.Metadata
+}
+
+// prior is what the webhook injected before this admission, as its status
+// annotation says: the admitted object's, or, when an update removed it,
+// the stored object's (so that removing it loses nothing of the owner's).
+type prior struct {
+	status v1alpha1.InjectionStatus
+	// known: status holds what was injected.
+	known bool
+	// written: the admitted object carries the annotation.
+	written bool
+	// copied: status is another VM's, made this VM's (adoptCopy); source
+	// is that VM's Secret, nil when it is gone.
+	copied bool
+	source *corev1.Secret
+}
+
+func priorInjection(annotations map[string]string, oldObject []byte) (prior, error) {
+	st, ok, err := parseStatus(annotations)
+	if err != nil || ok {
+		return prior{status: st, known: ok, written: ok}, err
+	}
+	if oldObject != nil {
+		if st, ok, err := parseStatus(headOf(oldObject).Annotations); err == nil && ok {
+			return prior{status: st, known: true}, nil
+		}
+	}
+	return prior{}, nil
+}
+
+// injectedFor is whether the status says vm was given its bootstrap, on
+// server; the template may have lost it since (an update that dropped
+// the volume).
+func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.NamespacedName) bool {
+	return p.known && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name)
+}
+
+// CopySources names the Secrets, other than its own, that the VM object
+// may have been copied with: the one its status annotation names and those
+// its cloud-init and secret volumes read, when named as a credential
+// Secret. The handler reads them for Decide (Input.Sources).
+func CopySources(object []byte) []string {
+	var vm kubevirtv1.VirtualMachine
+	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(object, &vm); err != nil {
+		return nil
+	}
+	own := SecretName(vm.Name)
+	var names []string
+	add := func(name string) {
+		if name != own && strings.HasSuffix(name, SecretName("")) && !slices.Contains(names, name) {
+			names = append(names, name)
+		}
+	}
+	if st, ok, err := parseStatus(vm.Annotations); err == nil && ok {
+		add(st.Secret)
+	}
+	if vm.Spec.Template != nil {
+		for _, v := range vm.Spec.Template.Spec.Volumes {
+			add(readsSecret(v))
+		}
+	}
+	return names
+}
+
+// readsSecret is the Secret a cloud-init (user-data) or secret volume
+// reads, "" for none.
+func readsSecret(v kubevirtv1.Volume) string {
+	switch {
+	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
+		return v.CloudInitNoCloud.UserDataSecretRef.Name
+	case v.Secret != nil:
+		return v.Secret.SecretName
+	}
+	return ""
+}
+
+// source is sources' credential Secret name if it is another VM's than
+// vm's: labelled as guestbackup's, and named for the VM it is labelled for.
+func source(sources map[string]*corev1.Secret, name, vm string) *corev1.Secret {
+	s := sources[name]
+	if s == nil || s.Name != name || !vmsecret.IsManaged(s) || !vmsecret.IsNamedFor(s) || vmsecret.VM(s) == vm {
+		return nil
+	}
+	return s
+}
+
+// adoptCopy makes a copied injection this VM's own. A copy of an injected
+// VM reads its source's credential Secret, and the status it carries (if
+// any) is its source's: left so, it would boot as the source's identity
+// and write into its history. Its volumes are pointed at the VM's own
+// Secret (the patch returned), vm is changed to match, and what was
+// injected (the copied status, or, without one, what the volumes show) is
+// taken as this VM's, to be issued its own credentials. The source's
+// Secret is only read, for the owner's own user-data when it was merged.
+func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*corev1.Secret) (prior, []jsonpatch.JsonPatchOperation, string) {
+	own := SecretName(vm.Name)
+	spec := &vm.Spec.Template.Spec
+	from := ""
+	switch {
+	case pr.known && pr.status.Secret != own:
+		from = pr.status.Secret
+	case !pr.known:
+		for _, v := range spec.Volumes {
+			if name := readsSecret(v); name != own && source(sources, name, vm.Name) != nil {
+				from = name
+				break
+			}
+		}
+	}
+	if from == "" {
+		return pr, nil, ""
+	}
+	src := source(sources, from, vm.Name)
+	var ops []jsonpatch.JsonPatchOperation
+	first := -1
+	for i := range spec.Volumes {
+		v := &spec.Volumes[i]
+		if readsSecret(*v) != from {
+			continue
+		}
+		base := fmt.Sprintf("/spec/template/spec/volumes/%d", i)
+		if v.Secret != nil {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/secret/secretName", own))
+			v.Secret = &kubevirtv1.SecretVolumeSource{SecretName: own, VolumeLabel: v.Secret.VolumeLabel, Optional: v.Secret.Optional}
+		} else {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/cloudInitNoCloud/secretRef/name", own))
+			nc := *v.CloudInitNoCloud
+			nc.UserDataSecretRef = &corev1.LocalObjectReference{Name: own}
+			v.CloudInitNoCloud = &nc
+		}
+		if first < 0 {
+			first = i
+		}
+	}
+	if first < 0 {
+		// Only the annotation was copied: nothing was injected here.
+		return prior{written: pr.written}, nil, ""
+	}
+	st := pr.status
+	v := spec.Volumes[first]
+	if !pr.known {
+		// The status was not copied: what was injected is what the
+		// volume shows.
+		st = v1alpha1.InjectionStatus{Mode: v1alpha1.ModeCloudInit, Server: vmsecret.Server(src).String(), Volume: v.Name}
+		_, err := cloudinit.UserPart(src.Data[vmsecret.KeyUserData])
+		switch {
+		case v.Secret != nil:
+			st.Mode, st.Disk = v1alpha1.ModeDisk, v.Name
+		case err == nil:
+			st.MergedFrom = "userData" // the field it came from is not recorded anywhere else
+		case diskIndex(spec, v.Name) >= 0:
+			st.Disk = v.Name
+		}
+	}
+	if st.MergedFrom != "" && src == nil {
+		return pr, nil, fmt.Sprintf("VirtualMachine %s/%s is a copy of a VM guestbackup injected: its volume %s reads Secret %s, which does not exist any more, and only it held the owner's own user-data; put the VM's own cloud-init back into volume %s (%s) and remove annotation %s",
+			vm.Namespace, vm.Name, v.Name, from, v.Name, st.MergedFrom, v1alpha1.AnnotationStatus)
+	}
+	st.Secret = own
+	return prior{status: st, known: true, written: pr.written, copied: true, source: src}, ops, ""
+}
+
+// statusOp writes st as the status annotation; replace says the object
+// already has one.
+func statusOp(st v1alpha1.InjectionStatus, replace bool) (jsonpatch.JsonPatchOperation, error) {
+	data, err := json.Marshal(st)
+	if err != nil {
+		return jsonpatch.JsonPatchOperation{}, fmt.Errorf("encode the status annotation: %w", err)
+	}
+	op := "add"
+	if replace {
+		op = "replace"
+	}
+	return jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)), nil
 }
 
 // parseStatus reads the status annotation the webhook wrote.
@@ -283,11 +591,15 @@ type placement struct {
 	disk       string
 	mergedFrom string
 	userPart   []byte // the VM's own user-data, when merged
+	// diskWhy is why disk mode was chosen for a VM that did not ask for
+	// it: its guest must have the disk unit, and is told so.
+	diskWhy string
 }
 
-func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStatus, hasStatus bool, in Input) (Decision, error) {
+func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decision, error) {
 	var d Decision
 	spec := &vm.Spec.Template.Spec
+	old, hasStatus := pr.status, pr.known
 
 	creds, ok := currentCredentials(in.Secret, o.server)
 	rotated := hasStatus && ok && old.Rotate != o.rotate
@@ -315,7 +627,11 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 	if hasStatus && stillInjected(spec, old) {
 		p = placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
 		if p.mergedFrom != "" {
-			part, err := cloudinit.UserPart(secretData(in.Secret, vmsecret.KeyUserData))
+			from := in.Secret
+			if pr.copied {
+				from = pr.source
+			}
+			part, err := cloudinit.UserPart(secretData(from, vmsecret.KeyUserData))
 			if err != nil {
 				return deny("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus), nil
 			}
@@ -351,16 +667,12 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm.Name), User: o.user,
 		Generation: creds.generation, Rotate: o.rotate, Volume: p.volume, Disk: p.disk, MergedFrom: p.mergedFrom,
 	}
-	if !hasStatus || st != old {
-		data, err := json.Marshal(st)
+	if !pr.written || st != old {
+		op, err := statusOp(st, pr.written)
 		if err != nil {
 			return Decision{}, err
 		}
-		op := "add"
-		if hasStatus {
-			op = "replace"
-		}
-		ops = append(ops, jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)))
+		ops = append(ops, op)
 	}
 	d.Patch = ops
 	switch {
@@ -378,8 +690,19 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, old v1alpha1.InjectionStat
 		if rotated {
 			what = "Rotated"
 		}
-		d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued,
-			fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s mode, Secret %s)", what, o.user, o.server, creds.generation, p.mode, SecretName(vm.Name))))
+		mode := p.mode + " mode"
+		if p.diskWhy != "" {
+			mode += " because " + p.diskWhy + ": the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)"
+		}
+		msg := fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s, Secret %s)", what, o.user, o.server, creds.generation, mode, SecretName(vm.Name))
+		if vm.UID == "" {
+			// A VM being created has no UID: an Event now would never
+			// show in kubectl describe. The controller records it once
+			// the VM exists.
+			d.Secret.Annotations[vmsecret.AnnotationIssuedEvent] = msg
+		} else {
+			d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued, msg))
+		}
 	}
 	return d, nil
 }
@@ -405,6 +728,18 @@ func stillInjected(spec *kubevirtv1.VirtualMachineInstanceSpec, st v1alpha1.Inje
 func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
 	spec := &vm.Spec.Template.Spec
 	secret := SecretName(vm.Name)
+	// Guests that read no NoCloud would be given a bootstrap they never
+	// see: their owners are told what to do instead.
+	for _, v := range spec.Volumes {
+		if v.Sysprep != nil {
+			return placement{}, nil, fmt.Sprintf("VirtualMachine %s/%s is configured by sysprep (volume %s): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation %s",
+				vm.Namespace, vm.Name, v.Name, v1alpha1.AnnotationServer)
+		}
+	}
+	if _, ok := vm.Spec.Template.ObjectMeta.Annotations[kubevirtv1.IgnitionAnnotation]; ok && mode != v1alpha1.ModeDisk {
+		return placement{}, nil, fmt.Sprintf("VirtualMachine %s/%s is configured by Ignition (annotation %s of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config (docs/guest.md, Disk mode) and set annotation %s=%s, or remove annotation %s",
+			vm.Namespace, vm.Name, kubevirtv1.IgnitionAnnotation, v1alpha1.AnnotationMode, v1alpha1.ModeDisk, v1alpha1.AnnotationServer)
+	}
 	ci := -1
 	for i, v := range spec.Volumes {
 		if v.CloudInitNoCloud != nil || v.CloudInitConfigDrive != nil {
@@ -468,7 +803,7 @@ func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement
 	if volumeIndex(spec, DiskVolume) >= 0 || diskIndex(spec, DiskVolume) >= 0 {
 		return placement{}, nil, fmt.Sprintf("the VM already has a volume or disk named %s that guestbackup did not add: rename it", DiskVolume)
 	}
-	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume}
+	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume, diskWhy: why}
 	vol := map[string]any{"name": DiskVolume, "secret": map[string]any{"secretName": secret, "volumeLabel": DiskLabel}}
 	disk := map[string]any{"name": DiskVolume, "serial": DiskSerial, "disk": map[string]any{"bus": "virtio"}}
 	ops, refusal := addVolumeAndDisk(object, vol, disk)
@@ -577,7 +912,8 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 
 // optOut removes what the status says was injected and gives the VM its
 // own user-data back.
-func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *corev1.Secret) Decision {
+func optOut(vm *kubevirtv1.VirtualMachine, pr prior, secret *corev1.Secret) Decision {
+	st := pr.status
 	var ops []jsonpatch.JsonPatchOperation
 	if vm.Spec.Template != nil {
 		spec := &vm.Spec.Template.Spec
@@ -607,7 +943,9 @@ func optOut(vm *kubevirtv1.VirtualMachine, st v1alpha1.InjectionStatus, secret *
 			}
 		}
 	}
-	ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
+	if pr.written {
+		ops = append(ops, jsonpatch.NewOperation("remove", "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), nil))
+	}
 	return Decision{Patch: ops, Outcome: OutcomeRemoved}
 }
 

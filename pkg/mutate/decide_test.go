@@ -222,8 +222,10 @@ func TestDecideGolden(t *testing.T) {
 			patch, _ := json.MarshalIndent(d.Patch, "", "  ")
 			golden(t, name+".patch.json", append(patch, '\n'))
 			golden(t, name+".secret.yaml", secretYAML(t, d.Secret))
-			if len(d.Events) != 1 || d.Events[0].Reason != ReasonCredentialsIssued || strings.Contains(d.Events[0].Message, "test-password") {
-				t.Errorf("events: %+v", d.Events)
+			// A VM being created has no UID: its Event waits in the Secret
+			// for the controller to record it once the VM exists.
+			if issued := d.Secret.Annotations[vmsecret.AnnotationIssuedEvent]; len(d.Events) != 0 || !strings.HasPrefix(issued, "Issued Kopia credentials for ") || strings.Contains(issued, "test-password") {
+				t.Errorf("events: %+v, issued-event %q", d.Events, issued)
 			}
 			mutated := apply(t, original, d)
 			checkKubeVirtRules(t, mutated)
@@ -280,7 +282,8 @@ func TestRotation(t *testing.T) {
 	pw := &passwords{}
 	original := readVM(t, "no-cloud-init.vm.yaml")
 	first := decide(t, original, nil, pw)
-	rotating := withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationRotate, "2026-11-23")
+	// An update: the VM has its UID.
+	rotating := withField(t, withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationRotate, "2026-11-23"), "uid-1", "metadata", "uid")
 
 	d := decide(t, rotating, first.Secret, pw)
 	if d.Denied != "" || d.Secret == nil {
@@ -328,7 +331,8 @@ func TestDenials(t *testing.T) {
 		return out
 	}
 	notReady := readyServer()
-	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Message: "Not True: CertificateReady"}
+	notReady.BSLS.Status.Endpoint = ""
+	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "ServerAvailable", Message: "Not True: ServerAvailable"}
 	forcedCloudInit := withAnnotation(t, readVM(t, "secret-ref.vm.yaml"), v1alpha1.AnnotationMode, "cloud-init")
 
 	// Secrets named web-guestbackup that are not guestbackup's for web.
@@ -356,7 +360,7 @@ func TestDenials(t *testing.T) {
 		{"a malformed server reference", set(v1alpha1.AnnotationServer, "main"), readyServer(), nil, "annotation guestbackup.io/server=\"main\": want <namespace>/<name>"},
 		{"a server that does not exist", base, Server{}, nil, "BackupStorageLocationServer backup/main named by annotation guestbackup.io/server does not exist"},
 		{"a namespace the server does not admit", base, Server{BSLS: readyServer().BSLS}, nil, "does not admit VMs of namespace team-a"},
-		{"a server that is not Ready", base, notReady, nil, "BackupStorageLocationServer backup/main is not Ready (Not True: CertificateReady): retry once it is"},
+		{"a server that has not published its endpoint", base, notReady, nil, "BackupStorageLocationServer backup/main has not published its endpoint and CA certificate yet (Ready=False ServerAvailable: Not True: ServerAvailable), and the guest needs both: see `kubectl describe bsls -n backup main`, and retry once status.endpoint and status.tlsCA are set"},
 		{"an unknown mode", set(v1alpha1.AnnotationMode, "usb"), readyServer(), nil, `annotation guestbackup.io/mode="usb": want cloud-init or disk`},
 		{"a relative path", set(v1alpha1.AnnotationPaths, "etc"), readyServer(), nil, `annotation guestbackup.io/paths: path "etc" is not an absolute path`},
 		{"a schedule that breaks out of the timer", set(v1alpha1.AnnotationSchedule, "daily\nExecStart=/bin/sh"), readyServer(), nil, "is not a systemd calendar expression"},

@@ -144,6 +144,9 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 // decide gathers Decide's input through r and decides.
 func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
 	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
+	if req.Operation == admissionv1.Update {
+		in.OldObject = req.OldObject.Raw
+	}
 	var head struct {
 		Metadata metav1.ObjectMeta `json:"metadata"`
 	}
@@ -167,6 +170,21 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 			in.Secret = secret
 		case !apierrors.IsNotFound(err):
 			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
+		}
+	}
+	for _, name := range CopySources(req.Object.Raw) {
+		// A copy of an injected VM reads another VM's Secret: Decide
+		// gives it its own, taking the owner's user-data from that one.
+		s := &corev1.Secret{}
+		err := r.Get(ctx, types.NamespacedName{Namespace: req.Namespace, Name: name}, s)
+		switch {
+		case err == nil:
+			if in.Sources == nil {
+				in.Sources = map[string]*corev1.Secret{}
+			}
+			in.Sources[name] = s
+		case !apierrors.IsNotFound(err):
+			return Decision{}, fmt.Errorf("read Secret %s: %w", name, err)
 		}
 	}
 	if in.Secret != nil && req.Operation == admissionv1.Create {

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // The Handler's edges, fast: its cache and the API server are fake clients
@@ -191,5 +192,108 @@ func TestHandlerDryRunWritesNothing(t *testing.T) {
 	}
 	if w.n != 0 {
 		t.Errorf("%d writes on a dry run, want none", w.n)
+	}
+}
+
+func updateRequest(t *testing.T, obj, old []byte) admission.Request {
+	t.Helper()
+	req := admissionRequest(t, admissionv1.Update, obj)
+	req.OldObject = k8sruntime.RawExtension{Raw: old}
+	return req
+}
+
+// TestHandlerDecidesAWriteAgainOnTheLiveSecret: the cache still holds the
+// Secret before a rotation the webhook itself wrote a moment ago. A new
+// paths annotation decided on it would write the old password back; the
+// write is decided on the API server's Secret.
+func TestHandlerDecidesAWriteAgainOnTheLiveSecret(t *testing.T) {
+	scheme := handlerScheme(t)
+	original := readVM(t, "no-cloud-init.vm.yaml")
+	pw := &passwords{}
+	first := decide(t, original, nil, pw)
+	stored := apply(t, original, first)
+	rotating := withAnnotation(t, stored, v1alpha1.AnnotationRotate, "1")
+	rotation := decide(t, rotating, first.Secret, pw)
+	rotated := apply(t, rotating, rotation)
+
+	stale := first.Secret.DeepCopy()
+	stale.ResourceVersion = ""
+	live := rotation.Secret.DeepCopy()
+	live.ResourceVersion = ""
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), stale)...).Build()
+	var w writes
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), live)...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+
+	resp := h.Handle(context.Background(), updateRequest(t, withAnnotation(t, rotated, v1alpha1.AnnotationPaths, "/var/lib/app"), rotated))
+	if !resp.Allowed || w.n != 1 {
+		t.Fatalf("allowed %t (%s), %d writes; want the new paths written once", resp.Allowed, resp.Result.Message, w.n)
+	}
+	got := &corev1.Secret{}
+	if err := api.Get(context.Background(), client.ObjectKeyFromObject(live), got); err != nil {
+		t.Fatal(err)
+	}
+	if string(got.Data[v1alpha1.SecretKeyGeneration]) != "2" || string(got.Data[v1alpha1.SecretKeyPassword]) != string(live.Data[v1alpha1.SecretKeyPassword]) {
+		t.Errorf("generation %s: the stale cache's credentials were written back over the rotation", got.Data[v1alpha1.SecretKeyGeneration])
+	}
+}
+
+// TestHandlerReadsTheStoredVM: an update that removes the status
+// annotation is decided on the VM as stored (the request's oldObject).
+func TestHandlerReadsTheStoredVM(t *testing.T) {
+	scheme := handlerScheme(t)
+	original := readVM(t, "inline-cloud-config.vm.yaml")
+	first := decide(t, original, nil, &passwords{})
+	stored := apply(t, original, first)
+	secret := first.Secret.DeepCopy()
+	var w writes
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), secret.DeepCopy())...).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), secret.DeepCopy())...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+
+	removed := withoutAnnotations(t, stored, v1alpha1.AnnotationStatus)
+	resp := h.Handle(context.Background(), updateRequest(t, removed, stored))
+	if !resp.Allowed || w.n != 0 || len(resp.Patches) != 1 || resp.Patches[0].Path != "/metadata/annotations/guestbackup.io~1status" {
+		t.Errorf("allowed %t (%s), %d writes, patches %+v; want only the status put back", resp.Allowed, resp.Result.Message, w.n, resp.Patches)
+	}
+}
+
+// TestHandlerReadsACopysSource: a copy's source Secret is read for the
+// owner's user-data, and never written; a failure to read it fails the
+// admission rather than deciding without it.
+func TestHandlerReadsACopysSource(t *testing.T) {
+	scheme := handlerScheme(t)
+	stored, source := injected(t, "inline-cloud-config.vm.yaml")
+	clone := withField(t, stored, "copy", "metadata", "name")
+	before := source.DeepCopy()
+
+	var w writes
+	cache := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), source.DeepCopy())...).Build()
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), source.DeepCopy())...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Cache: cache, Reader: api, Writer: api}
+	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, clone))
+	if !resp.Allowed || w.n != 1 {
+		t.Fatalf("allowed %t (%s), %d writes; want the copy's own Secret written", resp.Allowed, resp.Result.Message, w.n)
+	}
+	got := &corev1.Secret{}
+	if err := api.Get(context.Background(), client.ObjectKeyFromObject(source), got); err != nil || string(got.Data[v1alpha1.SecretKeyPassword]) != string(before.Data[v1alpha1.SecretKeyPassword]) {
+		t.Errorf("the source's Secret changed (%v)", err)
+	}
+	if err := api.Get(context.Background(), client.ObjectKey{Namespace: "team-a", Name: "copy-guestbackup"}, got); err != nil || vmsecret.VM(got) != "copy" {
+		t.Errorf("the copy's Secret: %v %v", got.Labels, err)
+	}
+
+	failing := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), source.DeepCopy())...).WithInterceptorFuncs(interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if key.Name == source.Name {
+				return apierrors.NewServiceUnavailable("etcd is away")
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	}).Build()
+	h = &Handler{Reader: failing, Writer: failing}
+	resp = h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, clone))
+	if resp.Allowed || resp.Result.Code != http.StatusInternalServerError {
+		t.Errorf("allowed %t, code %d: want the admission failed (retried), not decided without the source", resp.Allowed, resp.Result.Code)
 	}
 }

@@ -10,6 +10,11 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 )
 
+// ReasonCredentialsIssued: the VM got new Kopia credentials. The webhook
+// records it at an update; at a VM's creation the VM reconciler does, once
+// the VM has a UID (vmsecret.AnnotationIssuedEvent).
+const ReasonCredentialsIssued = "CredentialsIssued"
+
 // Event is one Event to record on a VM.
 type Event struct {
 	// Type is corev1.EventTypeNormal or corev1.EventTypeWarning.
@@ -23,7 +28,9 @@ type Event struct {
 
 // Record records events on the VM m names. It refers to the VM by its
 // metadata rather than by a stored object, because on CREATE admission the
-// VM has no UID yet. A nil recorder records nothing.
+// VM has no UID yet; kubectl describe shows only Events with the VM's UID,
+// so what a VM's owner must see at its creation is recorded once it exists
+// (see ReasonCredentialsIssued). A nil recorder records nothing.
 func Record(recorder record.EventRecorder, m metav1.ObjectMeta, events []Event) {
 	if recorder == nil || len(events) == 0 {
 		return

@@ -10,13 +10,15 @@
 //     the labels LabelManagedBy, LabelVM, LabelServerNamespace and
 //     LabelServerName; the keys username, password and generation; the
 //     payload (key userdata in cloud-init mode, the bootstrap's files,
-//     install.sh among them, in disk mode); annotation issued-at.
+//     install.sh among them, in disk mode); annotations issued-at and,
+//     at a VM's creation, issued-event.
 //   - The controller's Hasher (pkg/credentials): the keys passwordHash and
 //     passwordHashGeneration, and previousPasswordHash and
 //     previousPasswordHashGeneration during a rotation.
 //   - The controller's VM reconciler (pkg/credentials): the ownerReference
-//     that makes the VM the Secret's controller (OwnerReference), and the
-//     announced-* annotations.
+//     that makes the VM the Secret's controller (OwnerReference), the
+//     announced-* annotations, and the removal of issued-event once it
+//     recorded that Event.
 //   - The controller's audit (pkg/audit): the last-snapshot and
 //     backup-stale annotations.
 //
@@ -93,6 +95,12 @@ const (
 	// AnnotationIssuedAt (webhook) is when the current credentials were
 	// issued (RFC 3339): provisioning is measured from it.
 	AnnotationIssuedAt = v1alpha1.AnnotationIssuedAt
+	// AnnotationIssuedEvent (webhook) is the message of the
+	// CredentialsIssued Event of credentials issued at a VM's creation,
+	// when the VM has no UID yet: an Event without one is never shown by
+	// kubectl describe, so the VM reconciler records it once the VM
+	// exists, and removes the annotation.
+	AnnotationIssuedEvent = v1alpha1.AnnotationPrefix + "issued-event"
 	// AnnotationAnnouncedGeneration and AnnotationAnnouncedServer (VM
 	// reconciler) are the generation whose provisioning was last announced
 	// with an Event on the VM, and the BSLS (<namespace>/<name>) it was
@@ -274,6 +282,10 @@ func IssuedAt(s *corev1.Secret) time.Time {
 	}
 	return s.CreationTimestamp.Time
 }
+
+// IssuedEvent is the message of the CredentialsIssued Event that waits for
+// s's VM to exist, "" for none.
+func IssuedEvent(s *corev1.Secret) string { return s.Annotations[AnnotationIssuedEvent] }
 
 // Announced is the provisioning last announced for s: the BSLS
 // (<namespace>/<name>) and generation, "" for none.

@@ -3,105 +3,38 @@ package kubevirt
 import (
 	"context"
 	"encoding/json"
-	"net/http"
-	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
-	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
-
-// counting counts the admission requests that reach the webhook server.
-type counting struct {
-	next http.Handler
-	n    atomic.Int64
-}
-
-func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	c.n.Add(1)
-	c.next.ServeHTTP(w, r)
-}
 
 var _ = Describe("The admission webhook, registered in a real API server", Ordered, func() {
 	var (
 		ctx         context.Context
-		platform    *local.Platform
+		bed         *webhookBed
 		api         *testbed.APIServer
 		requests    *counting
 		metricsAddr string
 	)
-	vmKey := func(name string) types.NamespacedName { return types.NamespacedName{Namespace: "team-a", Name: name} }
-	getVM := func(name string) *kubevirtv1.VirtualMachine {
-		GinkgoHelper()
-		vm := &kubevirtv1.VirtualMachine{}
-		Expect(api.Client.Get(ctx, vmKey(name), vm)).To(Succeed())
-		return vm
-	}
-	secretOf := func(name string) func() (*corev1.Secret, error) {
-		return func() (*corev1.Secret, error) {
-			s := &corev1.Secret{}
-			return s, api.Client.Get(ctx, vmKey(mutate.SecretName(name)), s)
-		}
-	}
-	vmEvents := func(name string) func() ([]string, error) {
-		return func() ([]string, error) { return platform.Events(ctx, "team-a", "VirtualMachine", name) }
-	}
-	optIn := func(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
-		vm.Namespace = "team-a"
-		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main", v1alpha1.AnnotationPaths: "/etc"}
-		vm.Spec.Template.Spec.Volumes = vm.Spec.Template.Spec.Volumes[:1] // the containerDisk only
-		vm.Spec.Template.Spec.Domain.Devices.Disks = vm.Spec.Template.Spec.Domain.Devices.Disks[:1]
-		return vm
-	}
+	getVM := func(name string) *kubevirtv1.VirtualMachine { GinkgoHelper(); return bed.getVM(ctx, name) }
+	secretOf := func(name string) func() (*corev1.Secret, error) { return bed.secretOf(ctx, name) }
+	vmEvents := func(name string) func() ([]string, error) { return bed.vmEvents(ctx, name) }
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
-			// cmd/webhook's wiring (mutate.SetupWithManager), with a
-			// counter in front that sees every request reaching the server.
-			requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
-				Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
-			}}}
-			mgr.GetWebhookServer().Register(mutate.Path, requests)
-			return nil
-		}})
-		api, metricsAddr = platform.API, platform.MetricsAddr
-
-		for _, ns := range []string{"backup", "team-a"} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
-		}
-		bsls := &v1alpha1.BackupStorageLocationServer{
-			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
-			Spec: v1alpha1.BackupStorageLocationServerSpec{
-				Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
-				Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
-			},
-		}
-		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
-		// The status a Ready BSLS has; the BSLS controller's own specs
-		// prove it writes exactly these fields.
-		ca, err := pki.NewCA("webhook spec CA", time.Hour)
-		Expect(err).NotTo(HaveOccurred())
-		bsls.Status = v1alpha1.BackupStorageLocationServerStatus{
-			Endpoint: "https://main.backup.svc:51515", TLSCA: string(ca.CertPEM()),
-			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}},
-		}
-		Expect(api.Client.Status().Update(ctx, bsls)).To(Succeed())
+		bed = startWebhookBed(ctx, webhookBedOptions{})
+		api, requests, metricsAddr = bed.api, bed.requests, bed.metricsAddr
 	})
 
 	It("stores an opted-in VM mutated, with its credentials in a Secret and cloud-init reading them", func() {
@@ -124,15 +57,23 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		Expect(len(s.Data[v1alpha1.SecretKeyPassword])).To(BeNumerically(">=", 43))
 		Expect(testbed.ValidateCloudConfig(GinkgoT(), s.Data[v1alpha1.SecretKeyUserData])).To(Succeed())
 		Expect(string(s.Data[v1alpha1.SecretKeyUserData])).To(ContainSubstring(string(s.Data[v1alpha1.SecretKeyPassword])))
-		Eventually(vmEvents("web")).Should(ContainElement(HavePrefix("Normal CredentialsIssued: Issued Kopia credentials for web@team-a on BackupStorageLocationServer backup/main")))
+		// The VM had no UID at admission: its CredentialsIssued Event
+		// waits in the Secret for the controller (owner_test.go).
+		Expect(s.Annotations).To(HaveKeyWithValue(vmsecret.AnnotationIssuedEvent, HavePrefix("Issued Kopia credentials for web@team-a on BackupStorageLocationServer backup/main")))
 	})
 
 	It("changes nothing when the VM is admitted again", func() {
 		before := getVM("web")
 		secretBefore, err := secretOf("web")()
 		Expect(err).NotTo(HaveOccurred())
-		before.Labels = map[string]string{"tier": "frontend"}
+		// A new disk: an edit of what the webhook injects into reaches it.
+		seen := requests.n.Load()
+		before.Spec.Template.Spec.Volumes = append(before.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
+			Name: "data", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/data:1"}},
+		})
+		before.Spec.Template.Spec.Domain.Devices.Disks = append(before.Spec.Template.Spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: "data"})
 		Expect(api.Client.Update(ctx, before)).To(Succeed())
+		Expect(requests.n.Load()).To(BeNumerically(">", seen), "the edit reached the webhook")
 		after := getVM("web")
 		Expect(after.Spec).To(Equal(before.Spec))
 		Expect(after.Annotations).To(Equal(before.Annotations))

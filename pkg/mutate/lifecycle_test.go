@@ -1,0 +1,282 @@
+package mutate
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
+)
+
+// withField is obj with the value at path (objects created as needed) set;
+// a nil value removes it.
+func withField(t *testing.T, obj []byte, value any, path ...string) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	cur := m
+	for _, p := range path[:len(path)-1] {
+		next, ok := cur[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			cur[p] = next
+		}
+		cur = next
+	}
+	if value == nil {
+		delete(cur, path[len(path)-1])
+	} else {
+		cur[path[len(path)-1]] = value
+	}
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// injected is the no-cloud-init VM as the webhook stored it, and its Secret.
+func injected(t *testing.T, name string) ([]byte, *corev1.Secret) {
+	t.Helper()
+	original := readVM(t, name)
+	first := decide(t, original, nil, &passwords{})
+	if first.Denied != "" {
+		t.Fatal(first.Denied)
+	}
+	return apply(t, original, first), first.Secret
+}
+
+// TestNeverBlocksAnInjectedVM: a VM that already carries its bootstrap is
+// never denied for its server's health: start, stop, edits and the
+// finalizer removal of a deleting VM do not wait on a BSLS.
+func TestNeverBlocksAnInjectedVM(t *testing.T) {
+	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	hashPending := readyServer()
+	hashPending.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "UsersSynced", Message: "Not True: UsersSynced"}
+	certRolling := readyServer()
+	certRolling.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "CertificateReady", Message: "Not True: CertificateReady"}
+	noEndpoint := readyServer()
+	noEndpoint.BSLS.Status = v1alpha1.BackupStorageLocationServerStatus{}
+	notAdmitted := readyServer()
+	notAdmitted.NamespaceAllowed = false
+
+	edited := withField(t, stored, "Halted", "spec", "runStrategy")
+	edited = withField(t, edited, map[string]any{"tier": "db"}, "metadata", "labels")
+	for name, server := range map[string]Server{
+		"not Ready while a new VM's hash is pending": hashPending,
+		"not Ready while its certificate rolls":      certRolling,
+		"with no endpoint published":                 noEndpoint,
+		"that no longer admits the namespace":        notAdmitted,
+		"deleted":                                    {},
+	} {
+		t.Run("a server "+name, func(t *testing.T) {
+			d, err := Decide(Input{Object: edited, OldObject: stored, Namespace: "team-a", Server: server, Secret: secret, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+				t.Errorf("an edit of an injected VM: denied %q, patch %+v, Secret written %t; want it admitted unchanged", d.Denied, d.Patch, d.Secret != nil)
+			}
+		})
+	}
+
+	t.Run("a changed annotation while the server is gone is admitted, and says it waits", func(t *testing.T) {
+		changed := withAnnotation(t, stored, v1alpha1.AnnotationPaths, "/var/lib/app")
+		d, err := Decide(Input{Object: changed, OldObject: stored, Namespace: "team-a", Secret: secret, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+			t.Fatalf("denied %q, patch %+v, Secret written %t; want it admitted unchanged", d.Denied, d.Patch, d.Secret != nil)
+		}
+		if len(d.Events) != 1 || d.Events[0].Type != corev1.EventTypeWarning || d.Events[0].Reason != ReasonInjectionNotUpdated ||
+			!strings.Contains(d.Events[0].Message, "BackupStorageLocationServer backup/main does not exist: the VM is admitted and its Secret web-guestbackup kept as it was") {
+			t.Errorf("events: %+v", d.Events)
+		}
+	})
+
+	t.Run("the owner's manifest applied again while the server is gone is admitted, and says what waits", func(t *testing.T) {
+		reapplied := withField(t, stored, []any{map[string]any{"name": "root", "containerDisk": map[string]any{"image": "quay.io/containerdisks/debian:12"}}}, "spec", "template", "spec", "volumes")
+		d, err := Decide(Input{Object: reapplied, OldObject: stored, Namespace: "team-a", Secret: secret, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil {
+			t.Fatalf("denied %q, patch %+v, Secret written %t; want it admitted as it is", d.Denied, d.Patch, d.Secret != nil)
+		}
+		if len(d.Events) != 1 || d.Events[0].Reason != ReasonInjectionNotUpdated ||
+			!strings.Contains(d.Events[0].Message, "the VM is admitted without the volume guestbackup-cloudinit that reads its Secret web-guestbackup, which this update removed; guestbackup adds it again when") {
+			t.Errorf("events: %+v", d.Events)
+		}
+	})
+}
+
+// TestADeletingVMIsAdmittedUnchanged: nothing holds up a deletion, and a
+// deleting VM is never issued credentials.
+func TestADeletingVMIsAdmittedUnchanged(t *testing.T) {
+	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	deleting := withField(t, stored, "2026-11-25T07:00:00Z", "metadata", "deletionTimestamp")
+	for name, in := range map[string]Input{
+		"its finalizer removed":         {Object: withField(t, deleting, nil, "metadata", "finalizers"), OldObject: deleting, Secret: secret},
+		"rotated while it is deleted":   {Object: withAnnotation(t, deleting, v1alpha1.AnnotationRotate, "now"), OldObject: deleting, Secret: secret},
+		"its Secret gone":               {Object: deleting, OldObject: deleting},
+		"its server gone":               {Object: deleting, OldObject: deleting, Secret: secret, Server: Server{}},
+		"opted out while it is deleted": {Object: withoutServer(t, deleting), OldObject: deleting, Secret: secret},
+	} {
+		t.Run(name, func(t *testing.T) {
+			in.Namespace, in.NewPassword = "team-a", (&passwords{}).next
+			if name != "its server gone" {
+				in.Server = readyServer()
+			}
+			d, err := Decide(in)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil || len(d.Events) != 0 {
+				t.Errorf("a deleting VM: %+v; want it admitted unchanged", d)
+			}
+		})
+	}
+}
+
+// TestANewVMNeedsWhatItsBootstrapNeeds: a new VM is admitted while its
+// server is not Ready for reasons that do not concern it (a previous VM's
+// hash pending, a certificate renewal): it needs the endpoint and the CA.
+func TestANewVMNeedsWhatItsBootstrapNeeds(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	for _, reason := range []string{"UsersSynced", "CertificateReady", "ServerAvailable"} {
+		server := readyServer()
+		server.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: "Not True: " + reason}
+		d, err := Decide(Input{Object: base, Namespace: "team-a", Server: server, NewPassword: (&passwords{}).next})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d.Denied != "" || d.Secret == nil {
+			t.Errorf("Ready=False (%s): denied %q; want the VM admitted with its credentials", reason, d.Denied)
+		}
+	}
+}
+
+// withoutAnnotations is obj without the annotations keys.
+func withoutAnnotations(t *testing.T, obj []byte, keys ...string) []byte {
+	t.Helper()
+	var m map[string]any
+	if err := decodeJSON(obj, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		delete(m["metadata"].(map[string]any)["annotations"].(map[string]any), k)
+	}
+	out, _ := json.Marshal(m)
+	return out
+}
+
+// TestRemovingAnnotationsLosesNothing: whatever guestbackup annotations an
+// update removes, the owner's own cloud-init survives: removing the
+// opt-in gives it back where it was, removing only the status (which the
+// webhook manages) puts the status back.
+func TestRemovingAnnotationsLosesNothing(t *testing.T) {
+	for _, name := range []string{"inline-cloud-config", "base64-cloud-config", "no-cloud-init", "mode-disk", "secret-ref"} {
+		t.Run(name, func(t *testing.T) {
+			original := readVM(t, name+".vm.yaml")
+			stored, secret := injected(t, name+".vm.yaml")
+			admit := func(obj []byte) []byte {
+				t.Helper()
+				d, err := Decide(Input{Object: obj, OldObject: stored, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d.Denied != "" || d.Secret != nil || len(d.Events) != 0 {
+					t.Fatalf("denied %q, Secret written %t, events %+v", d.Denied, d.Secret != nil, d.Events)
+				}
+				return apply(t, obj, d)
+			}
+			t.Run("both annotations in one update", func(t *testing.T) {
+				got := admit(withoutAnnotations(t, stored, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus))
+				if want := withoutServer(t, original); !jsonEqual(got, want) {
+					t.Errorf("after the update:\n%s\nwant the VM as it was before it opted in:\n%s", got, want)
+				}
+			})
+			t.Run("only the status", func(t *testing.T) {
+				if got := admit(withoutAnnotations(t, stored, v1alpha1.AnnotationStatus)); !jsonEqual(got, stored) {
+					t.Errorf("after the update:\n%s\nwant the injected VM as it was:\n%s", got, stored)
+				}
+			})
+		})
+	}
+}
+
+// TestCredentialsIssuedWaitsForTheUID: an Event without the VM's UID is
+// never shown by kubectl describe. At creation the message waits in the
+// Secret for the controller; at an update the VM has its UID.
+func TestCredentialsIssuedWaitsForTheUID(t *testing.T) {
+	created := decide(t, readVM(t, "no-cloud-init.vm.yaml"), nil, &passwords{})
+	if len(created.Events) != 0 || created.Secret.Annotations[vmsecret.AnnotationIssuedEvent] == "" {
+		t.Errorf("at creation: events %+v, issued-event %q; want the Event in the Secret", created.Events, created.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
+	}
+	plain := withField(t, withoutServer(t, readVM(t, "no-cloud-init.vm.yaml")), "uid-1", "metadata", "uid")
+	optedIn := withAnnotation(t, plain, v1alpha1.AnnotationServer, "backup/main")
+	d, err := Decide(Input{Object: optedIn, OldObject: plain, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(d.Events) != 1 || d.Events[0].Reason != ReasonCredentialsIssued || d.Secret.Annotations[vmsecret.AnnotationIssuedEvent] != "" {
+		t.Errorf("an opt-in by update: events %+v, issued-event %q; want the Event recorded at once", d.Events, d.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
+	}
+}
+
+// TestGuestsThatReadNoNoCloud: a Windows guest (sysprep) and an Ignition
+// guest never read a NoCloud volume: they are told what to do rather than
+// given one; a guest whose bootstrap goes on a disk is told it needs the
+// disk unit.
+func TestGuestsThatReadNoNoCloud(t *testing.T) {
+	base := readVM(t, "no-cloud-init.vm.yaml")
+	var m map[string]any
+	if err := decodeJSON(base, &m); err != nil {
+		t.Fatal(err)
+	}
+	tmpl := m["spec"].(map[string]any)["template"].(map[string]any)
+	tmplSpec := tmpl["spec"].(map[string]any)
+	tmplSpec["volumes"] = append(tmplSpec["volumes"].([]any), map[string]any{"name": "sysprep", "sysprep": map[string]any{"secret": map[string]any{"name": "answers"}}})
+	windows, _ := json.Marshal(m)
+	ignition := withField(t, base, `{"ignition":{"version":"3.3.0"}}`, "spec", "template", "metadata", "annotations", "kubevirt.io/ignitiondata")
+
+	for _, tt := range []struct {
+		name string
+		obj  []byte
+		want string
+	}{
+		{"a Windows guest (sysprep)", windows, "VirtualMachine team-a/web is configured by sysprep (volume sysprep): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation guestbackup.io/server"},
+		{"an Ignition guest", ignition, "VirtualMachine team-a/web is configured by Ignition (annotation kubevirt.io/ignitiondata of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config (docs/guest.md, Disk mode) and set annotation guestbackup.io/mode=disk, or remove annotation guestbackup.io/server"},
+		{"an Ignition guest forced to cloud-init", withAnnotation(t, ignition, v1alpha1.AnnotationMode, "cloud-init"), "is configured by Ignition"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: tt.obj, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Denied, tt.want) || d.Secret != nil {
+				t.Errorf("denial %q, want it to contain %q", d.Denied, tt.want)
+			}
+		})
+	}
+
+	t.Run("an Ignition guest in disk mode", func(t *testing.T) {
+		d := decide(t, withAnnotation(t, ignition, v1alpha1.AnnotationMode, "disk"), nil, &passwords{})
+		if d.Denied != "" || d.Secret == nil {
+			t.Errorf("denied %q: the owner installs the disk unit through Ignition", d.Denied)
+		}
+	})
+	t.Run("a ConfigDrive guest is told it needs the disk unit", func(t *testing.T) {
+		d := decide(t, readVM(t, "config-drive.vm.yaml"), nil, &passwords{})
+		if msg := d.Secret.Annotations[vmsecret.AnnotationIssuedEvent]; !strings.Contains(msg, "disk mode because it uses a cloudInitConfigDrive volume: the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)") {
+			t.Errorf("CredentialsIssued %q", msg)
+		}
+	})
+}

@@ -1,0 +1,141 @@
+package kubevirt
+
+import (
+	"context"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/local"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+// counting counts the admission requests that reach the webhook server,
+// and plays an outage (every request answered 503) while down is set.
+type counting struct {
+	next http.Handler
+	n    atomic.Int64
+	down atomic.Bool
+}
+
+func (c *counting) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	c.n.Add(1)
+	if c.down.Load() {
+		http.Error(w, "the webhook is down", http.StatusServiceUnavailable)
+		return
+	}
+	c.next.ServeHTTP(w, r)
+}
+
+// webhookBed is a real API server with guestbackup's webhook configuration,
+// the webhook's handler (cmd/webhook's wiring, behind a counter) and, when
+// asked, the controller's VM reconciler; namespaces backup and team-a, and
+// BSLS backup/main with the status a Ready BSLS has.
+type webhookBed struct {
+	platform    *local.Platform
+	api         *testbed.APIServer
+	requests    *counting
+	metricsAddr string
+}
+
+// webhookBedOptions adjust startWebhookBed.
+type webhookBedOptions struct {
+	// Setup registers more of guestbackup with the manager.
+	Setup func(ctrl.Manager) error
+}
+
+func startWebhookBed(ctx context.Context, o webhookBedOptions) *webhookBed {
+	GinkgoHelper()
+	b := &webhookBed{}
+	b.platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
+		b.requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
+			Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
+		}}}
+		mgr.GetWebhookServer().Register(mutate.Path, b.requests)
+		if o.Setup != nil {
+			return o.Setup(mgr)
+		}
+		return nil
+	}})
+	b.api, b.metricsAddr = b.platform.API, b.platform.MetricsAddr
+	for _, ns := range []string{"backup", "team-a"} {
+		Expect(b.api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
+	}
+	b.createServer(ctx)
+	return b
+}
+
+// createServer creates BSLS backup/main, admitting the namespaces labelled
+// backup=allowed, with the status of a Ready BSLS.
+func (b *webhookBed) createServer(ctx context.Context) {
+	GinkgoHelper()
+	bsls := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
+		Spec: v1alpha1.BackupStorageLocationServerSpec{
+			Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+			Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
+		},
+	}
+	Expect(b.api.Client.Create(ctx, bsls)).To(Succeed())
+	b.setServerStatus(ctx, metav1.ConditionTrue, "Ready", "ready")
+}
+
+// setServerStatus gives backup/main the status the BSLS controller writes
+// (its own specs prove it writes exactly these fields), with an endpoint
+// and a CA, and Ready as given.
+func (b *webhookBed) setServerStatus(ctx context.Context, ready metav1.ConditionStatus, reason, message string) {
+	GinkgoHelper()
+	ca, err := pki.NewCA("webhook spec CA", time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	bsls := &v1alpha1.BackupStorageLocationServer{}
+	Expect(b.api.Client.Get(ctx, types.NamespacedName{Namespace: "backup", Name: "main"}, bsls)).To(Succeed())
+	bsls.Status = v1alpha1.BackupStorageLocationServerStatus{
+		Endpoint: "https://main.backup.svc:51515", TLSCA: string(ca.CertPEM()),
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: ready, Reason: reason, Message: message, LastTransitionTime: metav1.Now()}},
+	}
+	Expect(b.api.Client.Status().Update(ctx, bsls)).To(Succeed())
+}
+
+func vmKey(name string) types.NamespacedName {
+	return types.NamespacedName{Namespace: "team-a", Name: name}
+}
+
+func (b *webhookBed) getVM(ctx context.Context, name string) *kubevirtv1.VirtualMachine {
+	GinkgoHelper()
+	vm := &kubevirtv1.VirtualMachine{}
+	Expect(b.api.Client.Get(ctx, vmKey(name), vm)).To(Succeed())
+	return vm
+}
+
+func (b *webhookBed) secretOf(ctx context.Context, name string) func() (*corev1.Secret, error) {
+	return func() (*corev1.Secret, error) {
+		s := &corev1.Secret{}
+		return s, b.api.Client.Get(ctx, vmKey(mutate.SecretName(name)), s)
+	}
+}
+
+func (b *webhookBed) vmEvents(ctx context.Context, name string) func() ([]string, error) {
+	return func() ([]string, error) { return b.platform.Events(ctx, "team-a", "VirtualMachine", name) }
+}
+
+// optIn makes vm a VM of team-a that opted in to backup/main, with only its
+// containerDisk.
+func optIn(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
+	vm.Namespace = "team-a"
+	vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main", v1alpha1.AnnotationPaths: "/etc"}
+	vm.Spec.Template.Spec.Volumes = vm.Spec.Template.Spec.Volumes[:1] // the containerDisk only
+	vm.Spec.Template.Spec.Domain.Devices.Disks = vm.Spec.Template.Spec.Domain.Devices.Disks[:1]
+	return vm
+}
