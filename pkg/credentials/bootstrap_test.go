@@ -167,7 +167,9 @@ func TestRerender(t *testing.T) {
 		{name: "not adopted yet", was: was, bsls: publishing(newURL, newCA),
 			secret: func(s *corev1.Secret) { s.OwnerReferences = nil }},
 		{name: "controlled by a previous VM of that name", was: was, bsls: publishing(newURL, newCA),
-			secret: func(s *corev1.Secret) { s.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference("web", "old-uid")} }},
+			secret: func(s *corev1.Secret) {
+				s.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference("web", "old-uid")}
+			}},
 		{name: "Secret being deleted", was: was, bsls: publishing(newURL, newCA),
 			secret: func(s *corev1.Secret) { s.DeletionTimestamp = &metav1.Time{Time: now} }},
 		{name: "no VM", was: was, bsls: publishing(newURL, newCA),
