@@ -289,6 +289,22 @@ var _ = Describe("The bootstrap reconciler", Ordered, func() {
 			} else {
 				Expect(s.Data).NotTo(HaveKey(vmsecret.KeyInstall), "cloud-init mode stays cloud-init mode")
 			}
+			By("the webhook, admitting " + name + " again, finding nothing to write: one rendering")
+			stored := &kubevirtv1.VirtualMachine{}
+			Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+			object, err := json.Marshal(stored)
+			Expect(err).NotTo(HaveOccurred())
+			bsls := &v1alpha1.BackupStorageLocationServer{}
+			Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(main), bsls)).To(Succeed())
+			again, err := mutate.Decide(mutate.Input{
+				Object: object, OldObject: object, Namespace: vm.Namespace, Secret: s, NewPassword: mutate.NewPassword, Now: time.Now(),
+				Server: mutate.Server{BSLS: bsls, NamespaceAllowed: true},
+			})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(again.Denied).To(BeEmpty())
+			Expect(again.Secret).To(BeNil(), "the webhook would render %s's payload otherwise", name)
+			Expect(again.Patch).To(BeEmpty())
+
 			Eventually(eventsOf(vm, credentials.ReasonBootstrapUpdated)).WithTimeout(reconciled).Should(ConsistOf(
 				And(ContainSubstring(newEndpoint), ContainSubstring(vmsecret.CASum(newCA)), ContainSubstring("next start"),
 					Not(ContainSubstring(string(was.Data[vmsecret.KeyPassword]))))))
