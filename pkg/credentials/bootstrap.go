@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -64,23 +63,11 @@ type BootstrapReconciler struct {
 // carry what it read from a cache that was behind) and the VMs'
 // annotations.
 func (r *BootstrapReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorderFor(eventSource)
-	}
-	creds := vmsecret.Selector()
+	useManager(mgr, &r.Client, &r.APIReader, &r.Recorder)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vm-bootstrap").
 		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata, builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(vmOfSecret),
-			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return creds.Matches(labels.Set(o.GetLabels()))
-			}))).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(vmOfSecret), credentialSecrets()).
 		Watches(&v1alpha1.BackupStorageLocationServer{}, handler.EnqueueRequestsFromMapFunc(r.vmsOfServer),
 			builder.WithPredicates(publishedChanged())).
 		Complete(r)
@@ -120,17 +107,12 @@ func (r *BootstrapReconciler) vmsOfServer(ctx context.Context, o client.Object) 
 // Reconcile renders one VM's bootstrap again when its server publishes
 // another endpoint or CA than it was rendered with.
 func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	secretKey := types.NamespacedName{Namespace: req.Namespace, Name: vmsecret.Name(req.Name)}
-	secret := &corev1.Secret{}
-	if err := r.Client.Get(ctx, secretKey, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil
-		}
-		return ctrl.Result{}, fmt.Errorf("get credential Secret %s: %w", secretKey, err)
+	secret, err := getCredentialSecret(ctx, r.Client, req.NamespacedName)
+	if err != nil || secret == nil || !vmsecret.IsManaged(secret) {
+		// None, or someone else's: not even its server is read.
+		return ctrl.Result{}, err
 	}
-	if !vmsecret.IsManaged(secret) {
-		return ctrl.Result{}, nil // someone else's: not even its server is read
-	}
+	secretKey := client.ObjectKeyFromObject(secret)
 	vm, err := getVM(ctx, r.Client, req.NamespacedName)
 	if err != nil {
 		return ctrl.Result{}, err
