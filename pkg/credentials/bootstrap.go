@@ -276,8 +276,13 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	if oldCA != vmsecret.CASum(ca) {
 		changed = append(changed, "CA (SHA-256 "+vmsecret.CASum(ca)+")")
 	}
-	rr.why = "the server's " + strings.Join(changed, " and ") + " changed"
-	rr.event = fmt.Sprintf("BackupStorageLocationServer %s publishes a new %s: the bootstrap in Secret %s is rendered again with it (same credentials, generation %d, %s mode); the guest gets it at its next start",
-		server, strings.Join(changed, " and "), secret.Name, generation, st.Mode)
+	what := "a new " + strings.Join(changed, " and ")
+	if oldEndpoint == "" && oldCA == "" {
+		// Written before Secrets recorded it (an earlier release).
+		what = strings.Join(changed, " and ") + ", which the bootstrap did not record being rendered with"
+	}
+	rr.why = "the server publishes " + what
+	rr.event = fmt.Sprintf("BackupStorageLocationServer %s publishes %s: the bootstrap in Secret %s is rendered again with it (same credentials, generation %d, %s mode); the guest gets it at its next start",
+		server, what, secret.Name, generation, st.Mode)
 	return rr
 }

@@ -150,7 +150,7 @@ func TestRerender(t *testing.T) {
 				delete(s.Annotations, vmsecret.AnnotationRenderedEndpoint)
 				delete(s.Annotations, vmsecret.AnnotationRenderedCA)
 			},
-			want: ptrTo(with(was, func(r *rendered) { r.endpoint = newURL })), event: "URL " + newURL + " and CA"},
+			want: ptrTo(with(was, func(r *rendered) { r.endpoint = newURL })), event: "did not record being rendered with"},
 
 		{name: "unchanged", was: was, bsls: publishing(oldURL, oldCA)},
 		{name: "server deleted", was: was},
