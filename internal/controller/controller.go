@@ -73,6 +73,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := (&credentials.VMReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the VM credential reconciler: %w", err)
 	}
+	if err := (&credentials.BootstrapReconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the VM bootstrap reconciler: %w", err)
+	}
 	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the guest activity audit: %w", err)
 	}

@@ -123,26 +123,14 @@ func (r *VMReconciler) timing() timing {
 // announced), so that every announcement follows the write that makes it
 // true rather than a poll.
 func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
-	if r.Client == nil {
-		r.Client = mgr.GetClient()
-	}
-	if r.APIReader == nil {
-		r.APIReader = mgr.GetAPIReader()
-	}
-	if r.Recorder == nil {
-		r.Recorder = mgr.GetEventRecorderFor(eventSource)
-	}
-	creds := vmsecret.Selector()
+	useManager(mgr, &r.Client, &r.APIReader, &r.Recorder)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vm-credentials").
 		// Metadata is all a decision needs: caching whole VMs (specs, and
 		// statuses that change as they run) would cost memory and decoding
 		// for nothing.
 		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata, builder.WithPredicates(vmChanged())).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(vmOfSecret),
-			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return creds.Matches(labels.Set(o.GetLabels()))
-			}))).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(vmOfSecret), credentialSecrets()).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.vmsOfUsersSecret),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return o.GetLabels()[userset.Label] != ""
@@ -163,6 +151,42 @@ func vmChanged() predicate.Predicate {
 			oldVM.GetDeletionTimestamp().IsZero() != newVM.GetDeletionTimestamp().IsZero() ||
 			oldVM.GetUID() != newVM.GetUID()
 	}}
+}
+
+// useManager fills in what a VM reconciler left unset with the manager's
+// client, API reader and Event recorder.
+func useManager(mgr ctrl.Manager, c *client.Client, reader *client.Reader, recorder *record.EventRecorder) {
+	if *c == nil {
+		*c = mgr.GetClient()
+	}
+	if *reader == nil {
+		*reader = mgr.GetAPIReader()
+	}
+	if *recorder == nil {
+		*recorder = mgr.GetEventRecorderFor(eventSource)
+	}
+}
+
+// credentialSecrets passes the events of credential Secrets only.
+func credentialSecrets() builder.WatchesOption {
+	creds := vmsecret.Selector()
+	return builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+		return creds.Matches(labels.Set(o.GetLabels()))
+	}))
+}
+
+// getCredentialSecret reads the credential Secret of VM vm; nil when there
+// is none.
+func getCredentialSecret(ctx context.Context, c client.Reader, vm types.NamespacedName) (*corev1.Secret, error) {
+	key := types.NamespacedName{Namespace: vm.Namespace, Name: vmsecret.Name(vm.Name)}
+	secret := &corev1.Secret{}
+	if err := c.Get(ctx, key, secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil //nolint:nilnil // a VM without credentials is a state, not an error
+		}
+		return nil, fmt.Errorf("get credential Secret %s: %w", key, err)
+	}
+	return secret, nil
 }
 
 func vmOfSecret(_ context.Context, o client.Object) []reconcile.Request {
@@ -204,14 +228,11 @@ func (r *VMReconciler) vmsOfUsersSecret(ctx context.Context, o client.Object) []
 
 // Reconcile brings one VM's credential Secret in line with the VM.
 func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	secretKey := types.NamespacedName{Namespace: req.Namespace, Name: vmsecret.Name(req.Name)}
-	secret := &corev1.Secret{}
-	if err := r.Client.Get(ctx, secretKey, secret); err != nil {
-		if apierrors.IsNotFound(err) {
-			return ctrl.Result{}, nil // the VM has no credentials: nothing to do
-		}
-		return ctrl.Result{}, fmt.Errorf("get credential Secret %s: %w", secretKey, err)
+	secret, err := getCredentialSecret(ctx, r.Client, req.NamespacedName)
+	if err != nil || secret == nil {
+		return ctrl.Result{}, err // none: the VM has no credentials, nothing to do
 	}
+	secretKey := client.ObjectKeyFromObject(secret)
 	vm, err := getVM(ctx, r.Client, req.NamespacedName)
 	if err != nil {
 		return ctrl.Result{}, err

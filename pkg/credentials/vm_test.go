@@ -46,15 +46,18 @@ const (
 	reconciled = 20 * time.Second
 )
 
-// runController starts the Hasher and the VM reconciler in-process against
-// api, as cmd/controller wires them (the BSLS reconciler aside: the specs
-// play its part); stop ends them and waits, bounded.
+// runController starts the Hasher, the VM and the bootstrap reconcilers
+// in-process against api, as cmd/controller wires them (the BSLS reconciler
+// aside: the specs play its part); stop ends them and waits, bounded.
 func runController(api *testbed.APIServer, metricsAddr string) (stop func() error, err error) {
 	return testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
 		if err := (&credentials.Hasher{Client: mgr.GetClient(), Clock: hasherClock}).SetupWithManager(mgr, 2); err != nil {
 			return err
 		}
-		return (&credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}).SetupWithManager(mgr)
+		if err := (&credentials.VMReconciler{OrphanGrace: orphanGrace, SettleTime: settleTime}).SetupWithManager(mgr); err != nil {
+			return err
+		}
+		return (&credentials.BootstrapReconciler{}).SetupWithManager(mgr)
 	})
 }
 

@@ -262,16 +262,8 @@ func readOptions(vm *kubevirtv1.VirtualMachine, server string) (options, string)
 	if o.mode != "" && o.mode != v1alpha1.ModeCloudInit && o.mode != v1alpha1.ModeDisk {
 		return o, fmt.Sprintf("annotation %s=%q: want %s or %s", v1alpha1.AnnotationMode, o.mode, v1alpha1.ModeCloudInit, v1alpha1.ModeDisk)
 	}
-	if o.paths, err = cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths]); err != nil {
-		return o, fmt.Sprintf("annotation %s: %v (want absolute paths separated by commas)", v1alpha1.AnnotationPaths, err)
-	}
-	if o.schedule = vm.Annotations[v1alpha1.AnnotationSchedule]; o.schedule != "" {
-		if err := cloudinit.ValidateSchedule(o.schedule); err != nil {
-			return o, fmt.Sprintf("annotation %s: %v", v1alpha1.AnnotationSchedule, err)
-		}
-		if len(o.paths) == 0 {
-			return o, fmt.Sprintf("annotation %s is set but %s is not: say what to back up", v1alpha1.AnnotationSchedule, v1alpha1.AnnotationPaths)
-		}
+	if o.paths, o.schedule, err = cloudinit.Schedule(vm.Annotations); err != nil {
+		return o, err.Error()
 	}
 	o.rotate = vm.Annotations[v1alpha1.AnnotationRotate]
 	return o, ""
@@ -655,7 +647,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 	if err != nil {
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
-	d.Secret = desiredSecret(vm, o, creds, payload, in.Secret)
+	d.Secret = desiredSecret(vm, o, creds, b, payload, in.Secret)
 	if creds.issued && d.Secret != nil {
 		if d.Secret.Annotations == nil {
 			d.Secret.Annotations = map[string]string{}
@@ -844,44 +836,19 @@ func appendItem(raw map[string]any, path []string, item any) jsonpatch.JsonPatch
 
 // render is the Secret's payload for a placement.
 func render(b cloudinit.Bootstrap, p placement) (map[string][]byte, error) {
-	if p.mode == v1alpha1.ModeDisk {
-		return cloudinit.DiskFiles(b)
+	cp := cloudinit.Placement{Mode: p.mode}
+	if p.mergedFrom != "" {
+		cp.UserPart = p.userPart
 	}
-	ours, err := cloudinit.CloudConfig(b)
-	if err != nil {
-		return nil, err
-	}
-	if p.mergedFrom == "" {
-		return map[string][]byte{vmsecret.KeyUserData: ours}, nil
-	}
-	merged, err := cloudinit.Merge(p.userPart, ours)
-	if err != nil {
-		return nil, err
-	}
-	return map[string][]byte{vmsecret.KeyUserData: merged}, nil
-}
-
-// payloadKeys are every key a payload may write, so that a mode change
-// removes the other mode's files.
-func payloadKeys(existing *corev1.Secret) []string {
-	if existing == nil {
-		return nil
-	}
-	var keys []string
-	for k := range existing.Data {
-		switch {
-		case k == vmsecret.KeyUsername, k == vmsecret.KeyPassword, k == vmsecret.KeyGeneration, vmsecret.IsControllerKey(k):
-			continue
-		}
-		keys = append(keys, k)
-	}
-	return keys
+	return cloudinit.Payload(b, cp)
 }
 
 // desiredSecret is the VM's Secret after admission, or nil when the
 // existing one already is. Keys the controller adds (the hash) and
-// metadata others set are kept.
-func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payload map[string][]byte, existing *corev1.Secret) *corev1.Secret {
+// metadata others set are kept; the server's endpoint and CA the payload
+// is rendered with (b's) are recorded, for the controller to render it
+// again when they change.
+func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cloudinit.Bootstrap, payload map[string][]byte, existing *corev1.Secret) *corev1.Secret {
 	s := &corev1.Secret{}
 	if existing != nil {
 		s = existing.DeepCopy()
@@ -894,17 +861,16 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, payl
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	for _, k := range payloadKeys(existing) {
-		delete(s.Data, k)
-	}
+	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
 	maps.Copy(s.Data, payload)
+	vmsecret.SetRendered(s, b.ServerURL, b.CA)
 	// The username key is for the guest; the server's user comes from
 	// the VM that controls the Secret (vmsecret.Identity), never from it.
 	s.Data[vmsecret.KeyUsername] = []byte(o.user)
 	s.Data[vmsecret.KeyPassword] = []byte(c.password)
 	s.Data[vmsecret.KeyGeneration] = []byte(strconv.FormatInt(c.generation, 10))
 	if existing != nil && maps.EqualFunc(existing.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) &&
-		maps.Equal(existing.Labels, s.Labels) {
+		maps.Equal(existing.Labels, s.Labels) && maps.Equal(existing.Annotations, s.Annotations) {
 		return nil
 	}
 	return s

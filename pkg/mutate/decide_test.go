@@ -318,6 +318,30 @@ func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
 	}
 }
 
+// TestSecretRecordsWhatItWasRenderedWith: the controller renders a payload
+// again when the server publishes another endpoint or CA than the Secret
+// records (pkg/credentials.BootstrapReconciler), so the webhook records
+// both, and an admission that renders the same bytes for another record
+// still writes it.
+func TestSecretRecordsWhatItWasRenderedWith(t *testing.T) {
+	pw := &passwords{}
+	original := readVM(t, "no-cloud-init.vm.yaml")
+	first := decide(t, original, nil, pw)
+	if endpoint, ca := vmsecret.Rendered(first.Secret); endpoint != testEndpoint || ca != vmsecret.CASum([]byte(testCA)) {
+		t.Fatalf("Secret records %q, %q; want the server's endpoint and its CA's SHA-256", endpoint, ca)
+	}
+	stored := apply(t, original, first)
+	if again := decide(t, stored, first.Secret, pw); again.Secret != nil {
+		t.Error("a re-admission rewrote a Secret that records what it holds")
+	}
+	unrecorded := first.Secret.DeepCopy()
+	delete(unrecorded.Annotations, vmsecret.AnnotationRenderedCA)
+	again := decide(t, stored, unrecorded, pw)
+	if again.Secret == nil || again.Secret.Annotations[vmsecret.AnnotationRenderedCA] != vmsecret.CASum([]byte(testCA)) {
+		t.Error("a re-admission left a Secret without its record")
+	}
+}
+
 func TestDenials(t *testing.T) {
 	base := readVM(t, "no-cloud-init.vm.yaml")
 	set := func(key, value string) []byte {

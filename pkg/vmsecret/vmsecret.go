@@ -10,8 +10,9 @@
 //     the labels LabelManagedBy, LabelVM, LabelServerNamespace and
 //     LabelServerName; the keys username, password and generation; the
 //     payload (key userdata in cloud-init mode, the bootstrap's files,
-//     install.sh among them, in disk mode); annotations issued-at and,
-//     at a VM's creation, issued-event.
+//     install.sh among them, in disk mode); annotations issued-at,
+//     rendered-endpoint and rendered-ca-sha256 and, at a VM's creation,
+//     issued-event.
 //   - The controller's Hasher (pkg/credentials): the keys passwordHash and
 //     passwordHashGeneration, and previousPasswordHash and
 //     previousPasswordHashGeneration during a rotation.
@@ -19,6 +20,10 @@
 //     that makes the VM the Secret's controller (OwnerReference), the
 //     announced-* annotations, and the removal of issued-event once it
 //     recorded that Event.
+//   - The controller's bootstrap reconciler (pkg/credentials): the
+//     payload again, with the same credentials and placement, and the
+//     rendered-* annotations, when the VM's server publishes another
+//     endpoint or CA than the payload was rendered with.
 //   - The controller's audit (pkg/audit): the last-snapshot and
 //     backup-stale annotations.
 //
@@ -30,6 +35,8 @@
 package vmsecret
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"slices"
 	"strconv"
@@ -113,6 +120,13 @@ const (
 	// audit last announced about the guest's snapshots.
 	AnnotationLastSnapshot = v1alpha1.AnnotationPrefix + "last-snapshot"
 	AnnotationBackupStale  = v1alpha1.AnnotationPrefix + "backup-stale"
+	// AnnotationRenderedEndpoint and AnnotationRenderedCA (webhook,
+	// bootstrap reconciler) are the server endpoint and the SHA-256 (hex)
+	// of the CA PEM the payload was rendered with: the controller renders
+	// the payload again when the server publishes others. Neither is
+	// secret.
+	AnnotationRenderedEndpoint = v1alpha1.AnnotationPrefix + "rendered-endpoint"
+	AnnotationRenderedCA       = v1alpha1.AnnotationPrefix + "rendered-ca-sha256"
 )
 
 // vmKind is what an ownerReference to a KubeVirt VirtualMachine says; the
@@ -263,6 +277,40 @@ func IsControllerKey(key string) bool {
 		return true
 	}
 	return false
+}
+
+// IsPayloadKey is whether key is the payload's (the bootstrap rendered for
+// the guest: user-data, or a disk's files): neither the credentials the
+// webhook writes beside it nor a key of the controller's. A new rendering
+// replaces every payload key, so that a mode change leaves none of the
+// other mode's files.
+func IsPayloadKey(key string) bool {
+	switch key {
+	case KeyUsername, KeyPassword, KeyGeneration:
+		return false
+	}
+	return !IsControllerKey(key)
+}
+
+// CASum is the SHA-256 (hex) of a CA PEM, as AnnotationRenderedCA records it.
+func CASum(ca []byte) string {
+	sum := sha256.Sum256(ca)
+	return hex.EncodeToString(sum[:])
+}
+
+// Rendered is the endpoint and CASum of the CA s's payload was rendered
+// with; "" for what it does not record (a Secret written before it did).
+func Rendered(s *corev1.Secret) (endpoint, caSum string) {
+	return s.Annotations[AnnotationRenderedEndpoint], s.Annotations[AnnotationRenderedCA]
+}
+
+// SetRendered records that s's payload was rendered with endpoint and ca.
+func SetRendered(s *corev1.Secret, endpoint string, ca []byte) {
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[AnnotationRenderedEndpoint] = endpoint
+	s.Annotations[AnnotationRenderedCA] = CASum(ca)
 }
 
 // SetPasswordHash records hash as the current generation's.

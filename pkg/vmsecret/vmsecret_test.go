@@ -130,3 +130,29 @@ func TestAccessors(t *testing.T) {
 }
 
 func labelsOf(s *corev1.Secret) labels.Set { return s.Labels }
+
+func TestIsPayloadKey(t *testing.T) {
+	for key, want := range map[string]bool{
+		KeyUserData: true, KeyInstall: true, "ca.crt": true, "guestbackup.conf": true,
+		KeyUsername: false, KeyPassword: false, KeyGeneration: false,
+		KeyPasswordHash: false, KeyPasswordHashGeneration: false, KeyPreviousPasswordHash: false, KeyPreviousPasswordHashGeneration: false,
+	} {
+		if got := IsPayloadKey(key); got != want {
+			t.Errorf("IsPayloadKey(%q) = %v, want %v", key, got, want)
+		}
+	}
+}
+
+func TestRendered(t *testing.T) {
+	s := webSecret()
+	if endpoint, ca := Rendered(s); endpoint != "" || ca != "" {
+		t.Fatalf("a Secret without a record: %q %q", endpoint, ca)
+	}
+	SetRendered(s, "https://main.backup.svc:51515", []byte("PEM"))
+	endpoint, ca := Rendered(s)
+	// sha256("PEM"): a fixed value, so that the webhook and the
+	// controller of different releases agree on it.
+	if endpoint != "https://main.backup.svc:51515" || ca != "384fb9a44fabe158be2757b9b8d8f67029f2280fcc1776ab2a53103e6f0c582d" {
+		t.Errorf("Rendered = %q, %q", endpoint, ca)
+	}
+}
