@@ -165,10 +165,41 @@ type RepositorySpec struct {
 	// +optional
 	PathPrefix string `json:"pathPrefix,omitempty"`
 
-	// DefaultPolicy is the repository's global policy, applied when the
-	// repository is created.
+	// DefaultPolicy is the repository's global policy: applied when the
+	// repository is created and, for what it sets (retention, compression),
+	// again whenever it changes (the server pod restarts with it and
+	// records a PolicyApplied Event on the BSLS).
 	// +optional
 	DefaultPolicy *PolicySpec `json:"defaultPolicy,omitempty"`
+
+	// Maintenance is when the server pod runs Kopia's maintenance, which
+	// garbage-collects the data of expired snapshots and compacts indexes.
+	// The repository's maintenance owner is guestbackup's identity
+	// guestbackup-maintenance@<bsls>.<namespace>.
+	// +optional
+	Maintenance *MaintenanceSpec `json:"maintenance,omitempty"`
+}
+
+// MaintenanceSpec is the schedule of Kopia's quick and full maintenance
+// cycles. Kopia's safety margins apply: data is deleted hours after the
+// snapshots that referenced it expired, never sooner.
+type MaintenanceSpec struct {
+	// QuickInterval is how often quick maintenance (index compaction,
+	// deleting unreferenced packs of short-lived data) runs. Default: 1h,
+	// as Kopia's own.
+	// +optional
+	QuickInterval *metav1.Duration `json:"quickInterval,omitempty"`
+
+	// FullInterval is how often full maintenance (garbage-collecting the
+	// data of deleted snapshots) runs. Default: 24h, as Kopia's own.
+	// +optional
+	FullInterval *metav1.Duration `json:"fullInterval,omitempty"`
+
+	// Disabled stops guestbackup from running maintenance, for a
+	// repository whose maintenance someone else runs. Storage then grows
+	// until they do.
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
 }
 
 // PolicySpec is the part of a Kopia policy an admin sets for every guest.

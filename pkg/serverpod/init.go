@@ -32,6 +32,9 @@ type InitOptions struct {
 	// AppendOnly writes the append-only access rules instead of the
 	// default ones.
 	AppendOnly bool
+	// Maintenance, when set, claims the repository's maintenance for the
+	// BSLS's owner identity (ClaimMaintenance).
+	Maintenance *MaintenanceOptions
 	// Out receives what Init did, for the container's log.
 	Out io.Writer
 }
@@ -75,7 +78,41 @@ func Init(ctx context.Context, o InitOptions) error {
 	} else {
 		fmt.Fprintln(o.Out, "connected to the existing repository")
 	}
+	var report InitReport
+	if !created {
+		// The admin's edits of the BSLS's policy roll the pod (they are
+		// in its arguments): they reach the repository here.
+		if report.PolicyApplied, err = applyPolicyFile(ctx, o.ConfigFile, o.Password, o.Defaults, o.AppendOnly); err != nil {
+			return err
+		}
+		if report.PolicyApplied {
+			fmt.Fprintln(o.Out, "global policy set to the BSLS's defaultPolicy")
+		}
+	}
+	if m := o.Maintenance; m != nil {
+		if report.MaintenanceAction, report.PreviousOwner, err = ClaimMaintenance(ctx, o.Storage, o.ConfigFile, o.Password, *m); err != nil {
+			return err
+		}
+		fmt.Fprintf(o.Out, "maintenance owner: %s (was %q)\n", report.MaintenanceAction, report.PreviousOwner)
+	}
+	if err := writeInitReport(o.ConfigFile, report); err != nil {
+		return err
+	}
 	return writeACLs(ctx, o.Out, o.ConfigFile, o.Password, o.AppendOnly)
+}
+
+// applyPolicyFile opens the repository configFile connects to and applies
+// the admin's policy (ApplyPolicy).
+func applyPolicyFile(ctx context.Context, configFile, password string, spec *v1alpha1.PolicySpec, appendOnly bool) (bool, error) {
+	if spec == nil {
+		return false, nil
+	}
+	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
+	if err != nil {
+		return false, fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(ctx) //nolint:errcheck // the write session flushed what matters
+	return ApplyPolicy(ctx, r, spec, appendOnly)
 }
 
 // readEnv sets the credentials from the environment.
