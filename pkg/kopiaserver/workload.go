@@ -223,6 +223,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
 	}
 	var policyArgs []string
+	m := b.Spec.Repository.Maintenance
 	if p := b.Spec.Repository.DefaultPolicy; p != nil {
 		data, err := json.Marshal(p)
 		if err != nil {
@@ -231,6 +232,17 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		policyArgs = []string{"--default-policy=" + string(data)}
 		initArgs = append(initArgs, policyArgs...)
 	}
+	// Maintenance: init claims the owner and sets the schedule; user sync
+	// runs the cycles (package serverpod/maintenance).
+	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool(m == nil || !m.Disabled)}
+	if m != nil && m.QuickInterval != nil {
+		maintenanceArgs = append(maintenanceArgs, "--maintenance-quick-interval="+m.QuickInterval.Duration.String())
+	}
+	if m != nil && m.FullInterval != nil {
+		maintenanceArgs = append(maintenanceArgs, "--maintenance-full-interval="+m.FullInterval.Duration.String())
+	}
+	initArgs = append(initArgs, "--namespace="+b.Namespace, "--bsls="+b.Name)
+	initArgs = append(initArgs, maintenanceArgs...)
 
 	labels := Labels(b)
 	pod := corev1.PodSpec{
@@ -291,6 +303,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
+					maintenanceArgs[0],
 				}, policyArgs...), // an append-only server applies its retention
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},

@@ -102,6 +102,32 @@ type InitReport struct {
 	PreviousOwner     string             `json:"previousOwner,omitempty"`
 }
 
+// ReasonPolicyApplied is the reason of the Normal Event on the BSLS when
+// init changed the repository's global policy to the BSLS's defaultPolicy.
+const ReasonPolicyApplied = "PolicyApplied"
+
+// Events are the Events that tell the admin what init did.
+func (rep InitReport) Events(owner string) []maintenance.Event {
+	var events []maintenance.Event
+	if rep.PolicyApplied {
+		events = append(events, maintenance.Event{Reason: ReasonPolicyApplied,
+			Message: "The repository's global policy now has the retention and compression of spec.repository.defaultPolicy"})
+	}
+	switch rep.MaintenanceAction {
+	case maintenance.ActionClaim:
+		was := "had none"
+		if rep.PreviousOwner != "" {
+			was = "was " + rep.PreviousOwner
+		}
+		events = append(events, maintenance.Event{Reason: maintenance.ReasonMaintenanceOwnerClaimed,
+			Message: fmt.Sprintf("Repository maintenance is now owned and run by %s (it %s)", owner, was)})
+	case maintenance.ActionLeave:
+		events = append(events, maintenance.Event{Warning: true, Reason: maintenance.ReasonMaintenanceFailing,
+			Message: fmt.Sprintf("Repository maintenance is owned by %s, not guestbackup: guestbackup does not take it, and storage grows unless they run it. Set the owner to %s (kopia maintenance set --owner) to let guestbackup run it, or set spec.repository.maintenance.disabled", rep.PreviousOwner, owner)})
+	}
+	return events
+}
+
 func initReportFile(configFile string) string { return configFile + ".init-report.json" }
 
 func writeInitReport(configFile string, rep InitReport) error {

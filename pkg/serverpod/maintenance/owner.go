@@ -38,6 +38,12 @@ func Owner(namespace, bsls string) (username, hostname string) {
 	return OwnerUsername, bsls + "." + namespace
 }
 
+// OwnerName is Owner as Kopia writes it, user@host.
+func OwnerName(namespace, bsls string) string {
+	user, host := Owner(namespace, bsls)
+	return user + "@" + host
+}
+
 // Schedule is how often each of Kopia's maintenance cycles runs.
 type Schedule struct {
 	Quick, Full time.Duration
