@@ -372,6 +372,11 @@ type BackupStorageLocationServerStatus struct {
 	// +optional
 	Users int32 `json:"users,omitempty"`
 
+	// Maintenance is what the server pod last reported of the repository's
+	// maintenance.
+	// +optional
+	Maintenance *MaintenanceStatus `json:"maintenance,omitempty"`
+
 	// Namespaces is the number of namespaces whose VMs have users on this
 	// server. Above one, they share the repository's deduplication: a guest
 	// can learn whether content exists in another namespace's backups (see
@@ -415,4 +420,34 @@ type BackupStorageLocationServerList struct {
 
 func init() {
 	SchemeBuilder.Register(&BackupStorageLocationServer{}, &BackupStorageLocationServerList{})
+}
+
+// MaintenanceStatus is the repository's maintenance, as the server pod ran
+// it: Kopia's schedule and guestbackup's last run.
+type MaintenanceStatus struct {
+	// Owner is the repository's maintenance owner (user@host). Maintenance
+	// runs only when it is guestbackup's, guestbackup-maintenance@<bsls>.<namespace>.
+	// +optional
+	Owner string `json:"owner,omitempty"`
+
+	// LastRun is when the last run ended, whatever its outcome.
+	// +optional
+	LastRun *metav1.Time `json:"lastRun,omitempty"`
+
+	// LastCycle is the cycle of the last run: quick or full.
+	// +optional
+	LastCycle string `json:"lastCycle,omitempty"`
+
+	// LastSuccess is when the last successful run ended.
+	// +optional
+	LastSuccess *metav1.Time `json:"lastSuccess,omitempty"`
+
+	// NextRun is when Kopia's schedule has the next cycle due.
+	// +optional
+	NextRun *metav1.Time `json:"nextRun,omitempty"`
+
+	// Failure is why the last run failed, or why maintenance cannot run;
+	// empty when it succeeded.
+	// +optional
+	Failure string `json:"failure,omitempty"`
 }

@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -374,8 +375,8 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 }
 
 // ServerRole lets the server pod's user-sync container read its users
-// Secrets, by name, publish its guests' activity and record Events on its
-// BSLS, and nothing else: no other Secret of the namespace (the CA key, the
+// Secrets, by name, publish its guests' activity and its maintenance runs
+// and record Events on its BSLS, and nothing else: no other Secret of the namespace (the CA key, the
 // repository password, other BSLSs' storage keys). Kubernetes authorizes
 // list and watch against resourceNames when the request selects
 // metadata.name=<name>, which is how user sync watches each users Secret.
@@ -391,12 +392,15 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	for i := range activityNames {
 		activityNames[i] = activity.ConfigMapName(b.Name, i)
 	}
+	// The repository's maintenance, published for the controller's status.
+	activityNames = append(activityNames, maintenancestate.ConfigMapName(b.Name))
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: meta,
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}, ResourceNames: names},
-			// The guests' activity, published for the controller's audit.
+			// The guests' activity, published for the controller's audit,
+			// and the repository's maintenance, for the BSLS's status.
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: activityNames},
 			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
 			// name is generated, so it cannot be limited by name.

@@ -83,6 +83,13 @@ func infoOf(t *testing.T, configFile, password string) maintenanceInfo {
 
 type reports []string
 
+type published []v1alpha1.MaintenanceStatus
+
+func (p *published) Publish(_ context.Context, s v1alpha1.MaintenanceStatus) error {
+	*p = append(*p, s)
+	return nil
+}
+
 func (r *reports) Report(warning bool, reason, message string) {
 	*r = append(*r, reason+": "+message)
 }
@@ -151,7 +158,10 @@ func TestMaintenanceShrinksStorage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close(ctx) //nolint:errcheck
-	var told reports
+	var (
+		told  reports
+		state published
+	)
 	// Kopia's margins without the waits: SafetyNone, except that contents
 	// written this hour are not rewritten (as SafetyFull's RewriteMinAge),
 	// else every run would copy the contents it just marked deleted into
@@ -160,7 +170,7 @@ func TestMaintenanceShrinksStorage(t *testing.T) {
 	safety.RewriteMinAge = time.Hour
 	runner := maintenance.NewRunner(maintenance.Options{
 		Repository: r.(repo.DirectRepository), Safety: &safety,
-		Reports: &told, Log: testr.New(t),
+		Reports: &told, Publish: &state, Log: testr.New(t),
 	})
 	// One full cycle marks the expired contents deleted, drops them from
 	// the index (content timestamps are whole seconds, never after the
@@ -181,6 +191,11 @@ func TestMaintenanceShrinksStorage(t *testing.T) {
 	}
 	if len(told) != 0 {
 		t.Fatalf("a successful run reported %v", told)
+	}
+	// What the controller puts in status.maintenance.
+	if len(state) != 1 || state[0].Owner != owner || state[0].LastCycle != "full" || state[0].LastSuccess == nil ||
+		state[0].NextRun == nil || !state[0].NextRun.Time.Equal(res.Next) || state[0].Failure != "" {
+		t.Fatalf("published %+v; want one successful full run by %s, next at %s", state, owner, res.Next)
 	}
 	t.Log(mustKopia(t, admin, password, "maintenance", "info"))
 }

@@ -8,7 +8,12 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/kopia/kopia/repo"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
 // ReasonMaintenanceOwnerClaimed is the reason of the Normal Event on the
@@ -40,7 +45,7 @@ func (e EventReporter) Report(warning bool, reason, message string) {
 
 // Start opens the owner's configuration init wrote and runs a Runner on
 // it until ctx ends; stop waits for it and closes the repository.
-func Start(ctx context.Context, configFile, password string, reports Reporter, log logr.Logger) (stop func(), err error) {
+func Start(ctx context.Context, configFile, password string, reports Reporter, publish Publisher, log logr.Logger) (stop func(), err error) {
 	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
 	if err != nil {
 		return nil, fmt.Errorf("open repository as the maintenance owner (%s): %w", configFile, err)
@@ -50,7 +55,7 @@ func Start(ctx context.Context, configFile, password string, reports Reporter, l
 		_ = r.Close(ctx)
 		return nil, fmt.Errorf("%s is not a direct repository connection", configFile)
 	}
-	runner := NewRunner(Options{Repository: dr, Reports: reports, Log: log})
+	runner := NewRunner(Options{Repository: dr, Reports: reports, Publish: publish, Log: log})
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { runner.Run(ctx) })
@@ -59,4 +64,33 @@ func Start(ctx context.Context, configFile, password string, reports Reporter, l
 		wg.Wait()
 		_ = r.Close(context.Background())
 	}, nil
+}
+
+// ConfigMapPublisher writes the state into the BSLS's maintenance
+// ConfigMap (maintenancestate), which the controller created; the pod's
+// Role allows get and update of that name only.
+type ConfigMapPublisher struct {
+	ConfigMaps typedcorev1.ConfigMapInterface
+	BSLS       string
+}
+
+// Publish updates the ConfigMap when the state changed.
+func (p ConfigMapPublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceStatus) error {
+	name := maintenancestate.ConfigMapName(p.BSLS)
+	cm, err := p.ConfigMaps.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("get ConfigMap %s: %w", name, err)
+	}
+	data := maintenancestate.Encode(s)
+	if cm.Data[maintenancestate.Key] == data {
+		return nil
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[maintenancestate.Key] = data
+	if _, err := p.ConfigMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update ConfigMap %s: %w", name, err)
+	}
+	return nil
 }

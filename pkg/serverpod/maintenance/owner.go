@@ -24,8 +24,6 @@ import (
 
 	"github.com/kopia/kopia/repo"
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
-
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 // OwnerUsername is the user part of guestbackup's maintenance owner.
@@ -55,18 +53,15 @@ func DefaultSchedule() Schedule {
 	return Schedule{Quick: p.QuickCycle.Interval, Full: p.FullCycle.Interval}
 }
 
-// ScheduleFromSpec is the admin's schedule, Kopia's defaults for what spec
-// leaves unset.
-func ScheduleFromSpec(spec *v1alpha1.MaintenanceSpec) Schedule {
-	s := DefaultSchedule()
-	if spec == nil {
-		return s
+// withDefaults is s with Kopia's default for an interval that is not
+// positive.
+func (s Schedule) withDefaults() Schedule {
+	d := DefaultSchedule()
+	if s.Quick <= 0 {
+		s.Quick = d.Quick
 	}
-	if spec.QuickInterval != nil && spec.QuickInterval.Duration > 0 {
-		s.Quick = spec.QuickInterval.Duration
-	}
-	if spec.FullInterval != nil && spec.FullInterval.Duration > 0 {
-		s.Full = spec.FullInterval.Duration
+	if s.Full <= 0 {
+		s.Full = d.Full
 	}
 	return s
 }
@@ -118,6 +113,7 @@ func Claim(ctx context.Context, r repo.Repository, schedule Schedule) (action Ac
 	if action == ActionLeave {
 		return action, previous, nil
 	}
+	schedule = schedule.withDefaults()
 	want := *params
 	want.Owner = ours
 	want.QuickCycle = kopiamaintenance.CycleParams{Enabled: true, Interval: schedule.Quick}

@@ -11,7 +11,10 @@ import (
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
 	"github.com/kopia/kopia/snapshot/snapshotmaintenance"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/clock"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 // ReasonMaintenanceFailing is the reason of the Warning Event on the BSLS
@@ -56,6 +59,12 @@ type Reporter interface {
 	Report(warning bool, reason, message string)
 }
 
+// Publisher receives the maintenance state after every run, for the
+// controller (ConfigMapPublisher).
+type Publisher interface {
+	Publish(ctx context.Context, s v1alpha1.MaintenanceStatus) error
+}
+
 // Options configure a Runner.
 type Options struct {
 	// Repository is opened from the owner's configuration (Connect).
@@ -70,6 +79,8 @@ type Options struct {
 	// Clock is the Runner's; default the real one.
 	Clock   clock.Clock
 	Reports Reporter
+	// Publish, when set, receives the state after every run.
+	Publish Publisher
 	Log     logr.Logger
 }
 
@@ -79,6 +90,8 @@ type Runner struct {
 	// failing is the last failure's message, so that a failure repeating
 	// the same way is one Event. Only Run's goroutine touches it.
 	failing string
+	// state is what was last published. Only Run's goroutine touches it.
+	state v1alpha1.MaintenanceStatus
 }
 
 // NewRunner returns a Runner; Run starts it.
@@ -115,7 +128,40 @@ var errNotOwned = errors.New("repository maintenance is owned by someone else")
 func (r *Runner) RunOnce(ctx context.Context, mode kopiamaintenance.Mode) (Result, error) {
 	res, err := r.run(ctx, mode)
 	r.report(res, err)
+	r.publish(ctx, res, err)
 	return res, err
+}
+
+// publish hands the state to the Publisher; a failure to publish is
+// logged, and the next run publishes again.
+func (r *Runner) publish(ctx context.Context, res Result, err error) {
+	if r.opts.Publish == nil {
+		return
+	}
+	now := metav1.NewTime(r.opts.Clock.Now())
+	s := r.state
+	if params, perr := kopiamaintenance.GetParams(ctx, r.opts.Repository); perr == nil {
+		s.Owner = params.Owner
+	}
+	if res.Cycle != "" {
+		s.LastRun, s.LastCycle = &now, res.Cycle
+		if err == nil {
+			s.LastSuccess = &now
+		}
+	}
+	s.NextRun = nil
+	if !res.Next.IsZero() {
+		s.NextRun = &metav1.Time{Time: res.Next}
+	}
+	s.Failure = ""
+	if err != nil {
+		s.Failure = err.Error()
+	}
+	if perr := r.opts.Publish.Publish(ctx, s); perr != nil {
+		r.opts.Log.Error(perr, "maintenance state not published for the controller")
+		return
+	}
+	r.state = s
 }
 
 func (r *Runner) run(ctx context.Context, mode kopiamaintenance.Mode) (Result, error) {

@@ -124,5 +124,6 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 	if !o.Maintenance {
 		return func() {}, nil
 	}
-	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, o.Log.WithName("maintenance"))
+	publish := maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS}
+	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, o.Log.WithName("maintenance"))
 }
