@@ -90,8 +90,11 @@ type Runner struct {
 	// failing is the last failure's message, so that a failure repeating
 	// the same way is one Event. Only Run's goroutine touches it.
 	failing string
-	// state is what was last published. Only Run's goroutine touches it.
-	state v1alpha1.MaintenanceStatus
+	// state is what was last published, unpublished whether the last
+	// publication failed (Run then tries again after MinWait). Only Run's
+	// goroutine touches them.
+	state       v1alpha1.MaintenanceStatus
+	unpublished bool
 }
 
 // NewRunner returns a Runner; Run starts it.
@@ -158,10 +161,11 @@ func (r *Runner) publish(ctx context.Context, res Result, err error) {
 		s.Failure = err.Error()
 	}
 	if perr := r.opts.Publish.Publish(ctx, s); perr != nil {
-		r.opts.Log.Error(perr, "maintenance state not published for the controller")
+		r.opts.Log.Error(perr, "maintenance state not published for the controller", "retryIn", r.opts.MinWait)
+		r.unpublished = true
 		return
 	}
-	r.state = s
+	r.state, r.unpublished = s, false
 }
 
 func (r *Runner) run(ctx context.Context, mode kopiamaintenance.Mode) (Result, error) {
@@ -269,6 +273,9 @@ func (r *Runner) Run(ctx context.Context) {
 		wait := r.opts.MaxWait
 		if !res.Next.IsZero() {
 			wait = min(max(res.Next.Sub(r.opts.Clock.Now()), r.opts.MinWait), r.opts.MaxWait)
+		}
+		if r.unpublished {
+			wait = r.opts.MinWait
 		}
 		select {
 		case <-ctx.Done():
