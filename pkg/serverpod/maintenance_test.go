@@ -41,7 +41,7 @@ func mustKopia(t *testing.T, configFile, password string, args ...string) string
 }
 
 // storedBytes is the size of every blob of a filesystem repository.
-func storedBytes(t *testing.T, dir string) int64 {
+func storedBytes(t testing.TB, dir string) int64 {
 	t.Helper()
 	var total int64
 	err := filepath.WalkDir(dir, func(_ string, d fs.DirEntry, err error) error {
