@@ -187,34 +187,45 @@ func writeACLs(ctx context.Context, out io.Writer, configFile, password string, 
 	for _, f := range res.Foreign {
 		fmt.Fprintln(out, "removed an ACL manifest guestbackup did not write:", f.String())
 	}
-	data, err := json.Marshal(res.Foreign)
-	if err != nil {
-		return fmt.Errorf("encode foreign ACLs: %w", err)
-	}
-	if err := os.WriteFile(foreignACLsFile(configFile), data, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", foreignACLsFile(configFile), err)
-	}
-	return nil
+	return writeJSON(foreignACLsFile(configFile), res.Foreign)
 }
 
 // TakeForeignACLs returns the foreign ACLs the init container removed
 // before the server started, and forgets them, so that a restarted
 // user-sync container does not report them again.
 func TakeForeignACLs(configFile string) ([]kopiauser.ForeignACL, error) {
-	name := foreignACLsFile(configFile)
+	var foreign []kopiauser.ForeignACL
+	err := takeJSON(foreignACLsFile(configFile), &foreign)
+	return foreign, err
+}
+
+// writeJSON writes v into the file name, for the user-sync container.
+func writeJSON(name string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", name, err)
+	}
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// takeJSON reads what writeJSON wrote into v and removes the file; a
+// missing file leaves v as it is.
+func takeJSON(name string, v any) error {
 	data, err := os.ReadFile(name)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
-	var foreign []kopiauser.ForeignACL
-	if err := json.Unmarshal(data, &foreign); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	if err := os.Remove(name); err != nil {
-		return nil, fmt.Errorf("remove %s: %w", name, err)
+		return fmt.Errorf("remove %s: %w", name, err)
 	}
-	return foreign, nil
+	return nil
 }

@@ -2,7 +2,6 @@ package serverpod
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -131,33 +130,13 @@ func (rep InitReport) Events(owner string) []maintenance.Event {
 func initReportFile(configFile string) string { return configFile + ".init-report.json" }
 
 func writeInitReport(configFile string, rep InitReport) error {
-	data, err := json.Marshal(rep)
-	if err != nil {
-		return fmt.Errorf("encode init report: %w", err)
-	}
-	if err := os.WriteFile(initReportFile(configFile), data, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", initReportFile(configFile), err)
-	}
-	return nil
+	return writeJSON(initReportFile(configFile), rep)
 }
 
 // TakeInitReport returns what init reported and forgets it, so that a
 // restarted user-sync container does not report it again.
 func TakeInitReport(configFile string) (InitReport, error) {
 	var rep InitReport
-	name := initReportFile(configFile)
-	data, err := os.ReadFile(name)
-	if errors.Is(err, os.ErrNotExist) {
-		return rep, nil
-	}
-	if err != nil {
-		return rep, fmt.Errorf("read %s: %w", name, err)
-	}
-	if err := json.Unmarshal(data, &rep); err != nil {
-		return rep, fmt.Errorf("%s: %w", name, err)
-	}
-	if err := os.Remove(name); err != nil {
-		return rep, fmt.Errorf("remove %s: %w", name, err)
-	}
-	return rep, nil
+	err := takeJSON(initReportFile(configFile), &rep)
+	return rep, err
 }
