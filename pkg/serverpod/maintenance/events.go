@@ -81,6 +81,16 @@ func (p ConfigMapPublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceS
 	if err != nil {
 		return fmt.Errorf("get ConfigMap %s: %w", name, err)
 	}
+	// A restarted pod knows nothing of the runs before it: keep what the
+	// ConfigMap says of them until it runs again.
+	if old, err := maintenancestate.Decode(cm.Data[maintenancestate.Key]); err == nil && old != nil {
+		if s.LastRun == nil {
+			s.LastRun, s.LastCycle = old.LastRun, old.LastCycle
+		}
+		if s.LastSuccess == nil {
+			s.LastSuccess = old.LastSuccess
+		}
+	}
 	data := maintenancestate.Encode(s)
 	if cm.Data[maintenancestate.Key] == data {
 		return nil
