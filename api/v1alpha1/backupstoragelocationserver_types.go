@@ -165,10 +165,41 @@ type RepositorySpec struct {
 	// +optional
 	PathPrefix string `json:"pathPrefix,omitempty"`
 
-	// DefaultPolicy is the repository's global policy, applied when the
-	// repository is created.
+	// DefaultPolicy is the repository's global policy: applied when the
+	// repository is created and, for what it sets (retention, compression),
+	// again whenever it changes (the server pod restarts with it and
+	// records a PolicyApplied Event on the BSLS).
 	// +optional
 	DefaultPolicy *PolicySpec `json:"defaultPolicy,omitempty"`
+
+	// Maintenance is when the server pod runs Kopia's maintenance, which
+	// garbage-collects the data of expired snapshots and compacts indexes.
+	// The repository's maintenance owner is guestbackup's identity
+	// guestbackup-maintenance@<bsls>.<namespace>.
+	// +optional
+	Maintenance *MaintenanceSpec `json:"maintenance,omitempty"`
+}
+
+// MaintenanceSpec is the schedule of Kopia's quick and full maintenance
+// cycles. Kopia's safety margins apply: data is deleted hours after the
+// snapshots that referenced it expired, never sooner.
+type MaintenanceSpec struct {
+	// QuickInterval is how often quick maintenance (index compaction,
+	// deleting unreferenced packs of short-lived data) runs. Default: 1h,
+	// as Kopia's own.
+	// +optional
+	QuickInterval *metav1.Duration `json:"quickInterval,omitempty"`
+
+	// FullInterval is how often full maintenance (garbage-collecting the
+	// data of deleted snapshots) runs. Default: 24h, as Kopia's own.
+	// +optional
+	FullInterval *metav1.Duration `json:"fullInterval,omitempty"`
+
+	// Disabled stops guestbackup from running maintenance, for a
+	// repository whose maintenance someone else runs. Storage then grows
+	// until they do.
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
 }
 
 // PolicySpec is the part of a Kopia policy an admin sets for every guest.
@@ -341,6 +372,11 @@ type BackupStorageLocationServerStatus struct {
 	// +optional
 	Users int32 `json:"users,omitempty"`
 
+	// Maintenance is what the server pod last reported of the repository's
+	// maintenance.
+	// +optional
+	Maintenance *MaintenanceStatus `json:"maintenance,omitempty"`
+
 	// Namespaces is the number of namespaces whose VMs have users on this
 	// server. Above one, they share the repository's deduplication: a guest
 	// can learn whether content exists in another namespace's backups (see
@@ -384,4 +420,34 @@ type BackupStorageLocationServerList struct {
 
 func init() {
 	SchemeBuilder.Register(&BackupStorageLocationServer{}, &BackupStorageLocationServerList{})
+}
+
+// MaintenanceStatus is the repository's maintenance, as the server pod ran
+// it: Kopia's schedule and guestbackup's last run.
+type MaintenanceStatus struct {
+	// Owner is the repository's maintenance owner (user@host). Maintenance
+	// runs only when it is guestbackup's, guestbackup-maintenance@<bsls>.<namespace>.
+	// +optional
+	Owner string `json:"owner,omitempty"`
+
+	// LastRun is when the last run ended, whatever its outcome.
+	// +optional
+	LastRun *metav1.Time `json:"lastRun,omitempty"`
+
+	// LastCycle is the cycle of the last run: quick or full.
+	// +optional
+	LastCycle string `json:"lastCycle,omitempty"`
+
+	// LastSuccess is when the last successful run ended.
+	// +optional
+	LastSuccess *metav1.Time `json:"lastSuccess,omitempty"`
+
+	// NextRun is when Kopia's schedule has the next cycle due.
+	// +optional
+	NextRun *metav1.Time `json:"nextRun,omitempty"`
+
+	// Failure is why the last run failed, or why maintenance cannot run;
+	// empty when it succeeded.
+	// +optional
+	Failure string `json:"failure,omitempty"`
 }

@@ -5,7 +5,7 @@
 //	                               rules (ACLs), write the TLS chain
 //	guestbackup-server sync-users  keep the repository's users equal to the users Secrets and
 //	                               its ACLs guestbackup's; on an append-only server, apply
-//	                               retention on the server's clock
+//	                               retention on the server's clock; run maintenance
 //
 // Passwords and storage credentials come from the environment (KOPIA_PASSWORD,
 // KOPIA_SERVER_CONTROL_PASSWORD, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 )
@@ -103,8 +104,26 @@ func runInit(args []string) error {
 	fs.StringVar(&velero.Profile, "s3-credentials-profile", "default", "Profile of that file to use.")
 	fs.StringVar(&defaultPolicy, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy, applied when the repository is created.")
 	fs.BoolVar(&o.AppendOnly, "append-only", false, "Write the append-only access rules instead of the default ones.")
+	var (
+		m           serverpod.MaintenanceOptions
+		maintain    bool
+		quick, full time.Duration
+	)
+	defaults := maintenance.DefaultSchedule()
+	fs.StringVar(&m.Namespace, "namespace", "", "Namespace of the BSLS: the maintenance owner is guestbackup-maintenance@<bsls>.<namespace>.")
+	fs.StringVar(&m.BSLS, "bsls", "", "Name of the BSLS.")
+	fs.BoolVar(&maintain, "maintenance", false, "Claim the repository's maintenance for the BSLS's owner identity (unless someone else owns it) and set its schedule.")
+	fs.DurationVar(&quick, "maintenance-quick-interval", defaults.Quick, "How often quick maintenance runs.")
+	fs.DurationVar(&full, "maintenance-full-interval", defaults.Full, "How often full maintenance runs.")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if maintain {
+		if m.Namespace == "" || m.BSLS == "" {
+			return errors.New("--maintenance needs --namespace and --bsls")
+		}
+		m.Schedule = maintenance.Schedule{Quick: quick, Full: full}
+		o.Maintenance = &m
 	}
 	var err error
 	if o.Password, err = env("KOPIA_PASSWORD"); err != nil {
@@ -160,6 +179,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&o.ControlUsername, "server-control-username", "server-control", "The server's control user.")
 	fs.StringVar(&o.CAFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
 	fs.StringVar(&o.HealthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
+	fs.BoolVar(&o.Maintenance, "maintenance", false, "Run the repository's maintenance as the owner init connected (when it owns it).")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err

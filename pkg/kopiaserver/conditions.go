@@ -138,6 +138,9 @@ type observations struct {
 	Pods []corev1.Pod
 	// Users are the users written to the users Secrets.
 	Users UserSet
+	// Maintenance is what the server pod last published of the
+	// repository's maintenance; nil before its first run.
+	Maintenance *v1alpha1.MaintenanceStatus
 }
 
 // decision is what decide makes of one pass's observations.

@@ -293,6 +293,18 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Expect(bslsNamed(name).Status.ObservedGeneration).To(Equal(bslsNamed(name).Generation))
 			})
 
+			It("reports the repository's maintenance, which its pod runs as guestbackup's owner, in its status", func() {
+				Eventually(func(g Gomega) {
+					m := bslsNamed(name).Status.Maintenance
+					g.Expect(m).NotTo(BeNil())
+					g.Expect(m.Owner).To(Equal("guestbackup-maintenance@" + name + "." + ns))
+					g.Expect(m.LastCycle).To(Equal("full"))
+					g.Expect(m.LastSuccess).NotTo(BeNil())
+					g.Expect(m.NextRun).NotTo(BeNil())
+					g.Expect(m.Failure).To(BeEmpty())
+				}).WithTimeout(reconciled).Should(Succeed())
+			})
+
 			It("provisions a VM's user from its credential Secret within seconds, pinned to status.tlsFingerprint", func() {
 				password := testbed.RandomPassword()
 				Expect(createCredential(ctx, api, credentialSecret("web", "team-a", ns, name, password, "1"))).To(Succeed())

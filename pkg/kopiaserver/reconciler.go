@@ -150,6 +150,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfSecret)).
 		Watches(&corev1.PersistentVolumeClaim{}, handler.EnqueueRequestsFromMapFunc(r.bslsInNamespace)).
 		Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(bslsOfPod)).
+		// The server pod publishes its maintenance runs there.
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(bslsOfMaintenanceConfigMap)).
 		// A namespace's labels decide whether its VMs may use a server.
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allBSLS), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// A VM's annotation says which server its user lives on (metadata
@@ -325,6 +327,9 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return obs, err
 	}
+	if obs.Maintenance, err = r.maintenanceState(ctx, b); err != nil {
+		return obs, err
+	}
 	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
 		if obs.Deployment, err = Deployment(b, in); err != nil {
 			return obs, err
@@ -363,6 +368,7 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		// From now on a lost password is reported, never replaced.
 		b.Status.RepositoryOpened = &metav1.Time{Time: obs.Now}
 	}
+	b.Status.Maintenance = obs.Maintenance
 	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
 	namespaces := ServedNamespaces(obs.Users)
 	b.Status.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users

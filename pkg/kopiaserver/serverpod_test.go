@@ -18,6 +18,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -138,6 +139,8 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		put(role)
 		put(binding)
 		writeUsers(alice)
+		// The reconciler creates it; the pod may only update it.
+		put(&corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: maintenancestate.ConfigMapName(bsls.Name), Namespace: serverNamespace}})
 
 		pod = runPod()
 		Expect(pod.WaitReady(2 * time.Minute)).To(Succeed())
@@ -145,6 +148,31 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 
 	It("creates the repository under the path prefix on the claim", func() {
 		Expect(filepath.Join(claimDir, "guests", "kopia.repository.f")).To(BeAnExistingFile())
+	})
+
+	It("runs Kopia's maintenance as guestbackup's owner and publishes it for the BSLS's status", func() {
+		// A new repository has a full cycle due at once.
+		Eventually(func(g Gomega) {
+			cm := &corev1.ConfigMap{}
+			g.Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: serverNamespace, Name: maintenancestate.ConfigMapName(bsls.Name)}, cm)).To(Succeed())
+			s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(s).NotTo(BeNil())
+			g.Expect(s.Owner).To(Equal("guestbackup-maintenance@main." + serverNamespace))
+			g.Expect(s.LastCycle).To(Equal("full"))
+			g.Expect(s.LastSuccess).NotTo(BeNil())
+			g.Expect(s.NextRun).NotTo(BeNil())
+			g.Expect(s.Failure).To(BeEmpty())
+		}).WithTimeout(time.Minute).Should(Succeed())
+		Eventually(func(g Gomega) {
+			events := &corev1.EventList{}
+			g.Expect(api.Client.List(ctx, events, client.InNamespace(serverNamespace))).To(Succeed())
+			var reasons []string
+			for _, e := range events.Items {
+				reasons = append(reasons, e.Reason)
+			}
+			g.Expect(reasons).To(ContainElement("MaintenanceOwnerClaimed"))
+		}).WithTimeout(time.Minute).Should(Succeed())
 	})
 
 	It("lets a guest in with only the URL, the CA pin and its own password", func() {

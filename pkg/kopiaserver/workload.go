@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -223,6 +224,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
 	}
 	var policyArgs []string
+	m := b.Spec.Repository.Maintenance
 	if p := b.Spec.Repository.DefaultPolicy; p != nil {
 		data, err := json.Marshal(p)
 		if err != nil {
@@ -231,6 +233,17 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		policyArgs = []string{"--default-policy=" + string(data)}
 		initArgs = append(initArgs, policyArgs...)
 	}
+	// Maintenance: init claims the owner and sets the schedule; user sync
+	// runs the cycles (package serverpod/maintenance).
+	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool(m == nil || !m.Disabled)}
+	if m != nil && m.QuickInterval != nil {
+		maintenanceArgs = append(maintenanceArgs, "--maintenance-quick-interval="+m.QuickInterval.Duration.String())
+	}
+	if m != nil && m.FullInterval != nil {
+		maintenanceArgs = append(maintenanceArgs, "--maintenance-full-interval="+m.FullInterval.Duration.String())
+	}
+	initArgs = append(initArgs, "--namespace="+b.Namespace, "--bsls="+b.Name)
+	initArgs = append(initArgs, maintenanceArgs...)
 
 	labels := Labels(b)
 	pod := corev1.PodSpec{
@@ -291,6 +304,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
+					maintenanceArgs[0],
 				}, policyArgs...), // an append-only server applies its retention
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
@@ -361,8 +375,8 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 }
 
 // ServerRole lets the server pod's user-sync container read its users
-// Secrets, by name, publish its guests' activity and record Events on its
-// BSLS, and nothing else: no other Secret of the namespace (the CA key, the
+// Secrets, by name, publish its guests' activity and its maintenance runs
+// and record Events on its BSLS, and nothing else: no other Secret of the namespace (the CA key, the
 // repository password, other BSLSs' storage keys). Kubernetes authorizes
 // list and watch against resourceNames when the request selects
 // metadata.name=<name>, which is how user sync watches each users Secret.
@@ -378,12 +392,15 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	for i := range activityNames {
 		activityNames[i] = activity.ConfigMapName(b.Name, i)
 	}
+	// The repository's maintenance, published for the controller's status.
+	activityNames = append(activityNames, maintenancestate.ConfigMapName(b.Name))
 	role := &rbacv1.Role{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "Role"},
 		ObjectMeta: meta,
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}, ResourceNames: names},
-			// The guests' activity, published for the controller's audit.
+			// The guests' activity, published for the controller's audit,
+			// and the repository's maintenance, for the BSLS's status.
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: activityNames},
 			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
 			// name is generated, so it cannot be limited by name.

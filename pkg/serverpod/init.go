@@ -32,6 +32,9 @@ type InitOptions struct {
 	// AppendOnly writes the append-only access rules instead of the
 	// default ones.
 	AppendOnly bool
+	// Maintenance, when set, claims the repository's maintenance for the
+	// BSLS's owner identity (ClaimMaintenance).
+	Maintenance *MaintenanceOptions
 	// Out receives what Init did, for the container's log.
 	Out io.Writer
 }
@@ -75,7 +78,41 @@ func Init(ctx context.Context, o InitOptions) error {
 	} else {
 		fmt.Fprintln(o.Out, "connected to the existing repository")
 	}
+	var report InitReport
+	if !created {
+		// The admin's edits of the BSLS's policy roll the pod (they are
+		// in its arguments): they reach the repository here.
+		if report.PolicyApplied, err = applyPolicyFile(ctx, o.ConfigFile, o.Password, o.Defaults, o.AppendOnly); err != nil {
+			return err
+		}
+		if report.PolicyApplied {
+			fmt.Fprintln(o.Out, "global policy set to the BSLS's defaultPolicy")
+		}
+	}
+	if m := o.Maintenance; m != nil {
+		if report.MaintenanceAction, report.PreviousOwner, err = ClaimMaintenance(ctx, o.Storage, o.ConfigFile, o.Password, *m); err != nil {
+			return err
+		}
+		fmt.Fprintf(o.Out, "maintenance owner: %s (was %q)\n", report.MaintenanceAction, report.PreviousOwner)
+	}
+	if err := writeInitReport(o.ConfigFile, report); err != nil {
+		return err
+	}
 	return writeACLs(ctx, o.Out, o.ConfigFile, o.Password, o.AppendOnly)
+}
+
+// applyPolicyFile opens the repository configFile connects to and applies
+// the admin's policy (ApplyPolicy).
+func applyPolicyFile(ctx context.Context, configFile, password string, spec *v1alpha1.PolicySpec, appendOnly bool) (bool, error) {
+	if spec == nil {
+		return false, nil
+	}
+	r, err := repo.Open(ctx, configFile, password, &repo.Options{})
+	if err != nil {
+		return false, fmt.Errorf("open repository: %w", err)
+	}
+	defer r.Close(ctx) //nolint:errcheck // the write session flushed what matters
+	return ApplyPolicy(ctx, r, spec, appendOnly)
 }
 
 // readEnv sets the credentials from the environment.
@@ -150,34 +187,45 @@ func writeACLs(ctx context.Context, out io.Writer, configFile, password string, 
 	for _, f := range res.Foreign {
 		fmt.Fprintln(out, "removed an ACL manifest guestbackup did not write:", f.String())
 	}
-	data, err := json.Marshal(res.Foreign)
-	if err != nil {
-		return fmt.Errorf("encode foreign ACLs: %w", err)
-	}
-	if err := os.WriteFile(foreignACLsFile(configFile), data, 0o600); err != nil {
-		return fmt.Errorf("write %s: %w", foreignACLsFile(configFile), err)
-	}
-	return nil
+	return writeJSON(foreignACLsFile(configFile), res.Foreign)
 }
 
 // TakeForeignACLs returns the foreign ACLs the init container removed
 // before the server started, and forgets them, so that a restarted
 // user-sync container does not report them again.
 func TakeForeignACLs(configFile string) ([]kopiauser.ForeignACL, error) {
-	name := foreignACLsFile(configFile)
+	var foreign []kopiauser.ForeignACL
+	err := takeJSON(foreignACLsFile(configFile), &foreign)
+	return foreign, err
+}
+
+// writeJSON writes v into the file name, for the user-sync container.
+func writeJSON(name string, v any) error {
+	data, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode %s: %w", name, err)
+	}
+	if err := os.WriteFile(name, data, 0o600); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	return nil
+}
+
+// takeJSON reads what writeJSON wrote into v and removes the file; a
+// missing file leaves v as it is.
+func takeJSON(name string, v any) error {
 	data, err := os.ReadFile(name)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", name, err)
+		return fmt.Errorf("read %s: %w", name, err)
 	}
-	var foreign []kopiauser.ForeignACL
-	if err := json.Unmarshal(data, &foreign); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := json.Unmarshal(data, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
 	}
 	if err := os.Remove(name); err != nil {
-		return nil, fmt.Errorf("remove %s: %w", name, err)
+		return fmt.Errorf("remove %s: %w", name, err)
 	}
-	return foreign, nil
+	return nil
 }

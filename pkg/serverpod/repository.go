@@ -66,8 +66,9 @@ func (s Storage) open(ctx context.Context, create bool) (blob.Storage, error) {
 
 // ConnectOrCreate connects configFile to the repository in storage. When the
 // storage holds no repository yet, it creates one first and gives it Kopia's
-// default global policy with the admin's changes; an existing repository, and its policy, are never
-// touched. It reports whether it created the repository.
+// default global policy with the admin's changes; an existing repository, and its policy, are not
+// touched here (Init applies the admin's edits: ApplyPolicy). It reports whether it created the
+// repository.
 func ConnectOrCreate(ctx context.Context, s Storage, configFile, password string, defaults *v1alpha1.PolicySpec) (created bool, err error) {
 	st, err := s.open(ctx, true)
 	if err != nil {

@@ -17,8 +17,10 @@ import (
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 )
 
 // healthReadHeaderTimeout bounds a probe's request headers.
@@ -38,6 +40,9 @@ type ServeOptions struct {
 	ServerURL, ControlUsername, ControlPassword, CAFile string
 	// HealthAddr serves Handler.
 	HealthAddr string
+	// Maintenance runs the repository's maintenance as the owner init
+	// connected (package maintenance).
+	Maintenance bool
 }
 
 // Serve runs the user-sync container until ctx ends: it opens the
@@ -61,6 +66,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
 	defer broadcaster.Shutdown()
 	o.Events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"})
+	stopMaintenance, err := startMaintenance(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer stopMaintenance()
 
 	r, err := repo.Open(ctx, o.ConfigFile, o.Password, &repo.Options{})
 	if err != nil {
@@ -89,9 +99,31 @@ func Serve(ctx context.Context, o ServeOptions) error {
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures)
+	metrics.MustRegister(maintenance.Collectors()...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	mux.Handle("/healthz", healthz.CheckHandler{Checker: healthz.Ping})
 	mux.Handle("/readyz", healthz.CheckHandler{Checker: func(*http.Request) error { return s.Ready() }})
 	return mux
+}
+
+// startMaintenance reports what init did (policy, maintenance owner) and
+// runs maintenance until ctx ends or stop is called.
+func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err error) {
+	reports := maintenance.EventReporter{Recorder: o.Events, Object: &corev1.ObjectReference{
+		APIVersion: v1alpha1.GroupVersion.String(), Kind: "BackupStorageLocationServer",
+		Namespace: o.Namespace, Name: o.BSLS, UID: o.BSLSUID,
+	}}
+	report, err := serverpod.TakeInitReport(o.ConfigFile)
+	if err != nil {
+		return nil, err
+	}
+	for _, e := range report.Events(maintenance.OwnerName(o.Namespace, o.BSLS)) {
+		reports.Report(e.Warning, e.Reason, e.Message)
+	}
+	if !o.Maintenance {
+		return func() {}, nil
+	}
+	publish := maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS}
+	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, o.Log.WithName("maintenance"))
 }

@@ -1,0 +1,57 @@
+package kopiaserver
+
+import (
+	"context"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/reconcile"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+)
+
+// maintenanceState creates the ConfigMap the server pod publishes the
+// repository's maintenance in (the pod may only get and update it) and
+// returns what the pod last published there; nil before its first run.
+// What the pod wrote is reported as is: the status shows the failure, the
+// pod records the MaintenanceFailing Event.
+func (r *Reconciler) maintenanceState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.MaintenanceStatus, error) {
+	name := maintenancestate.ConfigMapName(b.Name)
+	cm := &corev1.ConfigMap{}
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: name}, cm); {
+	case err == nil:
+	case apierrors.IsNotFound(err):
+		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}}
+		if err := r.own(b, cm); err != nil {
+			return nil, err
+		}
+		if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
+			return nil, fmt.Errorf("create ConfigMap %s: %w", name, err)
+		}
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("get ConfigMap %s: %w", name, err)
+	}
+	s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
+	if err != nil {
+		// The pod's word is unreadable: say so in the status rather than
+		// failing the whole reconcile.
+		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, nil
+	}
+	return s, nil
+}
+
+// bslsOfMaintenanceConfigMap maps a BSLS's maintenance ConfigMap, which
+// its server pod updates after every run, to the BSLS.
+func bslsOfMaintenanceConfigMap(_ context.Context, o client.Object) []reconcile.Request {
+	name := o.GetLabels()[LabelBSLS]
+	if name == "" || o.GetName() != maintenancestate.ConfigMapName(name) {
+		return nil
+	}
+	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: name}}}
+}

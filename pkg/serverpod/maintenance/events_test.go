@@ -1,0 +1,56 @@
+package maintenance
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+)
+
+// TestPublishKeepsEarlierRunsAcrossRestarts: a restarted pod whose first
+// check finds nothing due publishes the next run without erasing the last
+// run the previous pod published.
+func TestPublishKeepsEarlierRunsAcrossRestarts(t *testing.T) {
+	ctx := context.Background()
+	earlier := metav1.NewTime(time.Date(2026, 11, 24, 8, 0, 0, 0, time.UTC))
+	next := metav1.NewTime(earlier.Add(time.Hour))
+	prev := v1alpha1.MaintenanceStatus{Owner: "o", LastRun: &earlier, LastCycle: "full", LastSuccess: &earlier}
+	client := fake.NewClientset(&corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: maintenancestate.ConfigMapName("store"), Namespace: "ns"},
+		Data:       map[string]string{maintenancestate.Key: maintenancestate.Encode(prev)},
+	})
+	p := ConfigMapPublisher{ConfigMaps: client.CoreV1().ConfigMaps("ns"), BSLS: "store"}
+	read := func() *v1alpha1.MaintenanceStatus {
+		t.Helper()
+		cm, err := p.ConfigMaps.Get(ctx, maintenancestate.ConfigMapName("store"), metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+
+	if err := p.Publish(ctx, v1alpha1.MaintenanceStatus{Owner: "o", NextRun: &next}); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); s.LastRun == nil || !s.LastRun.Equal(&earlier) || s.LastCycle != "full" || s.LastSuccess == nil || s.NextRun == nil {
+		t.Fatalf("after a restart's first check: %+v; want the earlier run kept and the next run set", s)
+	}
+
+	later := metav1.NewTime(next.Time)
+	if err := p.Publish(ctx, v1alpha1.MaintenanceStatus{Owner: "o", LastRun: &later, LastCycle: "quick", Failure: "boom"}); err != nil {
+		t.Fatal(err)
+	}
+	if s := read(); !s.LastRun.Equal(&later) || s.LastCycle != "quick" || !s.LastSuccess.Equal(&earlier) || s.Failure != "boom" {
+		t.Fatalf("after a failed run: %+v; want the new run, its failure, and the earlier success", s)
+	}
+}
