@@ -26,6 +26,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
+	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
@@ -126,7 +127,7 @@ func runInit(args []string) error {
 		o.Maintenance = &m
 	}
 	var err error
-	if o.Password, err = env("KOPIA_PASSWORD"); err != nil {
+	if o.Password, err = env(kopiaenv.RepositoryPassword); err != nil {
 		return err
 	}
 	if o.Defaults, err = serverpod.ParsePolicy(defaultPolicy); err != nil {
@@ -194,10 +195,10 @@ func runSyncUsers(args []string) error {
 		return fmt.Errorf("--default-policy: %w", err)
 	}
 	o.Retention = retention.FromSpec(spec)
-	if o.Password, err = env("KOPIA_PASSWORD"); err != nil {
+	if o.Password, err = env(kopiaenv.RepositoryPassword); err != nil {
 		return err
 	}
-	if o.ControlPassword, err = env("KOPIA_SERVER_CONTROL_PASSWORD"); err != nil {
+	if o.ControlPassword, err = env(kopiaenv.ControlPassword); err != nil {
 		return err
 	}
 	if o.Client, err = kubeClient(); err != nil {

@@ -2,9 +2,7 @@ package testbed
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -17,6 +15,7 @@ import (
 	"github.com/kopia/kopia/repo"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/password"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
@@ -347,14 +346,8 @@ func (c *KopiaClient) SnapshotIDs(ctx context.Context, path string) ([]string, e
 	return ids, nil
 }
 
-// RandomPassword returns 128 random bits, hex encoded.
-func RandomPassword() string {
-	b := make([]byte, 16)
-	if _, err := rand.Read(b); err != nil {
-		panic(err) // crypto/rand never fails on Linux
-	}
-	return hex.EncodeToString(b)
-}
+// RandomPassword returns a new password, as the product generates them.
+func RandomPassword() string { return password.New() }
 
 // FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
 func FreePort() (int, error) {

@@ -43,14 +43,13 @@ func TestStopLeavesNoOrphans(t *testing.T) {
 	p.Stop() // a second Stop is harmless
 }
 
+// TestRunTimesOut: Run stops a command at its time-out. No stopwatch: a Run
+// that waited for the command instead would hang here for an hour, until go
+// test's -timeout names this test, and a slow machine cannot fail it.
 func TestRunTimesOut(t *testing.T) {
-	start := time.Now()
-	_, err := Run(t.Context(), 200*time.Millisecond, t.TempDir(), nil, "/bin/sleep", "30")
+	_, err := Run(t.Context(), 200*time.Millisecond, t.TempDir(), nil, "/bin/sleep", "3600")
 	if err == nil || !strings.Contains(err.Error(), "timed out") {
 		t.Fatalf("error = %v, want a time-out", err)
-	}
-	if elapsed := time.Since(start); elapsed > 10*time.Second {
-		t.Fatalf("Run returned after %v, long past its time-out", elapsed)
 	}
 }
 

@@ -7,10 +7,10 @@
 package awscreds
 
 import (
-	"bufio"
-	"bytes"
 	"fmt"
 	"strings"
+
+	"gopkg.in/ini.v1"
 )
 
 // Keys of an S3 credentials Secret, and the environment variables holding
@@ -22,41 +22,40 @@ const (
 	SessionToken = "AWS_SESSION_TOKEN"
 )
 
+// loadOptions read a shared credentials file as AWS's own tools do, and as
+// this package's hand-written parser did before ini took its place: a '#' or
+// ';' inside a value is part of it (secret keys are opaque), a line with no
+// '=' is skipped rather than refused, and keys are case-sensitive.
+var loadOptions = ini.LoadOptions{
+	IgnoreInlineComment: true,
+	AllowBooleanKeys:    true,
+}
+
 // Parse reads one profile of an AWS shared credentials file, the format of
-// Velero's credential Secrets.
+// Velero's credential Secrets. A profile may be written [x] (credentials
+// files) or [profile x] (~/.aws/config); sections naming the same profile
+// are read in order, a later value winning.
 func Parse(data []byte, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
-	section := ""
-	found := false
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "" || strings.HasPrefix(line, "#") || strings.HasPrefix(line, ";"):
-			continue
-		case strings.HasPrefix(line, "[") && strings.HasSuffix(line, "]"):
-			// ~/.aws/config writes [profile x]; credentials files write [x].
-			section = strings.TrimPrefix(strings.TrimSpace(line[1:len(line)-1]), "profile ")
-			found = found || section == profile
-			continue
-		}
-		if section != profile {
-			continue
-		}
-		key, value, ok := strings.Cut(line, "=")
-		if !ok {
-			continue
-		}
-		switch strings.TrimSpace(key) {
-		case "aws_access_key_id":
-			accessKeyID = strings.TrimSpace(value)
-		case "aws_secret_access_key":
-			secretAccessKey = strings.TrimSpace(value)
-		case "aws_session_token":
-			sessionToken = strings.TrimSpace(value)
-		}
+	file, err := ini.LoadSources(loadOptions, data)
+	if err != nil {
+		return "", "", "", fmt.Errorf("parse AWS credentials file: %w", err)
 	}
-	if err := sc.Err(); err != nil {
-		return "", "", "", err
+	found := false
+	for _, section := range file.Sections() {
+		name := strings.TrimPrefix(strings.TrimSpace(section.Name()), "profile ")
+		if name != profile {
+			continue
+		}
+		found = true
+		for key, value := range map[string]*string{
+			"aws_access_key_id":     &accessKeyID,
+			"aws_secret_access_key": &secretAccessKey,
+			"aws_session_token":     &sessionToken,
+		} {
+			if section.HasKey(key) {
+				*value = strings.TrimSpace(section.Key(key).String())
+			}
+		}
 	}
 	switch {
 	case !found:

@@ -14,6 +14,16 @@ aws_secret_access_key=secret-backup
 aws_session_token=token
 [broken]
 aws_access_key_id=AKIA
+[hashes]
+aws_access_key_id = AKIAHASH
+aws_secret_access_key = se#cret;key
+a line without an equals sign
+AWS_SESSION_TOKEN = not ours: keys are case-sensitive
+[split]
+aws_access_key_id = AKIAOLD
+[profile split]
+aws_access_key_id = AKIASPLIT
+aws_secret_access_key = secret-split
 `)
 	for _, tt := range []struct {
 		profile, id, secret, token, wantErr string
@@ -22,6 +32,8 @@ aws_access_key_id=AKIA
 		{profile: "backup", id: "AKIABACKUP", secret: "secret-backup", token: "token"},
 		{profile: "broken", wantErr: "profile [broken] lacks aws_access_key_id or aws_secret_access_key"},
 		{profile: "absent", wantErr: "no profile [absent]"},
+		{profile: "hashes", id: "AKIAHASH", secret: "se#cret;key"},
+		{profile: "split", id: "AKIASPLIT", secret: "secret-split"},
 	} {
 		id, secret, token, err := Parse(file, tt.profile)
 		if tt.wantErr != "" {

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"text/template"
 
+	certutil "k8s.io/client-go/util/cert"
+
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
@@ -104,7 +106,7 @@ func (b Bootstrap) Validate() error {
 	if err != nil || u.Scheme != "https" || u.Host == "" || strings.ContainsAny(b.ServerURL, "'\"\\ \n") {
 		return fmt.Errorf("server URL %q is not an https:// URL", b.ServerURL)
 	}
-	if _, err := pki.ParseCerts(b.CA); err != nil {
+	if _, err := certutil.ParseCertsPEM(b.CA); err != nil {
 		return fmt.Errorf("server CA: %w", err)
 	}
 	if err := identity.ValidateUsername(b.Username); err != nil {
@@ -142,7 +144,7 @@ func (b Bootstrap) Files() ([]File, error) {
 		fmt.Fprintf(&conf, "%s='%s'\n", kv[0], kv[1])
 	}
 	// Re-encoded: the guest gets certificates and nothing else.
-	cas, _ := pki.ParseCerts(b.CA) // validated above
+	cas, _ := certutil.ParseCertsPEM(b.CA) // validated above
 	trust := pki.EncodeCerts(cas...)
 	files := []File{
 		{Path: ConfDir + "/guestbackup.conf", Mode: 0o600, Content: conf.Bytes()},

@@ -76,17 +76,28 @@ func TestCloudConfigRemembersExactlyWhatItRenders(t *testing.T) {
 	}
 }
 
-// TestMemoStaysBounded fills the memo past its size.
-func TestMemoStaysBounded(t *testing.T) {
-	m := &memo{entries: map[string][]byte{}}
+// TestRenderingsStayBounded fills the memo past its size: it keeps memoSize
+// renderings, the most recently used among them.
+func TestRenderingsStayBounded(t *testing.T) {
+	t.Cleanup(renderings.Clear)
+	remember("first", []byte("v"))
 	for i := range memoSize + 100 {
-		m.put(strconv.Itoa(i), []byte("v"))
+		remember(strconv.Itoa(i), []byte("v"))
+		if i%1000 == 0 {
+			remembered("first") // recently used: kept
+		}
 	}
-	if len(m.entries) != memoSize {
-		t.Errorf("memo holds %d entries, want at most %d", len(m.entries), memoSize)
+	if n := renderings.Len(); n != memoSize {
+		t.Errorf("memo holds %d renderings, want %d", n, memoSize)
 	}
-	m.put("last", []byte("kept"))
-	if got, ok := m.get("last"); !ok || string(got) != "kept" {
-		t.Errorf("the newest entry: got %q, %v", got, ok)
+	if _, ok := remembered("first"); !ok {
+		t.Error("a recently used rendering was dropped")
+	}
+	if _, ok := remembered("0"); ok {
+		t.Error("the least recently used rendering is still held")
+	}
+	remember("last", []byte("kept"))
+	if got, ok := remembered("last"); !ok || string(got) != "kept" {
+		t.Errorf("the newest rendering: got %q, %v", got, ok)
 	}
 }

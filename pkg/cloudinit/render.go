@@ -53,14 +53,14 @@ const heredocEnd = "GUESTBACKUP_EOF"
 // server or CA changed since.
 func CloudConfig(b Bootstrap) ([]byte, error) {
 	key := b.key()
-	if rendered, ok := renderings.get(key); ok {
+	if rendered, ok := remembered(key); ok {
 		return rendered, nil
 	}
 	rendered, err := renderCloudConfig(b)
 	if err != nil {
 		return nil, err
 	}
-	renderings.put(key, rendered)
+	remember(key, rendered)
 	return rendered, nil
 }
 

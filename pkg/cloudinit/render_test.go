@@ -2,35 +2,40 @@ package cloudinit
 
 import (
 	"bytes"
-	"flag"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/guestbackup/guestbackup/internal/golden"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-// golden compares got with testdata/name, or rewrites it with -update.
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.MkdirAll("testdata", 0o755); err != nil {
+// TestGolden compares every rendering a guest gets with its golden file in
+// testdata/golden: the cloud-config alone and with paths, merged with a
+// VM's own cloud-config, and the secret disk's install script. A stale,
+// missing or orphaned golden fails; go test ./pkg/cloudinit -run TestGolden
+// -update rewrites them.
+func TestGolden(t *testing.T) {
+	withPaths := testBootstrap(t)
+	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
+	withPaths.Schedule = "*-*-* 02:30:00"
+	got := map[string][]byte{}
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths} {
+		rendered, err := CloudConfig(b)
+		if err != nil {
 			t.Fatal(err)
 		}
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
+		got[name+".cloud-config"] = rendered
 	}
-	want, err := os.ReadFile(path)
+	got["merged.multipart"] = mustMerge(t, []byte(userCloudConfig), got["connect-only.cloud-config"])
+	disk := testBootstrap(t)
+	disk.Paths = []string{"/srv/data"}
+	files, err := DiskFiles(disk)
 	if err != nil {
-		t.Fatalf("%v (run go test ./pkg/cloudinit -update to create it)", err)
+		t.Fatal(err)
 	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (go test ./pkg/cloudinit -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
+	got["disk-install.sh"] = files["install.sh"]
+	golden.Check(t, filepath.Join("testdata", "golden"), got)
 }
 
 // A password that is obviously not a real one.
@@ -50,7 +55,9 @@ func testBootstrap(t testing.TB) Bootstrap {
 	return Bootstrap{ServerURL: "https://main.backup.svc:51515", CA: testCA(t), Username: "web@team-a", Password: testPassword, Generation: 1}
 }
 
-func TestCloudConfigGolden(t *testing.T) {
+// TestCloudConfigIsStable: rendering a Bootstrap twice gives one payload
+// (TestGolden says which).
+func TestCloudConfigIsStable(t *testing.T) {
 	withPaths := testBootstrap(t)
 	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
 	withPaths.Schedule = "*-*-* 02:30:00"
@@ -60,7 +67,6 @@ func TestCloudConfigGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			golden(t, name+".cloud-config", got)
 			again, _ := CloudConfig(b)
 			if !bytes.Equal(got, again) {
 				t.Error("rendering twice gives two payloads")
@@ -75,7 +81,7 @@ func TestMergeKeepsTheUserPartByteForByte(t *testing.T) {
 		t.Fatal(err)
 	}
 	users := map[string]string{
-		"cloud-config":      "#cloud-config\npackages: [htop]\nruncmd:\n  - [touch, /var/tmp/user-marker]\n",
+		"cloud-config":      userCloudConfig,
 		"crlf and unicode":  "#cloud-config\r\nwrite_files:\r\n  - path: /etc/motd\r\n    content: \"Grüße — ünïcödé\"\r\n",
 		"no final newline":  "#cloud-config\nhostname: web",
 		"script":            "#!/bin/bash\necho 'user script' > /var/tmp/user-script\n",
@@ -105,8 +111,10 @@ func TestMergeKeepsTheUserPartByteForByte(t *testing.T) {
 			}
 		})
 	}
-	golden(t, "merged.multipart", mustMerge(t, []byte(users["cloud-config"]), ours))
 }
+
+// userCloudConfig is a VM's own cloud-config, which ours is merged with.
+const userCloudConfig = "#cloud-config\npackages: [htop]\nruncmd:\n  - [touch, /var/tmp/user-marker]\n"
 
 func mustMerge(t *testing.T, user, ours []byte) []byte {
 	t.Helper()
@@ -166,7 +174,6 @@ func TestDiskFiles(t *testing.T) {
 	if string(files["password"]) != testPassword {
 		t.Errorf("the disk's password file %q is not the Secret's password key", files["password"])
 	}
-	golden(t, "disk-install.sh", files["install.sh"])
 	fs, _ := b.Files()
 	if len(files) != len(fs)+1 {
 		t.Errorf("%d disk files for %d bootstrap files and install.sh", len(files), len(fs))

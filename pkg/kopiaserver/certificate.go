@@ -11,10 +11,10 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // The Issuers of a BSLS's own CA (certManagerCA), written by server-side
@@ -318,7 +318,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	}
 	m, p := checkTLSSecret(leafSecret, EndpointHost(b))
 	res := &certificateResult{material: m, source: "the controller's CA in Secret " + CASecretName(b)}
-	if certs, err := pki.ParseCerts(leafSecret.Data[corev1.TLSCertKey]); err == nil {
+	if certs, err := certutil.ParseCertsPEM(leafSecret.Data[corev1.TLSCertKey]); err == nil {
 		life := certs[0].NotAfter.Sub(certs[0].NotBefore)
 		res.renewAt = certs[0].NotAfter.Add(-life / 3)
 	}

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -85,9 +86,9 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		GinkgoHelper()
 		s := &corev1.Secret{}
 		Expect(get(ns, kopiaserver.TLSSecretName(bsls), s)()).To(Succeed())
-		chain, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		chain, err := certutil.ParseCertsPEM(s.Data[corev1.TLSCertKey])
 		Expect(err).NotTo(HaveOccurred(), "tls.crt of Secret %s", s.Name)
-		cas, err := pki.ParseCerts(s.Data["ca.crt"])
+		cas, err := certutil.ParseCertsPEM(s.Data["ca.crt"])
 		Expect(err).NotTo(HaveOccurred(), "ca.crt of Secret %s", s.Name)
 		return serving{secret: s, leaf: chain[0], chain: chain, cas: cas}
 	}
@@ -96,7 +97,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		if err := get(ns, kopiaserver.TLSSecretName(bsls), s)(); err != nil {
 			return nil
 		}
-		certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+		certs, err := certutil.ParseCertsPEM(s.Data[corev1.TLSCertKey])
 		if err != nil {
 			return nil
 		}
@@ -207,7 +208,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			HaveField("Type", certmanagerv1.IssuerConditionReady), HaveField("Status", cmmeta.ConditionTrue))))
 		ca := &corev1.Secret{}
 		Expect(get(cm.ClusterResourceNamespace, caCertificate, ca)()).To(Succeed())
-		certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+		certs, err := certutil.ParseCertsPEM(ca.Data[corev1.TLSCertKey])
 		Expect(err).NotTo(HaveOccurred())
 		Expect(certs[0].IsCA).To(BeTrue())
 		Expect(certs[0].Subject.CommonName).To(Equal("guestbackup test CA"))
@@ -346,7 +347,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 				if err := get(b.Namespace, kopiaserver.TLSSecretName(b), s)(); err != nil {
 					return nil
 				}
-				certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+				certs, err := certutil.ParseCertsPEM(s.Data[corev1.TLSCertKey])
 				if err != nil {
 					return nil
 				}
@@ -374,7 +375,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 				By("pinning the CA in <bsls>-ca, kept without an owner like the controller's own CA")
 				ca := &corev1.Secret{}
 				Expect(get(ns, kopiaserver.CASecretName(b), ca)()).To(Succeed())
-				certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+				certs, err := certutil.ParseCertsPEM(ca.Data[corev1.TLSCertKey])
 				Expect(err).NotTo(HaveOccurred())
 				Expect(certs[0].IsCA).To(BeTrue())
 				Expect(cur.Status.TLSFingerprint).To(Equal(pki.Fingerprint(certs[0])))

@@ -17,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -214,7 +215,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonCertificateIssued, "Secret main-tls"))
 			ca := &corev1.Secret{}
 			Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
-			certs, err := pki.ParseCerts(ca.Data[corev1.TLSCertKey])
+			certs, err := certutil.ParseCertsPEM(ca.Data[corev1.TLSCertKey])
 			Expect(err).NotTo(HaveOccurred())
 			b := bslsNamed(name)
 			Expect(b.Status.TLSFingerprint).To(Equal(pki.Fingerprint(certs[0])))
@@ -223,7 +224,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 
 			leaf := &corev1.Secret{}
 			Expect(get(kopiaserver.TLSSecretName(bsls), leaf)()).To(Succeed())
-			leafCerts, err := pki.ParseCerts(leaf.Data[corev1.TLSCertKey])
+			leafCerts, err := certutil.ParseCertsPEM(leaf.Data[corev1.TLSCertKey])
 			Expect(err).NotTo(HaveOccurred())
 			Expect(leafCerts[0].DNSNames).To(ContainElements("main.storage.svc", "main.storage.svc.cluster.local"))
 			Expect(leafCerts[0].CheckSignatureFrom(certs[0])).To(Succeed())

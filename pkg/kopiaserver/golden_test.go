@@ -1,9 +1,7 @@
 package kopiaserver
 
 import (
-	"bytes"
 	"encoding/json"
-	"flag"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -19,9 +16,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
 
 // goldenDir holds one directory per case: input.yaml, and a golden file
 // per object the reconciler writes for it.
@@ -90,22 +86,12 @@ func goldenYAML(obj client.Object) ([]byte, error) {
 
 // TestServerObjectsGolden compares what the reconciler's builders write
 // for each case under testdata/golden with its golden files. A missing,
-// different or orphaned golden fails; go test -run TestServerObjectsGolden
-// -update rewrites them and removes orphans.
+// different or orphaned golden fails; go test ./pkg/kopiaserver -run
+// TestServerObjectsGolden -update rewrites them and removes orphans.
 func TestServerObjectsGolden(t *testing.T) {
-	dirs, err := os.ReadDir(goldenDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases := 0
-	for _, dir := range dirs {
-		if !dir.IsDir() {
-			t.Errorf("%s: only case directories belong in %s", dir.Name(), goldenDir)
-			continue
-		}
-		cases++
-		t.Run(dir.Name(), func(t *testing.T) {
-			caseDir := filepath.Join(goldenDir, dir.Name())
+	for _, name := range golden.Cases(t, goldenDir) {
+		t.Run(name, func(t *testing.T) {
+			caseDir := filepath.Join(goldenDir, name)
 			data, err := os.ReadFile(filepath.Join(caseDir, "input.yaml"))
 			if err != nil {
 				t.Fatalf("%v: a case directory without input.yaml is an orphan; remove it", err)
@@ -118,12 +104,12 @@ func TestServerObjectsGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			want := []string{"input.yaml"}
+			got := map[string][]byte{}
 			for _, obj := range objs {
 				if d, ok := obj.(*appsv1.Deployment); ok {
 					checkServerPod(t, d, in.VeleroBSL != nil)
 				}
-				got, err := goldenYAML(obj)
+				rendered, err := goldenYAML(obj)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -131,50 +117,10 @@ func TestServerObjectsGolden(t *testing.T) {
 				if kind == "" {
 					t.Fatalf("%T %s has no kind: a builder sets TypeMeta for server-side apply", obj, obj.GetName())
 				}
-				name := strings.ToLower(kind) + "-" + obj.GetName() + ".yaml"
-				want = append(want, name)
-				compareGolden(t, filepath.Join(caseDir, name), got)
+				got[strings.ToLower(kind)+"-"+obj.GetName()+".yaml"] = rendered
 			}
-			files, err := os.ReadDir(caseDir)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, f := range files {
-				if slices.Contains(want, f.Name()) {
-					continue
-				}
-				path := filepath.Join(caseDir, f.Name())
-				if *update {
-					if err := os.Remove(path); err != nil {
-						t.Fatal(err)
-					}
-					continue
-				}
-				t.Errorf("%s is an orphan: the reconciler writes no such object for this case (-update removes it)", path)
-			}
+			golden.Check(t, caseDir, got, "input.yaml")
 		})
-	}
-	if cases == 0 {
-		t.Fatalf("no cases in %s", goldenDir)
-	}
-}
-
-// compareGolden fails when path does not hold got; with -update it writes it.
-func compareGolden(t *testing.T, path string, got []byte) {
-	t.Helper()
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Errorf("%v (go test ./pkg/kopiaserver -run TestServerObjectsGolden -update writes it)", err)
-		return
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s is stale (go test ./pkg/kopiaserver -run TestServerObjectsGolden -update rewrites it; -want +got):\n%s", path, cmp.Diff(strings.Split(string(want), "\n"), strings.Split(string(got), "\n")))
 	}
 }
 

@@ -2,8 +2,6 @@ package kopiaserver
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,6 +12,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/password"
 )
 
 // DefaultClaimSize is the size of a filesystem claim the controller creates
@@ -26,15 +25,6 @@ const AnnotationKeep = "guestbackup.io/keep"
 
 // S3CABundleName is the ConfigMap holding an S3 endpoint's CA bundle.
 func S3CABundleName(b *v1alpha1.BackupStorageLocationServer) string { return b.Name + "-s3-ca" }
-
-// randomPassword returns 256 random bits, URL-safe base64 encoded.
-func randomPassword() (string, error) {
-	buf := make([]byte, 32)
-	if _, err := rand.Read(buf); err != nil {
-		return "", fmt.Errorf("read random bytes: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(buf), nil
-}
 
 // storage resolves where the repository lives into the workload's inputs,
 // creating the filesystem claim and the CA bundle ConfigMap when needed. A
@@ -166,17 +156,14 @@ func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupS
 	if generate, p := decidePassword(b, found, found && len(s.Data[sel.Key]) > 0); !generate {
 		return p, nil
 	}
-	password, err := randomPassword()
-	if err != nil {
-		return nil, err
-	}
+	generated := password.New()
 	s = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: sel.Name, Namespace: b.Namespace, Labels: Labels(b),
 			Annotations: map[string]string{AnnotationKeep: "decrypts every backup of BackupStorageLocationServer " + b.Name + "; not deleted with it"},
 		},
 		Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{sel.Key: []byte(password)},
+		Data: map[string][]byte{sel.Key: []byte(generated)},
 	}
 	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
 		return nil, fmt.Errorf("create Secret %s: %w", s.Name, err)
@@ -196,14 +183,11 @@ func (r *Reconciler) controlSecret(ctx context.Context, b *v1alpha1.BackupStorag
 	if !apierrors.IsNotFound(err) {
 		return fmt.Errorf("get Secret %s: %w", ControlSecretName(b), err)
 	}
-	password, err := randomPassword()
-	if err != nil {
-		return err
-	}
+	generated := password.New()
 	s = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: ControlSecretName(b), Namespace: b.Namespace, Labels: Labels(b)},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"password": []byte(password)},
+		Data:       map[string][]byte{"password": []byte(generated)},
 	}
 	if err := r.own(b, s); err != nil {
 		return err

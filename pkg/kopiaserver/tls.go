@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	certutil "k8s.io/client-go/util/cert"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/pki"
@@ -87,11 +88,11 @@ func checkTLSStructure(s *corev1.Secret) (leaf, cas []*x509.Certificate, p *prob
 			return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s has no key %s (the server needs tls.crt, tls.key and ca.crt, the CA guests trust)", s.Name, key)}
 		}
 	}
-	leaf, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+	leaf, err := certutil.ParseCertsPEM(s.Data[corev1.TLSCertKey])
 	if err != nil {
 		return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key tls.crt: %v", s.Name, err)}
 	}
-	cas, err = pki.ParseCerts(s.Data["ca.crt"])
+	cas, err = certutil.ParseCertsPEM(s.Data["ca.crt"])
 	if err != nil {
 		return nil, nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("Secret %s, key ca.crt: %v", s.Name, err)}
 	}
@@ -139,7 +140,7 @@ func selfManagedTLS(b *v1alpha1.BackupStorageLocationServer, caData, leafData ma
 // leafValid reports whether a serving Secret holds a leaf of ca, for all
 // names, with more than a third of its life left.
 func leafValid(data map[string][]byte, ca *pki.CA, dnsNames []string, ips []net.IP, now time.Time) bool {
-	certs, err := pki.ParseCerts(data[corev1.TLSCertKey])
+	certs, err := certutil.ParseCertsPEM(data[corev1.TLSCertKey])
 	if err != nil || len(data[corev1.TLSPrivateKeyKey]) == 0 || string(data["ca.crt"]) != string(ca.CertPEM()) {
 		return false
 	}

@@ -8,6 +8,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certutil "k8s.io/client-go/util/cert"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/pki"
@@ -25,7 +26,7 @@ func TestSelfManagedTLS(t *testing.T) {
 	if p != nil {
 		t.Fatalf("issued leaf does not check: %s", p.Message)
 	}
-	caCerts, _ := pki.ParseCerts(ca[corev1.TLSCertKey])
+	caCerts, _ := certutil.ParseCertsPEM(ca[corev1.TLSCertKey])
 	if m.Pin != pki.Fingerprint(caCerts[0]) {
 		t.Errorf("pin %s is not the CA's fingerprint", m.Pin)
 	}
@@ -47,7 +48,7 @@ func TestSelfManagedTLS(t *testing.T) {
 	moved.Spec.ClientURL = "https://10.0.2.2:51515"
 	if _, newLeaf, _ := selfManagedTLS(moved, ca, leaf, now); newLeaf == nil {
 		t.Error("a new clientURL host: the leaf was not re-issued for it")
-	} else if certs, _ := pki.ParseCerts(newLeaf[corev1.TLSCertKey]); certs[0].VerifyHostname("10.0.2.2") != nil {
+	} else if certs, _ := certutil.ParseCertsPEM(newLeaf[corev1.TLSCertKey]); certs[0].VerifyHostname("10.0.2.2") != nil {
 		t.Error("the re-issued leaf is not valid for the clientURL's IP")
 	}
 

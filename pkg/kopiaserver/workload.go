@@ -19,6 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -151,11 +152,11 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	configFile := path.Join(configDir, "repository.config")
 	chainFile := path.Join(configDir, "tls-chain.pem")
 	port := strconv.Itoa(v1alpha1.DefaultServerPort)
-	password := secretEnv("KOPIA_PASSWORD", RepositoryPassword(b), false)
-	control := secretEnv("KOPIA_SERVER_CONTROL_PASSWORD", secretKey(ControlSecretName(b), "password"), false)
+	password := secretEnv(kopiaenv.RepositoryPassword, RepositoryPassword(b), false)
+	control := secretEnv(kopiaenv.ControlPassword, secretKey(ControlSecretName(b), "password"), false)
 	// Kopia keeps its caches and logs under HOME; the root filesystem is read-only.
 	home := corev1.EnvVar{Name: "HOME", Value: configDir}
-	noUpdates := corev1.EnvVar{Name: "KOPIA_CHECK_FOR_UPDATES", Value: "false"}
+	noUpdates := corev1.EnvVar{Name: kopiaenv.CheckForUpdates, Value: "false"}
 
 	volumes := []corev1.Volume{
 		{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
@@ -217,7 +218,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			initEnv = append(initEnv,
 				secretEnv(awscreds.AccessKeyID, secretKey(in.S3CredentialsSecret, awscreds.AccessKeyID), false),
 				secretEnv(awscreds.SecretAccessKey, secretKey(in.S3CredentialsSecret, awscreds.SecretAccessKey), false),
-				secretEnv("AWS_SESSION_TOKEN", secretKey(in.S3CredentialsSecret, "AWS_SESSION_TOKEN"), true),
+				secretEnv(awscreds.SessionToken, secretKey(in.S3CredentialsSecret, awscreds.SessionToken), true),
 			)
 		}
 	default:

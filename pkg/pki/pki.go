@@ -22,6 +22,8 @@ import (
 	"net"
 	"slices"
 	"time"
+
+	certutil "k8s.io/client-go/util/cert"
 )
 
 // clockSkew backdates NotBefore so a certificate is valid at once on hosts
@@ -161,30 +163,6 @@ func EncodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), nil
 }
 
-// ParseCerts decodes every CERTIFICATE block of a PEM bundle, in order.
-func ParseCerts(data []byte) ([]*x509.Certificate, error) {
-	var certs []*x509.Certificate
-	for {
-		var block *pem.Block
-		block, data = pem.Decode(data)
-		if block == nil {
-			break
-		}
-		if block.Type != "CERTIFICATE" {
-			continue
-		}
-		cert, err := x509.ParseCertificate(block.Bytes)
-		if err != nil {
-			return nil, fmt.Errorf("parse certificate %d: %w", len(certs)+1, err)
-		}
-		certs = append(certs, cert)
-	}
-	if len(certs) == 0 {
-		return nil, errors.New("no PEM CERTIFICATE block found")
-	}
-	return certs, nil
-}
-
 func randomSerial() (*big.Int, error) {
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
 	if err != nil {
@@ -198,11 +176,11 @@ func randomSerial() (*big.Int, error) {
 // server presents (see ChainPEM). cert-manager
 // writes the leaf in tls.crt and the CA in ca.crt; the result is PEM.
 func Chain(certPEM, caPEM []byte) ([]byte, error) {
-	certs, err := ParseCerts(certPEM)
+	certs, err := certutil.ParseCertsPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("certificate: %w", err)
 	}
-	cas, err := ParseCerts(caPEM)
+	cas, err := certutil.ParseCertsPEM(caPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA: %w", err)
 	}
@@ -217,7 +195,7 @@ func Chain(certPEM, caPEM []byte) ([]byte, error) {
 // ParseCA decodes a CA's certificate and PKCS#8 EC key, as CertPEM and KeyPEM
 // encode them, and checks that they belong together.
 func ParseCA(certPEM, keyPEM []byte) (*CA, error) {
-	certs, err := ParseCerts(certPEM)
+	certs, err := certutil.ParseCertsPEM(certPEM)
 	if err != nil {
 		return nil, fmt.Errorf("CA certificate: %w", err)
 	}

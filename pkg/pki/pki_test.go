@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	certutil "k8s.io/client-go/util/cert"
 )
 
 func TestIssueServing(t *testing.T) {
@@ -64,7 +66,7 @@ func TestChainPEMRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	certs, err := ParseCerts(kp.ChainPEM(ca.Cert))
+	certs, err := certutil.ParseCertsPEM(kp.ChainPEM(ca.Cert))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,15 +84,27 @@ func TestChainPEMRoundTrip(t *testing.T) {
 	}
 }
 
-func TestParseCertsRejectsGarbage(t *testing.T) {
+// TestChainRejectsGarbage pins what ParseCerts did before client-go's
+// ParseCertsPEM took its place: a bundle without a certificate is an error.
+func TestChainRejectsGarbage(t *testing.T) {
+	ca, err := NewCA("ca", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for name, in := range map[string]string{
 		"empty":        "",
 		"not PEM":      "hello",
 		"only a key":   "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
 		"corrupt cert": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
 	} {
-		if _, err := ParseCerts([]byte(in)); err == nil {
-			t.Errorf("%s: no error", name)
+		if _, err := Chain([]byte(in), ca.CertPEM()); err == nil {
+			t.Errorf("%s as the certificate: no error", name)
+		}
+		if _, err := Chain(ca.CertPEM(), []byte(in)); err == nil {
+			t.Errorf("%s as the CA: no error", name)
+		}
+		if _, err := ParseCA([]byte(in), nil); err == nil {
+			t.Errorf("%s as a CA certificate: no error", name)
 		}
 	}
 }
@@ -128,7 +142,7 @@ func TestChain(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		certs, err := ParseCerts(chain)
+		certs, err := certutil.ParseCertsPEM(chain)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -69,7 +70,7 @@ func tlsCAHierarchy(c client.Client, namespace, secretNamespace, name string) *x
 	})).To(Succeed())
 	Expect(c.Create(ctx, issuer(name, certmanagerv1.IssuerConfig{CA: &certmanagerv1.CAIssuer{SecretName: name}}))).To(Succeed())
 	s := tlsWaitSecret(c, secretNamespace, name)
-	certs, err := pki.ParseCerts(s.Data[corev1.TLSCertKey])
+	certs, err := certutil.ParseCertsPEM(s.Data[corev1.TLSCertKey])
 	Expect(err).NotTo(HaveOccurred())
 	return certs[0]
 }
@@ -128,7 +129,7 @@ func tlsServeMinted(s *corev1.Secret, alsoPresent []byte) string {
 		Args: []string{"server", "start", "--config-file=" + config, "--address=" + addr,
 			"--tls-cert-file=" + certFile, "--tls-key-file=" + keyFile, "--server-control-username=control", "--no-ui"},
 	})
-	cas, err := pki.ParseCerts(s.Data["ca.crt"])
+	cas, err := certutil.ParseCertsPEM(s.Data["ca.crt"])
 	Expect(err).NotTo(HaveOccurred())
 	roots := x509.NewCertPool()
 	roots.AddCert(cas[0])

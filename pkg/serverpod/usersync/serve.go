@@ -15,10 +15,10 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 )
@@ -57,7 +57,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	if err != nil {
 		return fmt.Errorf("read CA: %w", err)
 	}
-	cas, err := pki.ParseCerts(caPEM)
+	cas, err := certutil.ParseCertsPEM(caPEM)
 	if err != nil {
 		return fmt.Errorf("CA %s: %w", o.CAFile, err)
 	}

@@ -43,6 +43,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -134,10 +135,33 @@ type Options struct {
 	Log        logr.Logger
 }
 
+// work is an item of a Syncer's queue: one kind of work on the repository.
+// One queue and one worker serialize them, so a sync, a scan of guest
+// activity and a retention run never touch the repository at once.
+type work string
+
+const (
+	// syncUsers compares the repository with the users Secrets: queued by
+	// every change of a Secret, every Resync, and after a failure with the
+	// queue's exponential backoff.
+	syncUsers work = "sync-users"
+	// publishActivity publishes the guests' new snapshots, every
+	// ActivityInterval.
+	publishActivity work = "publish-activity"
+	// applyRetention applies the admin's retention on an append-only
+	// server, every RetentionInterval.
+	applyRetention work = "apply-retention"
+)
+
 // Syncer keeps a repository's users equal to the users Secrets.
 type Syncer struct {
-	opts    Options
-	trigger chan struct{}
+	opts Options
+	// queue holds the work due; a key added while it waits or runs is
+	// done once more, after, as a Secret changed since must be seen.
+	queue workqueue.TypedRateLimitingInterface[work]
+	// backoff is the queue's rate limiter: RetryAfter after a failed
+	// sync, doubling up to Resync.
+	backoff workqueue.TypedRateLimiter[work]
 
 	// activity belongs to Run's goroutine.
 	activity *activityscan.Scanner
@@ -174,7 +198,14 @@ func New(opts Options) *Syncer {
 	if opts.RetentionInterval <= 0 {
 		opts.RetentionInterval = time.Hour
 	}
-	return &Syncer{opts: opts, trigger: make(chan struct{}, 1), status: errNotSynced, activity: activityscan.New()}
+	backoff := workqueue.NewTypedItemExponentialFailureRateLimiter[work](opts.RetryAfter, opts.Resync)
+	return &Syncer{
+		opts:     opts,
+		queue:    workqueue.NewTypedRateLimitingQueueWithConfig(backoff, workqueue.TypedRateLimitingQueueConfig[work]{}),
+		backoff:  backoff,
+		status:   errNotSynced,
+		activity: activityscan.New(),
+	}
 }
 
 // Ready returns nil once the repository holds exactly the desired users,
@@ -201,61 +232,66 @@ func (s *Syncer) setStatus(err error, users int) {
 	}
 }
 
-func (s *Syncer) poke() {
-	select {
-	case s.trigger <- struct{}{}:
-	default: // a sync is already pending; it will see this change too
-	}
-}
+// poke queues a sync: a users Secret changed. A sync already queued sees
+// this change too; one running is followed by another.
+func (s *Syncer) poke() { s.queue.Add(syncUsers) }
 
-// Run watches the users Secrets and syncs until ctx ends.
+// Run watches the users Secrets and syncs until ctx ends. It works the
+// queue in its own goroutine, its one worker.
 func (s *Syncer) Run(ctx context.Context) error {
+	defer s.queue.ShutDown()
 	s.unreported = s.opts.RemovedBefore
 	lister, stop, err := s.watchShards(ctx)
 	defer stop()
 	if err != nil {
 		return err
 	}
-
-	delay := s.opts.RetryAfter
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	var activityTick, retentionTick <-chan time.Time
+	s.queue.Add(syncUsers)
 	if s.opts.ActivityInterval > 0 {
-		ticker := time.NewTicker(s.opts.ActivityInterval)
-		defer ticker.Stop()
-		activityTick = ticker.C
+		s.queue.AddAfter(publishActivity, s.opts.ActivityInterval)
 	}
 	if s.opts.AppendOnly {
-		ticker := time.NewTicker(s.opts.RetentionInterval)
-		defer ticker.Stop()
-		retentionTick = ticker.C
+		s.queue.AddAfter(applyRetention, s.opts.RetentionInterval)
 	}
+	go func() {
+		<-ctx.Done()
+		s.queue.ShutDown()
+	}()
 	for {
-		select {
-		case <-ctx.Done():
+		item, shutdown := s.queue.Get()
+		if shutdown {
 			return nil
-		case <-activityTick:
-			if err := s.publishActivity(ctx); err != nil {
-				s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
-			}
-			continue
-		case <-retentionTick:
-			s.reportRetention(s.applyRetention(ctx))
-			continue
-		case <-s.trigger:
-		case <-timer.C:
 		}
+		if ctx.Err() == nil {
+			s.do(ctx, lister, item)
+		}
+		s.queue.Done(item)
+	}
+}
+
+// do does one item of work and queues its next run.
+func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceLister, item work) {
+	switch item {
+	case publishActivity:
+		if err := s.publishActivity(ctx); err != nil {
+			s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
+		}
+		s.queue.AddAfter(publishActivity, s.opts.ActivityInterval)
+	case applyRetention:
+		s.reportRetention(s.applyRetention(ctx))
+		s.queue.AddAfter(applyRetention, s.opts.RetentionInterval)
+	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(err, users)
-		next := s.opts.Resync
 		if err != nil {
+			// When is AddRateLimited's delay, taken here to log it.
+			delay := s.backoff.When(syncUsers)
 			s.opts.Log.Error(err, "user sync failed", "retryIn", delay)
-			next, delay = delay, min(2*delay, s.opts.Resync)
-		} else {
-			delay = s.opts.RetryAfter
+			s.queue.AddAfter(syncUsers, delay)
+			return
 		}
-		timer.Reset(next)
+		s.queue.Forget(syncUsers)
+		s.queue.AddAfter(syncUsers, s.opts.Resync)
 	}
 }
 
