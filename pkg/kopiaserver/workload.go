@@ -18,8 +18,8 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
-	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 

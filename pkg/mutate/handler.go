@@ -2,8 +2,6 @@ package mutate
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -26,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/password"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 )
 
@@ -76,14 +75,9 @@ type Handler struct {
 
 var _ admission.Handler = (*Handler)(nil)
 
-// NewPassword returns 256 random bits, URL-safe base64 encoded.
-func NewPassword() (string, error) {
-	buf := make([]byte, 32)
-	if _, err := rand.Read(buf); err != nil {
-		return "", fmt.Errorf("read random bytes: %w", err)
-	}
-	return base64.RawURLEncoding.EncodeToString(buf), nil
-}
+// NewPassword returns a fresh VM password (pkg/password); its signature is
+// Input.NewPassword's, so that tests can give Decide predictable ones.
+func NewPassword() (string, error) { return password.New(), nil }
 
 // Handle admits one VirtualMachine CREATE or UPDATE.
 func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.Response {
