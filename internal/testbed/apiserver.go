@@ -1,6 +1,8 @@
 package testbed
 
 import (
+	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/guestbackup/guestbackup/internal/manager"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // NewScheme returns a scheme with every type the test bed's API server
@@ -87,6 +90,9 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 		ControlPlaneStartTimeout: 2 * time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
+	if err := configureRequestHeader(env, tb.TempDir()); err != nil {
+		tb.Fatalf("%v", err)
+	}
 	cfg, err := env.Start()
 	if err != nil {
 		tb.Fatalf("start API server (kube-apiserver and etcd from %s): %v", tools.Assets, err)
@@ -101,4 +107,28 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 		tb.Fatalf("API server client: %v", err)
 	}
 	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme}
+}
+
+// configureRequestHeader gives the API server what a cluster's has for
+// aggregated API servers: a front proxy's client CA and the headers it
+// names users in. kube-apiserver then publishes them in ConfigMap
+// kube-system/extension-apiserver-authentication, which KubeVirt's virt-api
+// reads at start (it panics without a requestheader CA). No front proxy
+// runs: the CA's key is thrown away.
+func configureRequestHeader(env *envtest.Environment, dir string) error {
+	ca, err := pki.NewCA("test bed front proxy", 24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("front proxy CA: %w", err)
+	}
+	caFile := filepath.Join(dir, "requestheader-ca.crt")
+	if err := os.WriteFile(caFile, ca.CertPEM(), 0o600); err != nil {
+		return err
+	}
+	args := env.ControlPlane.GetAPIServer().Configure()
+	args.Set("requestheader-client-ca-file", caFile)
+	args.Set("requestheader-username-headers", "X-Remote-User")
+	args.Set("requestheader-group-headers", "X-Remote-Group")
+	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
+	args.Set("requestheader-allowed-names", "front-proxy-client")
+	return nil
 }
