@@ -61,14 +61,14 @@ func KubeVirtManifests() (string, error) {
 }
 
 // StartKubeVirt does on api what virt-operator does, then runs what it
-// would deploy: it installs KubeVirt's RBAC, the KubeVirt CR (as deployed,
+// would deploy: it installs KubeVirt's CRDs and RBAC, the KubeVirt CR (as deployed,
 // for amd64), the ConfigMap kubevirt-ca; starts virt-api and virt-controller
 // on loopback, each as its ServiceAccount's user; and, once virt-api is
 // healthy, registers KubeVirt's webhook configurations pointed at it, so
 // that from then on every VirtualMachine and VirtualMachineInstance is
 // admitted by KubeVirt's own mutation and validation. It returns when
-// virt-controller leads. api's CRDs must be KubeVirt's (CRDPaths). tb's
-// cleanup stops both.
+// virt-controller leads. It installs KubeVirt's CRDs the API server did not
+// start with. tb's cleanup stops both.
 func StartKubeVirt(tb TB, api *APIServer) *KubeVirt {
 	tb.Helper()
 	kv, err := startKubeVirt(tb, api)
@@ -92,6 +92,18 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	dir, err := KubeVirtManifests()
 	if err != nil {
 		return nil, err
+	}
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	// Those of KubeVirt's CRDs the API server did not start with
+	// (CRDPaths): virt-controller watches most of them.
+	_, err = envtest.InstallCRDs(api.Config, envtest.CRDInstallOptions{
+		Paths: []string{kubevirtCRDPath(root)}, ErrorIfPathMissing: true, MaxTime: time.Minute,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("KubeVirt's CRDs: %w", err)
 	}
 	ctx := context.Background()
 	c := api.Client
