@@ -20,7 +20,6 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup's webhook", Ordered, func() {
@@ -65,29 +64,12 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		// guestbackup's webhook alone: a BSLS with a Ready status and no
-		// controller to rewrite it.
+		// guestbackup's webhook alone: no controller rewrites the BSLS's
+		// Ready status.
 		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: webhook.Setup})
 		api = platform.API
 		AddReportEntry("KubeVirt's control plane started in", platform.KubeVirt.Startup.Round(10*time.Millisecond).String())
-		for _, name := range []string{"backup", ns} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
-		}
-		bsls := &v1alpha1.BackupStorageLocationServer{
-			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
-			Spec: v1alpha1.BackupStorageLocationServerSpec{
-				Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
-				Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
-			},
-		}
-		Expect(api.Client.Create(ctx, bsls)).To(Succeed())
-		ca, err := pki.NewCA("control plane spec CA", time.Hour)
-		Expect(err).NotTo(HaveOccurred())
-		bsls.Status = v1alpha1.BackupStorageLocationServerStatus{
-			Endpoint: "https://main.backup.svc:51515", TLSCA: string(ca.CertPEM()),
-			Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}},
-		}
-		Expect(api.Client.Status().Update(ctx, bsls)).To(Succeed())
+		readyBSLS(ctx, api, "backup", ns)
 	})
 
 	AfterAll(func() {
