@@ -6,7 +6,8 @@
 #   docs/api.md                                the API reference, from that CRD (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
-#   test/crds/kubevirt/                        KubeVirt's VirtualMachine and VirtualMachineInstance CRDs, as virt-operator installs them
+#   test/crds/kubevirt/                        KubeVirt's CRDs, as virt-operator installs them (hack/tools/kubevirt)
+#   test/manifests/kubevirt/                   KubeVirt's RBAC and webhook configurations, as virt-operator installs them
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
 #   test/crds/velero/                          Velero's BackupStorageLocation CRD, from VELERO_VERSION
 # hack/verify-generated.sh runs it into a temporary OUT and compares.
@@ -47,15 +48,17 @@ for binary in controller webhook; do
 	install -m 0644 "$OUT/config/rbac/$binary/role.yaml" "$OUT/charts/guestbackup/files/rbac/$binary-role.yaml"
 done
 
-# KubeVirt builds its CRDs at runtime in virt-operator; generate the same schema
-# from the pinned kubevirt.io/api and add what the operator adds.
+# KubeVirt builds its CRDs, RBAC and webhook configurations at runtime in
+# virt-operator; kubevirt-manifests asks virt-operator's own generators, at
+# the KubeVirt version the test bed runs (hack/tools/kubevirt/go.mod). Built
+# as hack/tools.sh builds that module's commands, so Go's build cache is
+# shared; GOSUMDB=off for the same reason as there.
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
-"$CONTROLLER_GEN" crd:allowDangerousTypes=true,maxDescLen=0 paths=kubevirt.io/api/core/v1 \
-	output:crd:dir="$tmp"
-for crd in virtualmachines virtualmachineinstances; do
-	go run ./hack/kubevirtcrd "$tmp/kubevirt.io_$crd.yaml" "$OUT/test/crds/kubevirt/kubevirt.io_$crd.yaml"
-done
+(cd hack/tools/kubevirt && GOSUMDB=off CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$tmp/kubevirt-manifests" ./kubevirt-manifests)
+mkdir -p "$OUT/test/manifests/kubevirt"
+"$tmp/kubevirt-manifests" -crds "$OUT/test/crds/kubevirt" \
+	-rbac "$OUT/test/manifests/kubevirt/rbac.yaml" -webhooks "$OUT/test/manifests/kubevirt/webhooks.yaml"
 
 # `go list -m` names no folder for a module not yet in the module cache.
 go mod download github.com/cert-manager/cert-manager

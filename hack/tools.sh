@@ -32,7 +32,8 @@ CONTROLLER_TOOLS_VERSION="$(modversion controller-gen sigs.k8s.io/controller-too
 HELM_VERSION="$(modversion helm helm.sh/helm/v3)"
 HELM_K8S_VERSION="$(modversion helm k8s.io/client-go)"
 MINIO_VERSION="$(modversion minio github.com/minio/minio)"
-for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION MINIO_VERSION; do
+KUBEVIRT_VERSION="$(modversion kubevirt kubevirt.io/kubevirt)"
+for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION MINIO_VERSION KUBEVIRT_VERSION; do
 	[[ -n "${!v}" ]] || die "cannot read $v from hack/tools/*/go.mod"
 done
 
@@ -41,6 +42,10 @@ KOPIA="$CACHE/kopia/$KOPIA_VERSION/kopia"
 CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
 HELM="$CACHE/helm/$HELM_VERSION/helm"
 MINIO="$CACHE/minio/$MINIO_VERSION/minio"
+# KubeVirt's control plane, which the platform's suites run beside the API
+# server (internal/testbed.StartKubeVirt).
+VIRT_API="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-api"
+VIRT_CONTROLLER="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-controller"
 # envtest looks for kube-apiserver and etcd side by side in one folder.
 ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
 # Debian's cloud-init, unpacked, not installed: the version is apt's candidate,
@@ -137,6 +142,14 @@ install_go_tools() {
 		log "minio takes about 4 minutes on 2 cores when nothing is cached"
 		timed "minio $MINIO_VERSION" gobuild 0 minio "$MINIO" github.com/minio/minio
 	fi
+	# GOSUMDB=off: one of KubeVirt's dependencies
+	# (rhobs/operator-observability-toolkit) is missing from the checksum
+	# database; go.sum still pins every module's hash.
+	if [[ ! -x "$VIRT_API" || ! -x "$VIRT_CONTROLLER" ]]; then
+		log "virt-api and virt-controller take about 3 minutes on 2 cores when nothing is cached"
+		GOSUMDB=off timed "virt-api $KUBEVIRT_VERSION" gobuild 0 kubevirt "$VIRT_API" kubevirt.io/kubevirt/cmd/virt-api
+		GOSUMDB=off timed "virt-controller $KUBEVIRT_VERSION" gobuild 0 kubevirt "$VIRT_CONTROLLER" kubevirt.io/kubevirt/cmd/virt-controller
+	fi
 }
 
 install_etcd() {
@@ -204,6 +217,8 @@ export GUESTBACKUP_HELM=$HELM
 export GUESTBACKUP_MINIO=$MINIO
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
+export GUESTBACKUP_VIRT_API=$VIRT_API
+export GUESTBACKUP_VIRT_CONTROLLER=$VIRT_CONTROLLER
 EOF
 }
 

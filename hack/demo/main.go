@@ -106,8 +106,8 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 	}
 	ctrl.SetLogger(logger)
 
-	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, VirtualMachine and cert-manager CRDs, " +
-		"and guestbackup's controller and webhook in this process")
+	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, KubeVirt and cert-manager CRDs, " +
+		"KubeVirt's control plane (virt-api, virt-controller), and guestbackup's controller and webhook in this process")
 	p := local.Start(r, local.Options{Logger: logger})
 	c := p.API.Client
 	for _, ns := range []string{bslsNamespace, vmNamespace} {
@@ -177,15 +177,23 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 				v.CloudInitNoCloud.UserDataSecretRef.Name, v.Name)
 		}
 	}
+	r.say("virt-api, KubeVirt's own admission webhook, admitted it in the same chain: firmware UUID %s, machine %s",
+		local.InstanceID(stored), machineType(stored))
 	r.done()
 
-	r.step("KubeVirt's part, played by the test bed: booting the VM's guest under qemu (software emulation: a minute or two)")
-	opts, err := p.Realise(ctx, stored)
+	r.step("KubeVirt's part: virt-controller makes the VM's instance (runStrategy Always); the node's part (virt-handler, virt-launcher) is played by the test bed, booting the instance's guest under qemu (software emulation: a minute or two)")
+	instance, err := p.StartVM(ctx, r, stored)
 	if err != nil {
 		return err
 	}
-	res := testbed.BootGuest(r, opts)
-	r.say("the guest booted, connected, took its first snapshot and powered off after %v", res.Elapsed.Round(time.Second))
+	r.say("virt-controller created VirtualMachineInstance %s/%s (UID %s); its guest boots with instance-id %s, the firmware UUID",
+		instance.VMI.Namespace, instance.VMI.Name, instance.VMI.UID, local.InstanceID(stored))
+	res, err := instance.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	r.say("the guest booted, connected, took its first snapshot and powered off after %v; the VM is stopped (runStrategy Halted) and virt-controller deleted its instance",
+		res.Elapsed.Round(time.Second))
 	r.done()
 
 	r.step("The guest's snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
@@ -374,4 +382,13 @@ func (r *run) say(format string, args ...any) {
 
 func (r *run) done() {
 	fmt.Fprintf(r.out, "    (%v)\n", time.Since(r.stepStart).Round(100*time.Millisecond))
+}
+
+// machineType is the machine type of vm's template, as virt-api's mutator
+// defaulted it.
+func machineType(vm *kubevirtv1.VirtualMachine) string {
+	if m := vm.Spec.Template.Spec.Domain.Machine; m != nil {
+		return m.Type
+	}
+	return "(none)"
 }

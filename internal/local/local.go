@@ -3,8 +3,11 @@
 // MutatingWebhookConfiguration (as the chart installs it), the webhook and
 // the controller each in a manager wired and cached as its binary
 // (internal/webhook, internal/controller), a BSLS's Kopia server
-// run from the Deployment the controller wrote, and a VirtualMachine
-// realised as a qemu guest the way KubeVirt's virt-launcher would.
+// run from the Deployment the controller wrote, KubeVirt's own control plane
+// (virt-api's admission webhooks in the same chain as guestbackup's,
+// virt-controller making VirtualMachineInstances), and a
+// VirtualMachineInstance realised as a qemu guest the way KubeVirt's node
+// (virt-handler, virt-launcher) would.
 //
 // It is the local backend of the end-to-end suite (test/kubevirt) and the
 // engine of `make demo`.
@@ -24,6 +27,7 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -55,6 +59,10 @@ const (
 	// serverReadyTimeout bounds a BSLS server pod's start (its init
 	// container creates or opens the repository).
 	serverReadyTimeout = 2 * time.Minute
+	// instanceTimeout bounds virt-controller's creation of a started VM's
+	// instance, and its deletion of a stopped VM's (well under a second
+	// on an idle machine).
+	instanceTimeout = time.Minute
 )
 
 // Options adjust Start.
@@ -74,6 +82,8 @@ type Options struct {
 type Platform struct {
 	// API is the API server, with a client as its admin.
 	API *testbed.APIServer
+	// KubeVirt is KubeVirt's control plane, virt-api and virt-controller.
+	KubeVirt *testbed.KubeVirt
 	// MetricsAddr is the loopback address of the manager's /metrics.
 	MetricsAddr string
 
@@ -91,10 +101,11 @@ func ControllerOptions() controller.Options {
 }
 
 // Start starts a real API server with guestbackup's webhook configuration
-// (mutate.Webhook, pointed at a loopback server) and, in this process, the
-// two binaries as they run in a cluster: a manager wired as cmd/webhook's,
-// serving the webhook, and one wired as cmd/controller's, each with its
-// binary's cache (see Options.Setup for a webhook alone). It creates the
+// (mutate.Webhook, pointed at a loopback server), KubeVirt's control plane
+// (testbed.StartKubeVirt: every VirtualMachine is admitted by KubeVirt's own
+// webhooks too) and, in this process, the two binaries as they run in a
+// cluster: a manager wired as cmd/webhook's, serving the webhook, and one
+// wired as cmd/controller's, each with its binary's cache (see Options.Setup for a webhook alone). It creates the
 // Namespace guestbackup runs in. tb's cleanup stops them all.
 func Start(tb testbed.TB, o Options) *Platform {
 	tb.Helper()
@@ -110,10 +121,12 @@ func Start(tb testbed.TB, o Options) *Platform {
 	api := testbed.StartAPIServer(tb, testbed.APIServerOptions{Webhooks: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{cfg},
 	}})
+	kv := testbed.StartKubeVirt(tb, api)
 	p, err := startManagers(tb, api, o)
 	if err != nil {
 		tb.Fatalf("start guestbackup: %v", err)
 	}
+	p.KubeVirt = kv
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
 	if err := api.Client.Create(context.Background(), ns); err != nil {
 		tb.Fatalf("create namespace %s: %v", Namespace, err)
@@ -232,40 +245,67 @@ var firmwareUUIDNamespace = uuid.MustParse("6a1a24a1-4061-4607-8bf4-a3963d0c5895
 
 // InstanceID is the NoCloud instance-id KubeVirt gives vm's guest: its
 // firmware UUID (pkg/cloud-init, cloudInitUUIDFromVMI, when the VM gives no
-// meta-data of its own). virt-api sets spec.template.spec.domain.firmware.uuid
-// once; where it is absent, virt-controller's firmware sync sets the legacy
-// UUID, a UUIDv5 of the VM's name (CalculateLegacyUUID). Either way it stays
-// the same across every stop and start of the VM, so cloud-init runs its
-// per-instance modules at the VM's first boot only.
+// meta-data of its own). virt-api's mutating webhook sets
+// spec.template.spec.domain.firmware.uuid once, at the VM's creation, and
+// virt-controller copies it into every instance; where it is absent,
+// virt-controller's firmware sync sets the legacy UUID, a UUIDv5 of the VM's
+// name (CalculateLegacyUUID). Either way it stays the same across every stop
+// and start of the VM, so cloud-init runs its per-instance modules at the
+// VM's first boot only.
 func InstanceID(vm *kubevirtv1.VirtualMachine) string {
-	if t := vm.Spec.Template; t != nil && t.Spec.Domain.Firmware != nil && t.Spec.Domain.Firmware.UUID != "" {
-		return string(t.Spec.Domain.Firmware.UUID)
+	if t := vm.Spec.Template; t != nil {
+		return instanceID(vm.Name, &t.Spec)
 	}
-	return uuid.NewSHA1(firmwareUUIDNamespace, []byte(vm.Name)).String()
+	return instanceID(vm.Name, &kubevirtv1.VirtualMachineInstanceSpec{})
 }
 
-// Realise returns the boot of vm's guest the way KubeVirt's virt-launcher
-// would make it: its cloudInitNoCloud volume (inline userData, or the
-// userdata key of its secretRef, untouched) is the NoCloud seed with
-// KubeVirt's instance-id (InstanceID), each secret volume a disk with its
-// label and its disk's serial. The containerDisk is the test bed's guest
-// image, whatever image it names, under an overlay of the VM's own that every
-// boot of the VM (by its UID) reuses, as a persistent volume would be.
+func instanceID(name string, spec *kubevirtv1.VirtualMachineInstanceSpec) string {
+	if f := spec.Domain.Firmware; f != nil && f.UUID != "" {
+		return string(f.UUID)
+	}
+	return uuid.NewSHA1(firmwareUUIDNamespace, []byte(name)).String()
+}
+
+// Realise returns the boot of vm's guest as KubeVirt's node would make it
+// from the instance of vm (see RealiseInstance), from the VM's template:
+// for specs that boot a guest without an instance.
 func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (testbed.GuestOptions, error) {
-	var opts testbed.GuestOptions
 	if vm.Spec.Template == nil {
-		return opts, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
+		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
 	}
 	if vm.UID == "" {
-		return opts, fmt.Errorf("VirtualMachine %s/%s has no UID: realise the VM the API server stored", vm.Namespace, vm.Name)
+		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachine %s/%s has no UID: realise the VM the API server stored", vm.Namespace, vm.Name)
 	}
-	opts.InstanceID = InstanceID(vm)
-	opts.RootDisk = filepath.Join(p.disks, string(vm.UID)+".qcow2")
-	spec := vm.Spec.Template.Spec
-	secretData := func(name string) (map[string][]byte, error) {
+	return p.realise(ctx, vm.Namespace, vm.Name, vm.UID, &vm.Spec.Template.Spec)
+}
+
+// RealiseInstance returns the boot of vmi's guest the way KubeVirt's
+// virt-launcher would make it: its cloudInitNoCloud volume (inline userData,
+// or the userdata key of its secretRef, untouched) is the NoCloud seed with
+// KubeVirt's instance-id (the firmware UUID, see InstanceID), each secret
+// volume a disk with its label and its disk's serial. The containerDisk is
+// the test bed's guest image, whatever image it names, under an overlay of
+// the VM's own (by the UID of the VM that controls vmi) that every boot of
+// the VM reuses, as a persistent volume would be.
+func (p *Platform) RealiseInstance(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (testbed.GuestOptions, error) {
+	owner := metav1.GetControllerOf(vmi)
+	if owner == nil || owner.Kind != "VirtualMachine" {
+		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachineInstance %s/%s is controlled by no VirtualMachine", vmi.Namespace, vmi.Name)
+	}
+	return p.realise(ctx, vmi.Namespace, vmi.Name, owner.UID, &vmi.Spec)
+}
+
+// realise builds the boot of the guest of VM namespace/name (whose UID is
+// vmUID) from spec, its template's or its instance's.
+func (p *Platform) realise(ctx context.Context, namespace, name string, vmUID types.UID, spec *kubevirtv1.VirtualMachineInstanceSpec) (testbed.GuestOptions, error) {
+	opts := testbed.GuestOptions{
+		InstanceID: instanceID(name, spec),
+		RootDisk:   filepath.Join(p.disks, string(vmUID)+".qcow2"),
+	}
+	secretData := func(secret string) (map[string][]byte, error) {
 		s := &corev1.Secret{}
-		if err := p.API.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: name}, s); err != nil {
-			return nil, fmt.Errorf("VirtualMachine %s/%s: %w", vm.Namespace, vm.Name, err)
+		if err := p.API.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: secret}, s); err != nil {
+			return nil, fmt.Errorf("VirtualMachine %s/%s: %w", namespace, name, err)
 		}
 		return s.Data, nil
 	}
@@ -303,7 +343,7 @@ func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (
 		}
 	}
 	if opts.UserData == nil {
-		return opts, fmt.Errorf("VirtualMachine %s/%s has no cloud-init user-data", vm.Namespace, vm.Name)
+		return opts, fmt.Errorf("VirtualMachine %s/%s has no cloud-init user-data", namespace, name)
 	}
 	return opts, nil
 }
@@ -335,49 +375,79 @@ func (p *Platform) Repository(ctx context.Context, tb testbed.TB, bsls *v1alpha1
 type Instance struct {
 	// Guest is the qemu guest.
 	Guest *testbed.Guest
-	// VMI is the VirtualMachineInstance, as stored.
+	// VMI is the VirtualMachineInstance virt-controller created, as it was
+	// when the guest started.
 	VMI *kubevirtv1.VirtualMachineInstance
 
 	api *testbed.APIServer
+	vm  types.NamespacedName
 }
 
-// StartVM starts a guest of vm, as stored, the way KubeVirt does: first
-// virt-controller's part, a VirtualMachineInstance of the VM's name
-// controlled by the VM with the VM's template, then virt-launcher's, the
-// guest realised from the VM (Realise) after the instance exists, so that it
-// reads the Secrets as they are then. tb's cleanup stops the guest and
-// deletes the instance.
+// StartVM starts vm the KubeVirt way and boots its guest: it sets the VM's
+// runStrategy to Always (what `virtctl start` asks for), waits for the
+// VirtualMachineInstance virt-controller creates from the VM, then plays the
+// node: it realises the guest from that instance (RealiseInstance), so that
+// it reads the Secrets as they are then, and boots it. tb's cleanup stops
+// the guest and the VM.
 func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine) (*Instance, error) {
 	tb.Helper()
-	if vm.Spec.Template == nil || vm.UID == "" {
-		return nil, fmt.Errorf("VirtualMachine %s/%s: start the VM the API server stored, with its template", vm.Namespace, vm.Name)
+	key := client.ObjectKeyFromObject(vm)
+	if err := setRunStrategy(ctx, p.API.Client, key, kubevirtv1.RunStrategyAlways); err != nil {
+		return nil, err
 	}
-	vmi := &kubevirtv1.VirtualMachineInstance{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: vm.Name, Namespace: vm.Namespace, Labels: vm.Spec.Template.ObjectMeta.Labels,
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(vm, kubevirtv1.VirtualMachineGroupVersionKind)},
-		},
-		Spec: *vm.Spec.Template.Spec.DeepCopy(),
+	tb.Cleanup(func() { _ = setRunStrategy(context.Background(), p.API.Client, key, kubevirtv1.RunStrategyHalted) })
+	vmi := &kubevirtv1.VirtualMachineInstance{}
+	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
+		if err := p.API.Client.Get(ctx, key, vmi); err != nil {
+			return false, err
+		}
+		owner := metav1.GetControllerOf(vmi)
+		return owner != nil && owner.UID == vm.UID && vmi.DeletionTimestamp == nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("virt-controller made no VirtualMachineInstance of %s: %w", key, err)
 	}
-	if err := p.API.Client.Create(ctx, vmi); err != nil {
-		return nil, fmt.Errorf("create the VirtualMachineInstance of %s/%s: %w", vm.Namespace, vm.Name, err)
-	}
-	tb.Cleanup(func() { _ = p.API.Client.Delete(context.Background(), vmi) })
-	opts, err := p.Realise(ctx, vm)
+	opts, err := p.RealiseInstance(ctx, vmi)
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API}, nil
+	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API, vm: key}, nil
 }
 
-// Wait waits for the guest to power itself off and deletes its instance, as
-// KubeVirt does when a VM's guest shuts down.
+// Wait waits for the guest to power itself off, then stops its VM the
+// KubeVirt way (runStrategy Halted, what `virtctl stop` asks for) and waits
+// until virt-controller has deleted the instance.
 func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
 	res, err := i.Guest.Wait()
-	if derr := client.IgnoreNotFound(i.api.Client.Delete(ctx, i.VMI)); derr != nil && err == nil {
-		err = fmt.Errorf("delete VirtualMachineInstance %s/%s: %w", i.VMI.Namespace, i.VMI.Name, derr)
+	if serr := i.stop(ctx); serr != nil && err == nil {
+		err = serr
 	}
 	return res, err
+}
+
+func (i *Instance) stop(ctx context.Context) error {
+	if err := setRunStrategy(ctx, i.api.Client, i.vm, kubevirtv1.RunStrategyHalted); err != nil {
+		return err
+	}
+	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
+		cur := &kubevirtv1.VirtualMachineInstance{}
+		err := i.api.Client.Get(ctx, i.vm, cur)
+		return apierrors.IsNotFound(err) || (err == nil && cur.UID != i.VMI.UID), client.IgnoreNotFound(err)
+	})
+	if err != nil {
+		return fmt.Errorf("virt-controller did not delete the VirtualMachineInstance of stopped VM %s: %w", i.vm, err)
+	}
+	return nil
+}
+
+// setRunStrategy sets the runStrategy of VM key.
+func setRunStrategy(ctx context.Context, c client.Client, key types.NamespacedName, rs kubevirtv1.VirtualMachineRunStrategy) error {
+	vm := &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}
+	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"runStrategy":"`+string(rs)+`"}}`))
+	if err := c.Patch(ctx, vm, patch); err != nil {
+		return fmt.Errorf("set the runStrategy of VirtualMachine %s to %s: %w", key, rs, err)
+	}
+	return nil
 }
 
 // Events returns the Events about the object kind/name in namespace, oldest

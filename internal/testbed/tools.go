@@ -27,6 +27,9 @@ type Tools struct {
 	ControllerGen string
 	// CloudInitSchema runs Debian's `cloud-init schema`.
 	CloudInitSchema string
+	// VirtAPI and VirtController are KubeVirt's control plane; only the
+	// suites that start it need them built (see StartKubeVirt).
+	VirtAPI, VirtController string
 	// GuestImage is the folder of the Linux guest's image; only the tests
 	// that boot a guest need it built (see LoadGuestImage).
 	GuestImage string
@@ -40,11 +43,13 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
 	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
+	"GUESTBACKUP_VIRT_API":          func(t *Tools) *string { return &t.VirtAPI },
+	"GUESTBACKUP_VIRT_CONTROLLER":   func(t *Tools) *string { return &t.VirtController },
 }
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
-var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true}
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
 
 var (
 	toolsOnce sync.Once

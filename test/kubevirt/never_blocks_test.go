@@ -29,17 +29,8 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 	)
 	const finalizer = "example.com/keep"
 
-	// update changes the stored VM with f and writes it, as kubectl edit
-	// does (retrying a conflict with a concurrent writer).
 	update := func(name string, f func(*kubevirtv1.VirtualMachine)) error {
-		var err error
-		for range 5 {
-			vm := bed.getVM(ctx, name)
-			f(vm)
-			if err = bed.api.Client.Update(ctx, vm); !apierrors.IsConflict(err) {
-				return err
-			}
-		}
+		_, err := bed.update(ctx, name, f)
 		return err
 	}
 	generation := func(name string) string {

@@ -47,9 +47,8 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 		bed *webhookBed
 	)
 	update := func(name string, f func(*kubevirtv1.VirtualMachine)) error {
-		vm := bed.getVM(ctx, name)
-		f(vm)
-		return bed.api.Client.Update(ctx, vm)
+		_, err := bed.update(ctx, name, f)
+		return err
 	}
 	ownPartOf := func(name string) string {
 		GinkgoHelper()

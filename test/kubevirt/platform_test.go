@@ -3,6 +3,7 @@ package kubevirt
 import (
 	"context"
 	"fmt"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -12,6 +13,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // backupPlatform is guestbackup on the test bed with an admin's BSLS,
@@ -51,4 +53,32 @@ func startBackupPlatform(ctx context.Context, bslsNamespace string, namespaces .
 	_, err = p.ServeBSLS(ctx, GinkgoT(), bsls, port)
 	Expect(err).NotTo(HaveOccurred())
 	return backupPlatform{Platform: p, bsls: bsls, port: port}
+}
+
+// readyBSLS creates the namespaces (the BSLS's first), labelled as the BSLS
+// admits them, and the BSLS <bslsNamespace>/main with the status a Ready BSLS
+// has (the BSLS controller's own specs prove it writes exactly these
+// fields), served by nothing: for specs of admission alone, where no
+// controller runs to rewrite the status.
+func readyBSLS(ctx context.Context, api *testbed.APIServer, bslsNamespace string, namespaces ...string) *v1alpha1.BackupStorageLocationServer {
+	GinkgoHelper()
+	for _, ns := range append([]string{bslsNamespace}, namespaces...) {
+		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
+	}
+	bsls := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNamespace},
+		Spec: v1alpha1.BackupStorageLocationServerSpec{
+			Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+			Access:  v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}}},
+		},
+	}
+	Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+	ca, err := pki.NewCA("admission spec CA", time.Hour)
+	Expect(err).NotTo(HaveOccurred())
+	bsls.Status = v1alpha1.BackupStorageLocationServerStatus{
+		Endpoint: fmt.Sprintf("https://main.%s.svc:51515", bslsNamespace), TLSCA: string(ca.CertPEM()),
+		Conditions: []metav1.Condition{{Type: v1alpha1.ConditionReady, Status: metav1.ConditionTrue, Reason: "Ready", Message: "ready", LastTransitionTime: metav1.Now()}},
+	}
+	Expect(api.Client.Status().Update(ctx, bsls)).To(Succeed())
+	return bsls
 }

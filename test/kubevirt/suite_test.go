@@ -1,8 +1,9 @@
 // Package kubevirt is guestbackup's end-to-end suite for KubeVirt
 // VirtualMachines. It runs on the local test bed: a real kube-apiserver with
-// KubeVirt's VirtualMachine CRD as virt-operator installs it, guestbackup's
-// webhook and controllers in-process (internal/local), and real Linux guests
-// under qemu realised from the VMs the API server stored (see README.md).
+// KubeVirt's CRDs as virt-operator installs them, KubeVirt's own virt-api and
+// virt-controller, guestbackup's webhook and controllers in-process
+// (internal/local), and real Linux guests under qemu realised from the
+// VirtualMachineInstances virt-controller created (see README.md).
 package kubevirt
 
 import (

@@ -63,16 +63,17 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 	})
 
 	It("changes nothing when the VM is admitted again", func() {
-		before := getVM("web")
 		secretBefore, err := secretOf("web")()
 		Expect(err).NotTo(HaveOccurred())
 		// A new disk: an edit of what the webhook injects into reaches it.
 		seen := requests.n.Load()
-		before.Spec.Template.Spec.Volumes = append(before.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
-			Name: "data", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/data:1"}},
+		before, err := bed.update(ctx, "web", func(vm *kubevirtv1.VirtualMachine) {
+			vm.Spec.Template.Spec.Volumes = append(vm.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
+				Name: "data", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/data:1"}},
+			})
+			vm.Spec.Template.Spec.Domain.Devices.Disks = append(vm.Spec.Template.Spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: "data"})
 		})
-		before.Spec.Template.Spec.Domain.Devices.Disks = append(before.Spec.Template.Spec.Domain.Devices.Disks, kubevirtv1.Disk{Name: "data"})
-		Expect(api.Client.Update(ctx, before)).To(Succeed())
+		Expect(err).NotTo(HaveOccurred())
 		Expect(requests.n.Load()).To(BeNumerically(">", seen), "the edit reached the webhook")
 		after := getVM("web")
 		Expect(after.Spec).To(Equal(before.Spec))
@@ -129,17 +130,16 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 		Expect(string(part)).To(Equal(own))
 
 		By("giving it back when the VM opts out")
-		delete(stored.Annotations, v1alpha1.AnnotationServer)
-		Expect(api.Client.Update(ctx, stored)).To(Succeed())
+		_, err = bed.update(ctx, "db", func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })
+		Expect(err).NotTo(HaveOccurred())
 		back := getVM("db")
 		Expect(back.Annotations).NotTo(HaveKey(v1alpha1.AnnotationStatus))
 		Expect(back.Spec.Template.Spec.Volumes[1].CloudInitNoCloud).To(Equal(&kubevirtv1.CloudInitNoCloudSource{UserData: own}))
 	})
 
 	It("removes what it added when a VM opts out", func() {
-		vm := getVM("web")
-		delete(vm.Annotations, v1alpha1.AnnotationServer)
-		Expect(api.Client.Update(ctx, vm)).To(Succeed())
+		_, err := bed.update(ctx, "web", func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationServer) })
+		Expect(err).NotTo(HaveOccurred())
 		after := getVM("web")
 		Expect(after.Annotations).NotTo(HaveKey(v1alpha1.AnnotationStatus))
 		Expect(after.Spec.Template.Spec.Volumes).NotTo(ContainElement(HaveField("Name", mutate.CloudInitVolume)))

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -117,6 +118,22 @@ func (b *webhookBed) getVM(ctx context.Context, name string) *kubevirtv1.Virtual
 	vm := &kubevirtv1.VirtualMachine{}
 	Expect(b.api.Client.Get(ctx, vmKey(name), vm)).To(Succeed())
 	return vm
+}
+
+// update changes the stored VM name with f and writes it, as kubectl edit
+// does: again on a conflict, since virt-controller writes VMs too. It
+// returns the VM as the API server stored it.
+func (b *webhookBed) update(ctx context.Context, name string, f func(*kubevirtv1.VirtualMachine)) (*kubevirtv1.VirtualMachine, error) {
+	var vm *kubevirtv1.VirtualMachine
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		vm = &kubevirtv1.VirtualMachine{}
+		if err := b.api.Client.Get(ctx, vmKey(name), vm); err != nil {
+			return err
+		}
+		f(vm)
+		return b.api.Client.Update(ctx, vm)
+	})
+	return vm, err
 }
 
 func (b *webhookBed) secretOf(ctx context.Context, name string) func() (*corev1.Secret, error) {
