@@ -12,8 +12,8 @@ import (
 // besides the mean. Target: p99 <= 1 ms.
 func BenchmarkDecide(b *testing.B) {
 	cases := map[string][]byte{
-		"typical":         readVM(b, "no-cloud-init.vm.yaml"),
-		"merged":          readVM(b, "inline-cloud-config.vm.yaml"),
+		"typical":         readVM(b, "no-cloud-init"),
+		"merged":          readVM(b, "inline-cloud-config"),
 		"fully-populated": kubevirtFixture(b),
 	}
 	for name, obj := range cases {

@@ -27,7 +27,7 @@ func TestDiskModeSecretAloneConnectsAGuest(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(data, "report.txt"), []byte("quarterly\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	vm := readVM(t, "mode-disk.vm.yaml")
+	vm := readVM(t, "mode-disk")
 	vm = []byte(strings.Replace(string(vm), `"/home"`, `"`+data+`"`, 1))
 	d, err := Decide(Input{Object: vm, Namespace: "team-a", Server: server, NewPassword: NewPassword})
 	if err != nil || d.Denied != "" {

@@ -32,8 +32,8 @@ func TestACopyGetsItsOwnIdentity(t *testing.T) {
 				name += ", without the status annotation"
 			}
 			t.Run(name, func(t *testing.T) {
-				original := readVM(t, tt.fixture+".vm.yaml")
-				stored, source := injected(t, tt.fixture+".vm.yaml")
+				original := readVM(t, tt.fixture)
+				stored, source := injected(t, tt.fixture)
 				sourceBefore := source.DeepCopy()
 				clone := withField(t, stored, "copy", "metadata", "name")
 				if stripped {
@@ -100,7 +100,7 @@ func TestACopyGetsItsOwnIdentity(t *testing.T) {
 }
 
 func TestACopyWhoseSourceSecretIsGone(t *testing.T) {
-	stored, _ := injected(t, "inline-cloud-config.vm.yaml")
+	stored, _ := injected(t, "inline-cloud-config")
 	clone := withField(t, stored, "copy", "metadata", "name")
 	d, err := Decide(Input{Object: clone, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
 	if err != nil {

@@ -3,7 +3,6 @@ package mutate
 import (
 	"bytes"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,11 +21,14 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/golden"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+// goldenDir holds a directory per golden case: the VM (vm.yaml, the input)
+// and what Decide makes of it (patch.json, secret.yaml); -update rewrites them.
+const goldenDir = "testdata/golden"
 
 const testEndpoint = "https://main.backup.svc:51515"
 
@@ -87,9 +89,10 @@ func apply(t testing.TB, obj []byte, d Decision) []byte {
 	return out
 }
 
+// readVM reads golden case name's VirtualMachine (testdata/golden/<name>/vm.yaml) as JSON.
 func readVM(t testing.TB, name string) []byte {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join("testdata", name))
+	data, err := os.ReadFile(filepath.Join(goldenDir, name, "vm.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,24 +101,6 @@ func readVM(t testing.TB, name string) []byte {
 		t.Fatal(err)
 	}
 	return obj
-}
-
-func golden(t *testing.T, name string, got []byte) {
-	t.Helper()
-	path := filepath.Join("testdata", name)
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (go test ./pkg/mutate -update writes it)", err)
-	}
-	if !bytes.Equal(got, want) {
-		t.Errorf("%s differs from the golden file (go test ./pkg/mutate -update rewrites it):\n--- got\n%s\n--- want\n%s", name, got, want)
-	}
 }
 
 // secretYAML renders a Secret's data readably: the payload is text.
@@ -211,17 +196,19 @@ func checkKubeVirtRules(t *testing.T, obj []byte) {
 }
 
 func TestDecideGolden(t *testing.T) {
-	for _, name := range []string{"no-cloud-init", "inline-cloud-config", "base64-cloud-config", "secret-ref", "config-drive", "mode-disk"} {
+	for _, name := range golden.Cases(t, goldenDir) {
 		t.Run(name, func(t *testing.T) {
 			pw := &passwords{}
-			original := readVM(t, name+".vm.yaml")
+			original := readVM(t, name)
 			d := decide(t, original, nil, pw)
 			if d.Denied != "" {
 				t.Fatalf("denied: %s", d.Denied)
 			}
 			patch, _ := json.MarshalIndent(d.Patch, "", "  ")
-			golden(t, name+".patch.json", append(patch, '\n'))
-			golden(t, name+".secret.yaml", secretYAML(t, d.Secret))
+			golden.Check(t, filepath.Join(goldenDir, name), map[string][]byte{
+				"patch.json":  append(patch, '\n'),
+				"secret.yaml": secretYAML(t, d.Secret),
+			}, "vm.yaml")
 			// A VM being created has no UID: its Event waits in the Secret
 			// for the controller to record it once the VM exists.
 			if issued := d.Secret.Annotations[vmsecret.AnnotationIssuedEvent]; len(d.Events) != 0 || !strings.HasPrefix(issued, "Issued Kopia credentials for ") || strings.Contains(issued, "test-password") {
@@ -256,7 +243,7 @@ func TestDecideGolden(t *testing.T) {
 }
 
 func TestMergedPayloadKeepsTheVMsUserData(t *testing.T) {
-	original := readVM(t, "inline-cloud-config.vm.yaml")
+	original := readVM(t, "inline-cloud-config")
 	var vm kubevirtv1.VirtualMachine
 	if err := json.Unmarshal(original, &vm); err != nil {
 		t.Fatal(err)
@@ -280,7 +267,7 @@ func TestMergedPayloadKeepsTheVMsUserData(t *testing.T) {
 
 func TestRotation(t *testing.T) {
 	pw := &passwords{}
-	original := readVM(t, "no-cloud-init.vm.yaml")
+	original := readVM(t, "no-cloud-init")
 	first := decide(t, original, nil, pw)
 	// An update: the VM has its UID.
 	rotating := withField(t, withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationRotate, "2026-11-23"), "uid-1", "metadata", "uid")
@@ -306,7 +293,7 @@ func TestRotation(t *testing.T) {
 
 func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
 	pw := &passwords{}
-	original := readVM(t, "no-cloud-init.vm.yaml")
+	original := readVM(t, "no-cloud-init")
 	first := decide(t, original, nil, pw)
 	changed := withAnnotation(t, apply(t, original, first), v1alpha1.AnnotationPaths, "/var/lib/app")
 	d := decide(t, changed, first.Secret, pw)
@@ -325,7 +312,7 @@ func TestChangedPathsRewriteOnlyTheSecret(t *testing.T) {
 // still writes it.
 func TestSecretRecordsWhatItWasRenderedWith(t *testing.T) {
 	pw := &passwords{}
-	original := readVM(t, "no-cloud-init.vm.yaml")
+	original := readVM(t, "no-cloud-init")
 	first := decide(t, original, nil, pw)
 	if endpoint, ca := vmsecret.Rendered(first.Secret); endpoint != testEndpoint || ca != vmsecret.CASum([]byte(testCA)) {
 		t.Fatalf("Secret records %q, %q; want the server's endpoint and its CA's SHA-256", endpoint, ca)
@@ -343,7 +330,7 @@ func TestSecretRecordsWhatItWasRenderedWith(t *testing.T) {
 }
 
 func TestDenials(t *testing.T) {
-	base := readVM(t, "no-cloud-init.vm.yaml")
+	base := readVM(t, "no-cloud-init")
 	set := func(key, value string) []byte {
 		if key != "name" {
 			return withAnnotation(t, base, key, value)
@@ -357,7 +344,7 @@ func TestDenials(t *testing.T) {
 	notReady := readyServer()
 	notReady.BSLS.Status.Endpoint = ""
 	notReady.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "ServerAvailable", Message: "Not True: ServerAvailable"}
-	forcedCloudInit := withAnnotation(t, readVM(t, "secret-ref.vm.yaml"), v1alpha1.AnnotationMode, "cloud-init")
+	forcedCloudInit := withAnnotation(t, readVM(t, "secret-ref"), v1alpha1.AnnotationMode, "cloud-init")
 
 	// Secrets named web-guestbackup that are not guestbackup's for web.
 	foreign := func(mutate func(*corev1.Secret)) *corev1.Secret {
@@ -430,7 +417,7 @@ func TestDenials(t *testing.T) {
 // VM of the same name controlled (deleted and created again: the same
 // identity, which the controller adopts for the new VM).
 func TestSecretOfThisVMIsRewritten(t *testing.T) {
-	base := readVM(t, "no-cloud-init.vm.yaml")
+	base := readVM(t, "no-cloud-init")
 	first := decide(t, base, nil, &passwords{})
 	for name, ref := range map[string]*metav1.OwnerReference{
 		"not adopted yet":       nil,
@@ -457,7 +444,7 @@ func TestSecretOfThisVMIsRewritten(t *testing.T) {
 // already has is refused by the API server after admission; its
 // admission must neither rotate nor relabel that VM's credentials.
 func TestCreateOverAnExistingVMChangesNothing(t *testing.T) {
-	base := readVM(t, "no-cloud-init.vm.yaml")
+	base := readVM(t, "no-cloud-init")
 	stored := decide(t, base, nil, &passwords{}).Secret
 	stored.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference("web", "uid-1")}
 	before := stored.DeepCopy()
@@ -478,7 +465,7 @@ func TestCreateOverAnExistingVMChangesNothing(t *testing.T) {
 // holds, gets its credentials.
 func TestLongestVMName(t *testing.T) {
 	var m map[string]any
-	_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+	_ = json.Unmarshal(readVM(t, "no-cloud-init"), &m)
 	name := strings.Repeat("v", 63)
 	m["metadata"].(map[string]any)["name"] = name
 	obj, _ := json.Marshal(m)
@@ -489,7 +476,7 @@ func TestLongestVMName(t *testing.T) {
 }
 
 func TestPlainVMIsLeftAlone(t *testing.T) {
-	d := decide(t, withoutServer(t, readVM(t, "no-cloud-init.vm.yaml")), nil, &passwords{})
+	d := decide(t, withoutServer(t, readVM(t, "no-cloud-init")), nil, &passwords{})
 	if d.Denied != "" || len(d.Patch) != 0 || d.Secret != nil || len(d.Events) != 0 {
 		t.Errorf("a VM that never opted in: %+v", d)
 	}

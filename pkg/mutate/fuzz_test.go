@@ -13,7 +13,7 @@ import (
 // FuzzDecide admits arbitrary VirtualMachine JSON: Decide never panics,
 // and every patch it returns applies cleanly to what it was given.
 func FuzzDecide(f *testing.F) {
-	files, _ := filepath.Glob(filepath.Join("testdata", "*.vm.yaml"))
+	files, _ := filepath.Glob(filepath.Join("testdata", "golden", "*", "vm.yaml"))
 	for _, name := range files {
 		data, err := os.ReadFile(name)
 		if err != nil {

@@ -59,7 +59,7 @@ func BenchmarkAdmissionHTTPS(b *testing.B) {
 	}
 
 	// The VM as stored after its first admission, and its Secret.
-	original := readVM(b, "no-cloud-init.vm.yaml")
+	original := readVM(b, "no-cloud-init")
 	first, err := Decide(Input{Object: original, Namespace: "team-a", Server: Server{BSLS: bsls, NamespaceAllowed: true}, NewPassword: NewPassword})
 	if err != nil || first.Denied != "" {
 		b.Fatalf("%v %s", err, first.Denied)

@@ -103,7 +103,7 @@ func TestHandlerDecidesWritesOnTheAPIServersState(t *testing.T) {
 	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(append(apiObjects(), foreign)...).WithInterceptorFuncs(w.funcs()).Build()
 	h := &Handler{Cache: cache, Reader: api, Writer: api}
 
-	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init.vm.yaml")))
+	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init")))
 	if resp.Allowed || !strings.Contains(resp.Result.Message, "Secret team-a/web-guestbackup already exists and is not guestbackup's credential Secret for VirtualMachine web") {
 		t.Fatalf("allowed %t: %q; want the foreign Secret to deny the VM", resp.Allowed, resp.Result.Message)
 	}
@@ -118,7 +118,7 @@ func TestHandlerDecidesWritesOnTheAPIServersState(t *testing.T) {
 
 func TestHandlerFailsTheAdmissionOnAWriteConflict(t *testing.T) {
 	scheme := handlerScheme(t)
-	original := readVM(t, "no-cloud-init.vm.yaml")
+	original := readVM(t, "no-cloud-init")
 	first := decide(t, original, nil, &passwords{})
 	stored := first.Secret.DeepCopy()
 	objs := append(apiObjects(), stored)
@@ -142,7 +142,7 @@ func TestHandlerRefusals(t *testing.T) {
 	scheme := handlerScheme(t)
 	generated := func() []byte {
 		var m map[string]any
-		_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+		_ = json.Unmarshal(readVM(t, "no-cloud-init"), &m)
 		meta := m["metadata"].(map[string]any)
 		delete(meta, "name")
 		meta["generateName"] = "web-"
@@ -151,7 +151,7 @@ func TestHandlerRefusals(t *testing.T) {
 	}()
 	long := func() []byte {
 		var m map[string]any
-		_ = json.Unmarshal(readVM(t, "no-cloud-init.vm.yaml"), &m)
+		_ = json.Unmarshal(readVM(t, "no-cloud-init"), &m)
 		m["metadata"].(map[string]any)["name"] = strings.Repeat("v", 64)
 		out, _ := json.Marshal(m)
 		return out
@@ -184,7 +184,7 @@ func TestHandlerDryRunWritesNothing(t *testing.T) {
 	cache := fake.NewClientBuilder().WithScheme(handlerScheme(t)).WithObjects(apiObjects()...).Build()
 	api := fake.NewClientBuilder().WithScheme(handlerScheme(t)).WithObjects(apiObjects()...).WithInterceptorFuncs(w.funcs()).Build()
 	h := &Handler{Cache: cache, Reader: api, Writer: api}
-	req := admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init.vm.yaml"))
+	req := admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init"))
 	req.DryRun = ptr.To(true)
 	resp := h.Handle(context.Background(), req)
 	if !resp.Allowed || len(resp.Patches) == 0 {
@@ -208,7 +208,7 @@ func updateRequest(t *testing.T, obj, old []byte) admission.Request {
 // write is decided on the API server's Secret.
 func TestHandlerDecidesAWriteAgainOnTheLiveSecret(t *testing.T) {
 	scheme := handlerScheme(t)
-	original := readVM(t, "no-cloud-init.vm.yaml")
+	original := readVM(t, "no-cloud-init")
 	pw := &passwords{}
 	first := decide(t, original, nil, pw)
 	stored := apply(t, original, first)
@@ -242,7 +242,7 @@ func TestHandlerDecidesAWriteAgainOnTheLiveSecret(t *testing.T) {
 // annotation is decided on the VM as stored (the request's oldObject).
 func TestHandlerReadsTheStoredVM(t *testing.T) {
 	scheme := handlerScheme(t)
-	original := readVM(t, "inline-cloud-config.vm.yaml")
+	original := readVM(t, "inline-cloud-config")
 	first := decide(t, original, nil, &passwords{})
 	stored := apply(t, original, first)
 	secret := first.Secret.DeepCopy()
@@ -263,7 +263,7 @@ func TestHandlerReadsTheStoredVM(t *testing.T) {
 // admission rather than deciding without it.
 func TestHandlerReadsACopysSource(t *testing.T) {
 	scheme := handlerScheme(t)
-	stored, source := injected(t, "inline-cloud-config.vm.yaml")
+	stored, source := injected(t, "inline-cloud-config")
 	clone := withField(t, stored, "copy", "metadata", "name")
 	before := source.DeepCopy()
 

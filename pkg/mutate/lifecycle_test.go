@@ -56,7 +56,7 @@ func injected(t *testing.T, name string) ([]byte, *corev1.Secret) {
 // never denied for its server's health: start, stop, edits and the
 // finalizer removal of a deleting VM do not wait on a BSLS.
 func TestNeverBlocksAnInjectedVM(t *testing.T) {
-	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	stored, secret := injected(t, "no-cloud-init")
 	hashPending := readyServer()
 	hashPending.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: "UsersSynced", Message: "Not True: UsersSynced"}
 	certRolling := readyServer()
@@ -120,7 +120,7 @@ func TestNeverBlocksAnInjectedVM(t *testing.T) {
 // TestADeletingVMIsAdmittedUnchanged: nothing holds up a deletion, and a
 // deleting VM is never issued credentials.
 func TestADeletingVMIsAdmittedUnchanged(t *testing.T) {
-	stored, secret := injected(t, "no-cloud-init.vm.yaml")
+	stored, secret := injected(t, "no-cloud-init")
 	deleting := withField(t, stored, "2026-11-25T07:00:00Z", "metadata", "deletionTimestamp")
 	for name, in := range map[string]Input{
 		"its finalizer removed":         {Object: withField(t, deleting, nil, "metadata", "finalizers"), OldObject: deleting, Secret: secret},
@@ -149,7 +149,7 @@ func TestADeletingVMIsAdmittedUnchanged(t *testing.T) {
 // server is not Ready for reasons that do not concern it (a previous VM's
 // hash pending, a certificate renewal): it needs the endpoint and the CA.
 func TestANewVMNeedsWhatItsBootstrapNeeds(t *testing.T) {
-	base := readVM(t, "no-cloud-init.vm.yaml")
+	base := readVM(t, "no-cloud-init")
 	for _, reason := range []string{"UsersSynced", "CertificateReady", "ServerAvailable"} {
 		server := readyServer()
 		server.BSLS.Status.Conditions[0] = metav1.Condition{Type: v1alpha1.ConditionReady, Status: metav1.ConditionFalse, Reason: reason, Message: "Not True: " + reason}
@@ -184,8 +184,8 @@ func withoutAnnotations(t *testing.T, obj []byte, keys ...string) []byte {
 func TestRemovingAnnotationsLosesNothing(t *testing.T) {
 	for _, name := range []string{"inline-cloud-config", "base64-cloud-config", "no-cloud-init", "mode-disk", "secret-ref"} {
 		t.Run(name, func(t *testing.T) {
-			original := readVM(t, name+".vm.yaml")
-			stored, secret := injected(t, name+".vm.yaml")
+			original := readVM(t, name)
+			stored, secret := injected(t, name)
 			admit := func(obj []byte) []byte {
 				t.Helper()
 				d, err := Decide(Input{Object: obj, OldObject: stored, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})
@@ -216,11 +216,11 @@ func TestRemovingAnnotationsLosesNothing(t *testing.T) {
 // never shown by kubectl describe. At creation the message waits in the
 // Secret for the controller; at an update the VM has its UID.
 func TestCredentialsIssuedWaitsForTheUID(t *testing.T) {
-	created := decide(t, readVM(t, "no-cloud-init.vm.yaml"), nil, &passwords{})
+	created := decide(t, readVM(t, "no-cloud-init"), nil, &passwords{})
 	if len(created.Events) != 0 || created.Secret.Annotations[vmsecret.AnnotationIssuedEvent] == "" {
 		t.Errorf("at creation: events %+v, issued-event %q; want the Event in the Secret", created.Events, created.Secret.Annotations[vmsecret.AnnotationIssuedEvent])
 	}
-	plain := withField(t, withoutServer(t, readVM(t, "no-cloud-init.vm.yaml")), "uid-1", "metadata", "uid")
+	plain := withField(t, withoutServer(t, readVM(t, "no-cloud-init")), "uid-1", "metadata", "uid")
 	optedIn := withAnnotation(t, plain, v1alpha1.AnnotationServer, "backup/main")
 	d, err := Decide(Input{Object: optedIn, OldObject: plain, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
 	if err != nil {
@@ -236,7 +236,7 @@ func TestCredentialsIssuedWaitsForTheUID(t *testing.T) {
 // given one; a guest whose bootstrap goes on a disk is told it needs the
 // disk unit.
 func TestGuestsThatReadNoNoCloud(t *testing.T) {
-	base := readVM(t, "no-cloud-init.vm.yaml")
+	base := readVM(t, "no-cloud-init")
 	var m map[string]any
 	if err := decodeJSON(base, &m); err != nil {
 		t.Fatal(err)
@@ -274,7 +274,7 @@ func TestGuestsThatReadNoNoCloud(t *testing.T) {
 		}
 	})
 	t.Run("a ConfigDrive guest is told it needs the disk unit", func(t *testing.T) {
-		d := decide(t, readVM(t, "config-drive.vm.yaml"), nil, &passwords{})
+		d := decide(t, readVM(t, "config-drive"), nil, &passwords{})
 		if msg := d.Secret.Annotations[vmsecret.AnnotationIssuedEvent]; !strings.Contains(msg, "disk mode because it uses a cloudInitConfigDrive volume: the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)") {
 			t.Errorf("CredentialsIssued %q", msg)
 		}
