@@ -121,9 +121,10 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{}, nil
 	}
 	hashed := CurrentHash(secret) != nil
-	_, previousGeneration, rotating := vmsecret.PreviousHash(secret)
+	_, recorded := vmsecret.PreviousHash(secret)
+	previous, rotating := previousOnSameServer(secret)
 	staleHash, staleGeneration, stale := staleOnSameServer(secret)
-	if hashed && !rotating {
+	if hashed && !rotating && !recorded {
 		return ctrl.Result{}, nil
 	}
 	var keep Keep
@@ -137,7 +138,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if grace <= 0 {
 			grace = DefaultRotationGrace
 		}
-		keep = KeepPrevious(vmsecret.IssuedAt(secret), instance, h.now(), grace)
+		keep = KeepPrevious(GraceStart(secret), instance, h.now(), grace)
 	}
 
 	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -161,13 +162,15 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		vmsecret.SetPasswordHash(secret, hash.String())
 		switch {
 		case !keep.Keep:
-			vmsecret.SetPreviousHash(secret, "", "")
+			vmsecret.SetPreviousHash(secret, nil)
 		case rotating:
 			// Rotated again before the guest restarted: it still has the
 			// password kept for it, not the one in between.
-			staleGeneration = previousGeneration
+			staleGeneration = previous.Generation
 		case stale:
-			vmsecret.SetPreviousHash(secret, staleHash, staleGeneration)
+			vmsecret.SetPreviousHash(secret, &vmsecret.Previous{
+				Hash: staleHash, Generation: staleGeneration, Server: vmsecret.Server(secret).String(), Since: vmsecret.IssuedAt(secret),
+			})
 		}
 		if keep.Keep {
 			event = func() {
@@ -177,12 +180,12 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			}
 		}
 	case !keep.Keep:
-		vmsecret.SetPreviousHash(secret, "", "")
+		vmsecret.SetPreviousHash(secret, nil)
 		if keep.Forced {
 			event = func() {
 				h.record(secret, corev1.EventTypeWarning, ReasonRotationForced,
 					"Generation %s's password no longer authenticates although the guest has not restarted since the rotation (%s): restart the VM so that its guest gets generation %s",
-					previousGeneration, keep.Why, vmsecret.Generation(secret))
+					previous.Generation, keep.Why, vmsecret.Generation(secret))
 			}
 		}
 	default:
@@ -196,7 +199,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	if event != nil {
 		event()
 	}
-	if _, _, kept := vmsecret.PreviousHash(secret); kept {
+	if _, kept := vmsecret.PreviousHash(secret); kept {
 		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
 	}
 	return ctrl.Result{}, nil
@@ -265,13 +268,35 @@ func KeepPrevious(issued time.Time, instance *metav1.PartialObjectMetadata, now 
 // rotation waits for the guest to restart (or while the new password is
 // being hashed), else the current generation's.
 func HashFor(secret *corev1.Secret) *identity.Hash {
-	if text, _, ok := vmsecret.PreviousHash(secret); ok {
-		return parseHash(text)
+	if p, ok := previousOnSameServer(secret); ok {
+		return parseHash(p.Hash)
 	}
 	if text, _, ok := staleOnSameServer(secret); ok {
 		return parseHash(text)
 	}
 	return CurrentHash(secret)
+}
+
+// GraceStart is when the grace period of a rotation began: the rotation
+// that first made the kept password stale. A rotation while one is kept
+// keeps the guest's password, never extending how long it is accepted.
+func GraceStart(secret *corev1.Secret) time.Time {
+	if p, ok := previousOnSameServer(secret); ok && !p.Since.IsZero() {
+		return p.Since
+	}
+	return vmsecret.IssuedAt(secret)
+}
+
+// previousOnSameServer is vmsecret.PreviousHash when the kept hash was
+// provisioned on the server the Secret names now: a VM that moved to another
+// server (the webhook keeps the controller's keys when it rewrites the
+// Secret) takes no rotated-out password there.
+func previousOnSameServer(secret *corev1.Secret) (vmsecret.Previous, bool) {
+	p, ok := vmsecret.PreviousHash(secret)
+	if !ok || p.Server != vmsecret.Server(secret).String() {
+		return vmsecret.Previous{}, false
+	}
+	return p, true
 }
 
 // staleOnSameServer is vmsecret.StaleHash when the hash was provisioned on

@@ -69,7 +69,13 @@ func TestHashForDuringARotation(t *testing.T) {
 			vmsecret.KeyPasswordHash: h1, vmsecret.KeyPasswordHashGeneration: "1"}, true, "", ""},
 		"rotated, waiting for the guest": {map[string]string{vmsecret.KeyGeneration: "2",
 			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2",
-			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1"}, false, h1, h2},
+			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1", vmsecret.KeyPreviousPasswordHashServer: "storage/main"}, false, h1, h2},
+		// The webhook keeps the controller's keys when the VM names
+		// another server: the password rotated out on the first must not
+		// authenticate on the second.
+		"rotated, then moved to another server": {map[string]string{vmsecret.KeyGeneration: "2",
+			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2",
+			vmsecret.KeyPreviousPasswordHash: h1, vmsecret.KeyPreviousPasswordHashGeneration: "1", vmsecret.KeyPreviousPasswordHashServer: "storage/main"}, true, h2, h2},
 		"rotated, done": {map[string]string{vmsecret.KeyGeneration: "2",
 			vmsecret.KeyPasswordHash: h2, vmsecret.KeyPasswordHashGeneration: "2"}, false, h2, h2},
 	} {
@@ -83,6 +89,34 @@ func TestHashForDuringARotation(t *testing.T) {
 			}
 			if got := hashText(CurrentHash(s)); got != tc.owner {
 				t.Errorf("CurrentHash = %q, want %q", got, tc.owner)
+			}
+		})
+	}
+}
+
+// A second rotation while the first one's password is kept never extends
+// how long that password is accepted: the grace period runs from the first.
+func TestGraceStart(t *testing.T) {
+	first := time.Date(2026, 11, 25, 8, 0, 0, 0, time.UTC)
+	second := first.Add(20 * time.Hour)
+	secret := func(previous *vmsecret.Previous) *corev1.Secret {
+		s := &corev1.Secret{Data: map[string][]byte{}}
+		s.Labels = vmsecret.Labels("web", types.NamespacedName{Namespace: "storage", Name: "main"})
+		s.Annotations = map[string]string{vmsecret.AnnotationIssuedAt: second.Format(time.RFC3339Nano)}
+		vmsecret.SetPreviousHash(s, previous)
+		return s
+	}
+	for name, tc := range map[string]struct {
+		previous *vmsecret.Previous
+		want     time.Time
+	}{
+		"no password kept: the current rotation":   {nil, second},
+		"a password kept since the first rotation": {&vmsecret.Previous{Hash: "h1", Generation: "1", Server: "storage/main", Since: first}, first},
+		"a password kept on another server":        {&vmsecret.Previous{Hash: "h1", Generation: "1", Server: "storage/old", Since: first}, second},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if got := GraceStart(secret(tc.previous)); !got.Equal(tc.want) {
+				t.Errorf("GraceStart = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -91,6 +91,11 @@ const (
 	// alone (see credentials.Hasher).
 	KeyPreviousPasswordHash           = "previousPasswordHash"
 	KeyPreviousPasswordHashGeneration = "previousPasswordHashGeneration"
+	// KeyPreviousPasswordHashServer and KeyPreviousPasswordHashSince
+	// (Hasher) are the server the previous hash was provisioned on and when
+	// it stopped being current (see Previous).
+	KeyPreviousPasswordHashServer = "previousPasswordHashServer"
+	KeyPreviousPasswordHashSince  = "previousPasswordHashSince"
 	// KeyUserData (webhook) is the cloud-init user-data KubeVirt reads.
 	KeyUserData = v1alpha1.SecretKeyUserData
 	// KeyInstall (webhook) is the disk-mode installer.
@@ -247,33 +252,64 @@ func StaleHash(s *corev1.Secret) (hash, generation string, ok bool) {
 	return data(s, KeyPasswordHash), g, true
 }
 
-// PreviousHash is the hash of the previous generation the server still
-// accepts, with its generation; false when there is none.
-func PreviousHash(s *corev1.Secret) (hash, generation string, ok bool) {
-	h := data(s, KeyPreviousPasswordHash)
-	return h, data(s, KeyPreviousPasswordHashGeneration), h != ""
+// Previous is the hash of a generation before the current one that the
+// server keeps accepting while a rotation waits for the guest to restart.
+type Previous struct {
+	// Hash is the previous generation's password hash, in Kopia's text form.
+	Hash string
+	// Generation is the generation Hash was computed for.
+	Generation string
+	// Server is the BSLS (<namespace>/<name>) the hash was provisioned on:
+	// a VM that moves to another server takes no password with it.
+	Server string
+	// Since is when the hash stopped being the current one: the first
+	// rotation after it. A second rotation while it is kept never moves
+	// it, so the grace period ends at a fixed time.
+	Since time.Time
 }
 
-// SetPreviousHash records hash of generation as the previous generation's
-// that the server keeps accepting; an empty hash removes it.
-func SetPreviousHash(s *corev1.Secret, hash, generation string) {
-	if hash == "" {
-		delete(s.Data, KeyPreviousPasswordHash)
-		delete(s.Data, KeyPreviousPasswordHashGeneration)
+// PreviousHash is the previous generation's hash the server still accepts;
+// false when there is none.
+func PreviousHash(s *corev1.Secret) (Previous, bool) {
+	p := Previous{
+		Hash:       data(s, KeyPreviousPasswordHash),
+		Generation: data(s, KeyPreviousPasswordHashGeneration),
+		Server:     data(s, KeyPreviousPasswordHashServer),
+	}
+	if t, err := time.Parse(time.RFC3339Nano, data(s, KeyPreviousPasswordHashSince)); err == nil {
+		p.Since = t
+	}
+	return p, p.Hash != ""
+}
+
+// SetPreviousHash records p as the previous generation's hash that the
+// server keeps accepting; nil removes it.
+func SetPreviousHash(s *corev1.Secret, p *Previous) {
+	keys := []string{KeyPreviousPasswordHash, KeyPreviousPasswordHashGeneration, KeyPreviousPasswordHashServer, KeyPreviousPasswordHashSince}
+	if p == nil || p.Hash == "" {
+		for _, k := range keys {
+			delete(s.Data, k)
+		}
 		return
 	}
 	if s.Data == nil {
 		s.Data = map[string][]byte{}
 	}
-	s.Data[KeyPreviousPasswordHash] = []byte(hash)
-	s.Data[KeyPreviousPasswordHashGeneration] = []byte(generation)
+	for k, v := range map[string]string{
+		KeyPreviousPasswordHash:           p.Hash,
+		KeyPreviousPasswordHashGeneration: p.Generation,
+		KeyPreviousPasswordHashServer:     p.Server,
+		KeyPreviousPasswordHashSince:      p.Since.UTC().Format(time.RFC3339Nano),
+	} {
+		s.Data[k] = []byte(v)
+	}
 }
 
 // IsControllerKey is whether key is written by the controller, never by
 // the webhook, which keeps it when it rewrites the Secret.
 func IsControllerKey(key string) bool {
 	switch key {
-	case KeyPasswordHash, KeyPasswordHashGeneration, KeyPreviousPasswordHash, KeyPreviousPasswordHashGeneration:
+	case KeyPasswordHash, KeyPasswordHashGeneration, KeyPreviousPasswordHash, KeyPreviousPasswordHashGeneration, KeyPreviousPasswordHashServer, KeyPreviousPasswordHashSince:
 		return true
 	}
 	return false
