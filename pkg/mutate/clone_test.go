@@ -112,6 +112,27 @@ func TestACopyWhoseSourceSecretIsGone(t *testing.T) {
 	}
 }
 
+// Someone who may create VMs but not read Secrets copies an injected VM's
+// status and volume into a VM that does not opt in: the webhook, which
+// reads the source's Secret, must not patch that VM's owner's user-data into
+// the copy's spec, where a dry run would show it and leave no trace.
+func TestACopyThatDoesNotOptInGetsNoOneElsesUserData(t *testing.T) {
+	stored, source := injected(t, "inline-cloud-config")
+	copied := withoutServer(t, withField(t, stored, "copy", "metadata", "name"))
+	d, err := Decide(Input{Object: copied, Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next,
+		Sources: map[string]*corev1.Secret{source.Name: source}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, _ := cloudinit.UserPart(source.Data[v1alpha1.SecretKeyUserData])
+	if patch, _ := json.Marshal(d.Patch); len(own) == 0 || bytes.Contains(patch, []byte("owner-marker")) || strings.Contains(string(patch), strings.TrimSpace(string(own))) {
+		t.Errorf("the copy's patch carries its source's user-data: %s", patch)
+	}
+	if !strings.Contains(d.Denied, "opt this copy in (annotation guestbackup.io/server)") {
+		t.Errorf("denial %q, want it to say how to opt the copy in", d.Denied)
+	}
+}
+
 func equalSecrets(a, b *corev1.Secret) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)

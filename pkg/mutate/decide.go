@@ -168,12 +168,16 @@ func Decide(in Input) (Decision, error) {
 		if !pr.known {
 			return Decision{Outcome: OutcomeIgnored}, nil
 		}
-		secret := in.Secret
-		if pr.status.Secret != SecretName(vm.Name) {
-			// A copy opting out: the owner's user-data is in its source's.
-			secret = source(in.Sources, pr.status.Secret, vm.Name)
+		if pr.status.Secret != SecretName(vm.Name) && pr.status.MergedFrom != "" {
+			// A copy that does not opt in: its own cloud-init is in its
+			// source's Secret. Patching it into this VM's spec would hand
+			// another VM's user-data to anyone who may create VMs (a dry
+			// run leaves no trace), which is why it was moved into a
+			// Secret: the owner decides instead.
+			return deny("VirtualMachine %s/%s carries annotation %s of another VM's injection: its cloud-init is in Secret %s of that VM, which guestbackup gives back to that VM only; opt this copy in (annotation %s) so that it gets credentials and a Secret of its own, or remove annotation %s and give volume %s cloud-init of its own",
+				vm.Namespace, vm.Name, v1alpha1.AnnotationStatus, pr.status.Secret, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus, pr.status.Volume), nil
 		}
-		return optOut(&vm, pr, secret), nil
+		return optOut(&vm, pr, in.Secret), nil
 	}
 	o, refusal := readOptions(&vm, value)
 	if refusal != "" {
