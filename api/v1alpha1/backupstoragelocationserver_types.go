@@ -175,7 +175,9 @@ type RepositorySpec struct {
 	// Maintenance is when the server pod runs Kopia's maintenance, which
 	// garbage-collects the data of expired snapshots and compacts indexes.
 	// The repository's maintenance owner is guestbackup's identity
-	// guestbackup-maintenance@<bsls>.<namespace>.
+	// guestbackup-maintenance@<bsls>.<namespace>. With spec.replicas above 1
+	// no server pod runs it (two runs at once can delete data), and
+	// status.maintenance.failure says so.
 	// +optional
 	Maintenance *MaintenanceSpec `json:"maintenance,omitempty"`
 }

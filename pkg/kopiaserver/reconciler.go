@@ -330,6 +330,7 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.Maintenance, err = r.maintenanceState(ctx, b); err != nil {
 		return obs, err
 	}
+	obs.Maintenance = maintenanceStatus(b, obs.Maintenance)
 	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
 		if obs.Deployment, err = Deployment(b, in); err != nil {
 			return obs, err
@@ -538,4 +539,19 @@ func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupSt
 		names[ns.Name] = true
 	}
 	return func(ns string) bool { return names[ns] }, nil
+}
+
+// maintenanceStatus is the status.maintenance of b given what its server
+// pod last published: that, and why no pod runs maintenance when b runs
+// several (SharesMaintenance).
+func maintenanceStatus(b *v1alpha1.BackupStorageLocationServer, published *v1alpha1.MaintenanceStatus) *v1alpha1.MaintenanceStatus {
+	if !SharesMaintenance(b) || (b.Spec.Repository.Maintenance != nil && b.Spec.Repository.Maintenance.Disabled) {
+		return published
+	}
+	m := &v1alpha1.MaintenanceStatus{}
+	if published != nil {
+		m = published.DeepCopy()
+	}
+	m.Failure = fmt.Sprintf("not run: spec.replicas is %d, and guestbackup runs Kopia's maintenance only with one server pod (two at once could delete data the other still rewrites); storage grows until replicas is 1", *b.Spec.Replicas)
+	return m
 }

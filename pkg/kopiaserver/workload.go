@@ -236,7 +236,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	}
 	// Maintenance: init claims the owner and sets the schedule; user sync
 	// runs the cycles (package serverpod/maintenance).
-	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool(m == nil || !m.Disabled)}
+	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool((m == nil || !m.Disabled) && !SharesMaintenance(b))}
 	if m != nil && m.QuickInterval != nil {
 		maintenanceArgs = append(maintenanceArgs, "--maintenance-quick-interval="+m.QuickInterval.Duration.String())
 	}
@@ -439,4 +439,13 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 			}},
 		},
 	}
+}
+
+// SharesMaintenance is whether b runs more than one server pod. Two pods
+// running Kopia's maintenance at once can delete data the other is still
+// rewriting (Kopia's only lock is a file beside each pod's own config), and
+// nothing elects one pod yet: such a BSLS's pods run no maintenance, and
+// its status says why.
+func SharesMaintenance(b *v1alpha1.BackupStorageLocationServer) bool {
+	return b.Spec.Replicas != nil && *b.Spec.Replicas > 1
 }
