@@ -155,7 +155,15 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 
 	// What virt-operator reports once it deployed KubeVirt: virt-api and
 	// virt-controller read the architecture VMs default to from it.
-	cr := &kubevirtv1.KubeVirt{ObjectMeta: metav1.ObjectMeta{Name: "kubevirt", Namespace: KubeVirtNamespace}}
+	// Ignition needs a feature gate, as a cluster whose guests read
+	// Ignition enables it: then guestbackup's own answer to such VMs is
+	// what a spec sees, not KubeVirt's refusal of the annotation.
+	cr := &kubevirtv1.KubeVirt{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubevirt", Namespace: KubeVirtNamespace},
+		Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{
+			DeveloperConfiguration: &kubevirtv1.DeveloperConfiguration{FeatureGates: []string{"ExperimentalIgnitionSupport"}},
+		}},
+	}
 	if err := c.Create(ctx, cr); err != nil {
 		return nil, fmt.Errorf("KubeVirt CR: %w", err)
 	}

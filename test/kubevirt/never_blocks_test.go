@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -47,9 +48,12 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 		Expect(update(name, func(vm *kubevirtv1.VirtualMachine) { vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyHalted) })).To(Succeed(), "stop")
 		Expect(update(name, func(vm *kubevirtv1.VirtualMachine) { vm.Labels = map[string]string{"tier": "db"} })).To(Succeed(), "a label")
 		Expect(update(name, func(vm *kubevirtv1.VirtualMachine) { vm.Finalizers = append(vm.Finalizers, finalizer) })).To(Succeed(), "a finalizer")
-		vm := bed.getVM(ctx, name)
-		vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusStopped
-		Expect(bed.api.Client.Status().Update(ctx, vm)).To(Succeed(), "the status")
+		// virt-controller writes the status too: again on a conflict.
+		Expect(retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			vm := bed.getVM(ctx, name)
+			vm.Status.PrintableStatus = kubevirtv1.VirtualMachineStatusStopped
+			return bed.api.Client.Status().Update(ctx, vm)
+		})).To(Succeed(), "the status")
 	}
 	// deleteThroughFinalizer deletes the VM and removes the finalizer that
 	// holds it, as the finalizer's controller would.
