@@ -2,7 +2,7 @@
 # Writes every generated file of the repository under OUT (default: the
 # repository itself):
 #   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
-#   charts/guestbackup/crds/                   controller-gen crd (our API)
+#   charts/guestbackup/files/crds/             controller-gen crd (our API), which the chart renders
 #   docs/api.md                                the API reference, from that CRD (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
@@ -28,13 +28,13 @@ if [[ -z "$CONTROLLER_GEN" ]]; then
 fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
-mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/files/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
 	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
-"$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/crds"
+"$CONTROLLER_GEN" crd paths=./api/... output:crd:dir="$OUT/charts/guestbackup/files/crds"
 mkdir -p "$OUT/docs"
-go run ./hack/apidoc "$OUT/charts/guestbackup/crds/guestbackup.io_backupstoragelocationservers.yaml" "$OUT/docs/api.md"
+go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_backupstoragelocationservers.yaml" "$OUT/docs/api.md"
 # One ClusterRole per binary, each from the markers of the packages it runs.
 rm -f "$OUT/config/rbac/role.yaml"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \

@@ -31,9 +31,10 @@ KOPIA_VERSION="$(modversion kopia github.com/kopia/kopia)"
 CONTROLLER_TOOLS_VERSION="$(modversion controller-gen sigs.k8s.io/controller-tools)"
 HELM_VERSION="$(modversion helm helm.sh/helm/v3)"
 HELM_K8S_VERSION="$(modversion helm k8s.io/client-go)"
+KUBECTL_VERSION="$(modversion kubectl k8s.io/kubectl)"
 MINIO_VERSION="$(modversion minio github.com/minio/minio)"
 KUBEVIRT_VERSION="$(modversion kubevirt kubevirt.io/kubevirt)"
-for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION MINIO_VERSION KUBEVIRT_VERSION; do
+for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION KUBECTL_VERSION MINIO_VERSION KUBEVIRT_VERSION; do
 	[[ -n "${!v}" ]] || die "cannot read $v from hack/tools/*/go.mod"
 done
 
@@ -41,6 +42,7 @@ KUBE_APISERVER="$CACHE/kube-apiserver/$KUBERNETES_VERSION/kube-apiserver"
 KOPIA="$CACHE/kopia/$KOPIA_VERSION/kopia"
 CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
 HELM="$CACHE/helm/$HELM_VERSION/helm"
+KUBECTL="$CACHE/kubectl/$KUBECTL_VERSION/kubectl"
 MINIO="$CACHE/minio/$MINIO_VERSION/minio"
 # KubeVirt's control plane, which the platform's suites run beside the API
 # server (internal/testbed.StartKubeVirt).
@@ -136,6 +138,14 @@ install_go_tools() {
 		done
 		timed "helm $HELM_VERSION" gobuild 0 helm "$HELM" helm.sh/helm/v3/cmd/helm -ldflags "$ldflags"
 	fi
+	# The README's quick start runs in the chart's test with the user's CLI.
+	if [[ ! -x "$KUBECTL" ]]; then
+		local kv=k8s.io/component-base/version kmajor kminor
+		kmajor=$(( $(cut -d. -f1 <<<"${KUBECTL_VERSION#v}") + 1 ))
+		kminor=$(cut -d. -f2 <<<"$KUBECTL_VERSION")
+		timed "kubectl $KUBECTL_VERSION" gobuild 0 kubectl "$KUBECTL" . \
+			-ldflags "-s -w -X $kv.gitVersion=v$kmajor.$kminor.${KUBECTL_VERSION##*.} -X $kv.gitMajor=$kmajor -X $kv.gitMinor=$kminor"
+	fi
 	# The S3 endpoint of the S3 and Velero specs. MinIO tags no module
 	# versions, so it is pinned by pseudo-version.
 	if [[ ! -x "$MINIO" ]]; then
@@ -214,6 +224,7 @@ export KUBEBUILDER_ASSETS=$ASSETS
 export GUESTBACKUP_KOPIA=$KOPIA
 export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
 export GUESTBACKUP_HELM=$HELM
+export GUESTBACKUP_KUBECTL=$KUBECTL
 export GUESTBACKUP_MINIO=$MINIO
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE

@@ -52,7 +52,9 @@ type BackupStorageLocationServerSpec struct {
 	// ClientURL is the URL guests are told to connect to, for guests that
 	// cannot reach the Service's cluster DNS name: VMs on bridged or
 	// secondary networks, or a LoadBalancer or ingress in front of the
-	// server. Default: https://<service>.<namespace>.svc:51515.
+	// server. Default: https://<service>.<namespace>.svc:51515. Guests from
+	// outside the pod network pass the server's NetworkPolicy only from
+	// access.clientIPBlocks.
 	// +kubebuilder:validation:Pattern=`^https://[^\s/?#]+(/[^\s?#]*)?$`
 	// +kubebuilder:validation:MaxLength=2048
 	// +optional
@@ -294,6 +296,39 @@ type AccessSpec struct {
 	// delete them, so a compromised guest cannot erase its history.
 	// +optional
 	AppendOnly bool `json:"appendOnly,omitempty"`
+
+	// ClientIPBlocks are address ranges the server's NetworkPolicy admits
+	// besides the pods of the allowed namespaces: guests that reach the
+	// server from outside the pod network, through a NodePort or
+	// LoadBalancer Service (see clientURL), such as VMs on a bridged or
+	// secondary (Multus) network. An enforcing CNI sees such a connection
+	// from the guest's own address when the Service keeps client addresses
+	// (externalTrafficPolicy: Local, or a load balancer that preserves
+	// them), and from a node's address otherwise: list the guests'
+	// network, the nodes' network, or both. Each range admits every address
+	// in it to the server's port, which still requires a guest's password;
+	// the namespaceSelector alone decides which VMs get credentials.
+	// +kubebuilder:validation:MaxItems=32
+	// +listType=atomic
+	// +optional
+	ClientIPBlocks []IPBlock `json:"clientIPBlocks,omitempty"`
+}
+
+// IPBlock is a range of client addresses, as a NetworkPolicy's ipBlock.
+// +kubebuilder:validation:XValidation:rule="!has(self.except) || self.except.all(e, !isCIDR(self.cidr) || !isCIDR(e) || (cidr(self.cidr).containsCIDR(e) && cidr(e).prefixLength() > cidr(self.cidr).prefixLength()))",message="each range of except must lie strictly inside cidr"
+type IPBlock struct {
+	// CIDR is the range, IPv4 or IPv6, e.g. 192.168.10.0/24 or 2001:db8::/64.
+	// +kubebuilder:validation:Format=cidr
+	// +kubebuilder:validation:MaxLength=43
+	CIDR string `json:"cidr"`
+
+	// Except are ranges inside CIDR that are not admitted.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:Format=cidr
+	// +kubebuilder:validation:items:MaxLength=43
+	// +listType=atomic
+	// +optional
+	Except []string `json:"except,omitempty"`
 }
 
 // ServiceSpec configures the Service in front of the server.

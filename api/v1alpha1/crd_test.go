@@ -82,6 +82,10 @@ var _ = Describe("BackupStorageLocationServer", func() {
 			Access: v1alpha1.AccessSpec{
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}},
 				AppendOnly:        true,
+				ClientIPBlocks: []v1alpha1.IPBlock{
+					{CIDR: "192.168.10.0/24", Except: []string{"192.168.10.0/30"}},
+					{CIDR: "2001:db8::/64"},
+				},
 			},
 			Service: v1alpha1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Port: 443, Annotations: map[string]string{"lb": "internal"}},
 			PodConfig: v1alpha1.PodConfig{
@@ -154,6 +158,15 @@ var _ = Describe("BackupStorageLocationServer", func() {
 			ClientURL: "http://backup.example.com:51515"}, "spec.clientURL"),
 		Entry("negative replicas", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Replicas: ptr.To[int32](-1)}, "spec.replicas"),
+		Entry("a client range that is no CIDR", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Access: v1alpha1.AccessSpec{ClientIPBlocks: []v1alpha1.IPBlock{{CIDR: "192.168.10.5"}}}},
+			"spec.access.clientIPBlocks[0].cidr"),
+		Entry("a client range excepting addresses outside it", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Access: v1alpha1.AccessSpec{ClientIPBlocks: []v1alpha1.IPBlock{{CIDR: "192.168.10.0/24", Except: []string{"192.168.11.0/30"}}}}},
+			"each range of except must lie strictly inside cidr"),
+		Entry("a client range excepting all of itself", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Access: v1alpha1.AccessSpec{ClientIPBlocks: []v1alpha1.IPBlock{{CIDR: "192.168.10.0/24", Except: []string{"192.168.10.0/24"}}}}},
+			"each range of except must lie strictly inside cidr"),
 		Entry("an unknown compressor", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Repository: v1alpha1.RepositorySpec{DefaultPolicy: &v1alpha1.PolicySpec{Compression: "brotli"}}},
 			"spec.repository.defaultPolicy.compression"),

@@ -60,6 +60,7 @@ func run(flags manager.Flags, o controller.Options, leaderElect bool, leaderElec
 		LeaderElectionID:        "controller.guestbackup.io",
 		LeaderElectionNamespace: leaderElectNS,
 		Cache:                   controller.Cache(),
+		Scheme:                  controller.Scheme(),
 	})
 	if err != nil {
 		return err

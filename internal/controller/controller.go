@@ -8,14 +8,18 @@ import (
 	"fmt"
 	"time"
 
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
@@ -36,6 +40,15 @@ type Options struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
+}
+
+// Scheme is the controller's scheme: the binaries' (manager.NewScheme) and
+// cert-manager's, whose Certificates the BSLS reconciler owns. Without it
+// the controller cannot start on a cluster that serves cert-manager's API.
+func Scheme() *runtime.Scheme {
+	s := manager.NewScheme()
+	utilruntime.Must(certmanagerv1.AddToScheme(s))
+	return s
 }
 
 // Cache keeps the controller's cache to guestbackup's own Pods, ConfigMaps

@@ -25,7 +25,6 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/google/uuid"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
-	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -53,9 +52,6 @@ const Namespace = "guestbackup-system"
 const (
 	// startTimeout bounds the start of the manager's webhook server.
 	startTimeout = 30 * time.Second
-	// deploymentTimeout bounds the wait for the controller to write a
-	// BSLS's Deployment.
-	deploymentTimeout = 30 * time.Second
 	// serverReadyTimeout bounds a BSLS server pod's start (its init
 	// container creates or opens the repository).
 	serverReadyTimeout = 2 * time.Minute
@@ -198,44 +194,32 @@ func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions,
 // deployment controller would. tb's cleanup stops the pod.
 func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
 	tb.Helper()
-	d := &appsv1.Deployment{}
 	key := types.NamespacedName{Namespace: bsls.Namespace, Name: kopiaserver.DeploymentName(bsls)}
-	err := testbed.WaitFor(deploymentTimeout, 100*time.Millisecond, func() (bool, error) {
-		return p.API.Client.Get(ctx, key, d) == nil, nil
-	})
-	if err != nil {
-		return nil, fmt.Errorf("the controller wrote no Deployment %s: %w", key, err)
-	}
 	tools, err := testbed.LoadTools()
 	if err != nil {
 		return nil, err
 	}
 	claim := tb.TempDir()
 	p.claims[client.ObjectKeyFromObject(bsls)] = claim
-	pod := testbed.RunPod(tb, testbed.PodOptions{
-		Namespace: bsls.Namespace, Spec: d.Spec.Template.Spec, API: p.API,
-		Binaries: map[string]string{
-			kopiaserver.KopiaBinary:  tools.Kopia,
-			kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
-		},
-		Claims: map[string]string{kopiaserver.ClaimName(bsls): claim},
-		Ports:  map[int32]int{v1alpha1.DefaultServerPort: port},
-	})
-	if err := pod.WaitReady(serverReadyTimeout); err != nil {
-		return nil, fmt.Errorf("server pod of %s: %w", key, err)
-	}
-	err = testbed.WaitFor(deploymentTimeout, 100*time.Millisecond, func() (bool, error) {
-		cur := &appsv1.Deployment{}
-		if err := p.API.Client.Get(ctx, key, cur); err != nil {
-			return false, nil
-		}
-		cur.Status = appsv1.DeploymentStatus{ObservedGeneration: cur.Generation, Replicas: 1, ReadyReplicas: 1, AvailableReplicas: 1, UpdatedReplicas: 1}
-		return p.API.Client.Status().Update(ctx, cur) == nil, nil
-	})
+	pod, err := testbed.RunDeployment(ctx, tb, p.API, key, testbed.PodOptions{
+		Binaries: ServerBinaries(tb, tools),
+		Claims:   map[string]string{kopiaserver.ClaimName(bsls): claim},
+		Ports:    map[int32]int{v1alpha1.DefaultServerPort: port},
+	}, serverReadyTimeout)
 	if err != nil {
-		return nil, fmt.Errorf("record Deployment %s as available: %w", key, err)
+		return nil, fmt.Errorf("the server of BSLS %s/%s: %w", bsls.Namespace, bsls.Name, err)
 	}
 	return pod, nil
+}
+
+// ServerBinaries are the local binaries that stand for the server image's
+// commands (kopia and guestbackup-server), for testbed.RunPod.
+func ServerBinaries(tb testbed.TB, tools testbed.Tools) map[string]string {
+	tb.Helper()
+	return map[string]string{
+		kopiaserver.KopiaBinary:  tools.Kopia,
+		kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
+	}
 }
 
 // firmwareUUIDNamespace is the UUIDv5 namespace of KubeVirt's legacy

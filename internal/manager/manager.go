@@ -42,8 +42,9 @@ func (f *Flags) Bind(fs *flag.FlagSet) {
 	f.Log.BindFlags(fs)
 }
 
-// New sets up logging and returns a manager with guestbackup's scheme, the
-// metrics endpoint, and a liveness check; opts adds what one binary needs.
+// New sets up logging and returns a manager with guestbackup's scheme
+// (NewScheme, unless opts names one), the metrics endpoint, and a liveness
+// check; opts adds what one binary needs.
 // Callers add their readiness checks.
 func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&f.Log)))
@@ -51,7 +52,9 @@ func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load kubeconfig: %w", err)
 	}
-	opts.Scheme = NewScheme()
+	if opts.Scheme == nil {
+		opts.Scheme = NewScheme()
+	}
 	opts.Metrics = metricsserver.Options{BindAddress: f.MetricsAddr}
 	opts.HealthProbeBindAddress = f.ProbeAddr
 	mgr, err := ctrl.NewManager(cfg, opts)

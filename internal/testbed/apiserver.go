@@ -43,12 +43,18 @@ func CRDPaths() ([]string, error) {
 		return nil, err
 	}
 	return []string{
-		filepath.Join(root, "charts", "guestbackup", "crds"),
+		guestbackupCRDPath(root),
 		filepath.Join(kubevirtCRDPath(root), "virtualmachines.kubevirt.io.yaml"),
 		filepath.Join(kubevirtCRDPath(root), "virtualmachineinstances.kubevirt.io.yaml"),
 		filepath.Join(root, "test", "crds", "cert-manager"),
 		veleroCRDPath(root),
 	}, nil
+}
+
+// guestbackupCRDPath is the folder of guestbackup's CRDs, which the chart
+// renders (hack/generate.sh writes them).
+func guestbackupCRDPath(root string) string {
+	return filepath.Join(root, "charts", "guestbackup", "files", "crds")
 }
 
 // kubevirtCRDPath is the folder of KubeVirt's CRDs, as virt-operator
@@ -72,6 +78,9 @@ type APIServerOptions struct {
 	// Velero installs Velero's BackupStorageLocation CRD, as a cluster with
 	// Velero has it. Without it the cluster is one without Velero.
 	Velero bool
+	// WithoutGuestbackupCRDs leaves guestbackup's own CRDs out: a fresh
+	// cluster, where `helm install` of the chart creates them.
+	WithoutGuestbackupCRDs bool
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
@@ -83,9 +92,12 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
+	root, _ := RepoRoot() // CRDPaths found it
 	if !opts.Velero {
-		root, _ := RepoRoot() // CRDPaths found it
 		paths = slices.DeleteFunc(paths, func(p string) bool { return p == veleroCRDPath(root) })
+	}
+	if opts.WithoutGuestbackupCRDs {
+		paths = slices.DeleteFunc(paths, func(p string) bool { return p == guestbackupCRDPath(root) })
 	}
 	scheme := NewScheme()
 	env := &envtest.Environment{

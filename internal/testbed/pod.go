@@ -294,6 +294,10 @@ func (r *podRunner) rewriter(c corev1.Container) (func(string) string, error) {
 	for port, local := range r.ports {
 		re := regexp.MustCompile(`\b(0\.0\.0\.0|127\.0\.0\.1|localhost):` + strconv.Itoa(int(port)) + `\b`)
 		subs = append(subs, sub{re, "127.0.0.1:" + strconv.Itoa(local)})
+		// A bare ":port" (every interface, e.g. --metrics-bind-address=:8080)
+		// listens on loopback here.
+		bare := regexp.MustCompile(`(^|=):` + strconv.Itoa(int(port)) + `\b`)
+		subs = append(subs, sub{bare, "${1}127.0.0.1:" + strconv.Itoa(local)})
 	}
 	return func(s string) string {
 		for _, sb := range subs {

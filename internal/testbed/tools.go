@@ -21,6 +21,9 @@ type Tools struct {
 	Kopia string
 	// Helm is the helm binary.
 	Helm string
+	// Kubectl is the kubectl binary (the chart's test runs the README's
+	// commands with it).
+	Kubectl string
 	// MinIO is the minio binary, the test bed's S3 endpoint.
 	MinIO string
 	// ControllerGen is the controller-gen binary.
@@ -39,6 +42,7 @@ var toolEnv = map[string]func(*Tools) *string{
 	"KUBEBUILDER_ASSETS":            func(t *Tools) *string { return &t.Assets },
 	"GUESTBACKUP_KOPIA":             func(t *Tools) *string { return &t.Kopia },
 	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
+	"GUESTBACKUP_KUBECTL":           func(t *Tools) *string { return &t.Kubectl },
 	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },

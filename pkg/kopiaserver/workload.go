@@ -418,11 +418,22 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 }
 
 // NetworkPolicy admits traffic to the server only from namespaces the BSLS
-// allows (its own when it names none) and from the controller's namespace.
+// allows (its own when it names none), from the controller's namespace and
+// from the address ranges of access.clientIPBlocks: guests outside the pod
+// network, which reach the server through a NodePort or LoadBalancer
+// Service (clientURL), match no namespace, and an enforcing CNI drops them
+// unless their (or their nodes') addresses are admitted.
 func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace string) *networkingv1.NetworkPolicy {
 	allowed := b.Spec.Access.NamespaceSelector
 	if allowed == nil {
 		allowed = &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: b.Namespace}}
+	}
+	peers := []networkingv1.NetworkPolicyPeer{
+		{NamespaceSelector: allowed},
+		{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: controllerNamespace}}},
+	}
+	for _, block := range b.Spec.Access.ClientIPBlocks {
+		peers = append(peers, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: block.CIDR, Except: block.Except}})
 	}
 	return &networkingv1.NetworkPolicy{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "networking.k8s.io/v1", Kind: "NetworkPolicy"},
@@ -432,10 +443,7 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
 				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)}},
-				From: []networkingv1.NetworkPolicyPeer{
-					{NamespaceSelector: allowed},
-					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: controllerNamespace}}},
-				},
+				From:  peers,
 			}},
 		},
 	}

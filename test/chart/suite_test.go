@@ -47,29 +47,29 @@ var _ = BeforeSuite(func() {
 	// Helm keeps its configuration and caches out of the developer's home.
 	helmHome = GinkgoT().TempDir()
 	apiServer = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-	kubeconfig = writeKubeconfig()
+	kubeconfig = writeKubeconfig(apiServer, helmHome)
 })
 
 // writeKubeconfig writes a kubeconfig file for the test's API server, as its
 // admin, for helm's --dry-run=server (lookup, and the checks an install
 // makes, among them the chart's kubeVersion against the server's /version).
-func writeKubeconfig() string {
+func writeKubeconfig(api *testbed.APIServer, dir string) string {
 	GinkgoHelper()
 	// hack/tools.sh stamps kube-apiserver with its release, as Kubernetes'
 	// own build does, and keys its folder by it.
-	dc, err := discovery.NewDiscoveryClientForConfig(apiServer.Config)
+	dc, err := discovery.NewDiscoveryClientForConfig(api.Config)
 	Expect(err).NotTo(HaveOccurred())
 	v, err := dc.ServerVersion()
 	Expect(err).NotTo(HaveOccurred())
 	Expect(v.GitVersion).To(Equal(filepath.Base(tools.Assets)), "the API server's /version names its release (run `make tools` to rebuild it stamped)")
 
-	c := apiServer.Config
+	c := api.Config
 	cfg := clientcmdapi.NewConfig()
 	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
 	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
 	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
 	cfg.CurrentContext = "test"
-	path := filepath.Join(helmHome, "kubeconfig")
+	path := filepath.Join(dir, "kubeconfig")
 	Expect(clientcmd.WriteToFile(*cfg, path)).To(Succeed())
 	return path
 }

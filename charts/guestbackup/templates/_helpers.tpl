@@ -30,12 +30,14 @@ is cut at 40 characters so that the longest Service name,
 {{/* The ValidatingAdmissionPolicy (and its binding) guarding guestbackup's Secrets. */}}
 {{- define "guestbackup.secretPolicy" -}}{{ include "guestbackup.fullname" . }}-managed-secrets{{- end }}
 
-{{/* Labels on every object. */}}
+{{/* Labels on every object: the chart's own, and commonLabels where they name other keys. */}}
 {{- define "guestbackup.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "guestbackup.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- $own := dict
+  "helm.sh/chart" (printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-")
+  "app.kubernetes.io/version" .Chart.AppVersion
+  "app.kubernetes.io/managed-by" .Release.Service }}
+{{- $own = merge $own (include "guestbackup.selectorLabels" . | fromYaml) }}
+{{- merge $own (.Values.commonLabels | default dict) | toYaml }}
 {{- end }}
 
 {{- define "guestbackup.selectorLabels" -}}
@@ -50,8 +52,19 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end }}
 
 {{- define "guestbackup.componentLabels" -}}
-{{ include "guestbackup.labels" (index . 0) }}
-app.kubernetes.io/component: {{ index . 1 }}
+{{- $labels := include "guestbackup.labels" (index . 0) | fromYaml }}
+{{- merge (dict "app.kubernetes.io/component" (index . 1)) $labels | toYaml }}
+{{- end }}
+
+{{/*
+A component's pod labels: its selector's win over podLabels, which win
+over commonLabels. Include with (list $ "controller").
+*/}}
+{{- define "guestbackup.podLabels" -}}
+{{- $root := index . 0 }}
+{{- $values := index $root.Values (index . 1) }}
+{{- $selector := include "guestbackup.componentSelectorLabels" . | fromYaml }}
+{{- merge $selector ($values.podLabels | default dict) ($root.Values.commonLabels | default dict) | toYaml }}
 {{- end }}
 
 {{/* An image reference from {repository, tag, digest}, falling back to .Values.image and appVersion. */}}
@@ -73,23 +86,42 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{/*
 The restricted Pod Security Standard, without a UID: the image runs as a
 non-root user, and OpenShift's restricted SCC assigns its own UID, which a
-fixed runAsUser or fsGroup would conflict with.
+fixed runAsUser or fsGroup would conflict with. A component's
+podSecurityContext and securityContext values are merged over these
+(include with the component's values).
 */}}
 {{- define "guestbackup.podSecurityContext" -}}
-runAsNonRoot: true
-seccompProfile:
-  type: RuntimeDefault
+{{- $default := dict "runAsNonRoot" true "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- mergeOverwrite $default (deepCopy (.podSecurityContext | default dict)) | toYaml }}
 {{- end }}
 
 {{- define "guestbackup.containerSecurityContext" -}}
-runAsNonRoot: true
-allowPrivilegeEscalation: false
-readOnlyRootFilesystem: true
-capabilities:
-  drop:
-    - ALL
-seccompProfile:
-  type: RuntimeDefault
+{{- $default := dict
+  "runAsNonRoot" true
+  "allowPrivilegeEscalation" false
+  "readOnlyRootFilesystem" true
+  "capabilities" (dict "drop" (list "ALL"))
+  "seccompProfile" (dict "type" "RuntimeDefault") }}
+{{- mergeOverwrite $default (deepCopy (.securityContext | default dict)) | toYaml }}
+{{- end }}
+
+{{/* What every component's pod spec takes from its values: scheduling and extra settings. Include with the component's values. */}}
+{{- define "guestbackup.podScheduling" -}}
+{{- with .priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .topologySpreadConstraints }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
 {{- end }}
 
 {{/* The rules of a generated ClusterRole in files/rbac/ (hack/generate.sh copies them from config/rbac/). */}}
