@@ -52,6 +52,14 @@ var (
 	})
 )
 
+func init() {
+	// Failures are exported at 0 for every cycle before the first one, so
+	// that an alert on their increase has a series to compare with.
+	for _, cycle := range []string{"quick", "full", "unknown"} {
+		Failures.WithLabelValues(cycle)
+	}
+}
+
 // Collectors are the metrics above, for a registry.
 func Collectors() []prometheus.Collector {
 	return []prometheus.Collector{LastRun, LastSuccess, Failures, Failing, NextRun}
