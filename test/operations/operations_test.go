@@ -171,7 +171,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		Eventually(func() error {
 			_, err := guest.Run(ctx, "snapshot", "list", "--json", source)
 			return err
-		}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Succeed())
+		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Succeed())
 		restoreAndCompare(guest, snap, content)
 
 		By("a fresh connection with exactly the files it has, as at its next boot, logs in too")
