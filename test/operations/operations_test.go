@@ -179,7 +179,11 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		restoreAndCompare(again, snap, content)
 
-		By("nothing was injected again: the VM's Secret holds the bootstrap it had")
+		By("nothing was injected again: the VM's Secret holds the bootstrap it had, and the new VM owns it")
+		vm := &kubevirtv1.VirtualMachine{}
+		Expect(second.API.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: vmName}, vm)).To(Succeed())
+		Eventually(func() []metav1.OwnerReference { return second.vmSecret().OwnerReferences }).WithTimeout(provisionTimeout).
+			Should(ContainElement(HaveField("UID", vm.UID)), "the controller adopts the restored Secret for the new VM")
 		s := second.vmSecret()
 		Expect(s.Data[v1alpha1.SecretKeyPassword]).To(Equal(carried.vmSecret.Data[v1alpha1.SecretKeyPassword]))
 		Expect(s.Data[v1alpha1.SecretKeyUserData]).To(Equal(carried.vmSecret.Data[v1alpha1.SecretKeyUserData]))
