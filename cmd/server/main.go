@@ -174,6 +174,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&policyJSON, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy: its retention is what an append-only server applies.")
 	fs.DurationVar(&o.RetentionInterval, "retention-interval", time.Hour, "How often an append-only server applies retention.")
 	fs.DurationVar(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.")
+	fs.DurationVar(&o.StatsInterval, "repository-stats-interval", 15*time.Minute, "How often to measure the repository's size for /metrics (lists every blob of the storage); 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "The repository connection written by init.")
 	fs.StringVar(&o.ServerURL, "server-url", "", "The Kopia server in this pod, e.g. https://127.0.0.1:51515.")

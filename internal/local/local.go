@@ -189,7 +189,8 @@ func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions,
 // ServeBSLS runs the Kopia server of bsls from the Deployment the
 // controller writes for it, as the kubelet would, with its server port on
 // the host's loopback port (a node port, in effect: a guest reaches it as
-// https://10.0.2.2:<port>), its repository claim in a folder of tb's, and
+// https://10.0.2.2:<port>), its repository claim in a folder of tb's (or
+// the one UseClaim gave), and
 // waits until it is ready; it then records on the Deployment what the
 // deployment controller would. tb's cleanup stops the pod.
 func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
@@ -199,8 +200,11 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	if err != nil {
 		return nil, err
 	}
-	claim := tb.TempDir()
-	p.claims[client.ObjectKeyFromObject(bsls)] = claim
+	claim, ok := p.claims[client.ObjectKeyFromObject(bsls)]
+	if !ok {
+		claim = tb.TempDir()
+		p.claims[client.ObjectKeyFromObject(bsls)] = claim
+	}
 	pod, err := testbed.RunDeployment(ctx, tb, p.API, key, testbed.PodOptions{
 		Binaries: ServerBinaries(tb, tools),
 		Claims:   map[string]string{kopiaserver.ClaimName(bsls): claim},
@@ -220,6 +224,18 @@ func ServerBinaries(tb testbed.TB, tools testbed.Tools) map[string]string {
 		kopiaserver.KopiaBinary:  tools.Kopia,
 		kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
 	}
+}
+
+// Claim returns the folder ServeBSLS gave the repository claim of bsls, ""
+// when it served none.
+func (p *Platform) Claim(bsls *v1alpha1.BackupStorageLocationServer) string {
+	return p.claims[client.ObjectKeyFromObject(bsls)]
+}
+
+// UseClaim makes ServeBSLS serve bsls from the claim folder dir, e.g.
+// another platform's (Claim): the same storage attached to a new cluster.
+func (p *Platform) UseClaim(bsls *v1alpha1.BackupStorageLocationServer, dir string) {
+	p.claims[client.ObjectKeyFromObject(bsls)] = dir
 }
 
 // firmwareUUIDNamespace is the UUIDv5 namespace of KubeVirt's legacy

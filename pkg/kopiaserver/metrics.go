@@ -45,6 +45,9 @@ func recordMetrics(b *v1alpha1.BackupStorageLocationServer, users UserSet, ready
 		value = 1
 	}
 	readyMetric.WithLabelValues(b.Namespace, b.Name).Set(value)
+	// Exported at 0 before the first error, so that an alert on its
+	// increase has a series to compare with.
+	errorsMetric.WithLabelValues(b.Namespace, b.Name)
 }
 
 func forgetMetrics(namespace, name string) {

@@ -22,13 +22,15 @@ import (
 
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/repostats"
 )
 
 // BenchmarkMaintenance: 100 users take 10 snapshots each of 64 KiB of
 // fresh data, retention then keeps each user's latest, and guestbackup's
 // full maintenance collects the rest. It reports the maintenance run's
 // wall time and the stored bytes before and after it (the whole iteration,
-// writing the snapshots included, is ns/op; it runs once).
+// writing the snapshots included, is ns/op; it runs once), and what the
+// server pod's repository metrics cost on it (repostats).
 func BenchmarkMaintenance(b *testing.B) {
 	const users, perUser, size = 100, 10, 64 << 10
 	for range b.N {
@@ -96,6 +98,22 @@ func BenchmarkMaintenance(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		// What the server pod's /metrics costs on this repository: one
+		// measurement (every --repository-stats-interval) and one count
+		// of snapshots per source (every activity scan).
+		stats, err := repostats.Measure(ctx, mr.(repo.DirectRepository))
+		if err != nil {
+			b.Fatal(err)
+		}
+		countStart := time.Now()
+		sources, err := repostats.CountSnapshots(ctx, mr)
+		if err != nil {
+			b.Fatal(err)
+		}
+		countTook := time.Since(countStart)
+		if len(sources) != users {
+			b.Fatalf("%d sources counted, want %d", len(sources), users)
+		}
 		// As in TestMaintenanceShrinksStorage: Kopia's margins without the waits.
 		safety := kopiamaintenance.SafetyNone
 		safety.RewriteMinAge = time.Hour
@@ -110,5 +128,8 @@ func BenchmarkMaintenance(b *testing.B) {
 		b.ReportMetric(took.Seconds(), "maintenance-s")
 		b.ReportMetric(float64(before), "stored-bytes-before")
 		b.ReportMetric(float64(after), "stored-bytes-after")
+		b.ReportMetric(float64(stats.Blobs), "blobs-before")
+		b.ReportMetric(stats.Took.Seconds(), "measure-s")
+		b.ReportMetric(countTook.Seconds(), "count-sources-s")
 	}
 }

@@ -35,6 +35,10 @@ func New() *Scanner {
 	return &Scanner{seen: map[manifest.ID]bool{}, guests: map[string]activity.Guest{}}
 }
 
+// Seen is how many snapshot manifests the Scanner has read the metadata of
+// since New, deleted ones included.
+func (s *Scanner) Seen() int { return len(s.seen) }
+
 // Shards returns the activity of every guest, by userset shard.
 func (s *Scanner) Shards() [userset.Shards]map[string]activity.Guest {
 	var shards [userset.Shards]map[string]activity.Guest

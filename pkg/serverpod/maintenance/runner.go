@@ -42,15 +42,27 @@ var (
 		Name: "guestbackup_server_maintenance_failures_total",
 		Help: "Maintenance runs that failed, or could not run because the repository's maintenance belongs to someone else.",
 	}, []string{"cycle"})
+	Failing = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "guestbackup_server_maintenance_failing",
+		Help: "1 while the last maintenance attempt failed or could not run (see the MaintenanceFailing Event), 0 after a success.",
+	})
 	NextRun = prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "guestbackup_server_maintenance_next_run_timestamp_seconds",
 		Help: "When Kopia's schedule next has a maintenance cycle due (Unix time); 0 while guestbackup does not own maintenance.",
 	})
 )
 
+func init() {
+	// Failures are exported at 0 for every cycle before the first one, so
+	// that an alert on their increase has a series to compare with.
+	for _, cycle := range []string{"quick", "full", "unknown"} {
+		Failures.WithLabelValues(cycle)
+	}
+}
+
 // Collectors are the metrics above, for a registry.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{LastRun, LastSuccess, Failures, NextRun}
+	return []prometheus.Collector{LastRun, LastSuccess, Failures, Failing, NextRun}
 }
 
 // Reporter receives what the Runner wants the admin to know; the user-sync
@@ -234,6 +246,7 @@ func (r *Runner) report(res Result, err error) {
 		LastRun.WithLabelValues(res.Cycle).Set(now)
 	}
 	if err == nil {
+		Failing.Set(0)
 		if res.Cycle != "" {
 			LastSuccess.WithLabelValues(res.Cycle).Set(now)
 			r.opts.Log.Info("maintenance ran", "cycle", res.Cycle, "next", res.Next)
@@ -249,6 +262,7 @@ func (r *Runner) report(res Result, err error) {
 		cycle = "unknown"
 	}
 	Failures.WithLabelValues(cycle).Inc()
+	Failing.Set(1)
 	r.opts.Log.Error(err, "maintenance failed", "cycle", cycle)
 	if err.Error() == r.failing {
 		return

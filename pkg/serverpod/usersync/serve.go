@@ -95,10 +95,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 
 // Handler serves /healthz (the process is up), /readyz (the repository
 // holds exactly the desired users; when not, the body says why, so that the
-// kubelet's probe Event tells an admin) and /metrics (user sync's counters).
+// kubelet's probe Event tells an admin) and /metrics (user sync's counters, the repository's measurement,
+// maintenance).
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures)
+	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, s.stats)
 	metrics.MustRegister(maintenance.Collectors()...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))

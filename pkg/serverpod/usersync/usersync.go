@@ -49,6 +49,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/repostats"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -84,6 +85,15 @@ var RetentionFailures = prometheus.NewCounter(prometheus.CounterOpts{
 var SnapshotsExpired = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "guestbackup_server_snapshots_expired_total",
 	Help: "Snapshots deleted by guestbackup's retention on the server's clock (append-only servers).",
+})
+
+// SnapshotsCreated counts the snapshots the activity scan found written
+// while this pod ran (guestbackup_server_snapshots_created_total): the
+// snapshots already in the repository at its first scan are not counted,
+// so a restart is no burst.
+var SnapshotsCreated = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_snapshots_created_total",
+	Help: "Snapshots guests wrote while this server pod ran, as its activity scan found them.",
 })
 
 // Refresher makes a running Kopia server re-read the repository.
@@ -123,8 +133,13 @@ type Options struct {
 	// server started; Run reports them with its first sync.
 	RemovedBefore []kopiauser.ForeignACL
 	// ActivityInterval is how often the repository's new snapshots are
-	// read and published in the activity ConfigMaps; 0: never.
+	// read and published in the activity ConfigMaps, and the snapshots of
+	// each source counted for /metrics; 0: never.
 	ActivityInterval time.Duration
+	// StatsInterval is how often the repository's size is measured for
+	// /metrics (repostats.Measure lists every blob of the storage); 0:
+	// never.
+	StatsInterval time.Duration
 	// Resync is how often the repository is compared with the Secrets even
 	// when no Secret changed, to undo changes made by other writers.
 	// Default: 5 minutes.
@@ -151,6 +166,9 @@ const (
 	// applyRetention applies the admin's retention on an append-only
 	// server, every RetentionInterval.
 	applyRetention work = "apply-retention"
+	// measureRepository measures the repository's size for /metrics,
+	// every StatsInterval.
+	measureRepository work = "measure-repository"
 )
 
 // Syncer keeps a repository's users equal to the users Secrets.
@@ -163,8 +181,13 @@ type Syncer struct {
 	// sync, doubling up to Resync.
 	backoff workqueue.TypedRateLimiter[work]
 
-	// activity belongs to Run's goroutine.
+	// activity belongs to Run's goroutine; scanned is whether it scanned
+	// once, so that SnapshotsCreated counts only what came after.
 	activity *activityscan.Scanner
+	scanned  bool
+	// stats serves the repository's last measurement and snapshot counts
+	// on /metrics.
+	stats *repostats.Collector
 
 	mu     sync.Mutex
 	status error
@@ -205,6 +228,7 @@ func New(opts Options) *Syncer {
 		backoff:  backoff,
 		status:   errNotSynced,
 		activity: activityscan.New(),
+		stats:    &repostats.Collector{},
 	}
 }
 
@@ -253,6 +277,10 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if s.opts.AppendOnly {
 		s.queue.AddAfter(applyRetention, s.opts.RetentionInterval)
 	}
+	if s.opts.StatsInterval > 0 {
+		// After the first sync, so that a new pod has figures to scrape.
+		s.queue.Add(measureRepository)
+	}
 	go func() {
 		<-ctx.Done()
 		s.queue.ShutDown()
@@ -280,6 +308,11 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 	case applyRetention:
 		s.reportRetention(s.applyRetention(ctx))
 		s.queue.AddAfter(applyRetention, s.opts.RetentionInterval)
+	case measureRepository:
+		if err := s.measureRepository(ctx); err != nil {
+			s.opts.Log.Error(err, "repository not measured", "retryIn", s.opts.StatsInterval)
+		}
+		s.queue.AddAfter(measureRepository, s.opts.StatsInterval)
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(err, users)
@@ -571,8 +604,37 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	if err := s.opts.Repository.Refresh(ctx); err != nil {
 		return fmt.Errorf("refresh repository: %w", err)
 	}
+	seen := s.activity.Seen()
 	if _, err := s.activity.Scan(ctx, s.opts.Repository); err != nil {
 		return err
 	}
+	if s.scanned {
+		SnapshotsCreated.Add(float64(s.activity.Seen() - seen))
+	}
+	s.scanned = true
+	counts, err := repostats.CountSnapshots(ctx, s.opts.Repository)
+	if err != nil {
+		return err
+	}
+	s.stats.SetSources(counts)
 	return s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
+}
+
+// measureRepository measures the repository's storage and index for
+// /metrics.
+func (s *Syncer) measureRepository(ctx context.Context) error {
+	dr, ok := s.opts.Repository.(repo.DirectRepository)
+	if !ok {
+		return errors.New("the repository is not opened directly, so its storage cannot be listed")
+	}
+	if err := dr.Refresh(ctx); err != nil {
+		return fmt.Errorf("refresh repository: %w", err)
+	}
+	stats, err := repostats.Measure(ctx, dr)
+	if err != nil {
+		return err
+	}
+	s.stats.SetStats(stats)
+	s.opts.Log.V(1).Info("repository measured", "storedBytes", stats.StoredBytes, "blobs", stats.Blobs, "logicalBytes", stats.LogicalBytes, "took", stats.Took)
+	return nil
 }
