@@ -22,8 +22,8 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // These specs keep repositories in a real S3 server (MinIO on loopback),
@@ -156,8 +156,8 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
 				Data: map[string][]byte{
-					awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
-					awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
+					storagecreds.AccessKeyID:     []byte(minio.AccessKeyID),
+					storagecreds.SecretAccessKey: []byte(minio.SecretAccessKey),
 				},
 			})).To(Succeed())
 			bsls = &v1alpha1.BackupStorageLocationServer{

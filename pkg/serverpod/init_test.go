@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // TestTakeForeignACLs: what init removed is reported by user sync once,
@@ -44,14 +44,14 @@ func TestTakeForeignACLs(t *testing.T) {
 // TestS3CredentialsFromEnv: init refuses S3 storage without credentials,
 // naming the variables to set, rather than trying anonymous access.
 func TestS3CredentialsFromEnv(t *testing.T) {
-	t.Setenv(awscreds.AccessKeyID, "AKIA")
-	t.Setenv(awscreds.SecretAccessKey, "")
+	t.Setenv(storagecreds.AccessKeyID, "AKIA")
+	t.Setenv(storagecreds.SecretAccessKey, "")
 	var s S3Location
-	if err := s.readEnv(); err == nil || !strings.Contains(err.Error(), awscreds.SecretAccessKey) {
+	if err := s.readEnv(); err == nil || !strings.Contains(err.Error(), storagecreds.SecretAccessKey) {
 		t.Errorf("without a secret key: %v", err)
 	}
-	t.Setenv(awscreds.SecretAccessKey, "secret")
-	t.Setenv(awscreds.SessionToken, "token")
+	t.Setenv(storagecreds.SecretAccessKey, "secret")
+	t.Setenv(storagecreds.SessionToken, "token")
 	if err := s.readEnv(); err != nil || s.AccessKeyID != "AKIA" || s.SecretAccessKey != "secret" || s.SessionToken != "token" {
 		t.Errorf("readEnv = %+v, %v", s, err)
 	}
