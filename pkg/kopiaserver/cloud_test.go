@@ -9,7 +9,6 @@ import (
 	"encoding/pem"
 	"fmt"
 	"strings"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -43,8 +42,6 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		azureNS  = "on-azure"
 		wiNS     = "workload-identity"
 		badNS    = "bad-bsl"
-		// The server pod's init container creates the repository.
-		serverReady = 3 * time.Minute
 	)
 	var (
 		ctx      context.Context
@@ -75,47 +72,13 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		}).WithTimeout(reconciled).Should(Succeed())
 		return d
 	}
-	// runServer runs the server pod from the Deployment the controller
-	// wrote, as the kubelet would, in a cloud whose storage endpoint is
-	// the emulator: env is what that takes.
-	runServer := func(b *v1alpha1.BackupStorageLocationServer, env []string) *testbed.Pod {
-		GinkgoHelper()
-		d := deployment(b)
-		spec := *d.Spec.Template.Spec.DeepCopy()
-		for _, containers := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
-			for i := range containers {
-				for _, e := range env {
-					name, value, _ := strings.Cut(e, "=")
-					containers[i].Env = append(containers[i].Env, corev1.EnvVar{Name: name, Value: value})
-				}
-			}
-		}
-		pod := testbed.RunPod(GinkgoT(), testbed.PodOptions{Namespace: b.Namespace, Spec: spec, Binaries: binaries, API: api})
-		Expect(pod.WaitReady(serverReady)).To(Succeed())
-		markAvailable(ctx, api, d)
-		return pod
-	}
-	// connect connects a VM's user with a fresh kopia client, pinned to
-	// the fingerprint the BSLS reports: the server reads the repository
-	// from the cloud's storage.
+	// connect connects a VM's user through the Kopia server, which reads
+	// the repository from the cloud's storage.
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, vm string) {
 		GinkgoHelper()
 		password := testbed.RandomPassword()
 		Expect(createCredential(ctx, api, credentialSecret(vm, b.Namespace, b.Namespace, b.Name, password, "1"))).To(Succeed())
-		Eventually(func() error {
-			cur, err := get(b.Namespace, b.Name)
-			if err != nil {
-				return err
-			}
-			if cur.Status.TLSFingerprint == "" {
-				return fmt.Errorf("no tlsFingerprint yet")
-			}
-			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, vm+"@"+b.Namespace, password)
-			if err != nil {
-				return fmt.Errorf("%w: %s", err, out)
-			}
-			return nil
-		}).WithTimeout(provisioned).Should(Succeed())
+		Eventually(connectGuest(ctx, api, pod, b, vm+"@"+b.Namespace, password)).WithTimeout(provisioned).Should(Succeed())
 	}
 	veleroBSL := func(name, provider, bucket, prefix string, config map[string]any, credential map[string]any) *unstructured.Unstructured {
 		spec := map[string]any{
@@ -211,7 +174,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		})
 
 		It("creates a Kopia repository in the bucket, beside Velero's data, and serves a VM's user from it", func() {
-			pod := runServer(b, gcs.Env())
+			pod := runServerPod(ctx, api, binaries, b, gcs.Env()...)
 			objects, err := gcs.Objects(bucket, "")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(objects).To(ContainElement(prefix + "/guestbackup/kopia.repository"))
@@ -253,7 +216,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		})
 
 		It("creates a Kopia repository in the container, beside Velero's data, and serves a VM's user from it", func() {
-			pod := runServer(b, azurite.Env())
+			pod := runServerPod(ctx, api, binaries, b, azurite.Env()...)
 			blobs, err := azurite.Blobs(container, "")
 			Expect(err).NotTo(HaveOccurred())
 			Expect(blobs).To(ContainElement(prefix + "/guestbackup/kopia.repository"))
@@ -308,7 +271,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		// the metadata server; here the emulator stands for Google's
 		// endpoint and asks for none, so Kopia's code runs with no key.
 		It("creates a Kopia repository in the bucket with no key", func() {
-			runServer(b, gcs.Env())
+			runServerPod(ctx, api, binaries, b, gcs.Env()...)
 			Expect(gcs.Objects(bucket, prefix+"/guestbackup/")).To(ContainElement(prefix + "/guestbackup/kopia.repository"))
 		})
 	})

@@ -160,6 +160,18 @@ func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
 				t.Errorf("container %s: %s in the environment of a server on a Velero BSL", c.Name, e.Name)
 			}
 		}
+		if slices.Contains(c.Args, "--workload-identity") {
+			for _, arg := range c.Args {
+				if strings.HasPrefix(arg, "--credentials-") {
+					t.Errorf("container %s: %s under workload identity", c.Name, arg)
+				}
+			}
+			for _, e := range c.Env {
+				if !strings.Contains(e.Name, "PASSWORD") && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					t.Errorf("container %s: %s from Secret %s under workload identity", c.Name, e.Name, e.ValueFrom.SecretKeyRef.Name)
+				}
+			}
+		}
 		for _, arg := range c.Args {
 			if strings.HasPrefix(arg, "--s3-prefix=/") || strings.HasPrefix(arg, "--gcs-prefix=/") || strings.HasPrefix(arg, "--azure-prefix=/") {
 				t.Errorf("container %s: %s: Kopia would write its objects under /", c.Name, arg)
