@@ -9,6 +9,8 @@
 # versions (the module proxy lists no versions of kopia or kubevirt, so
 # `go install pkg@version` is not an option, and MinIO tags no module
 # versions at all). Debian packages are installed with apt when missing.
+# Azurite (the Azure Blob Storage emulator) is installed from npm, pinned by
+# AZURITE_VERSION, into the cache with its dependencies, and runs offline.
 # The Linux guest the guest tests boot under qemu is built by
 # hack/guest-image.sh (debootstrap), cached by a hash of its recipe.
 # GUESTBACKUP_CACHE moves the cache.

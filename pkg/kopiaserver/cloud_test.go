@@ -288,12 +288,19 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 			ObjectMeta: metav1.ObjectMeta{Name: "azure-sp", Namespace: veleroNS},
 			Data:       map[string][]byte{"cloud": []byte("AZURE_TENANT_ID=t\nAZURE_CLIENT_ID=c\n")},
 		})).To(Succeed())
-		for _, tt := range []struct{ name, reason, message string }{
-			{"oci", kopiaserver.ReasonBackupStorageLocationInvalid, `its spec.provider is "velero.io/oci": guestbackup reads aws (S3 and S3-compatible storage), gcp (Google Cloud Storage) and azure (Azure Blob Storage)`},
-			{"no-key", kopiaserver.ReasonCredentialsInvalid, "Secret velero/gcp-credentials has no key service-account.json"},
-			{"no-secret", kopiaserver.ReasonCredentialsInvalid, "Secret velero/azure-sp, key cloud, is not an Azure credentials file Kopia can use: it lacks AZURE_CLIENT_SECRET"},
+		for _, tt := range []struct {
+			name, bsl   string
+			credentials v1alpha1.CredentialsSource
+			reason      string
+			message     string
+		}{
+			{"oci", "oci", "", kopiaserver.ReasonBackupStorageLocationInvalid, `its spec.provider is "velero.io/oci": guestbackup reads aws (S3 and S3-compatible storage), gcp (Google Cloud Storage) and azure (Azure Blob Storage)`},
+			{"no-key", "no-key", "", kopiaserver.ReasonCredentialsInvalid, "Secret velero/gcp-credentials has no key service-account.json"},
+			{"no-secret", "no-secret", "", kopiaserver.ReasonCredentialsInvalid, "Secret velero/azure-sp, key cloud, is not an Azure credentials file Kopia can use: it lacks AZURE_CLIENT_SECRET"},
+			// Reading no Secret does not make Velero's bucket anyone's.
+			{"no-consent", "gcs-wi", v1alpha1.CredentialsWorkloadIdentity, kopiaserver.ReasonVeleroConsentRequired, badNS + "/no-consent"},
 		} {
-			b := bsls(badNS, tt.name, tt.name, "", nil)
+			b := bsls(badNS, tt.name, tt.bsl, tt.credentials, nil)
 			Expect(api.Client.Create(ctx, b)).To(Succeed())
 			Eventually(repositoryReady(b)).WithTimeout(reconciled).Should(And(Not(BeNil()),
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", tt.reason), HaveField("Message", ContainSubstring(tt.message))), tt.name)
