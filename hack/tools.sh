@@ -9,6 +9,8 @@
 # versions (the module proxy lists no versions of kopia or kubevirt, so
 # `go install pkg@version` is not an option, and MinIO tags no module
 # versions at all). Debian packages are installed with apt when missing.
+# Azurite (the Azure Blob Storage emulator) is installed from npm, pinned by
+# AZURITE_VERSION, into the cache with its dependencies, and runs offline.
 # The Linux guest the guest tests boot under qemu is built by
 # hack/guest-image.sh (debootstrap), cached by a hash of its recipe.
 # GUESTBACKUP_CACHE moves the cache.
@@ -34,7 +36,11 @@ HELM_K8S_VERSION="$(modversion helm k8s.io/client-go)"
 KUBECTL_VERSION="$(modversion kubectl k8s.io/kubectl)"
 MINIO_VERSION="$(modversion minio github.com/minio/minio)"
 KUBEVIRT_VERSION="$(modversion kubevirt kubevirt.io/kubevirt)"
-for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION KUBECTL_VERSION MINIO_VERSION KUBEVIRT_VERSION; do
+FAKE_GCS_VERSION="$(modversion fake-gcs-server github.com/fsouza/fake-gcs-server)"
+# Azurite, the Azure Blob Storage emulator, comes from npm, not the module
+# proxy: node and npm must be on PATH (Debian's nodejs and npm).
+AZURITE_VERSION=3.37.0
+for v in KUBERNETES_VERSION KOPIA_VERSION CONTROLLER_TOOLS_VERSION HELM_VERSION HELM_K8S_VERSION KUBECTL_VERSION MINIO_VERSION KUBEVIRT_VERSION FAKE_GCS_VERSION; do
 	[[ -n "${!v}" ]] || die "cannot read $v from hack/tools/*/go.mod"
 done
 
@@ -44,6 +50,10 @@ CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
 HELM="$CACHE/helm/$HELM_VERSION/helm"
 KUBECTL="$CACHE/kubectl/$KUBECTL_VERSION/kubectl"
 MINIO="$CACHE/minio/$MINIO_VERSION/minio"
+# The storage emulators of the Velero gcp and azure specs.
+FAKE_GCS="$CACHE/fake-gcs-server/$FAKE_GCS_VERSION/fake-gcs-server"
+AZURITE_DIR="$CACHE/azurite/$AZURITE_VERSION"
+AZURITE="$AZURITE_DIR/node_modules/azurite/dist/src/blob/main.js"
 # KubeVirt's control plane, which the platform's suites run beside the API
 # server (internal/testbed.StartKubeVirt).
 VIRT_API="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-api"
@@ -152,6 +162,9 @@ install_go_tools() {
 		log "minio takes about 4 minutes on 2 cores when nothing is cached"
 		timed "minio $MINIO_VERSION" gobuild 0 minio "$MINIO" github.com/minio/minio
 	fi
+	# The Google Cloud Storage endpoint of the Velero gcp specs.
+	[[ -x "$FAKE_GCS" ]] || timed "fake-gcs-server $FAKE_GCS_VERSION" \
+		gobuild 0 fake-gcs-server "$FAKE_GCS" github.com/fsouza/fake-gcs-server
 	# GOSUMDB=off: one of KubeVirt's dependencies
 	# (rhobs/operator-observability-toolkit) is missing from the checksum
 	# database; go.sum still pins every module's hash.
@@ -160,6 +173,17 @@ install_go_tools() {
 		GOSUMDB=off timed "virt-api $KUBEVIRT_VERSION" gobuild 0 kubevirt "$VIRT_API" kubevirt.io/kubevirt/cmd/virt-api
 		GOSUMDB=off timed "virt-controller $KUBEVIRT_VERSION" gobuild 0 kubevirt "$VIRT_CONTROLLER" kubevirt.io/kubevirt/cmd/virt-controller
 	fi
+}
+
+# install_azurite installs the Azure Blob Storage emulator of the Velero azure
+# specs from npm into the cache, with its dependencies: it then runs offline.
+install_azurite() {
+	[[ -s "$AZURITE" ]] && return
+	command -v npm >/dev/null || apt_install nodejs npm
+	rm -rf "$AZURITE_DIR.tmp" && mkdir -p "$AZURITE_DIR.tmp"
+	timed "azurite $AZURITE_VERSION" npm install --silent --no-audit --no-fund --omit=dev \
+		--prefix "$AZURITE_DIR.tmp" "azurite@$AZURITE_VERSION" >&2
+	rm -rf "$AZURITE_DIR" && mv "$AZURITE_DIR.tmp" "$AZURITE_DIR"
 }
 
 install_etcd() {
@@ -226,6 +250,8 @@ export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
 export GUESTBACKUP_HELM=$HELM
 export GUESTBACKUP_KUBECTL=$KUBECTL
 export GUESTBACKUP_MINIO=$MINIO
+export GUESTBACKUP_FAKE_GCS=$FAKE_GCS
+export GUESTBACKUP_AZURITE=$AZURITE
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
 export GUESTBACKUP_VIRT_API=$VIRT_API
@@ -240,6 +266,7 @@ install)
 	start=$SECONDS
 	install_go_tools
 	install_etcd
+	install_azurite
 	install_cloud_init
 	install_guest_image
 	log "tools ready in $CACHE ($((SECONDS - start))s)"

@@ -149,7 +149,32 @@ type BackupStorageLocationRef struct {
 	// Namespace of the BackupStorageLocation, usually Velero's namespace.
 	// +kubebuilder:validation:MinLength=1
 	Namespace string `json:"namespace"`
+
+	// Credentials is where the server pods' storage credentials come
+	// from. Secret (the default): Velero's credential Secret, the BSL's
+	// spec.credential or else Velero's default Secret cloud-credentials
+	// (key cloud), which the server pod reads through the API, never
+	// copied. WorkloadIdentity: no static keys at all, as a Velero
+	// installed with --no-secret; the server pods authenticate as their
+	// ServiceAccount's cloud identity (podConfig.serviceAccount.annotations)
+	// through the cloud's own credential chain.
+	// +kubebuilder:validation:Enum=Secret;WorkloadIdentity
+	// +kubebuilder:default=Secret
+	// +optional
+	Credentials CredentialsSource `json:"credentials,omitempty"`
 }
+
+// CredentialsSource is where a server pod's storage credentials come from.
+type CredentialsSource string
+
+const (
+	// CredentialsSecret reads static keys from a Secret.
+	CredentialsSecret CredentialsSource = "Secret"
+	// CredentialsWorkloadIdentity uses the pod's ambient cloud identity:
+	// IRSA's web identity token, GKE's metadata server, or Azure Workload
+	// Identity's federated token.
+	CredentialsWorkloadIdentity CredentialsSource = "WorkloadIdentity"
+)
 
 // RepositorySpec configures the Kopia repository.
 type RepositorySpec struct {
@@ -372,6 +397,25 @@ type PodConfig struct {
 	// PriorityClassName of the server pods.
 	// +optional
 	PriorityClassName string `json:"priorityClassName,omitempty"`
+
+	// ServiceAccount configures the server pods' ServiceAccount,
+	// <bsls>-server, which the controller keeps: the cloud identity they
+	// reach storage as.
+	// +optional
+	ServiceAccount ServerServiceAccount `json:"serviceAccount,omitempty"`
+}
+
+// ServerServiceAccount configures the server pods' ServiceAccount.
+type ServerServiceAccount struct {
+	// Annotations on the ServiceAccount, for a cloud's workload identity:
+	// eks.amazonaws.com/role-arn (IRSA), iam.gke.io/gcp-service-account
+	// (GKE Workload Identity) or azure.workload.identity/client-id (Azure
+	// Workload Identity, whose webhook only admits pods labelled
+	// azure.workload.identity/use: "true": the server pods get that label
+	// when this annotation is set). The storage then needs no static keys:
+	// see storage.backupStorageLocation.credentials.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
 }
 
 // BackupStorageLocationServerStatus is what the controller observed.

@@ -9,7 +9,8 @@
 //
 // Passwords and storage credentials come from the environment (KOPIA_PASSWORD,
 // KOPIA_SERVER_CONTROL_PASSWORD, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
-// AWS_SESSION_TOKEN), never from flags.
+// AWS_SESSION_TOKEN), from a Velero credential Secret read through the API,
+// or from the pod's cloud identity, never from flags.
 package main
 
 import (
@@ -85,6 +86,8 @@ func runInit(args []string) error {
 		fsPath        string
 		s3            serverpod.S3Location
 		s3CAFile      string
+		gcs           serverpod.GCSLocation
+		azure         serverpod.AzureLocation
 		defaultPolicy string
 		veleroSecret  string
 		velero        serverpod.VeleroCredentials
@@ -100,9 +103,18 @@ func runInit(args []string) error {
 	fs.StringVar(&s3.Prefix, "s3-prefix", "", "Prefix of the repository's objects.")
 	fs.BoolVar(&s3.DisableTLS, "s3-disable-tls", false, "Talk plain HTTP to the S3 endpoint.")
 	fs.StringVar(&s3CAFile, "s3-ca-file", "", "PEM bundle of CAs for the S3 endpoint.")
-	fs.StringVar(&veleroSecret, "s3-credentials-secret", "", "<namespace>/<name> of a Velero credential Secret to read the S3 credentials from, through the API, instead of the environment.")
-	fs.StringVar(&velero.Key, "s3-credentials-key", "cloud", "Key of that Secret holding an AWS shared credentials file.")
-	fs.StringVar(&velero.Profile, "s3-credentials-profile", "default", "Profile of that file to use.")
+	fs.StringVar(&gcs.Bucket, "gcs-bucket", "", "Bucket of a Google Cloud Storage repository.")
+	fs.StringVar(&gcs.Prefix, "gcs-prefix", "", "Prefix of the repository's objects in it.")
+	fs.StringVar(&azure.Container, "azure-container", "", "Container of an Azure Blob Storage repository.")
+	fs.StringVar(&azure.Prefix, "azure-prefix", "", "Prefix of the repository's blobs in it.")
+	fs.StringVar(&azure.StorageAccount, "azure-storage-account", "", "Storage account of the container.")
+	fs.StringVar(&azure.StorageDomain, "azure-storage-domain", "", "Domain of the storage account's blob endpoint, <account>.<domain> (default blob.core.windows.net).")
+	fs.BoolVar(&azure.DisableTLS, "azure-disable-tls", false, "Talk plain HTTP to the blob endpoint.")
+	fs.StringVar(&veleroSecret, "credentials-secret", "", "<namespace>/<name> of a Velero credential Secret to read the storage credentials from, through the API, instead of the environment.")
+	fs.StringVar(&velero.Key, "credentials-key", "cloud", "Key of that Secret holding the provider's credentials file.")
+	fs.StringVar(&velero.Profile, "credentials-profile", "default", "Profile of an AWS credentials file to use.")
+	fs.StringVar(&velero.AzureStorageKeyVariable, "azure-storage-key-variable", "", "Key of an Azure credentials file holding the storage account key; empty: a service principal.")
+	fs.BoolVar(&o.WorkloadIdentity, "workload-identity", false, "Use no static keys: reach the storage as the pod's cloud identity.")
 	fs.StringVar(&defaultPolicy, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy, applied when the repository is created.")
 	fs.BoolVar(&o.AppendOnly, "append-only", false, "Write the append-only access rules instead of the default ones.")
 	var (
@@ -133,30 +145,45 @@ func runInit(args []string) error {
 	if o.Defaults, err = serverpod.ParsePolicy(defaultPolicy); err != nil {
 		return fmt.Errorf("--default-policy: %w", err)
 	}
-	switch {
-	case fsPath != "" && s3.Bucket == "":
+	switch kinds := countSet(fsPath, s3.Bucket, gcs.Bucket, azure.Container); {
+	case kinds != 1:
+		return errors.New("set exactly one of --filesystem-path, --s3-bucket, --gcs-bucket and --azure-container")
+	case fsPath != "":
 		o.Storage.Filesystem = &serverpod.FilesystemLocation{Path: fsPath}
-	case s3.Bucket != "" && fsPath == "":
+	case s3.Bucket != "":
 		if s3CAFile != "" {
 			if s3.CABundle, err = os.ReadFile(s3CAFile); err != nil {
 				return fmt.Errorf("read S3 CA bundle: %w", err)
 			}
 		}
-		if veleroSecret != "" {
-			var ok bool
-			if velero.Namespace, velero.Name, ok = strings.Cut(veleroSecret, "/"); !ok || velero.Namespace == "" || velero.Name == "" {
-				return fmt.Errorf("--s3-credentials-secret %q: want <namespace>/<name>", veleroSecret)
-			}
-			if velero.Client, err = kubeClient(); err != nil {
-				return err
-			}
-			o.Velero = &velero
-		}
 		o.Storage.S3 = &s3
+	case gcs.Bucket != "":
+		o.Storage.GCS = &gcs
 	default:
-		return errors.New("set exactly one of --filesystem-path and --s3-bucket")
+		o.Storage.Azure = &azure
+	}
+	if veleroSecret != "" {
+		var ok bool
+		if velero.Namespace, velero.Name, ok = strings.Cut(veleroSecret, "/"); !ok || velero.Namespace == "" || velero.Name == "" {
+			return fmt.Errorf("--credentials-secret %q: want <namespace>/<name>", veleroSecret)
+		}
+		if velero.Client, err = kubeClient(); err != nil {
+			return err
+		}
+		o.Velero = &velero
 	}
 	return serverpod.Init(context.Background(), o)
+}
+
+// countSet counts the values that are not empty.
+func countSet(values ...string) int {
+	n := 0
+	for _, v := range values {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func runSyncUsers(args []string) error {

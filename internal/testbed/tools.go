@@ -26,6 +26,10 @@ type Tools struct {
 	Kubectl string
 	// MinIO is the minio binary, the test bed's S3 endpoint.
 	MinIO string
+	// FakeGCS is fake-gcs-server, the test bed's Google Cloud Storage;
+	// Azurite is the main script of Azurite's blob service, the test bed's
+	// Azure Blob Storage, run by node. Only their starters need them.
+	FakeGCS, Azurite string
 	// ControllerGen is the controller-gen binary.
 	ControllerGen string
 	// CloudInitSchema runs Debian's `cloud-init schema`.
@@ -44,6 +48,8 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
 	"GUESTBACKUP_KUBECTL":           func(t *Tools) *string { return &t.Kubectl },
 	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
+	"GUESTBACKUP_FAKE_GCS":          func(t *Tools) *string { return &t.FakeGCS },
+	"GUESTBACKUP_AZURITE":           func(t *Tools) *string { return &t.Azurite },
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
 	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
@@ -53,7 +59,7 @@ var toolEnv = map[string]func(*Tools) *string{
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
-var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
 
 var (
 	toolsOnce sync.Once

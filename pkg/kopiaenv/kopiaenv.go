@@ -2,7 +2,7 @@
 // controller hands the server pod's containers their Kopia secrets and
 // settings (pkg/kopiaserver writes them into the Deployment) and which the
 // server pod reads (cmd/server). Kopia itself reads them too. The S3
-// credentials' variables are pkg/awscreds's.
+// credentials' variables are pkg/storagecreds's.
 package kopiaenv
 
 const (

@@ -127,9 +127,10 @@ func TestServerObjectsGolden(t *testing.T) {
 // checkServerPod asserts what must hold of every server pod, whatever a
 // golden file says: containers a restricted Pod Security Standard admits,
 // with no fixed UID (OpenShift's restricted SCC picks it); passwords and
-// S3 keys by Secret reference only; no "/" as S3 prefix; and for a Velero
-// BSL, no S3 keys in the environment at all (the init container reads
-// Velero's Secret through the API).
+// S3 keys by Secret reference only; no "/" as a bucket's prefix; and for a
+// Velero BSL, no storage credential in the environment at all (the init
+// container reads Velero's Secret through the API, or the pod has a
+// workload identity).
 func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
@@ -155,13 +156,25 @@ func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
 			if secret && (e.Value != "" || e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil) {
 				t.Errorf("container %s: %s is not taken from a Secret by reference", c.Name, e.Name)
 			}
-			if velero && strings.HasPrefix(e.Name, "AWS_") {
+			if velero && (strings.HasPrefix(e.Name, "AWS_") || strings.HasPrefix(e.Name, "AZURE_") || strings.HasPrefix(e.Name, "GOOGLE_")) {
 				t.Errorf("container %s: %s in the environment of a server on a Velero BSL", c.Name, e.Name)
 			}
 		}
+		if slices.Contains(c.Args, "--workload-identity") {
+			for _, arg := range c.Args {
+				if strings.HasPrefix(arg, "--credentials-") {
+					t.Errorf("container %s: %s under workload identity", c.Name, arg)
+				}
+			}
+			for _, e := range c.Env {
+				if !strings.Contains(e.Name, "PASSWORD") && e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+					t.Errorf("container %s: %s from Secret %s under workload identity", c.Name, e.Name, e.ValueFrom.SecretKeyRef.Name)
+				}
+			}
+		}
 		for _, arg := range c.Args {
-			if strings.HasPrefix(arg, "--s3-prefix=/") {
-				t.Errorf("container %s: %s: Kopia would write S3 keys under /", c.Name, arg)
+			if strings.HasPrefix(arg, "--s3-prefix=/") || strings.HasPrefix(arg, "--gcs-prefix=/") || strings.HasPrefix(arg, "--azure-prefix=/") {
+				t.Errorf("container %s: %s: Kopia would write its objects under /", c.Name, arg)
 			}
 		}
 	}

@@ -22,8 +22,8 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // These specs keep repositories in a real S3 server (MinIO on loopback),
@@ -37,8 +37,6 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		s3NS     = "s3-direct"
 		veleroNS = "velero"
 		reuseNS  = "s3-velero"
-		// The server pod's init container creates the repository in S3.
-		serverReady = 3 * time.Minute
 	)
 	var (
 		ctx      context.Context
@@ -68,36 +66,12 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 	objects := func(bucket, prefix string) func() ([]string, error) {
 		return func() ([]string, error) { return minio.Objects(bucket, prefix) }
 	}
-	// runServer runs the server pod from the Deployment the controller
-	// wrote, as the kubelet would, and reports it available.
 	runServer := func(b *v1alpha1.BackupStorageLocationServer) *testbed.Pod {
 		GinkgoHelper()
-		d := &appsv1.Deployment{}
-		Eventually(func() error {
-			return api.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: kopiaserver.DeploymentName(b)}, d)
-		}).WithTimeout(reconciled).Should(Succeed())
-		pod := testbed.RunPod(GinkgoT(), testbed.PodOptions{Namespace: b.Namespace, Spec: d.Spec.Template.Spec, Binaries: binaries, API: api})
-		Expect(pod.WaitReady(serverReady)).To(Succeed())
-		markAvailable(ctx, api, d)
-		return pod
+		return runServerPod(ctx, api, binaries, b)
 	}
-	// connect connects a guest with a fresh kopia client, pinned to the
-	// fingerprint the BSLS reports.
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
-		return func() error {
-			cur, err := bslsNamed(b.Namespace, b.Name)()
-			if err != nil {
-				return err
-			}
-			if cur.Status.TLSFingerprint == "" {
-				return fmt.Errorf("BSLS %s/%s reports no tlsFingerprint yet", b.Namespace, b.Name)
-			}
-			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, user, password)
-			if err != nil {
-				return fmt.Errorf("%w: %s", err, out)
-			}
-			return nil
-		}
+		return connectGuest(ctx, api, pod, b, user, password)
 	}
 	// awsCredentialsFile is what Velero's credential Secrets hold.
 	awsCredentialsFile := func(profile string) []byte {
@@ -156,8 +130,8 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
 				Data: map[string][]byte{
-					awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
-					awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
+					storagecreds.AccessKeyID:     []byte(minio.AccessKeyID),
+					storagecreds.SecretAccessKey: []byte(minio.SecretAccessKey),
 				},
 			})).To(Succeed())
 			bsls = &v1alpha1.BackupStorageLocationServer{
@@ -420,3 +394,51 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		Expect(api.Client.Get(ctx, victimAccess, &rbacv1.Role{})).To(Succeed(), "the consented BSLS keeps its Role")
 	})
 })
+
+// serverReady bounds a server pod's start: its init container creates
+// the repository in the storage.
+const serverReady = 3 * time.Minute
+
+// runServerPod runs b's server pod from the Deployment the controller
+// wrote, as the kubelet would, and reports the Deployment available. env
+// (NAME=value) is added to every container: what a cloud gives its pods
+// and the test bed plays, such as an emulator's address.
+func runServerPod(ctx context.Context, api *testbed.APIServer, binaries map[string]string, b *v1alpha1.BackupStorageLocationServer, env ...string) *testbed.Pod {
+	GinkgoHelper()
+	d := &appsv1.Deployment{}
+	Eventually(func() error {
+		return api.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: kopiaserver.DeploymentName(b)}, d)
+	}).WithTimeout(reconciled).Should(Succeed())
+	spec := *d.Spec.Template.Spec.DeepCopy()
+	for _, containers := range [][]corev1.Container{spec.InitContainers, spec.Containers} {
+		for i := range containers {
+			for _, e := range env {
+				name, value, _ := strings.Cut(e, "=")
+				containers[i].Env = append(containers[i].Env, corev1.EnvVar{Name: name, Value: value})
+			}
+		}
+	}
+	pod := testbed.RunPod(GinkgoT(), testbed.PodOptions{Namespace: b.Namespace, Spec: spec, Binaries: binaries, API: api})
+	Expect(pod.WaitReady(serverReady)).To(Succeed())
+	markAvailable(ctx, api, d)
+	return pod
+}
+
+// connectGuest connects a guest with a fresh kopia client, pinned to the
+// fingerprint b reports.
+func connectGuest(ctx context.Context, api *testbed.APIServer, pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
+	return func() error {
+		cur := &v1alpha1.BackupStorageLocationServer{}
+		if err := api.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, cur); err != nil {
+			return err
+		}
+		if cur.Status.TLSFingerprint == "" {
+			return fmt.Errorf("BSLS %s/%s reports no tlsFingerprint yet", b.Namespace, b.Name)
+		}
+		out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, user, password)
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+}

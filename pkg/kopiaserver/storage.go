@@ -11,8 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/password"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // DefaultClaimSize is the size of a filesystem claim the controller creates
@@ -60,9 +60,13 @@ func (in *WorkloadInputs) setStorage(b *v1alpha1.BackupStorageLocationServer, vs
 	var bundle []byte
 	switch ref := b.Spec.Storage.BackupStorageLocation; {
 	case ref != nil && vs != nil:
-		in.S3 = &vs.S3
-		in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile}
-		bundle = vs.S3.CABundle
+		in.S3, in.GCS, in.Azure = vs.S3, vs.GCS, vs.Azure
+		if ref.Credentials == v1alpha1.CredentialsWorkloadIdentity {
+			in.WorkloadIdentity = true
+		} else {
+			in.VeleroCredentials = &VeleroCredentials{Namespace: ref.Namespace, Secret: vs.Credentials.Name, Key: vs.Credentials.Key, Profile: vs.Profile, AzureStorageKeyVariable: vs.AzureStorageKeyVariable}
+		}
+		bundle = vs.caBundle()
 	case b.Spec.Storage.S3 != nil:
 		in.S3 = b.Spec.Storage.S3
 		in.S3CredentialsSecret = b.Spec.Storage.S3.CredentialsSecret.Name
@@ -130,11 +134,11 @@ func (r *Reconciler) checkS3Credentials(ctx context.Context, namespace, name str
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, awscreds.AccessKeyID, awscreds.SecretAccessKey)}, nil
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s: create it with the keys %s and %s", name, namespace, storagecreds.AccessKeyID, storagecreds.SecretAccessKey)}, nil
 		}
 		return nil, fmt.Errorf("get Secret %s: %w", name, err)
 	}
-	for _, key := range []string{awscreds.AccessKeyID, awscreds.SecretAccessKey} {
+	for _, key := range []string{storagecreds.AccessKeyID, storagecreds.SecretAccessKey} {
 		if len(s.Data[key]) == 0 {
 			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s has no key %s", name, key)}, nil
 		}

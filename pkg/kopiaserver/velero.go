@@ -21,7 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // +kubebuilder:rbac:groups=velero.io,resources=backupstoragelocations,verbs=get;list;watch
@@ -55,14 +55,48 @@ func VeleroAccessName(b *v1alpha1.BackupStorageLocationServer) string {
 }
 
 // VeleroStorage is what a Velero BSL says about its bucket, as the server
-// pod uses it.
+// pod uses it. Exactly one of S3, GCS and Azure is set, after Provider.
 type VeleroStorage struct {
-	S3 v1alpha1.S3Storage
+	// Provider is the BSL's provider without velero.io/: aws, gcp or azure.
+	Provider string
+	S3       *v1alpha1.S3Storage
+	GCS      *GCSBucket
+	Azure    *AzureContainer
 	// Credentials name the Secret (in Velero's namespace) and key holding
-	// an AWS shared credentials file, and the profile in it.
+	// the provider's credentials file: an AWS shared credentials file, a
+	// GCP service account's JSON key, or Azure's KEY=VALUE file.
 	Credentials corev1.SecretKeySelector
-	Profile     string
+	// Profile is the AWS credentials file's profile.
+	Profile string
+	// AzureStorageKeyVariable is the key of Azure's credentials file
+	// holding the storage account key (config.storageAccountKeyEnvVar);
+	// empty means a service principal.
+	AzureStorageKeyVariable string
 }
+
+// GCSBucket is a Google Cloud Storage bucket and the prefix of the
+// repository's objects in it.
+type GCSBucket struct {
+	Bucket, Prefix string
+}
+
+// AzureContainer is an Azure Blob Storage container of a storage account,
+// reached at <scheme>://<StorageAccount>.<StorageDomain>/, and the prefix
+// of the repository's blobs in it.
+type AzureContainer struct {
+	Container, Prefix, StorageAccount string
+	// StorageDomain is empty for Azure's public cloud (blob.core.windows.net).
+	StorageDomain string
+	DisableTLS    bool
+}
+
+// Velero's providers, as a BSL's spec.provider names them (with or
+// without velero.io/).
+const (
+	ProviderAWS   = "aws"
+	ProviderGCP   = "gcp"
+	ProviderAzure = "azure"
+)
 
 // VeleroConsents reports whether a Velero BSL's annotations consent to the
 // BSLS namespace/name reusing it: its guestbackup.io/allowed-servers
@@ -92,25 +126,50 @@ func veleroConsentRequired(ref *v1alpha1.BackupStorageLocationRef, b *v1alpha1.B
 		ref.Namespace, ref.Name, v1alpha1.AnnotationAllowedServers, self)}
 }
 
-// ParseVeleroBSL reads an AWS-compatible Velero BackupStorageLocation. Its
-// errors say which field is wrong.
+// ParseVeleroBSL reads a Velero BackupStorageLocation of provider aws (S3
+// and S3-compatible), gcp (Google Cloud Storage) or azure (Azure Blob
+// Storage). Its errors say which field is wrong.
 func ParseVeleroBSL(bsl *unstructured.Unstructured) (*VeleroStorage, error) {
 	provider, _, _ := unstructured.NestedString(bsl.Object, "spec", "provider")
-	if p := strings.TrimPrefix(provider, "velero.io/"); p != "aws" {
-		return nil, fmt.Errorf("its spec.provider is %q: only aws (S3-compatible storage) is supported", provider)
-	}
 	bucket, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "bucket")
+	prefix, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "prefix")
+	config, _, _ := unstructured.NestedStringMap(bsl.Object, "spec", "config")
+	// Velero's own data lives under <prefix>/backups etc.; ours beside it.
+	prefix = strings.Trim(prefix+"/guestbackup", "/")
+	vs := &VeleroStorage{
+		Provider:    strings.TrimPrefix(provider, "velero.io/"),
+		Credentials: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: VeleroDefaultCredentialsSecret}, Key: VeleroDefaultCredentialsKey},
+	}
+	switch vs.Provider {
+	case ProviderAWS, ProviderGCP, ProviderAzure:
+	default:
+		return nil, fmt.Errorf("its spec.provider is %q: guestbackup reads aws (S3 and S3-compatible storage), gcp (Google Cloud Storage) and azure (Azure Blob Storage)", provider)
+	}
 	if bucket == "" {
 		return nil, fmt.Errorf("it has no spec.objectStorage.bucket")
 	}
-	prefix, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "prefix")
-	config, _, _ := unstructured.NestedStringMap(bsl.Object, "spec", "config")
-	vs := &VeleroStorage{
-		// Velero's own data lives under <prefix>/backups etc.; ours beside it.
-		S3:          v1alpha1.S3Storage{Bucket: bucket, Prefix: strings.Trim(prefix+"/guestbackup", "/"), Region: config["region"]},
-		Credentials: corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: VeleroDefaultCredentialsSecret}, Key: VeleroDefaultCredentialsKey},
-		Profile:     config["profile"],
+	if name, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "name"); name != "" {
+		vs.Credentials.Name = name
+		if key, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "key"); key != "" {
+			vs.Credentials.Key = key
+		}
 	}
+	switch vs.Provider {
+	case ProviderGCP:
+		vs.GCS = &GCSBucket{Bucket: bucket, Prefix: prefix}
+		return vs, nil
+	case ProviderAzure:
+		az, err := parseAzureConfig(config)
+		if err != nil {
+			return nil, err
+		}
+		az.Container, az.Prefix = bucket, prefix
+		vs.Azure = az
+		vs.AzureStorageKeyVariable = config["storageAccountKeyEnvVar"]
+		return vs, nil
+	}
+	vs.S3 = &v1alpha1.S3Storage{Bucket: bucket, Prefix: prefix, Region: config["region"]}
+	vs.Profile = config["profile"]
 	if caCert, _, _ := unstructured.NestedString(bsl.Object, "spec", "objectStorage", "caCert"); caCert != "" {
 		ca, err := base64.StdEncoding.DecodeString(caCert)
 		if err != nil {
@@ -126,16 +185,62 @@ func ParseVeleroBSL(bsl *unstructured.Unstructured) (*VeleroStorage, error) {
 		vs.S3.Endpoint = u.Host
 		vs.S3.DisableTLS = u.Scheme == "http"
 	}
-	if name, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "name"); name != "" {
-		vs.Credentials.Name = name
-		if key, _, _ := unstructured.NestedString(bsl.Object, "spec", "credential", "key"); key != "" {
-			vs.Credentials.Key = key
-		}
-	}
 	if vs.Profile == "" {
 		vs.Profile = "default"
 	}
 	return vs, nil
+}
+
+// caBundle is the CA bundle of an S3 endpoint with a private CA.
+func (vs *VeleroStorage) caBundle() []byte {
+	if vs.S3 == nil {
+		return nil
+	}
+	return vs.S3.CABundle
+}
+
+// parseAzureConfig reads the storage account of an azure BSL's
+// spec.config. Kopia reaches an account at <account>.<domain>, so a custom
+// storageAccountURI (another cloud, a private endpoint, an emulator) must
+// be of that form.
+func parseAzureConfig(config map[string]string) (*AzureContainer, error) {
+	account := config["storageAccount"]
+	if account == "" {
+		return nil, fmt.Errorf("it has no spec.config.storageAccount")
+	}
+	az := &AzureContainer{StorageAccount: account}
+	uri := config["storageAccountURI"]
+	if uri == "" {
+		return az, nil
+	}
+	u, err := url.Parse(uri)
+	if err != nil || u.Host == "" || (u.Scheme != "https" && u.Scheme != "http") {
+		return nil, fmt.Errorf("spec.config.storageAccountURI %q is not a URL like https://%s.blob.core.windows.net", uri, account)
+	}
+	domain, ok := strings.CutPrefix(u.Host, account+".")
+	if !ok || domain == "" {
+		return nil, fmt.Errorf("spec.config.storageAccountURI %q: its host must be %s.<domain> (the storage account, then the blob endpoint's domain), as Kopia builds it", uri, account)
+	}
+	if domain != "blob.core.windows.net" {
+		az.StorageDomain = domain
+	}
+	az.DisableTLS = u.Scheme == "http"
+	return az, nil
+}
+
+// checkVeleroCredentials checks that data, the key of Velero's credential
+// Secret, is what the provider's Kopia storage can use. Errors never quote
+// the credentials.
+func checkVeleroCredentials(vs *VeleroStorage, data []byte) (what string, err error) {
+	switch vs.Provider {
+	case ProviderGCP:
+		return "a GCP service account key", storagecreds.CheckGCPKey(data)
+	case ProviderAzure:
+		_, err := storagecreds.ParseAzure(data, vs.AzureStorageKeyVariable)
+		return "an Azure credentials file", err
+	}
+	_, _, _, err = storagecreds.ParseAWS(data, vs.Profile)
+	return "an AWS credentials file", err
 }
 
 // backupStorageLocation resolves a Velero BSL into S3 storage. Velero's
@@ -172,15 +277,30 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 	if err != nil {
 		return &problem{ReasonBackupStorageLocationInvalid, fmt.Sprintf("%s cannot be used: %v", name, err)}, nil
 	}
+	if ref.Credentials == v1alpha1.CredentialsWorkloadIdentity {
+		// No Secret to read: the pod reaches the storage as its
+		// ServiceAccount's cloud identity, so it needs no access here.
+		if err := r.revokeVeleroAccess(ctx, b, ""); err != nil {
+			return nil, err
+		}
+		if err := r.finalize(ctx, b); err != nil {
+			return nil, err
+		}
+		in.setStorage(b, vs)
+		return nil, r.s3CABundle(ctx, b, vs.caBundle())
+	}
 	s := &corev1.Secret{}
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: ref.Namespace, Name: vs.Credentials.Name}, s); err != nil {
 		if apierrors.IsNotFound(err) {
-			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s (the credentials of %s): set the BSL's spec.credential, or create Velero's default Secret %s", vs.Credentials.Name, ref.Namespace, name, VeleroDefaultCredentialsSecret)}, nil
+			return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s not found in namespace %s (the credentials of %s): set the BSL's spec.credential, create Velero's default Secret %s, or set storage.backupStorageLocation.credentials to WorkloadIdentity when Velero uses none", vs.Credentials.Name, ref.Namespace, name, VeleroDefaultCredentialsSecret)}, nil
 		}
 		return nil, fmt.Errorf("get Secret %s/%s: %w", ref.Namespace, vs.Credentials.Name, err)
 	}
-	if _, _, _, err := awscreds.Parse(s.Data[vs.Credentials.Key], vs.Profile); err != nil {
-		return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s/%s, key %s, is not an AWS credentials file Kopia can use: %v", ref.Namespace, vs.Credentials.Name, vs.Credentials.Key, err)}, nil
+	if _, ok := s.Data[vs.Credentials.Key]; !ok {
+		return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s/%s has no key %s (the credentials of %s): fix the BSL's spec.credential.key, or add the key", ref.Namespace, vs.Credentials.Name, vs.Credentials.Key, name)}, nil
+	}
+	if what, err := checkVeleroCredentials(vs, s.Data[vs.Credentials.Key]); err != nil {
+		return &problem{ReasonCredentialsInvalid, fmt.Sprintf("Secret %s/%s, key %s, is not %s Kopia can use: %v", ref.Namespace, vs.Credentials.Name, vs.Credentials.Key, what, err)}, nil
 	}
 	if err := r.veleroAccess(ctx, b, vs.Credentials.Name); err != nil {
 		return nil, err
@@ -190,7 +310,7 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 		return nil, err
 	}
 	in.setStorage(b, vs)
-	return nil, r.s3CABundle(ctx, b, vs.S3.CABundle)
+	return nil, r.s3CABundle(ctx, b, vs.caBundle())
 }
 
 // veleroAccess lets b's server read one Secret in Velero's namespace, and

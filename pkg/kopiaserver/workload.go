@@ -3,6 +3,7 @@ package kopiaserver
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"path"
 	"strconv"
 	"time"
@@ -17,9 +18,9 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -114,15 +115,35 @@ type WorkloadInputs struct {
 	// ActivityInterval is how often the server pod publishes its guests'
 	// new snapshots (0 disables it).
 	ActivityInterval time.Duration
+	// GCS and Azure are the Google Cloud Storage bucket or Azure Blob
+	// Storage container of a Velero BSL, instead of S3.
+	GCS   *GCSBucket
+	Azure *AzureContainer
 	// VeleroCredentials, instead of S3CredentialsSecret, is a Velero
 	// credential Secret the init container reads through the API.
 	VeleroCredentials *VeleroCredentials
+	// WorkloadIdentity, instead of either, gives the pod no static keys:
+	// it reaches the storage as its ServiceAccount's cloud identity.
+	WorkloadIdentity bool
 }
 
-// VeleroCredentials name an AWS credentials file in a Velero Secret.
+// VeleroCredentials name a provider's credentials file in a Velero Secret.
 type VeleroCredentials struct {
-	Namespace, Secret, Key, Profile string
+	Namespace, Secret, Key string
+	// Profile is an AWS credentials file's profile.
+	Profile string
+	// AzureStorageKeyVariable names an Azure credentials file's storage
+	// account key; empty means a service principal.
+	AzureStorageKeyVariable string
 }
+
+// Azure Workload Identity's names: its webhook gives the federated token
+// (and AZURE_CLIENT_ID, AZURE_TENANT_ID) to the pods carrying the label,
+// and reads the client ID from their ServiceAccount's annotation.
+const (
+	AnnotationAzureClientID = "azure.workload.identity/client-id"
+	LabelAzureUse           = "azure.workload.identity/use"
+)
 
 func secretEnv(name string, sel corev1.SecretKeySelector, optional bool) corev1.EnvVar {
 	sel.Optional = ptr.To(optional)
@@ -187,8 +208,8 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	case in.S3 != nil:
 		s3 := in.S3
 		initArgs = append(initArgs, "--s3-bucket="+s3.Bucket)
-		if prefix := path.Join(s3.Prefix, b.Spec.Repository.PathPrefix); prefix != "" {
-			initArgs = append(initArgs, "--s3-prefix="+prefix+"/")
+		if prefix := repositoryPrefix(s3.Prefix, b); prefix != "" {
+			initArgs = append(initArgs, "--s3-prefix="+prefix)
 		}
 		if s3.Endpoint != "" {
 			initArgs = append(initArgs, "--s3-endpoint="+s3.Endpoint)
@@ -207,22 +228,46 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			initMounts = append(initMounts, corev1.VolumeMount{Name: "s3-ca", MountPath: s3CADir, ReadOnly: true})
 			initArgs = append(initArgs, "--s3-ca-file="+path.Join(s3CADir, "ca.crt"))
 		}
-		if v := in.VeleroCredentials; v != nil {
-			// A Secret in another namespace cannot be mounted: read it
-			// through the API, as the service account's Role allows.
-			initArgs = append(initArgs,
-				"--s3-credentials-secret="+v.Namespace+"/"+v.Secret,
-				"--s3-credentials-key="+v.Key,
-				"--s3-credentials-profile="+v.Profile)
-		} else {
+		if in.VeleroCredentials == nil && !in.WorkloadIdentity {
 			initEnv = append(initEnv,
-				secretEnv(awscreds.AccessKeyID, secretKey(in.S3CredentialsSecret, awscreds.AccessKeyID), false),
-				secretEnv(awscreds.SecretAccessKey, secretKey(in.S3CredentialsSecret, awscreds.SecretAccessKey), false),
-				secretEnv(awscreds.SessionToken, secretKey(in.S3CredentialsSecret, awscreds.SessionToken), true),
+				secretEnv(storagecreds.AccessKeyID, secretKey(in.S3CredentialsSecret, storagecreds.AccessKeyID), false),
+				secretEnv(storagecreds.SecretAccessKey, secretKey(in.S3CredentialsSecret, storagecreds.SecretAccessKey), false),
+				secretEnv(storagecreds.SessionToken, secretKey(in.S3CredentialsSecret, storagecreds.SessionToken), true),
 			)
+		}
+	case in.GCS != nil:
+		initArgs = append(initArgs, "--gcs-bucket="+in.GCS.Bucket)
+		if prefix := repositoryPrefix(in.GCS.Prefix, b); prefix != "" {
+			initArgs = append(initArgs, "--gcs-prefix="+prefix)
+		}
+	case in.Azure != nil:
+		az := in.Azure
+		initArgs = append(initArgs, "--azure-container="+az.Container, "--azure-storage-account="+az.StorageAccount)
+		if prefix := repositoryPrefix(az.Prefix, b); prefix != "" {
+			initArgs = append(initArgs, "--azure-prefix="+prefix)
+		}
+		if az.StorageDomain != "" {
+			initArgs = append(initArgs, "--azure-storage-domain="+az.StorageDomain)
+		}
+		if az.DisableTLS {
+			initArgs = append(initArgs, "--azure-disable-tls")
 		}
 	default:
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
+	}
+	switch v := in.VeleroCredentials; {
+	case in.WorkloadIdentity:
+		initArgs = append(initArgs, "--workload-identity")
+	case v != nil:
+		// A Secret in another namespace cannot be mounted: read it
+		// through the API, as the service account's Role allows.
+		initArgs = append(initArgs, "--credentials-secret="+v.Namespace+"/"+v.Secret, "--credentials-key="+v.Key)
+		if in.S3 != nil {
+			initArgs = append(initArgs, "--credentials-profile="+v.Profile)
+		}
+		if v.AzureStorageKeyVariable != "" {
+			initArgs = append(initArgs, "--azure-storage-key-variable="+v.AzureStorageKeyVariable)
+		}
 	}
 	var policyArgs []string
 	m := b.Spec.Repository.Maintenance
@@ -247,6 +292,13 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	initArgs = append(initArgs, maintenanceArgs...)
 
 	labels := Labels(b)
+	podLabels := labels
+	if _, ok := b.Spec.PodConfig.ServiceAccount.Annotations[AnnotationAzureClientID]; ok {
+		// Azure Workload Identity's webhook projects its token into
+		// labelled pods only. Not in the selector: that is immutable.
+		podLabels = maps.Clone(labels)
+		podLabels[LabelAzureUse] = "true"
+	}
 	pod := corev1.PodSpec{
 		ServiceAccountName: ServiceAccountName(b),
 		SecurityContext: &corev1.PodSecurityContext{
@@ -346,11 +398,20 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Strategy: strategy,
 			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels, Annotations: map[string]string{AnnotationTLSChecksum: in.TLSChecksum}},
+				ObjectMeta: metav1.ObjectMeta{Labels: podLabels, Annotations: map[string]string{AnnotationTLSChecksum: in.TLSChecksum}},
 				Spec:       pod,
 			},
 		},
 	}, nil
+}
+
+// repositoryPrefix is where the repository's objects go in a bucket or
+// container: under its prefix, then the BSLS's pathPrefix, as a folder.
+func repositoryPrefix(prefix string, b *v1alpha1.BackupStorageLocationServer) string {
+	if p := path.Join(prefix, b.Spec.Repository.PathPrefix); p != "" {
+		return p + "/"
+	}
+	return ""
 }
 
 // Service is the server's Service; guests reach it by its DNS name unless
@@ -385,6 +446,9 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	name := ServiceAccountName(b)
 	meta := metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}
 	sa := &corev1.ServiceAccount{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ServiceAccount"}, ObjectMeta: meta}
+	// The admin's cloud identity for the pods (IRSA, GKE or Azure Workload
+	// Identity); applied, so one removed from the BSLS goes too.
+	sa.Annotations = b.Spec.PodConfig.ServiceAccount.Annotations
 	names := make([]string, userset.Shards)
 	for i := range names {
 		names[i] = userset.SecretName(b.Name, i)

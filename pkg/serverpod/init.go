@@ -14,9 +14,9 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // veleroReadTimeout bounds the read of Velero's credential Secret.
@@ -25,10 +25,15 @@ const veleroReadTimeout = time.Minute
 // InitOptions is what the init container does, from its flags.
 type InitOptions struct {
 	PrepareOptions
-	// Velero, when set, names the Velero credential Secret the S3
-	// credentials are read from, through the API; otherwise they come from
-	// the environment (awscreds' variables).
+	// Velero, when set, names the Velero credential Secret the storage's
+	// credentials are read from, through the API; otherwise S3 credentials
+	// come from the environment (storagecreds' variables).
 	Velero *VeleroCredentials
+	// WorkloadIdentity says the storage has no static keys: Kopia reaches
+	// it as the pod's cloud identity (S3: IRSA's web identity token; GCS:
+	// the metadata server's token; Azure: Azure Workload Identity's
+	// federated token, named by the environment its webhook sets).
+	WorkloadIdentity bool
 	// AppendOnly writes the append-only access rules instead of the
 	// default ones.
 	AppendOnly bool
@@ -39,17 +44,25 @@ type InitOptions struct {
 	Out io.Writer
 }
 
-// VeleroCredentials names one profile of the AWS shared credentials file in
-// a Velero credential Secret.
+// VeleroCredentials names the credentials file in a Velero credential
+// Secret, in the format of the storage's provider: an AWS shared
+// credentials file, a GCP service account's JSON key, or an Azure
+// KEY=VALUE file.
 type VeleroCredentials struct {
-	Namespace, Name, Key, Profile string
+	Namespace, Name, Key string
+	// Profile is the AWS credentials file's profile (S3).
+	Profile string
+	// AzureStorageKeyVariable names the storage account key in an Azure
+	// credentials file (the BSL's config.storageAccountKeyEnvVar); empty
+	// means a service principal.
+	AzureStorageKeyVariable string
 	// Client reads the Secret; the pod's service account may get that
 	// one Secret.
 	Client kubernetes.Interface
 }
 
-// Init gets a server pod ready to serve: it completes the S3 credentials,
-// connects to (or creates) the repository, writes the TLS chain, and makes
+// Init gets a server pod ready to serve: it completes the storage's
+// credentials, connects to (or creates) the repository, writes the TLS chain, and makes
 // the repository's access rules guestbackup's before the server starts, so
 // that it never serves under Kopia's legacy rules (no ACLs) or under rules
 // someone else wrote. The ACL manifests it removes are left for user sync
@@ -58,16 +71,8 @@ func Init(ctx context.Context, o InitOptions) error {
 	if o.Out == nil {
 		o.Out = io.Discard
 	}
-	if s3 := o.Storage.S3; s3 != nil {
-		var err error
-		if o.Velero != nil {
-			err = s3.readVelero(ctx, *o.Velero)
-		} else {
-			err = s3.readEnv()
-		}
-		if err != nil {
-			return err
-		}
+	if err := o.credentials(ctx); err != nil {
+		return err
 	}
 	created, err := Prepare(ctx, o.PrepareOptions)
 	if err != nil {
@@ -115,26 +120,74 @@ func applyPolicyFile(ctx context.Context, configFile, password string, spec *v1a
 	return ApplyPolicy(ctx, r, spec, appendOnly)
 }
 
+// credentials completes o.Storage with its credentials: none for a
+// filesystem, the pod's identity with WorkloadIdentity, else Velero's
+// Secret, else (S3 only) the environment.
+func (o *InitOptions) credentials(ctx context.Context) error {
+	st := o.Storage
+	switch {
+	case st.Filesystem != nil:
+		return nil
+	case o.WorkloadIdentity:
+		if st.Azure != nil {
+			return st.Azure.readWorkloadIdentity()
+		}
+		return nil // Kopia's S3 and GCS storage find the identity themselves
+	case o.Velero != nil:
+		return o.Velero.read(ctx, st)
+	case st.S3 != nil:
+		return st.S3.readEnv()
+	}
+	return errors.New("Google Cloud Storage and Azure Blob Storage need Velero's credentials (--credentials-secret) or --workload-identity")
+}
+
 // readEnv sets the credentials from the environment.
 func (s *S3Location) readEnv() error {
-	s.AccessKeyID = os.Getenv(awscreds.AccessKeyID)
-	s.SecretAccessKey = os.Getenv(awscreds.SecretAccessKey)
-	s.SessionToken = os.Getenv(awscreds.SessionToken)
+	s.AccessKeyID = os.Getenv(storagecreds.AccessKeyID)
+	s.SecretAccessKey = os.Getenv(storagecreds.SecretAccessKey)
+	s.SessionToken = os.Getenv(storagecreds.SessionToken)
 	if s.AccessKeyID == "" || s.SecretAccessKey == "" {
-		return fmt.Errorf("environment variables %s and %s must be set for S3 storage", awscreds.AccessKeyID, awscreds.SecretAccessKey)
+		return fmt.Errorf("environment variables %s and %s must be set for S3 storage", storagecreds.AccessKeyID, storagecreds.SecretAccessKey)
 	}
 	return nil
 }
 
-// readVelero sets the credentials from a Velero credential Secret.
-func (s *S3Location) readVelero(ctx context.Context, v VeleroCredentials) error {
+// readWorkloadIdentity sets the federated credential Azure Workload
+// Identity's webhook put in the pod's environment.
+func (a *AzureLocation) readWorkloadIdentity() error {
+	a.TenantID = os.Getenv(storagecreds.AzureTenantID)
+	a.ClientID = os.Getenv(storagecreds.AzureClientID)
+	a.FederatedTokenFile = os.Getenv(storagecreds.AzureFederatedTokenFile)
+	if a.TenantID == "" || a.ClientID == "" || a.FederatedTokenFile == "" {
+		return fmt.Errorf("Azure Workload Identity gave this pod no %s, %s and %s: install its webhook, annotate the BSLS's podConfig.serviceAccount with azure.workload.identity/client-id (the server pod then carries the label azure.workload.identity/use=true), and federate the identity with the ServiceAccount",
+			storagecreds.AzureTenantID, storagecreds.AzureClientID, storagecreds.AzureFederatedTokenFile)
+	}
+	return nil
+}
+
+// read sets st's credentials from a Velero credential Secret, in the
+// format of st's provider.
+func (v VeleroCredentials) read(ctx context.Context, st Storage) error {
 	ctx, cancel := context.WithTimeout(ctx, veleroReadTimeout)
 	defer cancel()
 	secret, err := v.Client.CoreV1().Secrets(v.Namespace).Get(ctx, v.Name, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("read Velero's credentials: %w", err)
 	}
-	s.AccessKeyID, s.SecretAccessKey, s.SessionToken, err = awscreds.Parse(secret.Data[v.Key], v.Profile)
+	data := secret.Data[v.Key]
+	switch {
+	case st.S3 != nil:
+		st.S3.AccessKeyID, st.S3.SecretAccessKey, st.S3.SessionToken, err = storagecreds.ParseAWS(data, v.Profile)
+	case st.GCS != nil:
+		if err = storagecreds.CheckGCPKey(data); err == nil {
+			st.GCS.CredentialsJSON = data
+		}
+	case st.Azure != nil:
+		var c storagecreds.AzureCredentials
+		if c, err = storagecreds.ParseAzure(data, v.AzureStorageKeyVariable); err == nil {
+			st.Azure.StorageKey, st.Azure.TenantID, st.Azure.ClientID, st.Azure.ClientSecret = c.StorageKey, c.TenantID, c.ClientID, c.ClientSecret
+		}
+	}
 	if err != nil {
 		return fmt.Errorf("Secret %s/%s, key %s: %w", v.Namespace, v.Name, v.Key, err)
 	}

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/pkg/awscreds"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // TestTakeForeignACLs: what init removed is reported by user sync once,
@@ -44,14 +44,14 @@ func TestTakeForeignACLs(t *testing.T) {
 // TestS3CredentialsFromEnv: init refuses S3 storage without credentials,
 // naming the variables to set, rather than trying anonymous access.
 func TestS3CredentialsFromEnv(t *testing.T) {
-	t.Setenv(awscreds.AccessKeyID, "AKIA")
-	t.Setenv(awscreds.SecretAccessKey, "")
+	t.Setenv(storagecreds.AccessKeyID, "AKIA")
+	t.Setenv(storagecreds.SecretAccessKey, "")
 	var s S3Location
-	if err := s.readEnv(); err == nil || !strings.Contains(err.Error(), awscreds.SecretAccessKey) {
+	if err := s.readEnv(); err == nil || !strings.Contains(err.Error(), storagecreds.SecretAccessKey) {
 		t.Errorf("without a secret key: %v", err)
 	}
-	t.Setenv(awscreds.SecretAccessKey, "secret")
-	t.Setenv(awscreds.SessionToken, "token")
+	t.Setenv(storagecreds.SecretAccessKey, "secret")
+	t.Setenv(storagecreds.SessionToken, "token")
 	if err := s.readEnv(); err != nil || s.AccessKeyID != "AKIA" || s.SecretAccessKey != "secret" || s.SessionToken != "token" {
 		t.Errorf("readEnv = %+v, %v", s, err)
 	}
@@ -66,5 +66,48 @@ func TestParsePolicy(t *testing.T) {
 	}
 	if _, err := ParsePolicy("{"); err == nil {
 		t.Error("malformed JSON was accepted")
+	}
+}
+
+// TestWorkloadIdentityCredentials: with --workload-identity the pod gets
+// no static key; S3 and GCS leave Kopia to find the pod's identity, Azure
+// takes the federated token its webhook announced, or says what is
+// missing; GCS and Azure without any credential source are refused.
+func TestWorkloadIdentityCredentials(t *testing.T) {
+	t.Setenv(storagecreds.AccessKeyID, "AKIA-from-a-stale-variable")
+	for _, st := range []Storage{{S3: &S3Location{Bucket: "b"}}, {GCS: &GCSLocation{Bucket: "b"}}} {
+		o := InitOptions{PrepareOptions: PrepareOptions{Storage: st}, WorkloadIdentity: true}
+		if err := o.credentials(t.Context()); err != nil {
+			t.Errorf("%+v: %v", st, err)
+		}
+		if st.S3 != nil && st.S3.AccessKeyID != "" {
+			t.Errorf("S3 under workload identity took the static key %q", st.S3.AccessKeyID)
+		}
+		if st.GCS != nil && st.GCS.CredentialsJSON != nil {
+			t.Errorf("GCS under workload identity has a key")
+		}
+	}
+
+	az := &AzureLocation{Container: "c", StorageAccount: "a"}
+	o := InitOptions{PrepareOptions: PrepareOptions{Storage: Storage{Azure: az}}, WorkloadIdentity: true}
+	err := o.credentials(t.Context())
+	if err == nil || !strings.Contains(err.Error(), storagecreds.AzureFederatedTokenFile) || !strings.Contains(err.Error(), "azure.workload.identity/use=true") {
+		t.Errorf("Azure without its webhook's variables: %v", err)
+	}
+	t.Setenv(storagecreds.AzureTenantID, "tenant")
+	t.Setenv(storagecreds.AzureClientID, "client")
+	t.Setenv(storagecreds.AzureFederatedTokenFile, "/var/run/secrets/azure/tokens/azure-identity-token")
+	if err := o.credentials(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if want := (AzureLocation{Container: "c", StorageAccount: "a", TenantID: "tenant", ClientID: "client", FederatedTokenFile: "/var/run/secrets/azure/tokens/azure-identity-token"}); *az != want {
+		t.Errorf("Azure under workload identity = %+v, want %+v", *az, want)
+	}
+
+	for _, st := range []Storage{{GCS: &GCSLocation{Bucket: "b"}}, {Azure: &AzureLocation{Container: "c"}}} {
+		o := InitOptions{PrepareOptions: PrepareOptions{Storage: st}}
+		if err := o.credentials(t.Context()); err == nil || !strings.Contains(err.Error(), "--workload-identity") {
+			t.Errorf("%+v with no credential source: %v", st, err)
+		}
 	}
 }

@@ -7,7 +7,9 @@ import (
 
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/blob"
+	"github.com/kopia/kopia/repo/blob/azure"
 	"github.com/kopia/kopia/repo/blob/filesystem"
+	"github.com/kopia/kopia/repo/blob/gcs"
 	"github.com/kopia/kopia/repo/blob/s3"
 	"github.com/kopia/kopia/repo/compression"
 	"github.com/kopia/kopia/snapshot/policy"
@@ -21,6 +23,8 @@ import (
 type Storage struct {
 	Filesystem *FilesystemLocation
 	S3         *S3Location
+	GCS        *GCSLocation
+	Azure      *AzureLocation
 }
 
 // FilesystemLocation is a folder, on the BSLS's volume, holding the repository.
@@ -29,6 +33,9 @@ type FilesystemLocation struct {
 }
 
 // S3Location is a bucket and prefix, with the credentials to reach it.
+// Without AccessKeyID and SecretAccessKey Kopia falls back to the
+// environment (AWS_ACCESS_KEY_ID...) and then to the instance's or the
+// pod's identity (IRSA's AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN).
 type S3Location struct {
 	Bucket, Endpoint, Region, Prefix string
 	DisableTLS                       bool
@@ -37,15 +44,47 @@ type S3Location struct {
 	SessionToken                     string
 }
 
+// GCSLocation is a Google Cloud Storage bucket and prefix. Without
+// CredentialsJSON (a service account's JSON key) Kopia uses Google's
+// application default credentials: on GKE with Workload Identity, the
+// metadata server's token for the ServiceAccount's Google identity.
+type GCSLocation struct {
+	Bucket, Prefix  string
+	CredentialsJSON []byte
+}
+
+// AzureLocation is an Azure Blob Storage container and prefix in a storage
+// account, reached at https://<StorageAccount>.<StorageDomain>/ (default
+// domain blob.core.windows.net), with a storage account key, a service
+// principal's secret, or Azure Workload Identity's federated token: Kopia
+// uses no ambient credential by itself, so a workload identity's is set
+// here from the environment its webhook gives the pod.
+type AzureLocation struct {
+	Container, Prefix, StorageAccount, StorageDomain string
+	DisableTLS                                       bool
+	StorageKey                                       string
+	TenantID, ClientID, ClientSecret                 string
+	FederatedTokenFile                               string
+}
+
 func (s Storage) open(ctx context.Context, create bool) (blob.Storage, error) {
+	set := 0
+	for _, ok := range []bool{s.Filesystem != nil, s.S3 != nil, s.GCS != nil, s.Azure != nil} {
+		if ok {
+			set++
+		}
+	}
+	if set != 1 {
+		return nil, errors.New("storage: set exactly one of filesystem, S3, GCS and Azure")
+	}
 	switch {
-	case s.Filesystem != nil && s.S3 == nil:
+	case s.Filesystem != nil:
 		st, err := filesystem.New(ctx, &filesystem.Options{Path: s.Filesystem.Path}, create)
 		if err != nil {
 			return nil, fmt.Errorf("open filesystem storage %s: %w", s.Filesystem.Path, err)
 		}
 		return st, nil
-	case s.S3 != nil && s.Filesystem == nil:
+	case s.S3 != nil:
 		endpoint := s.S3.Endpoint
 		if endpoint == "" {
 			endpoint = "s3.amazonaws.com"
@@ -59,8 +98,23 @@ func (s Storage) open(ctx context.Context, create bool) (blob.Storage, error) {
 			return nil, fmt.Errorf("open S3 storage s3://%s/%s at %s: %w", s.S3.Bucket, s.S3.Prefix, endpoint, err)
 		}
 		return st, nil
+	case s.GCS != nil:
+		st, err := gcs.New(ctx, &gcs.Options{BucketName: s.GCS.Bucket, Prefix: s.GCS.Prefix, ServiceAccountCredentialJSON: s.GCS.CredentialsJSON}, create)
+		if err != nil {
+			return nil, fmt.Errorf("open Google Cloud Storage gs://%s/%s: %w", s.GCS.Bucket, s.GCS.Prefix, err)
+		}
+		return st, nil
 	default:
-		return nil, errors.New("storage: set exactly one of filesystem and S3")
+		a := s.Azure
+		st, err := azure.New(ctx, &azure.Options{
+			Container: a.Container, Prefix: a.Prefix, StorageAccount: a.StorageAccount, StorageDomain: a.StorageDomain,
+			DoNotUseTLS: a.DisableTLS, StorageKey: a.StorageKey,
+			TenantID: a.TenantID, ClientID: a.ClientID, ClientSecret: a.ClientSecret, AzureFederatedTokenFile: a.FederatedTokenFile,
+		}, create)
+		if err != nil {
+			return nil, fmt.Errorf("open Azure Blob Storage container %s/%s of storage account %s: %w", a.Container, a.Prefix, a.StorageAccount, err)
+		}
+		return st, nil
 	}
 }
 

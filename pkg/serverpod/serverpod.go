@@ -11,5 +11,5 @@
 // user sync reaches the Kopia server beside it.
 //
 // The controller writes the pod's spec; what both sides must agree on
-// lives in small shared packages (awscreds, userset, activity, identity).
+// lives in small shared packages (storagecreds, userset, activity, identity).
 package serverpod

@@ -1,8 +1,8 @@
-package awscreds
+package storagecreds
 
 import "testing"
 
-func TestParse(t *testing.T) {
+func TestParseAWS(t *testing.T) {
 	file := []byte(`# written by velero install
 [default]
 aws_access_key_id = AKIADEFAULT
@@ -35,7 +35,7 @@ aws_secret_access_key = secret-split
 		{profile: "hashes", id: "AKIAHASH", secret: "se#cret;key"},
 		{profile: "split", id: "AKIASPLIT", secret: "secret-split"},
 	} {
-		id, secret, token, err := Parse(file, tt.profile)
+		id, secret, token, err := ParseAWS(file, tt.profile)
 		if tt.wantErr != "" {
 			if err == nil || err.Error() != tt.wantErr {
 				t.Errorf("profile %s: error = %v, want %q", tt.profile, err, tt.wantErr)

@@ -1,10 +1,4 @@
-// Package awscreds is how S3 credentials reach a server pod, shared by the
-// controller, which checks them and writes the pod's spec, and the server
-// pod, which reads them: the keys of an admin's S3 credentials Secret (also
-// the environment variables the init container gets them in, as AWS's tools
-// name them), and the AWS shared credentials file of Velero's credential
-// Secrets.
-package awscreds
+package storagecreds
 
 import (
 	"fmt"
@@ -31,11 +25,11 @@ var loadOptions = ini.LoadOptions{
 	AllowBooleanKeys:    true,
 }
 
-// Parse reads one profile of an AWS shared credentials file, the format of
+// ParseAWS reads one profile of an AWS shared credentials file, the format of
 // Velero's credential Secrets. A profile may be written [x] (credentials
 // files) or [profile x] (~/.aws/config); sections naming the same profile
 // are read in order, a later value winning.
-func Parse(data []byte, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
+func ParseAWS(data []byte, profile string) (accessKeyID, secretAccessKey, sessionToken string, err error) {
 	file, err := ini.LoadSources(loadOptions, data)
 	if err != nil {
 		return "", "", "", fmt.Errorf("parse AWS credentials file: %w", err)
