@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clocktesting "k8s.io/utils/clock/testing"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,23 +34,7 @@ var _ = Describe("A guest that never connects", Ordered, func() {
 		metricsAddr string
 	)
 	user := "app@" + vmNamespace
-	events := func(reason string) func() []string {
-		return func() []string {
-			list := &corev1.EventList{}
-			if err := api.Client.List(ctx, list, client.InNamespace(vmNamespace)); err != nil {
-				return nil
-			}
-			var out []string
-			for _, e := range list.Items {
-				if e.InvolvedObject.Name == "app" && e.Reason == reason {
-					for range max(e.Count, 1) {
-						out = append(out, e.Type+" "+e.Message)
-					}
-				}
-			}
-			return out
-		}
-	}
+	events := func(reason string) func() []string { return vmEvents(ctx, api, "app", reason) }
 	notConnected := func() (float64, error) {
 		return testbed.Metric(metricsAddr, "guestbackup_vm_guest_not_connected", map[string]string{"namespace": vmNamespace, "vm": "app", "bsls": bslsNamespace + "/" + bslsName})
 	}
@@ -72,34 +55,9 @@ var _ = Describe("A guest that never connects", Ordered, func() {
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-		for _, ns := range []string{vmNamespace, bslsNamespace} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-		}
-		for shard := range userset.Shards {
-			Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-				Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
-				Labels: map[string]string{activity.Label: bslsName},
-			}})).To(Succeed())
-		}
-		Expect(api.Client.Create(ctx, &kubevirtv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: vmNamespace, Annotations: map[string]string{
-				v1alpha1.AnnotationServer: bslsNamespace + "/" + bslsName,
-				v1alpha1.AnnotationPaths:  "/srv/app",
-			}},
-			Spec: kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyAlways), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
-		})).To(Succeed())
-		Expect(api.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: v1alpha1.CredentialSecretName("app"), Namespace: vmNamespace,
-				Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: time.Now().UTC().Add(-time.Minute).Format(time.RFC3339Nano)},
-				Labels: map[string]string{
-					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: "app",
-					v1alpha1.LabelServerNamespace: bslsNamespace, v1alpha1.LabelServerName: bslsName,
-				},
-			},
-			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(user), v1alpha1.SecretKeyPassword: []byte(testbed.RandomPassword()), v1alpha1.SecretKeyGeneration: []byte("1")},
-		})).To(Succeed())
+		api = startAuditBed(ctx)
+		createOptedInVM(ctx, api, "app", map[string]string{v1alpha1.AnnotationPaths: "/srv/app"}, kubevirtv1.RunStrategyAlways,
+			time.Now().UTC().Add(-time.Minute), testbed.RandomPassword())
 		clk = clocktesting.NewFakeClock(time.Now())
 		port, err := testbed.FreePort()
 		Expect(err).NotTo(HaveOccurred())
