@@ -31,6 +31,10 @@ const (
 	AnnotationRotate = AnnotationPrefix + "rotate"
 	// AnnotationStatus is written by the webhook: JSON of what was injected, never a secret.
 	AnnotationStatus = AnnotationPrefix + "status"
+	// AnnotationRestoreFrom names another VM of the same namespace (which
+	// may be deleted) whose snapshots this VM's guest may read, read-only,
+	// until the annotation is removed.
+	AnnotationRestoreFrom = AnnotationPrefix + "restore-from"
 )
 
 // AnnotationAllowedServers is set by a Velero admin on a Velero

@@ -40,6 +40,10 @@ type Options struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
+	// GuestNotConnectedAfter is how long after its start a running VM's
+	// guest may take to connect before GuestNotConnected; 0: the audit's
+	// default.
+	GuestNotConnectedAfter time.Duration
 }
 
 // Scheme is the controller's scheme: the binaries' (manager.NewScheme) and
@@ -89,7 +93,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := (&credentials.BootstrapReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the VM bootstrap reconciler: %w", err)
 	}
-	if err := (&audit.Reconciler{}).SetupWithManager(mgr); err != nil {
+	if err := (&audit.Reconciler{NotConnectedAfter: o.GuestNotConnectedAfter}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the guest activity audit: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {

@@ -22,6 +22,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
@@ -39,6 +40,7 @@ import (
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
+// +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // Event reasons on a VM.
@@ -47,6 +49,11 @@ const (
 	ReasonSnapshotCreated = "SnapshotCreated"
 	ReasonBackupStale     = "BackupStale"
 	ReasonBackupResumed   = "BackupResumed"
+	// ReasonGuestNotConnected: a running VM with paths has no snapshot on
+	// its server NotConnectedAfter after its instance started, and never
+	// had one: its guest has never connected (GuestConnected follows when
+	// it does).
+	ReasonGuestNotConnected = "GuestNotConnected"
 )
 
 // Annotations on the VM's credential Secret: what was announced, so that
@@ -55,11 +62,18 @@ const (
 const (
 	AnnotationLastSnapshot = vmsecret.AnnotationLastSnapshot
 	AnnotationBackupStale  = vmsecret.AnnotationBackupStale
+	AnnotationNotConnected = vmsecret.AnnotationNotConnected
 )
 
 // DefaultStaleAfter is how long a VM whose schedule has no fixed period
 // may go without a snapshot before BackupStale.
 const DefaultStaleAfter = 48 * time.Hour
+
+// DefaultNotConnectedAfter is how long a running VM's guest may take to
+// connect after its instance started before GuestNotConnected: a guest
+// boots in a minute or two, and its connect service retries for about
+// half an hour, backing off to a minute between attempts.
+const DefaultNotConnectedAfter = 15 * time.Minute
 
 var (
 	lastSnapshotTime = prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -74,10 +88,14 @@ var (
 		Name: "guestbackup_vm_snapshots",
 		Help: "Snapshots a VM has in its server's repository.",
 	}, []string{"namespace", "vm", "bsls"})
+	guestNotConnected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "guestbackup_vm_guest_not_connected",
+		Help: "1 while a running VM's guest has not connected within the controller's --guest-not-connected-after of its start (the GuestNotConnected Event), else 0.",
+	}, []string{"namespace", "vm", "bsls"})
 )
 
 func init() {
-	metrics.Registry.MustRegister(lastSnapshotTime, lastSnapshotBytes, snapshotsTotal)
+	metrics.Registry.MustRegister(lastSnapshotTime, lastSnapshotBytes, snapshotsTotal, guestNotConnected)
 }
 
 // Reconciler is keyed by VM. It reads the VM's guest from its server's
@@ -88,6 +106,9 @@ type Reconciler struct {
 	// StaleAfter applies to schedules without a fixed period; default
 	// DefaultStaleAfter.
 	StaleAfter time.Duration
+	// NotConnectedAfter is how long after its instance started a running
+	// VM's guest may take to connect; default DefaultNotConnectedAfter.
+	NotConnectedAfter time.Duration
 	// Clock tells the time; nil means the real clock.
 	Clock clock.PassiveClock
 }
@@ -99,8 +120,10 @@ func (r *Reconciler) now() time.Time {
 	return clock.RealClock{}.Now()
 }
 
-// SetupWithManager registers the reconciler: VMs (metadata only) and the
-// activity ConfigMaps, mapped to the VMs whose guests they list.
+// SetupWithManager registers the reconciler: VMs and their instances
+// (metadata only: an instance's creation and deletion are its start and
+// stop) and the activity ConfigMaps, mapped to the VMs whose guests they
+// list.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
@@ -115,6 +138,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return o.GetLabels()[activity.Label] != ""
 			}))).
+		// An instance bears its VM's name; its status updates pass none.
+		Watches(&kubevirtv1.VirtualMachineInstance{}, &handler.EnqueueRequestForObject{}, builder.OnlyMetadata,
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 		Complete(r)
 }
 
@@ -167,9 +193,24 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	d := Decide(vm.Annotations, secret.Annotations, guest, vmsecret.IssuedAt(secret), r.now(), r.staleAfter())
+	inst, err := r.instance(ctx, req.NamespacedName)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	now := r.now()
+	d := Decide(vm.Annotations, secret.Annotations, guest, vmsecret.IssuedAt(secret), now, r.staleAfter())
+	c := DecideConnection(Connection{
+		VMAnnotations: vm.Annotations, Announced: secret.Annotations, Guest: guest, Instance: inst,
+		Issued: vmsecret.IssuedAt(secret), User: user, Server: bsls.String(), Now: now, After: r.notConnectedAfter(),
+	})
+	d.merge(c)
+	labels := prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": bsls.String()}
+	notConnected := 0.0
+	if inst != nil && announcedAfter(secret.Annotations, d.Annotations, AnnotationNotConnected) == string(inst.UID) {
+		notConnected = 1
+	}
+	guestNotConnected.With(labels).Set(notConnected)
 	if guest != nil {
-		labels := prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": bsls.String()}
 		snapshotsTotal.With(labels).Set(float64(guest.Snapshots))
 		if guest.Last.ID != "" {
 			lastSnapshotTime.With(labels).Set(float64(guest.Last.End.Unix()))
@@ -201,6 +242,37 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{RequeueAfter: d.RecheckAfter}, nil
 }
 
+func (r *Reconciler) notConnectedAfter() time.Duration {
+	if r.NotConnectedAfter > 0 {
+		return r.NotConnectedAfter
+	}
+	return DefaultNotConnectedAfter
+}
+
+// instance reads the VM's running instance; nil when it runs none.
+func (r *Reconciler) instance(ctx context.Context, key types.NamespacedName) (*Instance, error) {
+	vmi := &metav1.PartialObjectMetadata{}
+	vmi.SetGroupVersionKind(kubevirtv1.VirtualMachineInstanceGroupVersionKind)
+	if err := r.Client.Get(ctx, key, vmi); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil //nolint:nilnil // a VM that runs no instance
+		}
+		return nil, fmt.Errorf("get VirtualMachineInstance %s: %w", key, err)
+	}
+	if vmi.DeletionTimestamp != nil {
+		return nil, nil //nolint:nilnil // a stopping instance waits for no guest
+	}
+	return &Instance{UID: vmi.UID, Started: vmi.CreationTimestamp.Time}, nil
+}
+
+// announcedAfter is an annotation's value once changes are applied.
+func announcedAfter(announced, changes map[string]string, key string) string {
+	if v, ok := changes[key]; ok {
+		return v
+	}
+	return announced[key]
+}
+
 func (r *Reconciler) staleAfter() time.Duration {
 	if r.StaleAfter > 0 {
 		return r.StaleAfter
@@ -228,7 +300,7 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 }
 
 func forget(vm types.NamespacedName) {
-	for _, g := range []*prometheus.GaugeVec{lastSnapshotTime, lastSnapshotBytes, snapshotsTotal} {
+	for _, g := range []*prometheus.GaugeVec{lastSnapshotTime, lastSnapshotBytes, snapshotsTotal, guestNotConnected} {
 		g.DeletePartialMatch(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name})
 	}
 }
@@ -240,6 +312,17 @@ type Decision struct {
 	Annotations map[string]string
 	// RecheckAfter is when staleness must be looked at again; 0: never.
 	RecheckAfter time.Duration
+}
+
+// merge adds o's Events and annotations to d, and keeps the sooner recheck.
+func (d *Decision) merge(o Decision) {
+	d.Events = append(d.Events, o.Events...)
+	for k, v := range o.Annotations {
+		d.Annotations[k] = v
+	}
+	if o.RecheckAfter > 0 && (d.RecheckAfter == 0 || o.RecheckAfter < d.RecheckAfter) {
+		d.RecheckAfter = o.RecheckAfter
+	}
 }
 
 // Period is how often a guest with this schedule snapshots, for the
@@ -310,5 +393,71 @@ func Decide(vmAnnotations, announced map[string]string, guest *activity.Guest, i
 				vmAnnotations[v1alpha1.AnnotationPaths], window, since)))
 		d.Annotations[AnnotationBackupStale] = "true"
 	}
+	return d
+}
+
+// Instance is a VM's running instance, as the audit sees it.
+type Instance struct {
+	// UID tells one start of the VM from the next.
+	UID types.UID
+	// Started is when the instance was created: the VM's start.
+	Started time.Time
+}
+
+// Connection is what DecideConnection looks at.
+type Connection struct {
+	VMAnnotations, Announced map[string]string
+	// Guest is the server's record of the guest; nil when it has none.
+	Guest *activity.Guest
+	// Instance is the VM's running instance; nil when it runs none.
+	Instance *Instance
+	// Issued is when the VM's credentials were issued.
+	Issued time.Time
+	// User and Server name the guest's identity and BSLS in the message.
+	User, Server string
+	Now          time.Time
+	// After is how long a guest may take to connect after its start.
+	After time.Duration
+}
+
+// DecideConnection warns, once per instance, about a running VM whose
+// guest has never connected. The server records a guest only by what it
+// writes: a guest with paths snapshots right after it connects, so its
+// first snapshot is the evidence (and GuestConnected, decided by Decide,
+// says it arrived); a guest without paths writes nothing the server
+// keeps, so it is never judged. The clock starts when the instance was
+// created, so a VM stopped before its guest connected is warned about
+// again at its next start, and one running for longer than After since
+// before the controller started is warned about at once.
+func DecideConnection(c Connection) Decision {
+	d := Decision{Annotations: map[string]string{}}
+	warned := c.Announced[AnnotationNotConnected]
+	connected := c.Announced[AnnotationLastSnapshot] != "" || (c.Guest != nil && c.Guest.Last.ID != "")
+	if connected || c.VMAnnotations[v1alpha1.AnnotationPaths] == "" {
+		if warned != "" {
+			d.Annotations[AnnotationNotConnected] = ""
+		}
+		return d
+	}
+	if c.Instance == nil || warned == string(c.Instance.UID) {
+		return d
+	}
+	deadline := c.Instance.Started.Add(c.After)
+	if c.Now.Before(deadline) {
+		d.RecheckAfter = deadline.Sub(c.Now)
+		return d
+	}
+	causes := ""
+	if c.Issued.After(c.Instance.Started) {
+		// KubeVirt reads the cloud-init Secret when an instance starts.
+		causes = fmt.Sprintf("this instance started before its credentials were issued at %s, so its guest has none: restart the VM; ", c.Issued.UTC().Format(time.RFC3339))
+	}
+	d.Events = append(d.Events, vmevent.Warning(ReasonGuestNotConnected, fmt.Sprintf(
+		"The guest has not connected to BackupStorageLocationServer %s as %s within %s of the VM's start at %s (the server holds no snapshot of it). "+
+			"Likely causes: %sthe guest cannot reach the server's URL (network, NetworkPolicy, the BackupStorageLocationServer's clientURL); "+
+			"the guest did not run guestbackup's bootstrap (no cloud-init NoCloud support, or disk mode without guestbackup's disk unit); "+
+			"kopia is missing in the guest; the guest has no systemd. Look in the guest at /var/lib/guestbackup/status and journalctl -u guestbackup-connect",
+		c.Server, c.User, c.After, c.Instance.Started.UTC().Format(time.RFC3339), causes)))
+	d.Annotations[AnnotationNotConnected] = string(c.Instance.UID)
 	return d
 }

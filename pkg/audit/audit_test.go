@@ -12,19 +12,15 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
-	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 const (
@@ -57,23 +53,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName)).To(Succeed())
 	}
-	events := func(reason string) func() []string {
-		return func() []string {
-			list := &corev1.EventList{}
-			if err := api.Client.List(ctx, list, client.InNamespace(vmNamespace)); err != nil {
-				return nil
-			}
-			var out []string
-			for _, e := range list.Items {
-				if e.InvolvedObject.Name == "web" && e.Reason == reason {
-					for range max(e.Count, 1) {
-						out = append(out, e.Type+" "+e.Message)
-					}
-				}
-			}
-			return out
-		}
-	}
+	events := func(reason string) func() []string { return vmEvents(ctx, api, "web", reason) }
 	metric := func(name string) func() (float64, error) {
 		return func() (float64, error) {
 			return testbed.Metric(metricsAddr, name, map[string]string{"namespace": vmNamespace, "vm": "web", "bsls": bslsNamespace + "/" + bslsName})
@@ -82,42 +62,13 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-		for _, ns := range []string{vmNamespace, bslsNamespace} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
-		}
-		// The activity ConfigMaps, as the BSLS reconciler creates them.
-		for shard := range userset.Shards {
-			Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-				Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
-				Labels: map[string]string{activity.Label: bslsName},
-			}})).To(Succeed())
-		}
-		// The VM, and its credential Secret as the webhook writes it.
-		Expect(api.Client.Create(ctx, &kubevirtv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNamespace, Annotations: map[string]string{
-				v1alpha1.AnnotationServer:   bslsNamespace + "/" + bslsName,
-				v1alpha1.AnnotationPaths:    "/srv/data",
-				v1alpha1.AnnotationSchedule: "Mon *-*-* 02:00:00", // no fixed period: the test's window applies
-			}},
-			Spec: kubevirtv1.VirtualMachineSpec{
-				RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
-				Template:    &kubevirtv1.VirtualMachineInstanceTemplateSpec{},
-			},
-		})).To(Succeed())
+		api = startAuditBed(ctx)
 		password := testbed.RandomPassword()
 		issuedAt = time.Now().UTC()
-		Expect(api.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{
-				Name: v1alpha1.CredentialSecretName("web"), Namespace: vmNamespace,
-				Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: issuedAt.Format(time.RFC3339Nano)},
-				Labels: map[string]string{
-					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: "web",
-					v1alpha1.LabelServerNamespace: bslsNamespace, v1alpha1.LabelServerName: bslsName,
-				},
-			},
-			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte("web@team-a"), v1alpha1.SecretKeyPassword: []byte(password), v1alpha1.SecretKeyGeneration: []byte("1")},
-		})).To(Succeed())
+		createOptedInVM(ctx, api, "web", map[string]string{
+			v1alpha1.AnnotationPaths:    "/srv/data",
+			v1alpha1.AnnotationSchedule: "Mon *-*-* 02:00:00", // no fixed period: the test's window applies
+		}, kubevirtv1.RunStrategyHalted, issuedAt, password)
 
 		srv = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{})
 		srv.AddUser(GinkgoT(), "web@team-a", password)

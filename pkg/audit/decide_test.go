@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -76,5 +77,77 @@ func TestSnapshotCreatedSaysPathAndSize(t *testing.T) {
 	want := "Snapshot k1 of /srv/data: 123456 bytes in 7 files, taken in 1.5s, ended 2026-11-23T02:00:00Z; snapshots kept: 1"
 	if len(d.Events) != 2 || d.Events[1].Message != want {
 		t.Errorf("events %+v, want SnapshotCreated %q", d.Events, want)
+	}
+}
+
+func TestDecideConnection(t *testing.T) {
+	start := time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+	inst := &Instance{UID: "vmi-1", Started: start}
+	next := &Instance{UID: "vmi-2", Started: start.Add(time.Hour)}
+	paths := map[string]string{v1alpha1.AnnotationPaths: "/etc"}
+	first := &activity.Guest{User: "web@team-a", Snapshots: 1, First: start, Last: activity.Snapshot{ID: "a", End: start.Add(2 * time.Minute)}}
+	tests := []struct {
+		name       string
+		vm, seen   map[string]string
+		guest      *activity.Guest
+		inst       *Instance
+		issued     time.Time
+		now        time.Time
+		warn       bool
+		recheck    time.Duration
+		annotation map[string]string
+	}{
+		{name: "running, within the delay", vm: paths, inst: inst, now: start.Add(5 * time.Minute), recheck: 10 * time.Minute},
+		{name: "running, the delay passed", vm: paths, inst: inst, now: start.Add(15 * time.Minute), warn: true,
+			annotation: map[string]string{AnnotationNotConnected: "vmi-1"}},
+		{name: "already warned for this instance", vm: paths, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, inst: inst, now: start.Add(time.Hour)},
+		{name: "a new instance waits its own delay", vm: paths, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, inst: next, now: start.Add(time.Hour + time.Minute), recheck: 14 * time.Minute},
+		{name: "a new instance is warned about again", vm: paths, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, inst: next, now: start.Add(2 * time.Hour), warn: true,
+			annotation: map[string]string{AnnotationNotConnected: "vmi-2"}},
+		{name: "stopped: nothing to wait for", vm: paths, now: start.Add(time.Hour)},
+		{name: "stopped after a warning: the warning stays", vm: paths, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, now: start.Add(time.Hour)},
+		{name: "the first snapshot clears the warning", vm: paths, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, guest: first, inst: inst, now: start.Add(time.Hour),
+			annotation: map[string]string{AnnotationNotConnected: ""}},
+		{name: "connected before: never judged again", vm: paths, seen: map[string]string{AnnotationLastSnapshot: "a"}, inst: next, now: start.Add(10 * time.Hour)},
+		{name: "no paths: nothing the server keeps tells", vm: map[string]string{}, inst: inst, now: start.Add(10 * time.Hour)},
+		{name: "paths removed after a warning", vm: map[string]string{}, seen: map[string]string{AnnotationNotConnected: "vmi-1"}, inst: inst, now: start.Add(10 * time.Hour),
+			annotation: map[string]string{AnnotationNotConnected: ""}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			issued := tt.issued
+			if issued.IsZero() {
+				issued = start.Add(-time.Minute)
+			}
+			d := DecideConnection(Connection{VMAnnotations: tt.vm, Announced: tt.seen, Guest: tt.guest, Instance: tt.inst,
+				Issued: issued, User: "web@team-a", Server: "backup/main", Now: tt.now, After: 15 * time.Minute})
+			if got := len(d.Events) == 1 && d.Events[0].Reason == ReasonGuestNotConnected && d.Events[0].Type == "Warning"; got != tt.warn || len(d.Events) > 1 {
+				t.Errorf("events %+v, want a GuestNotConnected warning: %v", d.Events, tt.warn)
+			}
+			if d.RecheckAfter != tt.recheck {
+				t.Errorf("recheck after %v, want %v", d.RecheckAfter, tt.recheck)
+			}
+			if !maps.Equal(d.Annotations, tt.annotation) {
+				t.Errorf("annotations %v, want %v", d.Annotations, tt.annotation)
+			}
+		})
+	}
+}
+
+func TestGuestNotConnectedSaysWhy(t *testing.T) {
+	start := time.Date(2026, 11, 25, 9, 0, 0, 0, time.UTC)
+	d := DecideConnection(Connection{VMAnnotations: map[string]string{v1alpha1.AnnotationPaths: "/etc"}, Instance: &Instance{UID: "u", Started: start},
+		Issued: start.Add(time.Minute), User: "web@team-a", Server: "backup/main", Now: start.Add(time.Hour), After: 15 * time.Minute})
+	if len(d.Events) != 1 {
+		t.Fatalf("events %+v", d.Events)
+	}
+	for _, want := range []string{
+		"BackupStorageLocationServer backup/main as web@team-a within 15m0s of the VM's start at 2026-11-25T09:00:00Z",
+		"this instance started before its credentials were issued at 2026-11-25T09:01:00Z, so its guest has none: restart the VM",
+		"cannot reach the server's URL", "kopia is missing", "journalctl -u guestbackup-connect",
+	} {
+		if !strings.Contains(d.Events[0].Message, want) {
+			t.Errorf("message %q lacks %q", d.Events[0].Message, want)
+		}
 	}
 }

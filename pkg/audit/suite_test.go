@@ -1,11 +1,23 @@
 package audit_test
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 func TestAudit(t *testing.T) {
@@ -13,4 +25,64 @@ func TestAudit(t *testing.T) {
 	// controller-runtime's informers log through its global logger.
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "Guest activity audit, from a real Kopia server to Events on VMs")
+}
+
+// startAuditBed starts an API server with the namespaces and the activity
+// ConfigMaps the BSLS reconciler creates.
+func startAuditBed(ctx context.Context) *testbed.APIServer {
+	GinkgoHelper()
+	api := testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+	for _, ns := range []string{vmNamespace, bslsNamespace} {
+		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
+	}
+	for shard := range userset.Shards {
+		Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
+			Labels: map[string]string{activity.Label: bslsName},
+		}})).To(Succeed())
+	}
+	return api
+}
+
+// createOptedInVM creates VM name of vmNamespace with annotations (the
+// server's added) and runStrategy, and its credential Secret as the
+// webhook writes it, issued at issuedAt, with password.
+func createOptedInVM(ctx context.Context, api *testbed.APIServer, name string, annotations map[string]string, run kubevirtv1.VirtualMachineRunStrategy, issuedAt time.Time, password string) {
+	GinkgoHelper()
+	annotations[v1alpha1.AnnotationServer] = bslsNamespace + "/" + bslsName
+	Expect(api.Client.Create(ctx, &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: vmNamespace, Annotations: annotations},
+		Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(run), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
+	})).To(Succeed())
+	Expect(api.Client.Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: v1alpha1.CredentialSecretName(name), Namespace: vmNamespace,
+			Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: issuedAt.Format(time.RFC3339Nano)},
+			Labels: map[string]string{
+				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: name,
+				v1alpha1.LabelServerNamespace: bslsNamespace, v1alpha1.LabelServerName: bslsName,
+			},
+		},
+		Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(name + "@" + vmNamespace), v1alpha1.SecretKeyPassword: []byte(password), v1alpha1.SecretKeyGeneration: []byte("1")},
+	})).To(Succeed())
+}
+
+// vmEvents returns the Events on VM vm with reason, as "Type message",
+// once per occurrence.
+func vmEvents(ctx context.Context, api *testbed.APIServer, vm, reason string) func() []string {
+	return func() []string {
+		list := &corev1.EventList{}
+		if err := api.Client.List(ctx, list, client.InNamespace(vmNamespace)); err != nil {
+			return nil
+		}
+		var out []string
+		for _, e := range list.Items {
+			if e.InvolvedObject.Name == vm && e.Reason == reason {
+				for range max(e.Count, 1) {
+					out = append(out, e.Type+" "+e.Message)
+				}
+			}
+		}
+		return out
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -262,5 +263,64 @@ func BenchmarkCollectUsers10000(b *testing.B) {
 		for _, shard := range set.Shards {
 			_ = userset.Encode(shard)
 		}
+	}
+}
+
+// TestCollectGrants: a provisioned VM's annotation guestbackup.io/restore-from
+// grants its identity read access to another identity of its own
+// namespace, and nothing else.
+func TestCollectGrants(t *testing.T) {
+	h := hashOf(7, identity.Scrypt)
+	main := testServer.String()
+	restoreFrom := func(vm *metav1.PartialObjectMetadata, value string) *metav1.PartialObjectMetadata {
+		vm.Annotations[v1alpha1.AnnotationRestoreFrom] = value
+		return vm
+	}
+	tests := []struct {
+		name        string
+		value       string
+		hashed      bool
+		wantGrant   string
+		wantRefusal string
+	}{
+		{name: "a VM of the namespace, deleted or not", value: "old", hashed: true, wantGrant: "web@team-a old@team-a"},
+		{name: "another namespace by slash", value: "team-b/old", hashed: true, wantRefusal: "a VM of another namespace can never be named"},
+		{name: "another namespace by identity", value: "old@team-b", hashed: true, wantRefusal: "a VM of another namespace can never be named"},
+		{name: "itself", value: "web", hashed: true, wantRefusal: "it names this VM itself"},
+		{name: "no name", value: "Not A Name", hashed: true, wantRefusal: "it is not a VirtualMachine name"},
+		{name: "empty", value: "", hashed: true, wantRefusal: "it is not a VirtualMachine name"},
+		{name: "a VM whose user is not provisioned grants nothing yet", value: "old", hashed: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			vm := restoreFrom(vmMeta("team-a", "web", main), tt.value)
+			got := CollectUsers(UserInputs{
+				Server: testServer, Secrets: []corev1.Secret{credential("team-a", "web", tt.hashed)},
+				VMs:     map[types.NamespacedName]*metav1.PartialObjectMetadata{{Namespace: "team-a", Name: "web"}: vm},
+				Allowed: func(string) bool { return true },
+				HashOf: func(s *corev1.Secret) *identity.Hash {
+					if s.Data["hashed"] == nil {
+						return nil
+					}
+					return &h
+				},
+			})
+			var grants []string
+			for shard, gs := range got.Grants {
+				for _, g := range gs {
+					if userset.ShardOf(g.Grantee) != shard {
+						t.Errorf("grant %v in shard %d, want the grantee's", g, shard)
+					}
+					grants = append(grants, g.Grantee+" "+g.Source)
+				}
+			}
+			if want := []string{tt.wantGrant}; tt.wantGrant == "" && len(grants) != 0 || tt.wantGrant != "" && !slices.Equal(grants, want) {
+				t.Errorf("grants %v, want %q", grants, tt.wantGrant)
+			}
+			refusal := got.GrantsRefused[types.NamespacedName{Namespace: "team-a", Name: "web"}]
+			if tt.wantRefusal == "" && refusal != "" || !strings.Contains(refusal, tt.wantRefusal) {
+				t.Errorf("refusal %q, want one saying %q", refusal, tt.wantRefusal)
+			}
+		})
 	}
 }

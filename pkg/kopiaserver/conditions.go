@@ -109,6 +109,23 @@ const (
 	ReasonSharedAcrossNamespaces = "SharedAcrossNamespaces"
 )
 
+// Reasons of the Events the controller records on VMs about restore grants
+// (annotation guestbackup.io/restore-from), on the grantee and on the VM
+// whose snapshots it reads, when that VM exists.
+const (
+	// ReasonRestoreAccessGranted (Normal): the grant is written for the
+	// server, which applies it at once: the grantee's guest may read the
+	// other VM's snapshots, read-only.
+	ReasonRestoreAccessGranted = "RestoreAccessGranted"
+	// ReasonRestoreAccessRevoked (Normal): the grant is removed (the
+	// annotation removed or changed, the grantee opted out or deleted).
+	ReasonRestoreAccessRevoked = "RestoreAccessRevoked"
+	// ReasonRestoreAccessRefused (Warning): the annotation names no VM of
+	// the grantee's namespace (another namespace, itself, or no valid
+	// name): nothing is granted.
+	ReasonRestoreAccessRefused = "RestoreAccessRefused"
+)
+
 // problem is why a step cannot go on: a condition's reason and a message
 // that names the object at fault and the fix.
 type problem struct {

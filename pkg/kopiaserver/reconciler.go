@@ -1,9 +1,12 @@
 package kopiaserver
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -35,6 +38,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -431,10 +435,21 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 				Labels: labels.Merge(Labels(b), map[string]string{userset.Label: b.Name}),
 			},
 			Type: corev1.SecretTypeOpaque,
-			Data: map[string][]byte{userset.Key: userset.Encode(hashes)},
+			Data: map[string][]byte{userset.Key: userset.Encode(hashes), userset.GrantsKey: userset.EncodeGrants(users.Grants[shard])},
+		}
+		before, err := r.grantsWritten(ctx, s, users.Grants[shard])
+		if err != nil {
+			return UserSet{}, err
 		}
 		if err := r.apply(ctx, b, s); err != nil {
 			return UserSet{}, err
+		}
+		r.recordGrantChanges(ctx, server, before, users.Grants[shard])
+	}
+	for _, vm := range slices.SortedFunc(maps.Keys(users.GrantsRefused), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }) {
+		// Aggregated by the event recorder, as UserRefused.
+		if m := vms[vm]; m != nil {
+			vmevent.Record(r.Recorder, m.ObjectMeta, []vmevent.Event{vmevent.Warning(ReasonRestoreAccessRefused, users.GrantsRefused[vm])})
 		}
 	}
 	keys := make([]string, 0, len(users.Refused))
@@ -447,6 +462,75 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonUserRefused, "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
+}
+
+// grantsWritten returns the grants the users Secret s holds now: from the
+// cache, or, when they differ from want, read around it, so that a cache
+// that lags behind the last write never announces a grant twice.
+func (r *Reconciler) grantsWritten(ctx context.Context, s *corev1.Secret, want []userset.Grant) ([]userset.Grant, error) {
+	read := func(reader client.Reader) ([]userset.Grant, error) {
+		cur := &corev1.Secret{}
+		if err := reader.Get(ctx, client.ObjectKeyFromObject(s), cur); err != nil {
+			return nil, client.IgnoreNotFound(err)
+		}
+		g, _ := userset.DecodeGrants(cur.Data[userset.GrantsKey]) // only ever written here; unreadable: none
+		return g, nil
+	}
+	cached, err := read(r.Client)
+	if err != nil || bytes.Equal(userset.EncodeGrants(cached), userset.EncodeGrants(want)) {
+		return cached, err
+	}
+	live, err := read(r.APIReader)
+	if err != nil {
+		return nil, fmt.Errorf("read users Secret %s/%s: %w", s.Namespace, s.Name, err)
+	}
+	return live, nil
+}
+
+// recordGrantChanges records, on the grantee and on the VM whose snapshots
+// it reads (each when it exists), the grants written and removed. What the
+// grantee's guest then reads is not recorded: Kopia's server keeps no
+// record of reads (docs/guest.md).
+func (r *Reconciler) recordGrantChanges(ctx context.Context, server types.NamespacedName, before, after []userset.Grant) {
+	had := map[userset.Grant]bool{}
+	for _, g := range before {
+		had[g] = true
+	}
+	has := map[userset.Grant]bool{}
+	for _, g := range after {
+		has[g] = true
+		if !had[g] {
+			r.recordGrant(ctx, g, ReasonRestoreAccessGranted,
+				fmt.Sprintf("This VM's guest may read the snapshots of %s on BackupStorageLocationServer %s, read-only, until annotation %s is removed: guestbackup-kopia snapshot list %s (docs/guest.md)", g.Source, server, v1alpha1.AnnotationRestoreFrom, g.Source),
+				fmt.Sprintf("The guest of VirtualMachine %s may read this VM's snapshots (%s) on BackupStorageLocationServer %s, read-only, until its annotation %s is removed", vmOf(g.Grantee), g.Source, server, v1alpha1.AnnotationRestoreFrom))
+		}
+	}
+	for _, g := range before {
+		if !has[g] {
+			r.recordGrant(ctx, g, ReasonRestoreAccessRevoked,
+				fmt.Sprintf("This VM's guest may no longer read the snapshots of %s on BackupStorageLocationServer %s", g.Source, server),
+				fmt.Sprintf("The guest of VirtualMachine %s may no longer read this VM's snapshots (%s) on BackupStorageLocationServer %s", vmOf(g.Grantee), g.Source, server))
+		}
+	}
+}
+
+// recordGrant records one grant's change on the grantee and on the source.
+func (r *Reconciler) recordGrant(ctx context.Context, g userset.Grant, reason, toGrantee, toSource string) {
+	for _, side := range []struct{ user, message string }{{g.Grantee, toGrantee}, {g.Source, toSource}} {
+		name, ns, _ := strings.Cut(side.user, "@")
+		vm := &metav1.PartialObjectMetadata{}
+		vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
+		if err := r.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, vm); err != nil {
+			continue // a deleted VM cannot carry an Event
+		}
+		vmevent.Record(r.Recorder, vm.ObjectMeta, []vmevent.Event{vmevent.Normal(reason, side.message)})
+	}
+}
+
+// vmOf is the VM name of an identity <vm>@<namespace>.
+func vmOf(user string) string {
+	name, _, _ := strings.Cut(user, "@")
+	return name
 }
 
 // vmsOf reads, from the cache, the metadata of the VirtualMachines the
@@ -485,11 +569,13 @@ func bslsOfVM(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: ref}}
 }
 
-// vmIdentityChanged passes the VM events that change a user: creation,
-// deletion, and an update of the server annotation or the UID.
+// vmIdentityChanged passes the VM events that change a user or its
+// grant: creation, deletion, and an update of the server or restore-from
+// annotation or the UID.
 func vmIdentityChanged() predicate.Predicate {
 	return predicate.Funcs{UpdateFunc: func(e event.UpdateEvent) bool {
 		return e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationServer] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationServer] ||
+			e.ObjectOld.GetAnnotations()[v1alpha1.AnnotationRestoreFrom] != e.ObjectNew.GetAnnotations()[v1alpha1.AnnotationRestoreFrom] ||
 			e.ObjectOld.GetUID() != e.ObjectNew.GetUID()
 	}}
 }

@@ -3,10 +3,12 @@ package kopiaserver
 import (
 	"fmt"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -28,6 +30,12 @@ type UserSet struct {
 	// Refused says, per credential Secret (namespace/name), why its user is
 	// not provisioned.
 	Refused map[string]string
+	// Grants are the restore grants of each shard's users (the grantees'),
+	// indexed by userset.ShardOf of the grantee.
+	Grants [userset.Shards][]userset.Grant
+	// GrantsRefused says, per provisioned VM, why its annotation
+	// guestbackup.io/restore-from grants nothing.
+	GrantsRefused map[types.NamespacedName]string
 }
 
 // UserInputs is everything CollectUsers decides from.
@@ -58,7 +66,7 @@ type UserInputs struct {
 // The username key is the guest's: a Secret whose key says another user
 // is refused, so that its guest's failed logins have a visible cause.
 func CollectUsers(in UserInputs) UserSet {
-	set := UserSet{Refused: map[string]string{}}
+	set := UserSet{Refused: map[string]string{}, GrantsRefused: map[types.NamespacedName]string{}}
 	for i := range set.Shards {
 		set.Shards[i] = map[string]identity.Hash{}
 	}
@@ -81,6 +89,13 @@ func CollectUsers(in UserInputs) UserSet {
 		}
 		set.Shards[userset.ShardOf(username)][username] = *h
 		set.Count++
+		vm := types.NamespacedName{Namespace: s.Namespace, Name: vmsecret.VM(s)}
+		switch g, refusal := grantOf(in.VMs[vm], username); {
+		case refusal != "":
+			set.GrantsRefused[vm] = refusal
+		case g != nil:
+			set.Grants[userset.ShardOf(username)] = append(set.Grants[userset.ShardOf(username)], *g)
+		}
 	}
 	slices.Sort(set.Pending)
 	return set
@@ -126,4 +141,35 @@ func identityOf(in UserInputs, s *corev1.Secret) (username string, pending bool,
 		return "", true, ""
 	}
 	return username, false, ""
+}
+
+// grantOf reads the restore grant a provisioned VM asks for with its
+// annotation guestbackup.io/restore-from: the name of another VM of its
+// own namespace, whose identity's snapshots its guest may then read. The
+// value is a name and nothing else, so a grant never leaves the
+// namespace: "<namespace>/<vm>" or "<vm>@<namespace>" is refused.
+func grantOf(vm *metav1.PartialObjectMetadata, username string) (*userset.Grant, string) {
+	value, ok := vm.Annotations[v1alpha1.AnnotationRestoreFrom]
+	if !ok {
+		return nil, ""
+	}
+	refuse := func(why string) string {
+		return fmt.Sprintf("annotation %s=%q grants nothing: %s; name a VirtualMachine of namespace %s (it may be deleted) whose snapshots this VM's guest may read",
+			v1alpha1.AnnotationRestoreFrom, value, why, vm.Namespace)
+	}
+	if errs := validation.IsDNS1123Subdomain(value); len(errs) > 0 {
+		why := "it is not a VirtualMachine name (" + strings.Join(errs, "; ") + ")"
+		if strings.ContainsAny(value, "/@") {
+			why = "a VM of another namespace can never be named"
+		}
+		return nil, refuse(why)
+	}
+	g := userset.Grant{Grantee: username, Source: identity.OfVM(value, vm.Namespace)}
+	if g.Source == g.Grantee {
+		return nil, refuse("it names this VM itself, whose snapshots its guest reads anyway")
+	}
+	if err := g.Validate(); err != nil {
+		return nil, refuse(err.Error())
+	}
+	return &g, ""
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/kopia/kopia/snapshot/policy"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Kopia keeps access rules as repository manifests of type "acl", like
@@ -132,6 +133,25 @@ func ACLsFor(appendOnly bool) []ACL {
 	return DefaultACLs()
 }
 
+// GrantACL is the rule of a restore grant (userset.Grant): its grantee, and
+// no one else, may READ the snapshot manifests of the source identity, and
+// so list and restore them (contents are readable by every guest already,
+// for deduplication, but only by an ID found in a manifest). READ lets it
+// neither write, delete nor change a manifest of the source, nor anything
+// else.
+func GrantACL(grantee, source string) ACL {
+	user, host, _ := strings.Cut(source, "@")
+	return ACL{User: grantee, Target: map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: user, snapshot.HostnameLabel: host}, Access: AccessRead}
+}
+
+// isGrant reports whether a is the rule of a valid restore grant: one
+// GrantACL writes, between two identities of one namespace.
+func isGrant(a ACL) bool {
+	source := a.Target[snapshot.UsernameLabel] + "@" + a.Target[snapshot.HostnameLabel]
+	return a.Access == AccessRead && maps.Equal(GrantACL(a.User, source).Target, a.Target) &&
+		userset.Grant{Grantee: a.User, Source: source}.Validate() == nil
+}
+
 // ForeignACL is an ACL manifest guestbackup did not write, found and
 // removed by SyncACLs.
 type ForeignACL struct {
@@ -199,9 +219,10 @@ func planACLs(found []aclEntry, desired []ACL) (del []manifest.ID, foreign []For
 		case e.raw == "" && isManaged(e.meta.Labels) && wanted && !kept[k]:
 			kept[k] = true
 			continue
-		case e.raw == "" && isManaged(e.meta.Labels) && ours[k]:
+		case e.raw == "" && isManaged(e.meta.Labels) && (ours[k] || isGrant(e.acl)):
 			// Our own: a duplicate (two pods synced at once during a
-			// rollout) or the other mode's rule (the BSLS changed mode).
+			// rollout), the other mode's rule (the BSLS changed mode), or a
+			// restore grant revoked.
 		default:
 			foreign = append(foreign, ForeignACL{ID: e.meta.ID, Labels: maps.Clone(e.meta.Labels), ModTime: e.meta.ModTime, ACL: e.acl, Raw: e.raw})
 		}

@@ -102,3 +102,69 @@ func Decode(data []byte) (map[string]identity.Hash, error) {
 	}
 	return users, nil
 }
+
+// GrantsKey is the key of a users Secret that holds the restore grants of
+// its shard's users (the grantees'): one line per grant, sorted,
+// "<grantee> <source>".
+const GrantsKey = "grants"
+
+// Grant lets the guest of Grantee read the snapshots of Source, another
+// identity of the same namespace (the VM annotation
+// guestbackup.io/restore-from): the server pod writes it as a read-only
+// Kopia ACL on Source's snapshot manifests, for Grantee alone.
+type Grant struct {
+	Grantee string
+	Source  string
+}
+
+// Validate checks that both sides are identities of one namespace, and
+// distinct: a grant never crosses namespaces, whoever wrote it.
+func (g Grant) Validate() error {
+	for _, u := range []string{g.Grantee, g.Source} {
+		if err := identity.ValidateUsername(u); err != nil {
+			return err
+		}
+	}
+	_, gns, _ := strings.Cut(g.Grantee, "@")
+	_, sns, _ := strings.Cut(g.Source, "@")
+	if gns != sns {
+		return fmt.Errorf("grant of %s to %s crosses namespaces", g.Source, g.Grantee)
+	}
+	if g.Grantee == g.Source {
+		return fmt.Errorf("grant of %s to itself", g.Source)
+	}
+	return nil
+}
+
+// EncodeGrants renders grants as the content of a users Secret's GrantsKey,
+// sorted, so that unchanged grants give an unchanged Secret.
+func EncodeGrants(grants []Grant) []byte {
+	lines := make([]string, 0, len(grants))
+	for _, g := range grants {
+		lines = append(lines, g.Grantee+" "+g.Source+"\n")
+	}
+	slices.Sort(lines)
+	return []byte(strings.Join(slices.Compact(lines), ""))
+}
+
+// DecodeGrants parses what EncodeGrants wrote, rejecting any malformed
+// line or invalid grant.
+func DecodeGrants(data []byte) ([]Grant, error) {
+	var grants []Grant
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		if sc.Text() == "" {
+			continue
+		}
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("grants line %d: want \"<grantee> <source>\", got %d fields", n, len(fields))
+		}
+		g := Grant{Grantee: fields[0], Source: fields[1]}
+		if err := g.Validate(); err != nil {
+			return nil, fmt.Errorf("grants line %d: %w", n, err)
+		}
+		grants = append(grants, g)
+	}
+	return grants, sc.Err()
+}

@@ -80,3 +80,27 @@ func TestShardsHoldTenThousandUsers(t *testing.T) {
 		}
 	}
 }
+
+func TestGrants(t *testing.T) {
+	grants := []Grant{{Grantee: "web@team-a", Source: "old@team-a"}, {Grantee: "db@team-a", Source: "old@team-a"}, {Grantee: "web@team-a", Source: "old@team-a"}}
+	data := EncodeGrants(grants)
+	if want := "db@team-a old@team-a\nweb@team-a old@team-a\n"; string(data) != want {
+		t.Fatalf("EncodeGrants = %q, want %q (sorted, once each)", data, want)
+	}
+	got, err := DecodeGrants(data)
+	if err != nil || len(got) != 2 || got[1] != grants[0] {
+		t.Fatalf("DecodeGrants = %v, %v", got, err)
+	}
+	for _, bad := range []string{
+		"web@team-a old@team-b\n", // across namespaces
+		"web@team-a web@team-a\n", // to itself
+		"web@team-a\n",
+		"web@team-a old@team-a extra\n",
+		"Web@team-a old@team-a\n",
+		"*@team-a old@team-a\n", // a wildcard is no identity
+	} {
+		if _, err := DecodeGrants([]byte(bad)); err == nil {
+			t.Errorf("DecodeGrants(%q) accepted", bad)
+		}
+	}
+}

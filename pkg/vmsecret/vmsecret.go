@@ -125,6 +125,9 @@ const (
 	// audit last announced about the guest's snapshots.
 	AnnotationLastSnapshot = v1alpha1.AnnotationPrefix + "last-snapshot"
 	AnnotationBackupStale  = v1alpha1.AnnotationPrefix + "backup-stale"
+	// AnnotationNotConnected (audit) is the UID of the VM's instance the
+	// audit announced GuestNotConnected for: one warning per instance.
+	AnnotationNotConnected = v1alpha1.AnnotationPrefix + "not-connected"
 	// AnnotationRenderedEndpoint and AnnotationRenderedCA (webhook,
 	// bootstrap reconciler) are the server endpoint and the SHA-256 (hex)
 	// of the CA PEM the payload was rendered with: the controller renders

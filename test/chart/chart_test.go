@@ -389,7 +389,7 @@ var _ = Describe("The chart rendered", func() {
 
 				c := as[appsv1.Deployment](r.find("Deployment", release+"-controller")).Spec.Template.Spec.Containers[0]
 				Expect(c.Command).To(Equal([]string{"/usr/local/bin/controller"}))
-				Expect(c.Args).To(ContainElements("--server-image=ghcr.io/guestbackup/guestbackup:0.1.0", "--namespace=$(POD_NAMESPACE)", "--leader-elect=true"))
+				Expect(c.Args).To(ContainElements("--server-image=ghcr.io/guestbackup/guestbackup:0.1.0", "--namespace=$(POD_NAMESPACE)", "--leader-elect=true", "--guest-not-connected-after=15m"))
 				Expect(c.Env).To(ContainElement(corev1.EnvVar{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{
 					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"},
 				}}))

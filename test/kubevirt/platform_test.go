@@ -35,9 +35,16 @@ type backupPlatform struct {
 // network that cannot resolve the Service's name.
 func startBackupPlatform(ctx context.Context, bslsNamespace string, namespaces ...string) backupPlatform {
 	GinkgoHelper()
+	return startBackupPlatformWith(ctx, local.Options{Logger: GinkgoLogr}, bslsNamespace, namespaces...)
+}
+
+// startBackupPlatformWith is startBackupPlatform with the platform's
+// options, e.g. another controller configuration.
+func startBackupPlatformWith(ctx context.Context, o local.Options, bslsNamespace string, namespaces ...string) backupPlatform {
+	GinkgoHelper()
 	port, err := testbed.FreePort()
 	Expect(err).NotTo(HaveOccurred())
-	p := local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr})
+	p := local.Start(GinkgoT(), o)
 	for _, ns := range append([]string{bslsNamespace}, namespaces...) {
 		Expect(p.API.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"backup": "allowed"}}})).To(Succeed())
 	}

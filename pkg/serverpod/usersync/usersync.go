@@ -337,15 +337,26 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	if err := r.Refresh(ctx); err != nil {
 		return 0, fmt.Errorf("refresh repository: %w", err)
 	}
+	// The desired users, and the restore grants among them: read first,
+	// applied after the access rules.
+	desired, grants, usersErr := DesiredUsers(lister, s.opts.BSLS)
 	// Access rules before users: a user never exists under rules other
-	// than guestbackup's.
-	acls, err := kopiauser.SyncACLs(ctx, r, kopiauser.ACLsFor(s.opts.AppendOnly))
+	// than guestbackup's. A grant is kept only while the view is complete
+	// and its grantee a desired user; otherwise it is revoked, which is
+	// safe (the grantee loses read access until the next sync).
+	rules := kopiauser.ACLsFor(s.opts.AppendOnly)
+	for _, g := range grants {
+		if _, ok := desired[g.Grantee]; ok && usersErr == nil {
+			rules = append(rules, kopiauser.GrantACL(g.Grantee, g.Source))
+		}
+	}
+	acls, err := kopiauser.SyncACLs(ctx, r, rules)
 	if err != nil {
 		return 0, err
 	}
 	if acls.Changed {
 		s.refreshPending = true
-		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly)
+		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly, "restoreGrants", len(rules)-len(kopiauser.ACLsFor(s.opts.AppendOnly)))
 	}
 	s.unreported = append(s.unreported, acls.Foreign...)
 	// A failure here must not keep users from being revoked or rotated:
@@ -367,7 +378,6 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	}
 	// Access rules do not depend on the users, so they are kept (and the
 	// server refreshed) even while the users' view is incomplete.
-	desired, usersErr := DesiredUsers(lister, s.opts.BSLS)
 	if usersErr == nil {
 		changes, err := kopiauser.Sync(ctx, r, desired)
 		if err != nil {
@@ -550,25 +560,32 @@ func (l shardLister) List(selector labels.Selector) ([]*corev1.Secret, error) {
 	return out, nil
 }
 
-// DesiredUsers merges the users of every shard. It fails, so that nothing is
-// deleted, while a shard is missing or malformed.
-func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]identity.Hash, error) {
+// DesiredUsers merges the users and the restore grants of every shard. It
+// fails, so that nothing is deleted, while a shard is missing or
+// malformed.
+func DesiredUsers(lister corelisters.SecretNamespaceLister, bsls string) (map[string]identity.Hash, []userset.Grant, error) {
 	desired := map[string]identity.Hash{}
+	var grants []userset.Grant
 	for shard := range userset.Shards {
 		name := userset.SecretName(bsls, shard)
 		secret, err := lister.Get(name)
 		if err != nil {
-			return nil, fmt.Errorf("users Secret %s: %w (the controller writes all %d shards before users are synced)", name, err, userset.Shards)
+			return nil, nil, fmt.Errorf("users Secret %s: %w (the controller writes all %d shards before users are synced)", name, err, userset.Shards)
 		}
 		users, err := decodeShard(secret, shard)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for user, h := range users {
 			desired[user] = h
 		}
+		g, err := userset.DecodeGrants(secret.Data[userset.GrantsKey])
+		if err != nil {
+			return nil, nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.GrantsKey, err)
+		}
+		grants = append(grants, g...)
 	}
-	return desired, nil
+	return desired, grants, nil
 }
 
 func decodeShard(secret *corev1.Secret, shard int) (map[string]identity.Hash, error) {
