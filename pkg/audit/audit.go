@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -204,6 +205,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		Issued: vmsecret.IssuedAt(secret), User: user, Server: bsls.String(), Now: now, After: r.notConnectedAfter(),
 	})
 	d.merge(c)
+	exportFor(req.NamespacedName, bsls.String())
 	labels := prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": bsls.String()}
 	notConnected := 0.0
 	if inst != nil && announcedAfter(secret.Annotations, d.Annotations, AnnotationNotConnected) == string(inst.UID) {
@@ -299,9 +301,36 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 	return nil, nil
 }
 
+// exported is the BSLS each VM's series were last exported for.
+var exported = struct {
+	sync.Mutex
+	bsls map[types.NamespacedName]string
+}{bsls: map[types.NamespacedName]string{}}
+
+// exportFor records that vm's series are exported for bsls, and deletes
+// those of the server it was on before: the alerts match every series of
+// a VM, so a series kept for a server the VM left (a last snapshot ever
+// older, a guest never connected) would fire for as long as the
+// controller runs.
+func exportFor(vm types.NamespacedName, bsls string) {
+	exported.Lock()
+	defer exported.Unlock()
+	if before, ok := exported.bsls[vm]; ok && before != bsls {
+		deleteSeries(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": before})
+	}
+	exported.bsls[vm] = bsls
+}
+
 func forget(vm types.NamespacedName) {
+	exported.Lock()
+	defer exported.Unlock()
+	delete(exported.bsls, vm)
+	deleteSeries(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name})
+}
+
+func deleteSeries(match prometheus.Labels) {
 	for _, g := range []*prometheus.GaugeVec{lastSnapshotTime, lastSnapshotBytes, snapshotsTotal, guestNotConnected} {
-		g.DeletePartialMatch(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name})
+		g.DeletePartialMatch(match)
 	}
 }
 

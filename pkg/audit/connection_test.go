@@ -19,6 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // The controller's clock is a fake one: the delay is the controller's to
@@ -106,5 +107,28 @@ var _ = Describe("A guest that never connects", Ordered, func() {
 		Eventually(notConnected).Should(Equal(0.0))
 		Eventually(secretAnnotation).Should(BeEmpty())
 		Expect(events(audit.ReasonGuestNotConnected)()).To(HaveLen(1))
+	})
+
+	It("keeps no series for a server the VM left", func() {
+		// The alerts match every series of a VM: one kept for the old
+		// server would fire for as long as the controller runs.
+		series := func(bsls string) func() error {
+			return func() error {
+				_, err := testbed.Metric(metricsAddr, "guestbackup_vm_last_snapshot_timestamp_seconds", map[string]string{"namespace": vmNamespace, "vm": "app", "bsls": bsls})
+				return err
+			}
+		}
+		Eventually(series(bslsNamespace + "/" + bslsName)).Should(Succeed())
+		s := &corev1.Secret{}
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: v1alpha1.CredentialSecretName("app")}, s)).To(Succeed())
+		s.Labels[vmsecret.LabelServerName] = "other"
+		Expect(api.Client.Update(ctx, s)).To(Succeed())
+		poke(5)
+		Eventually(func() (float64, error) {
+			return testbed.Metric(metricsAddr, "guestbackup_vm_guest_not_connected", map[string]string{"namespace": vmNamespace, "vm": "app", "bsls": bslsNamespace + "/other"})
+		}).Should(Equal(0.0))
+		Expect(series(bslsNamespace + "/" + bslsName)()).To(MatchError(ContainSubstring("no series")))
+		_, err := notConnected()
+		Expect(err).To(MatchError(ContainSubstring("no series")))
 	})
 })

@@ -158,6 +158,7 @@ var _ = Describe("The chart", func() {
 			"webhook.serviceAccount.annotation.a=b": "at '/webhook/serviceAccount': additional properties 'annotation' not allowed",
 			"crds.instal=true":                      "at '/crds': additional properties 'instal' not allowed",
 			"commonLabel.a=b":                       "additional properties 'commonLabel' not allowed",
+			"controller.extraEnv[0].name=A,controller.extraEnv[0].vaule=b": "at '/controller/extraEnv/0': additional properties 'vaule' not allowed",
 		} {
 			_, err = helm("template", release, chartDir, "--set", typo)
 			Expect(err).To(MatchError(ContainSubstring(want)), typo)
