@@ -27,7 +27,6 @@ import (
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -130,6 +129,9 @@ func Start(tb testbed.TB, o Options) *Platform {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
 	if err := api.Client.Create(context.Background(), ns); err != nil {
 		tb.Fatalf("create namespace %s: %v", Namespace, err)
+	}
+	if err := registerNode(context.Background(), api.Client); err != nil {
+		tb.Fatalf("%v", err)
 	}
 	return p
 }
@@ -376,26 +378,57 @@ type Instance struct {
 	// Guest is the qemu guest.
 	Guest *testbed.Guest
 	// VMI is the VirtualMachineInstance virt-controller created, as it was
-	// when the guest started.
+	// when the guest started (Running).
 	VMI *kubevirtv1.VirtualMachineInstance
+	// Pod is its virt-launcher pod, as it was when the guest started.
+	Pod *corev1.Pod
 
-	api *testbed.APIServer
-	vm  types.NamespacedName
+	api     *testbed.APIServer
+	vm      types.NamespacedName
+	node    *node
+	stopped bool
+}
+
+// StartOption adjusts StartVM.
+type StartOption func(*startOptions)
+
+type startOptions struct {
+	whilePending func(*kubevirtv1.VirtualMachineInstance, *corev1.Pod)
+}
+
+// WhileLauncherPending runs f while the instance's virt-launcher pod is
+// bound to the node but Pending, before the kubelet reads its volumes (the
+// VM's Secrets among them): what a cluster shows while a node pulls an
+// image. f gets the instance and the pod as they are then.
+func WhileLauncherPending(f func(*kubevirtv1.VirtualMachineInstance, *corev1.Pod)) StartOption {
+	return func(o *startOptions) { o.whilePending = f }
 }
 
 // StartVM starts vm the KubeVirt way and boots its guest: it sets the VM's
 // runStrategy to Always (what `virtctl start` asks for), waits for the
-// VirtualMachineInstance virt-controller creates from the VM, then plays the
-// node: it realises the guest from that instance (RealiseInstance), so that
-// it reads the Secrets as they are then, and boots it. tb's cleanup stops
-// the guest and the VM.
-func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine) (*Instance, error) {
+// VirtualMachineInstance and virt-launcher pod virt-controller creates, then
+// plays the node (see node): it binds the pod, reports it Pending, reads
+// the VM's Secrets as the kubelet mounts the pod's volumes (realising the
+// guest from the instance, RealiseInstance), reports the pod Running,
+// waits for virt-controller to move the instance to Scheduled, boots the
+// guest and reports the instance Running. tb's cleanup stops the guest and
+// the VM.
+func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine, options ...StartOption) (*Instance, error) {
 	tb.Helper()
+	var o startOptions
+	for _, opt := range options {
+		opt(&o)
+	}
 	key := client.ObjectKeyFromObject(vm)
 	if err := setRunStrategy(ctx, p.API.Client, key, kubevirtv1.RunStrategyAlways); err != nil {
 		return nil, err
 	}
-	tb.Cleanup(func() { _ = setRunStrategy(context.Background(), p.API.Client, key, kubevirtv1.RunStrategyHalted) })
+	i := &Instance{api: p.API, vm: key}
+	tb.Cleanup(func() {
+		if err := i.stop(context.Background()); err != nil {
+			tb.Logf("stop VM %s: %v", key, err)
+		}
+	})
 	vmi := &kubevirtv1.VirtualMachineInstance{}
 	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
 		if err := p.API.Client.Get(ctx, key, vmi); err != nil {
@@ -407,16 +440,39 @@ func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.Vi
 	if err != nil {
 		return nil, fmt.Errorf("virt-controller made no VirtualMachineInstance of %s: %w", key, err)
 	}
+	pod, err := launcherPod(ctx, p.API.Client, vmi)
+	if err != nil {
+		return nil, err
+	}
+	i.node = &node{c: p.API.Client, handler: p.KubeVirt.Handler, vmi: vmi, pod: pod}
+	if err := i.node.schedule(ctx); err != nil {
+		return nil, err
+	}
+	if o.whilePending != nil {
+		o.whilePending(vmi.DeepCopy(), i.node.pod.DeepCopy())
+	}
 	opts, err := p.RealiseInstance(ctx, vmi)
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API, vm: key}, nil
+	if err := i.node.run(ctx); err != nil {
+		return nil, err
+	}
+	if err := i.node.scheduled(ctx); err != nil {
+		return nil, err
+	}
+	i.Guest = testbed.StartGuest(tb, opts)
+	i.node.guest = i.Guest
+	if err := i.node.running(ctx); err != nil {
+		return nil, err
+	}
+	i.VMI, i.Pod = i.node.vmi.DeepCopy(), i.node.pod.DeepCopy()
+	return i, nil
 }
 
 // Wait waits for the guest to power itself off, then stops its VM the
-// KubeVirt way (runStrategy Halted, what `virtctl stop` asks for) and waits
-// until virt-controller has deleted the instance.
+// KubeVirt way (runStrategy Halted, what `virtctl stop` asks for) and plays
+// the node's part until virt-controller has deleted the instance.
 func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
 	res, err := i.Guest.Wait()
 	if serr := i.stop(ctx); serr != nil && err == nil {
@@ -425,19 +481,27 @@ func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
 	return res, err
 }
 
+// Stop stops the VM the KubeVirt way while its guest runs (runStrategy
+// Halted, what `virtctl stop` asks for): the guest is stopped once
+// virt-controller deleted the instance, as virt-launcher would, and the
+// node's part is played until the instance is gone.
+func (i *Instance) Stop(ctx context.Context) error {
+	return i.stop(ctx)
+}
+
+// stop stops the VM, once.
 func (i *Instance) stop(ctx context.Context) error {
+	if i.stopped {
+		return nil
+	}
+	i.stopped = true
 	if err := setRunStrategy(ctx, i.api.Client, i.vm, kubevirtv1.RunStrategyHalted); err != nil {
 		return err
 	}
-	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
-		cur := &kubevirtv1.VirtualMachineInstance{}
-		err := i.api.Client.Get(ctx, i.vm, cur)
-		return apierrors.IsNotFound(err) || (err == nil && cur.UID != i.VMI.UID), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		return fmt.Errorf("virt-controller did not delete the VirtualMachineInstance of stopped VM %s: %w", i.vm, err)
+	if i.node == nil {
+		return nil
 	}
-	return nil
+	return i.node.stopped(ctx)
 }
 
 // setRunStrategy sets the runStrategy of VM key.

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/guestbackup/guestbackup/pkg/pki"
@@ -46,6 +47,12 @@ type KubeVirt struct {
 	// Startup is how long StartKubeVirt took, from the install of KubeVirt's
 	// objects until both were ready.
 	Startup time.Duration
+	// Handler is a client as virt-handler (its ServiceAccount's user,
+	// bound by KubeVirt's RBAC): a node played by the test bed reports
+	// instances with it, since virt-api keeps any other user's change of
+	// an instance's status out (pkg/virt-api/webhooks/mutating-webhook,
+	// vmi-mutator.go).
+	Handler client.Client
 }
 
 // KubeVirtManifests is the folder of what virt-operator would install for
@@ -173,13 +180,20 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 		return nil, fmt.Errorf("KubeVirt CR's status: %w", err)
 	}
 
-	kubeconfig := func(name string) (string, error) {
+	serviceAccount := func(name string) (*envtest.AuthenticatedUser, error) {
 		user, err := api.Env.AddUser(envtest.User{
 			Name:   "system:serviceaccount:" + KubeVirtNamespace + ":" + name,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + KubeVirtNamespace},
 		}, nil)
 		if err != nil {
-			return "", fmt.Errorf("user of %s: %w", name, err)
+			return nil, fmt.Errorf("user of %s: %w", name, err)
+		}
+		return user, nil
+	}
+	kubeconfig := func(name string) (string, error) {
+		user, err := serviceAccount(name)
+		if err != nil {
+			return "", err
 		}
 		data, err := user.KubeConfig()
 		if err != nil {
@@ -193,6 +207,14 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	httpc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 
 	kv := &KubeVirt{}
+	handler, err := serviceAccount("kubevirt-handler")
+	if err != nil {
+		return nil, err
+	}
+	kv.Handler, err = client.New(handler.Config(), client.Options{Scheme: api.Client.Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("client of kubevirt-handler: %w", err)
+	}
 	apiKubeconfig, err := kubeconfig("kubevirt-apiserver")
 	if err != nil {
 		return nil, err

@@ -19,6 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
 
@@ -113,6 +114,46 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		vm.Spec.Template.Spec.Domain.Devices.Disks[0].Serial = strings.Repeat("s", 257)
 		err := api.Client.Create(ctx, vm)
 		Expect(err).To(MatchError(And(ContainSubstring("virtualmachine-validator.kubevirt.io"), ContainSubstring("disks[0] must be less than or equal to 256 in length"))))
+	})
+
+	It("plays the node by the kubelet's and virt-handler's rules: launcher pod Pending then Running, instance Scheduled by virt-controller, Running, Succeeded when stopped", func() {
+		var (
+			pending    *kubevirtv1.VirtualMachineInstance
+			pendingPod *corev1.Pod
+		)
+		inst, err := platform.StartVM(ctx, GinkgoT(), getVM("web"), local.WhileLauncherPending(func(vmi *kubevirtv1.VirtualMachineInstance, pod *corev1.Pod) {
+			pending, pendingPod = vmi, pod
+		}))
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the launcher pod bound to the node, Pending while the kubelet sets it up; the instance not yet Scheduled")
+		Expect(pendingPod.Spec.NodeName).To(Equal(local.NodeName))
+		Expect(pendingPod.Status.Phase).To(Equal(corev1.PodPending))
+		Expect(pendingPod.Status.StartTime).NotTo(BeNil())
+		Expect(pendingPod.Status.ContainerStatuses).To(ContainElement(And(HaveField("Name", "compute"), HaveField("State.Waiting.Reason", "PodInitializing"))))
+		Expect(pending.Status.Phase).To(BeElementOf(kubevirtv1.Pending, kubevirtv1.Scheduling))
+		_, started := credentials.LauncherStarted(pending)
+		Expect(started).To(BeFalse(), "a pending launcher has not read the VM's Secret")
+
+		By("the pod Running; virt-controller's Scheduled on the node, then virt-handler's Running, each with its time")
+		Expect(inst.Pod.Status.Phase).To(Equal(corev1.PodRunning))
+		Expect(inst.Pod.Status.ContainerStatuses).To(ContainElement(And(HaveField("Name", "compute"), HaveField("State.Running", Not(BeNil())))))
+		Expect(inst.VMI.Status.Phase).To(Equal(kubevirtv1.Running))
+		Expect(inst.VMI.Status.NodeName).To(Equal(local.NodeName), "virt-controller copies the pod's node")
+		var phases []kubevirtv1.VirtualMachineInstancePhase
+		for _, t := range inst.VMI.Status.PhaseTransitionTimestamps {
+			phases = append(phases, t.Phase)
+		}
+		Expect(phases).To(Equal([]kubevirtv1.VirtualMachineInstancePhase{kubevirtv1.Pending, kubevirtv1.Scheduling, kubevirtv1.Scheduled, kubevirtv1.Running}))
+		at, started := credentials.LauncherStarted(inst.VMI)
+		Expect(started).To(BeTrue())
+		Expect(at).NotTo(BeTemporally("<", pendingPod.Status.StartTime.Time.Truncate(time.Second)), "the launcher started after the kubelet admitted its pod")
+
+		By("stopping: the instance Succeeded, the pod Succeeded and removed, the instance gone")
+		podKey := client.ObjectKeyFromObject(inst.Pod)
+		Expect(inst.Stop(ctx)).To(Succeed())
+		Expect(apierrors.IsNotFound(api.Client.Get(ctx, key("web"), &kubevirtv1.VirtualMachineInstance{}))).To(BeTrue(), "virt-controller removed its finalizers")
+		Expect(apierrors.IsNotFound(api.Client.Get(ctx, podKey, &corev1.Pod{}))).To(BeTrue())
 	})
 
 	It("starts and stops a VM the KubeVirt way: virt-controller makes its instance and launcher Pod, with the same firmware UUID at every start", func() {
