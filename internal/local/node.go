@@ -64,8 +64,8 @@ type node struct {
 	// c is the kubelet's client (the API's admin: the test bed runs no
 	// node authorizer); handler is virt-handler's.
 	c, handler client.Client
-	vmi *kubevirtv1.VirtualMachineInstance
-	pod *corev1.Pod
+	vmi        *kubevirtv1.VirtualMachineInstance
+	pod        *corev1.Pod
 	// guest is the instance's qemu guest, once it booted.
 	guest *testbed.Guest
 }
