@@ -48,7 +48,7 @@ func registerNode(ctx context.Context, c client.Client) error {
 //   - kube-scheduler: it binds the instance's virt-launcher pod to NodeName
 //     (pods/binding), if the pod's nodeSelector matches the node;
 //   - the kubelet: it reports the pod Pending (startTime, containers
-//     waiting in ContainerCreating), then Running (init containers
+//     waiting in PodInitializing), then Running (init containers
 //     completed, containers running and ready) once the pod's volumes, the
 //     Secrets among them, are read; and, when virt-controller deletes the
 //     pod, Succeeded, then removes it as a kubelet does (grace period 0);

@@ -40,7 +40,8 @@ const kubevirtStartTimeout = 2 * time.Minute
 // KubeVirt is KubeVirt's control plane running against the test bed's API
 // server: virt-api serving KubeVirt's admission webhooks, and
 // virt-controller turning VirtualMachines into VirtualMachineInstances and
-// virt-launcher Pods. No node runs: no virt-handler, no kubelet.
+// virt-launcher Pods. No node runs KubeVirt: no virt-handler, no kubelet
+// (internal/local plays their part for each instance).
 type KubeVirt struct {
 	// API is virt-api; Controller is virt-controller.
 	API, Controller *Process
@@ -240,7 +241,7 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	}
 	kv.Controller = StartProcess(tb, ProcessSpec{Name: "virt-controller", Path: tools.VirtController, Args: []string{
 		"--kubeconfig", controllerKubeconfig, "--listen", "127.0.0.1", "--port", strconv.Itoa(controllerPort),
-		// No launcher Pod ever runs here: no kubelet.
+		// No launcher image ever runs: the test bed plays the node.
 		"--launcher-image", "virt-launcher:test-bed",
 		"--prom-cert-file", certFile, "--prom-key-file", keyFile,
 	}})
@@ -348,4 +349,21 @@ func (p *Process) RSS() (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: no VmRSS", p.Spec.Name)
+}
+
+// BuildKubeVirtTool compiles one of the test bed's commands that run
+// KubeVirt's own code (e.g. "./kubevirt-seed") in hack/tools/kubevirt, the
+// module that pins KubeVirt (guestbackup's own module never links it), into
+// the folder outDir, and returns the binary's path. It builds as
+// hack/tools.sh builds virt-api, so Go's build cache makes it a link.
+func BuildKubeVirtTool(tb TB, pkg, outDir string) string {
+	tb.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	// GOSUMDB=off as in hack/tools.sh: one of KubeVirt's dependencies is
+	// missing from the checksum database; go.sum pins every hash.
+	return goBuild(tb, filepath.Join(root, "hack", "tools", "kubevirt"), pkg, outDir,
+		[]string{"GOSUMDB=off", "CGO_ENABLED=0", "GOFLAGS=-mod=readonly"}, "-trimpath")
 }

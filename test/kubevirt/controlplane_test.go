@@ -2,7 +2,10 @@ package kubevirt
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -166,7 +169,16 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		Expect(first.Spec.Domain.Firmware).To(HaveField("UUID", types.UID(firmware)))
 		opts, err := platform.RealiseInstance(ctx, first)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(opts.InstanceID).To(Equal(firmware), "the seed's instance-id is the instance's firmware UUID")
+		By("KubeVirt's own pkg/cloud-init built the seed, its instance-id the instance's firmware UUID")
+		dir := GinkgoT().TempDir()
+		out, err := testbed.Run(ctx, time.Minute, dir, nil, "xorriso", "-indev", opts.Seed, "-osirrox", "on", "-extract", "/meta-data", filepath.Join(dir, "meta-data"))
+		Expect(err).NotTo(HaveOccurred(), out)
+		data, err := os.ReadFile(filepath.Join(dir, "meta-data"))
+		Expect(err).NotTo(HaveOccurred())
+		var meta map[string]string
+		Expect(json.Unmarshal(data, &meta)).To(Succeed(), string(data))
+		Expect(meta).To(HaveKeyWithValue("instance-id", firmware))
+		Expect(meta).To(HaveKeyWithValue("local-hostname", "web"), "KubeVirt's hostname: the instance's name")
 		Eventually(func() ([]corev1.Pod, error) {
 			pods := &corev1.PodList{}
 			err := api.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{kubevirtv1.AppLabel: "virt-launcher"})
