@@ -181,13 +181,13 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 		local.InstanceID(stored), machineType(stored))
 	r.done()
 
-	r.step("KubeVirt's part: virt-controller makes the VM's instance (runStrategy Always); the node's part (virt-handler, virt-launcher) is played by the test bed, booting the instance's guest under qemu (software emulation: a minute or two)")
+	r.step("KubeVirt's part: virt-controller makes the VM's instance and launcher pod (runStrategy Always) and schedules the instance once the pod runs; the node's part (scheduler, kubelet, virt-handler) is played by the test bed, and KubeVirt's own pkg/cloud-init builds the guest's seed from the Secret as virt-launcher would, booted under qemu (software emulation: a minute or two)")
 	instance, err := p.StartVM(ctx, r, stored)
 	if err != nil {
 		return err
 	}
-	r.say("virt-controller created VirtualMachineInstance %s/%s (UID %s); its guest boots with instance-id %s, the firmware UUID",
-		instance.VMI.Namespace, instance.VMI.Name, instance.VMI.UID, local.InstanceID(stored))
+	r.say("virt-controller created VirtualMachineInstance %s/%s (UID %s) and pod %s, and scheduled it on node %s; its guest boots with instance-id %s, the firmware UUID",
+		instance.VMI.Namespace, instance.VMI.Name, instance.VMI.UID, instance.Pod.Name, instance.VMI.Status.NodeName, local.InstanceID(stored))
 	res, err := instance.Wait(ctx)
 	if err != nil {
 		return err

@@ -15,8 +15,8 @@ package local
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -26,7 +26,6 @@ import (
 	"github.com/google/uuid"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -83,8 +82,13 @@ type Platform struct {
 	// MetricsAddr is the loopback address of the manager's /metrics.
 	MetricsAddr string
 
-	// disks holds each VM's root disk, by the VM's UID.
+	// disks holds each VM's root disk, by the VM's UID, and each launcher's
+	// volumes and disks.
 	disks string
+	// tb is the test the platform lives for; kubevirtSeed is
+	// kubevirt-seed's binary, once built.
+	tb           testbed.TB
+	kubevirtSeed string
 	// claims are the folders ServeBSLS gave the BSLSs' repository claims.
 	claims map[types.NamespacedName]string
 }
@@ -126,6 +130,9 @@ func Start(tb testbed.TB, o Options) *Platform {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: Namespace}}
 	if err := api.Client.Create(context.Background(), ns); err != nil {
 		tb.Fatalf("create namespace %s: %v", Namespace, err)
+	}
+	if err := registerNode(context.Background(), api.Client); err != nil {
+		tb.Fatalf("%v", err)
 	}
 	return p
 }
@@ -169,7 +176,7 @@ func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform,
 	if err != nil {
 		return nil, fmt.Errorf("webhook server: %w", err)
 	}
-	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), claims: map[types.NamespacedName]string{}}, nil
+	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), tb: tb, claims: map[types.NamespacedName]string{}}, nil
 }
 
 // runManager runs a manager until tb's cleanup.
@@ -268,7 +275,8 @@ func instanceID(name string, spec *kubevirtv1.VirtualMachineInstanceSpec) string
 
 // Realise returns the boot of vm's guest as KubeVirt's node would make it
 // from the instance of vm (see RealiseInstance), from the VM's template:
-// for specs that boot a guest without an instance.
+// for specs that boot a guest without an instance. The instance is the one
+// virt-controller would make: the VM's name, namespace and template.
 func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (testbed.GuestOptions, error) {
 	if vm.Spec.Template == nil {
 		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachine %s/%s has no template", vm.Namespace, vm.Name)
@@ -276,76 +284,77 @@ func (p *Platform) Realise(ctx context.Context, vm *kubevirtv1.VirtualMachine) (
 	if vm.UID == "" {
 		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachine %s/%s has no UID: realise the VM the API server stored", vm.Namespace, vm.Name)
 	}
-	return p.realise(ctx, vm.Namespace, vm.Name, vm.UID, &vm.Spec.Template.Spec)
+	vmi := &kubevirtv1.VirtualMachineInstance{
+		ObjectMeta: metav1.ObjectMeta{Name: vm.Name, Namespace: vm.Namespace},
+		Spec:       *vm.Spec.Template.Spec.DeepCopy(),
+	}
+	// virt-controller gives every instance a firmware UUID (see
+	// InstanceID); KubeVirt's seed would otherwise take a random one.
+	if f := vmi.Spec.Domain.Firmware; f == nil || f.UUID == "" {
+		if f == nil {
+			vmi.Spec.Domain.Firmware = &kubevirtv1.Firmware{}
+		}
+		vmi.Spec.Domain.Firmware.UUID = types.UID(InstanceID(vm))
+	}
+	return p.realise(ctx, vmi, vm.UID)
 }
 
-// RealiseInstance returns the boot of vmi's guest the way KubeVirt's
-// virt-launcher would make it: its cloudInitNoCloud volume (inline userData,
-// or the userdata key of its secretRef, untouched) is the NoCloud seed with
-// KubeVirt's instance-id (the firmware UUID, see InstanceID), each secret
-// volume a disk with its label and its disk's serial. The containerDisk is
-// the test bed's guest image, whatever image it names, under an overlay of
-// the VM's own (by the UID of the VM that controls vmi) that every boot of
-// the VM reuses, as a persistent volume would be.
+// RealiseInstance returns the boot of vmi's guest the way KubeVirt's node
+// makes it: the kubelet mounts the pod's Secret volumes (mountSecrets), and
+// KubeVirt's own pkg/cloud-init and pkg/config, run by the test bed's
+// kubevirt-seed (hack/tools/kubevirt) as virt-launcher runs them, build the
+// cloud-init seed (instance-id: the firmware UUID, see InstanceID) and each
+// secret volume's disk (its label), given its disk's serial. The
+// containerDisk is the test bed's guest image, whatever image it names,
+// under an overlay of the VM's own (by the UID of the VM that controls
+// vmi) that every boot of the VM reuses, as a persistent volume would be.
 func (p *Platform) RealiseInstance(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance) (testbed.GuestOptions, error) {
 	owner := metav1.GetControllerOf(vmi)
 	if owner == nil || owner.Kind != "VirtualMachine" {
 		return testbed.GuestOptions{}, fmt.Errorf("VirtualMachineInstance %s/%s is controlled by no VirtualMachine", vmi.Namespace, vmi.Name)
 	}
-	return p.realise(ctx, vmi.Namespace, vmi.Name, owner.UID, &vmi.Spec)
+	return p.realise(ctx, vmi, owner.UID)
 }
 
-// realise builds the boot of the guest of VM namespace/name (whose UID is
-// vmUID) from spec, its template's or its instance's.
-func (p *Platform) realise(ctx context.Context, namespace, name string, vmUID types.UID, spec *kubevirtv1.VirtualMachineInstanceSpec) (testbed.GuestOptions, error) {
+// realise builds the boot of vmi's guest, whose VM's UID is vmUID.
+func (p *Platform) realise(ctx context.Context, vmi *kubevirtv1.VirtualMachineInstance, vmUID types.UID) (testbed.GuestOptions, error) {
 	opts := testbed.GuestOptions{
-		InstanceID: instanceID(name, spec),
+		InstanceID: instanceID(vmi.Name, &vmi.Spec),
 		RootDisk:   filepath.Join(p.disks, string(vmUID)+".qcow2"),
 	}
-	secretData := func(secret string) (map[string][]byte, error) {
-		s := &corev1.Secret{}
-		if err := p.API.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: secret}, s); err != nil {
-			return nil, fmt.Errorf("VirtualMachine %s/%s: %w", namespace, name, err)
-		}
-		return s.Data, nil
+	dir, err := os.MkdirTemp(p.disks, "launcher-")
+	if err != nil {
+		return opts, err
 	}
-	for _, v := range spec.Volumes {
-		switch {
-		case v.CloudInitNoCloud != nil:
-			if opts.UserData != nil {
-				return opts, errors.New("more than one cloudInitNoCloud volume")
-			}
-			src := v.CloudInitNoCloud
-			opts.UserData = []byte(src.UserData)
-			if src.UserDataSecretRef != nil {
-				data, err := secretData(src.UserDataSecretRef.Name)
-				if err != nil {
-					return opts, err
-				}
-				// KubeVirt reads either spelling of the key.
-				opts.UserData = data["userdata"]
-				if opts.UserData == nil {
-					opts.UserData = data["userData"]
-				}
-			}
-		case v.Secret != nil:
-			data, err := secretData(v.Secret.SecretName)
-			if err != nil {
-				return opts, err
-			}
-			serial := ""
-			for _, d := range spec.Domain.Devices.Disks {
-				if d.Name == v.Name {
-					serial = d.Serial
-				}
-			}
-			opts.ExtraDisks = append(opts.ExtraDisks, testbed.GuestDisk{Files: data, Label: v.Secret.VolumeLabel, Serial: serial})
-		}
+	secrets := filepath.Join(dir, "secret")
+	if err := mountSecrets(ctx, p.API.Client, vmi, secrets); err != nil {
+		return opts, err
 	}
-	if opts.UserData == nil {
-		return opts, fmt.Errorf("VirtualMachine %s/%s has no cloud-init user-data", namespace, name)
+	seed, err := kubevirtSeed(ctx, p.seedTool(), vmi, secrets, filepath.Join(dir, "disks"))
+	if err != nil {
+		return opts, fmt.Errorf("VirtualMachineInstance %s/%s: %w", vmi.Namespace, vmi.Name, err)
+	}
+	if seed.Seed == "" {
+		return opts, fmt.Errorf("VirtualMachineInstance %s/%s has no cloud-init volume", vmi.Namespace, vmi.Name)
+	}
+	opts.Seed = seed.Seed
+	// KubeVirt attaches the secret disks in the order of the instance's
+	// disks.
+	for _, d := range vmi.Spec.Domain.Devices.Disks {
+		if iso, ok := seed.Disks[d.Name]; ok {
+			opts.ExtraDisks = append(opts.ExtraDisks, testbed.GuestDisk{ISO: iso, Serial: d.Serial})
+		}
 	}
 	return opts, nil
+}
+
+// seedTool is kubevirt-seed, built once per platform into a folder that
+// lives as long as the platform (a spec's own would go with the spec).
+func (p *Platform) seedTool() string {
+	if p.kubevirtSeed == "" {
+		p.kubevirtSeed = testbed.BuildKubeVirtTool(p.tb, "./kubevirt-seed", p.disks)
+	}
+	return p.kubevirtSeed
 }
 
 // Repository connects a kopia client to the filesystem repository of bsls,
@@ -376,26 +385,57 @@ type Instance struct {
 	// Guest is the qemu guest.
 	Guest *testbed.Guest
 	// VMI is the VirtualMachineInstance virt-controller created, as it was
-	// when the guest started.
+	// when the guest started (Running).
 	VMI *kubevirtv1.VirtualMachineInstance
+	// Pod is its virt-launcher pod, as it was when the guest started.
+	Pod *corev1.Pod
 
-	api *testbed.APIServer
-	vm  types.NamespacedName
+	api     *testbed.APIServer
+	vm      types.NamespacedName
+	node    *node
+	stopped bool
+}
+
+// StartOption adjusts StartVM.
+type StartOption func(*startOptions)
+
+type startOptions struct {
+	whilePending func(*kubevirtv1.VirtualMachineInstance, *corev1.Pod)
+}
+
+// WhileLauncherPending runs f while the instance's virt-launcher pod is
+// bound to the node but Pending, before the kubelet reads its volumes (the
+// VM's Secrets among them): what a cluster shows while a node pulls an
+// image. f gets the instance and the pod as they are then.
+func WhileLauncherPending(f func(*kubevirtv1.VirtualMachineInstance, *corev1.Pod)) StartOption {
+	return func(o *startOptions) { o.whilePending = f }
 }
 
 // StartVM starts vm the KubeVirt way and boots its guest: it sets the VM's
 // runStrategy to Always (what `virtctl start` asks for), waits for the
-// VirtualMachineInstance virt-controller creates from the VM, then plays the
-// node: it realises the guest from that instance (RealiseInstance), so that
-// it reads the Secrets as they are then, and boots it. tb's cleanup stops
-// the guest and the VM.
-func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine) (*Instance, error) {
+// VirtualMachineInstance and virt-launcher pod virt-controller creates, then
+// plays the node (see node): it binds the pod, reports it Pending, reads
+// the VM's Secrets as the kubelet mounts the pod's volumes (realising the
+// guest from the instance, RealiseInstance), reports the pod Running,
+// waits for virt-controller to move the instance to Scheduled, boots the
+// guest and reports the instance Running. tb's cleanup stops the guest and
+// the VM.
+func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.VirtualMachine, options ...StartOption) (*Instance, error) {
 	tb.Helper()
+	var o startOptions
+	for _, opt := range options {
+		opt(&o)
+	}
 	key := client.ObjectKeyFromObject(vm)
 	if err := setRunStrategy(ctx, p.API.Client, key, kubevirtv1.RunStrategyAlways); err != nil {
 		return nil, err
 	}
-	tb.Cleanup(func() { _ = setRunStrategy(context.Background(), p.API.Client, key, kubevirtv1.RunStrategyHalted) })
+	i := &Instance{api: p.API, vm: key}
+	tb.Cleanup(func() {
+		if err := i.stop(context.Background()); err != nil {
+			tb.Logf("stop VM %s: %v", key, err)
+		}
+	})
 	vmi := &kubevirtv1.VirtualMachineInstance{}
 	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
 		if err := p.API.Client.Get(ctx, key, vmi); err != nil {
@@ -407,16 +447,39 @@ func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.Vi
 	if err != nil {
 		return nil, fmt.Errorf("virt-controller made no VirtualMachineInstance of %s: %w", key, err)
 	}
+	pod, err := launcherPod(ctx, p.API.Client, vmi)
+	if err != nil {
+		return nil, err
+	}
+	i.node = &node{c: p.API.Client, handler: p.KubeVirt.Handler, vmi: vmi, pod: pod}
+	if err := i.node.schedule(ctx); err != nil {
+		return nil, err
+	}
+	if o.whilePending != nil {
+		o.whilePending(vmi.DeepCopy(), i.node.pod.DeepCopy())
+	}
 	opts, err := p.RealiseInstance(ctx, vmi)
 	if err != nil {
 		return nil, err
 	}
-	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API, vm: key}, nil
+	if err := i.node.run(ctx); err != nil {
+		return nil, err
+	}
+	if err := i.node.scheduled(ctx); err != nil {
+		return nil, err
+	}
+	i.Guest = testbed.StartGuest(tb, opts)
+	i.node.guest = i.Guest
+	if err := i.node.running(ctx); err != nil {
+		return nil, err
+	}
+	i.VMI, i.Pod = i.node.vmi.DeepCopy(), i.node.pod.DeepCopy()
+	return i, nil
 }
 
 // Wait waits for the guest to power itself off, then stops its VM the
-// KubeVirt way (runStrategy Halted, what `virtctl stop` asks for) and waits
-// until virt-controller has deleted the instance.
+// KubeVirt way (runStrategy Halted, what `virtctl stop` asks for) and plays
+// the node's part until virt-controller has deleted the instance.
 func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
 	res, err := i.Guest.Wait()
 	if serr := i.stop(ctx); serr != nil && err == nil {
@@ -425,19 +488,27 @@ func (i *Instance) Wait(ctx context.Context) (testbed.GuestResult, error) {
 	return res, err
 }
 
+// Stop stops the VM the KubeVirt way while its guest runs (runStrategy
+// Halted, what `virtctl stop` asks for): the guest is stopped once
+// virt-controller deleted the instance, as virt-launcher would, and the
+// node's part is played until the instance is gone.
+func (i *Instance) Stop(ctx context.Context) error {
+	return i.stop(ctx)
+}
+
+// stop stops the VM, once.
 func (i *Instance) stop(ctx context.Context) error {
+	if i.stopped {
+		return nil
+	}
+	i.stopped = true
 	if err := setRunStrategy(ctx, i.api.Client, i.vm, kubevirtv1.RunStrategyHalted); err != nil {
 		return err
 	}
-	err := testbed.WaitFor(instanceTimeout, 50*time.Millisecond, func() (bool, error) {
-		cur := &kubevirtv1.VirtualMachineInstance{}
-		err := i.api.Client.Get(ctx, i.vm, cur)
-		return apierrors.IsNotFound(err) || (err == nil && cur.UID != i.VMI.UID), client.IgnoreNotFound(err)
-	})
-	if err != nil {
-		return fmt.Errorf("virt-controller did not delete the VirtualMachineInstance of stopped VM %s: %w", i.vm, err)
+	if i.node == nil {
+		return nil
 	}
-	return nil
+	return i.node.stopped(ctx)
 }
 
 // setRunStrategy sets the runStrategy of VM key.

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"time"
@@ -16,14 +17,24 @@ func Build(tb TB, pkg string) string {
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
-	out := filepath.Join(tb.TempDir(), filepath.Base(pkg))
+	// The developer's own Go environment: its module and build caches.
+	return goBuild(tb, root, pkg, tb.TempDir(), nil)
+}
+
+// goBuild builds pkg in the module at dir, with env added to the
+// developer's own Go environment, into the folder outDir.
+func goBuild(tb TB, dir, pkg, outDir string, env []string, flags ...string) string {
+	tb.Helper()
+	out := filepath.Join(outDir, filepath.Base(pkg))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	// The developer's own Go environment: its module and build caches.
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", out, pkg)
-	cmd.Dir = root
+	cmd := exec.CommandContext(ctx, "go", append(append([]string{"build"}, flags...), "-o", out, pkg)...)
+	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	if output, err := cmd.CombinedOutput(); err != nil {
-		tb.Fatalf("go build %s: %v\n%s", pkg, err, output)
+		tb.Fatalf("go build %s in %s: %v\n%s", pkg, dir, err, output)
 	}
 	return out
 }

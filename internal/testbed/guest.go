@@ -45,10 +45,17 @@ type GuestDisk struct {
 	// Serial is the virtio disk's serial, KubeVirt's rules: [A-Za-z0-9_.+-],
 	// and the guest sees its first 20 characters; empty: none.
 	Serial string
+	// ISO, when set, is the disk's image, already built (by KubeVirt's
+	// pkg/config, say): Files and Label are then unused.
+	ISO string
 }
 
 // GuestOptions describes one boot of the test bed's Linux guest.
 type GuestOptions struct {
+	// Seed, when set, is the cloud-init seed's image, already built (by
+	// KubeVirt's pkg/cloud-init, say): UserData, MetaData and InstanceID
+	// are then unused.
+	Seed string
 	// UserData is the NoCloud user-data, as KubeVirt would deliver it from
 	// a cloudInitNoCloud volume. It should end with the guest powering
 	// itself off (power_state: {mode: poweroff}, or `systemctl poweroff`).
@@ -202,7 +209,7 @@ func (g *Guest) keepConsole(tb TB) {
 func (g *Guest) prepare(image GuestImage, opts GuestOptions) ([]string, error) {
 	ctx := context.Background()
 	metaData := opts.MetaData
-	if len(metaData) == 0 {
+	if len(metaData) == 0 && opts.Seed == "" {
 		if opts.InstanceID == "" {
 			return nil, errors.New("no instance-id: give the VM's own (KubeVirt's is its firmware UUID) or, for a VM never booted before, FreshInstanceID()")
 		}
@@ -228,9 +235,12 @@ func (g *Guest) prepare(image GuestImage, opts GuestOptions) ([]string, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("root disk: %w", err)
 	}
-	seed := filepath.Join(g.dir, "seed.iso")
-	if err := makeISO(ctx, g.dir, seed, "cidata", map[string][]byte{"user-data": opts.UserData, "meta-data": metaData}); err != nil {
-		return nil, fmt.Errorf("NoCloud seed: %w", err)
+	seed := opts.Seed
+	if seed == "" {
+		seed = filepath.Join(g.dir, "seed.iso")
+		if err := makeISO(ctx, g.dir, seed, "cidata", map[string][]byte{"user-data": opts.UserData, "meta-data": metaData}); err != nil {
+			return nil, fmt.Errorf("NoCloud seed: %w", err)
+		}
 	}
 	args := []string{
 		"-machine", "q35", "-accel", "tcg", "-cpu", "max", "-m", strconv.Itoa(guestMemoryMiB),
@@ -249,12 +259,15 @@ func (g *Guest) prepare(image GuestImage, opts GuestOptions) ([]string, error) {
 		if d.Serial != "" && !diskSerialPattern.MatchString(d.Serial) {
 			return nil, fmt.Errorf("disk %d: serial %q does not match %s", i, d.Serial, diskSerialPattern)
 		}
-		if d.Label != "" && !volumeIDPattern.MatchString(d.Label) {
-			return nil, fmt.Errorf("disk %d: label %q does not match %s", i, d.Label, volumeIDPattern)
-		}
-		iso := filepath.Join(g.dir, fmt.Sprintf("disk%d.iso", i))
-		if err := makeISO(ctx, g.dir, iso, d.Label, d.Files); err != nil {
-			return nil, fmt.Errorf("disk %d: %w", i, err)
+		iso := d.ISO
+		if iso == "" {
+			if d.Label != "" && !volumeIDPattern.MatchString(d.Label) {
+				return nil, fmt.Errorf("disk %d: label %q does not match %s", i, d.Label, volumeIDPattern)
+			}
+			iso = filepath.Join(g.dir, fmt.Sprintf("disk%d.iso", i))
+			if err := makeISO(ctx, g.dir, iso, d.Label, d.Files); err != nil {
+				return nil, fmt.Errorf("disk %d: %w", i, err)
+			}
 		}
 		id := fmt.Sprintf("disk%d", i)
 		device := "virtio-blk-pci,drive=" + id

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/guestbackup/guestbackup/pkg/pki"
@@ -39,13 +40,20 @@ const kubevirtStartTimeout = 2 * time.Minute
 // KubeVirt is KubeVirt's control plane running against the test bed's API
 // server: virt-api serving KubeVirt's admission webhooks, and
 // virt-controller turning VirtualMachines into VirtualMachineInstances and
-// virt-launcher Pods. No node runs: no virt-handler, no kubelet.
+// virt-launcher Pods. No node runs KubeVirt: no virt-handler, no kubelet
+// (internal/local plays their part for each instance).
 type KubeVirt struct {
 	// API is virt-api; Controller is virt-controller.
 	API, Controller *Process
 	// Startup is how long StartKubeVirt took, from the install of KubeVirt's
 	// objects until both were ready.
 	Startup time.Duration
+	// Handler is a client as virt-handler (its ServiceAccount's user,
+	// bound by KubeVirt's RBAC): a node played by the test bed reports
+	// instances with it, since virt-api keeps any other user's change of
+	// an instance's status out (pkg/virt-api/webhooks/mutating-webhook,
+	// vmi-mutator.go).
+	Handler client.Client
 }
 
 // KubeVirtManifests is the folder of what virt-operator would install for
@@ -173,13 +181,20 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 		return nil, fmt.Errorf("KubeVirt CR's status: %w", err)
 	}
 
-	kubeconfig := func(name string) (string, error) {
+	serviceAccount := func(name string) (*envtest.AuthenticatedUser, error) {
 		user, err := api.Env.AddUser(envtest.User{
 			Name:   "system:serviceaccount:" + KubeVirtNamespace + ":" + name,
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + KubeVirtNamespace},
 		}, nil)
 		if err != nil {
-			return "", fmt.Errorf("user of %s: %w", name, err)
+			return nil, fmt.Errorf("user of %s: %w", name, err)
+		}
+		return user, nil
+	}
+	kubeconfig := func(name string) (string, error) {
+		user, err := serviceAccount(name)
+		if err != nil {
+			return "", err
 		}
 		data, err := user.KubeConfig()
 		if err != nil {
@@ -193,6 +208,14 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	httpc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 
 	kv := &KubeVirt{}
+	handler, err := serviceAccount("kubevirt-handler")
+	if err != nil {
+		return nil, err
+	}
+	kv.Handler, err = client.New(handler.Config(), client.Options{Scheme: api.Client.Scheme()})
+	if err != nil {
+		return nil, fmt.Errorf("client of kubevirt-handler: %w", err)
+	}
 	apiKubeconfig, err := kubeconfig("kubevirt-apiserver")
 	if err != nil {
 		return nil, err
@@ -218,7 +241,7 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	}
 	kv.Controller = StartProcess(tb, ProcessSpec{Name: "virt-controller", Path: tools.VirtController, Args: []string{
 		"--kubeconfig", controllerKubeconfig, "--listen", "127.0.0.1", "--port", strconv.Itoa(controllerPort),
-		// No launcher Pod ever runs here: no kubelet.
+		// No launcher image ever runs: the test bed plays the node.
 		"--launcher-image", "virt-launcher:test-bed",
 		"--prom-cert-file", certFile, "--prom-key-file", keyFile,
 	}})
@@ -326,4 +349,21 @@ func (p *Process) RSS() (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("%s: no VmRSS", p.Spec.Name)
+}
+
+// BuildKubeVirtTool compiles one of the test bed's commands that run
+// KubeVirt's own code (e.g. "./kubevirt-seed") in hack/tools/kubevirt, the
+// module that pins KubeVirt (guestbackup's own module never links it), into
+// the folder outDir, and returns the binary's path. It builds as
+// hack/tools.sh builds virt-api, so Go's build cache makes it a link.
+func BuildKubeVirtTool(tb TB, pkg, outDir string) string {
+	tb.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	// GOSUMDB=off as in hack/tools.sh: one of KubeVirt's dependencies is
+	// missing from the checksum database; go.sum pins every hash.
+	return goBuild(tb, filepath.Join(root, "hack", "tools", "kubevirt"), pkg, outDir,
+		[]string{"GOSUMDB=off", "CGO_ENABLED=0", "GOFLAGS=-mod=readonly"}, "-trimpath")
 }

@@ -10,7 +10,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
@@ -55,12 +54,12 @@ const DefaultRotationGrace = 24 * time.Hour
 // hashes only, so a resync never hashes again (hashing is slow by design).
 //
 // A rotation reaches a guest only when it starts again: KubeVirt builds the
-// guest's cloud-init disk (or secret disk) from the Secret when it creates
-// the VirtualMachineInstance. So when a guest that started before the
-// rotation still runs, the Hasher keeps the previous generation's hash as
-// the one the server accepts (HashFor) until that instance is gone (the VM
-// stopped or restarted: its next instance reads the new password) or
-// RotationGrace has passed, and says so on the VM.
+// guest's cloud-init disk (or secret disk) from the Secret as the instance's
+// launcher pod starts (see LauncherStarted). So when a guest whose launcher
+// started before the rotation still runs, the Hasher keeps the previous
+// generation's hash as the one the server accepts (HashFor) until that
+// instance stops (the VM stopped or restarted: its next launcher reads the
+// new password) or RotationGrace has passed, and says so on the VM.
 type Hasher struct {
 	Client client.Client
 	// Version is the hashing algorithm; default scrypt, Kopia's default.
@@ -75,8 +74,8 @@ type Hasher struct {
 }
 
 // SetupWithManager registers the Hasher; hashes run in parallel, one per core.
-// It watches the VMs' instances (their metadata: the name and creation time
-// are all it reads), so that a restarted guest ends a rotation at once.
+// It watches the VMs' instances, their creation, deletion and phase changes,
+// so that a restarted or stopped guest ends a rotation at once.
 func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	if h.Recorder == nil {
 		h.Recorder = mgr.GetEventRecorderFor(eventSource)
@@ -87,10 +86,10 @@ func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 		For(&corev1.Secret{}, builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 			return sel.Matches(labels.Set(o.GetLabels()))
 		}))).
-		// An instance's creation and deletion are all that matter: its
-		// frequent status updates pass none.
-		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(secretOfInstance), builder.OnlyMetadata,
-			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		// An instance's creation, deletion and phase are all that matter:
+		// its other, frequent status updates pass none.
+		Watches(&kubevirtv1.VirtualMachineInstance{}, handler.EnqueueRequestsFromMapFunc(secretOfInstance),
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: phaseChanged})).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(concurrency, 1)}).
 		Complete(h)
 }
@@ -99,6 +98,13 @@ func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 // bears the VM's name.
 func secretOfInstance(_ context.Context, o client.Object) []reconcile.Request {
 	return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: o.GetNamespace(), Name: vmsecret.Name(o.GetName())}}}
+}
+
+// phaseChanged passes the updates of an instance that change its phase.
+func phaseChanged(e event.UpdateEvent) bool {
+	o, ok1 := e.ObjectOld.(*kubevirtv1.VirtualMachineInstance)
+	n, ok2 := e.ObjectNew.(*kubevirtv1.VirtualMachineInstance)
+	return !ok1 || !ok2 || o.Status.Phase != n.Status.Phase
 }
 
 func (h *Hasher) now() time.Time {
@@ -205,11 +211,9 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	return ctrl.Result{}, nil
 }
 
-// instance reads the metadata of the instance of the Secret's VM; nil when
-// the VM runs none.
-func (h *Hasher) instance(ctx context.Context, secret *corev1.Secret) (*metav1.PartialObjectMetadata, error) {
-	vmi := &metav1.PartialObjectMetadata{}
-	vmi.SetGroupVersionKind(kubevirtv1.VirtualMachineInstanceGroupVersionKind)
+// instance reads the instance of the Secret's VM; nil when the VM runs none.
+func (h *Hasher) instance(ctx context.Context, secret *corev1.Secret) (*kubevirtv1.VirtualMachineInstance, error) {
+	vmi := &kubevirtv1.VirtualMachineInstance{}
 	key := types.NamespacedName{Namespace: secret.Namespace, Name: vmsecret.VM(secret)}
 	if err := h.Client.Get(ctx, key, vmi); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -244,23 +248,72 @@ type Keep struct {
 }
 
 // KeepPrevious decides whether the server keeps accepting the password of
-// the generation before the one issued at issued, given the VM's running
-// instance (nil: none) at time now. The guest has the new password once an
-// instance created after the rotation runs, or at the next start when none
-// runs; only an instance created before it still needs the previous one.
-// Creation times have a resolution of a second, so an instance created in
-// the rotation's second counts as one that has the new password.
-func KeepPrevious(issued time.Time, instance *metav1.PartialObjectMetadata, now time.Time, grace time.Duration) Keep {
+// the generation before the one issued at issued, given the VM's instance
+// (nil: none) at time now. Only a guest whose launcher started before the
+// rotation (LauncherStarted) still has the previous password; a VM that runs
+// no guest, or whose instance has not started its launcher yet, reads the
+// new one when it does. Phase transition times have a resolution of a
+// second, so a launcher started in the rotation's second counts as one that
+// has the new password.
+func KeepPrevious(issued time.Time, instance *kubevirtv1.VirtualMachineInstance, now time.Time, grace time.Duration) Keep {
 	until := issued.Add(grace)
+	started, ok := LauncherStarted(instance)
+	at := started.UTC().Format(time.RFC3339)
 	switch {
 	case instance == nil:
 		return Keep{Until: until, Why: "the VM runs no instance: its next start reads the new credentials"}
-	case !instance.CreationTimestamp.Time.Before(issued.Truncate(time.Second)):
-		return Keep{Until: until, Why: fmt.Sprintf("its instance started at %s, after the rotation", instance.CreationTimestamp.UTC().Format(time.RFC3339))}
+	case instance.IsFinal():
+		return Keep{Until: until, Why: fmt.Sprintf("its instance is %s: the VM's next start reads the new credentials", instance.Status.Phase)}
+	case !ok:
+		return Keep{Until: until, Why: "its instance's launcher pod has not started yet: it reads the new credentials when it does"}
+	case !started.Before(issued.Truncate(time.Second)):
+		return Keep{Until: until, Why: fmt.Sprintf("its instance's launcher pod started at %s, after the rotation", at)}
 	case !now.Before(until):
-		return Keep{Forced: true, Until: until, Why: fmt.Sprintf("its instance started at %s; the grace period of %s ended", instance.CreationTimestamp.UTC().Format(time.RFC3339), grace)}
+		return Keep{Forced: true, Until: until, Why: fmt.Sprintf("its instance's launcher pod started at %s; the grace period of %s ended", at, grace)}
 	}
-	return Keep{Keep: true, Until: until, Why: fmt.Sprintf("its instance started at %s, before the rotation", instance.CreationTimestamp.UTC().Format(time.RFC3339))}
+	return Keep{Keep: true, Until: until, Why: fmt.Sprintf("its instance's launcher pod started at %s, before the rotation", at)}
+}
+
+// LauncherStarted returns when the launcher pod of vmi started, as KubeVirt
+// records it, and false while it has not (or vmi is nil): from then on the
+// guest has the credentials the Secret held at that moment, until its next
+// start. Where KubeVirt v1.8.1 reads the Secret:
+//
+//   - virt-controller renders a cloudInitNoCloud (or configDrive) volume's
+//     secretRef as a Secret volume of the virt-launcher pod mounted with a
+//     subPath (pkg/virt-controller/services/rendervolumes.go,
+//     handleCloudInitNoCloud), and a secret volume (guestbackup's disk mode)
+//     as a whole Secret volume (addSecretVolumeMount). The kubelet fetches
+//     the Secret when it sets up the pod's volumes and binds a subPath file
+//     when it creates the container; it never updates a subPath mount.
+//   - virt-launcher reads those files once, when virt-handler first syncs
+//     the instance: its preStartHook (pkg/virt-launcher/virtwrap/manager.go)
+//     builds the NoCloud seed from them (pkg/cloud-init,
+//     ReadCloudInitVolumeDataSource with config.SecretSourceDir) and the
+//     secret disks (pkg/config, CreateSecretDisks).
+//   - virt-handler syncs only a Scheduled instance, and virt-controller
+//     moves an instance from Scheduling to Scheduled once the launcher
+//     pod's compute container runs (pkg/virt-controller/watch/vmi,
+//     lifecycle.go, controller.IsPodReady), recording the time in
+//     status.phaseTransitionTimestamps (controller.SetVMIPhaseTransitionTimestamp).
+//
+// So an instance that is Pending or Scheduling (its pod waits for a node,
+// an image, a volume) has not taken the Secret yet, and the transition to
+// Scheduled is the latest time KubeVirt records before it did. A rotation
+// in the moment between the compute container's start and virt-controller
+// seeing it is the one window this cannot tell. An instance past Scheduling
+// without that record (written by another KubeVirt, or migrated in) counts
+// as started at its creation.
+func LauncherStarted(vmi *kubevirtv1.VirtualMachineInstance) (time.Time, bool) {
+	if vmi == nil || vmi.IsUnprocessed() || vmi.IsScheduling() {
+		return time.Time{}, false
+	}
+	for _, t := range vmi.Status.PhaseTransitionTimestamps {
+		if t.Phase == kubevirtv1.Scheduled {
+			return t.PhaseTransitionTimestamp.Time, true
+		}
+	}
+	return vmi.CreationTimestamp.Time, true
 }
 
 // HashFor returns the hash the server accepts for a credential Secret's

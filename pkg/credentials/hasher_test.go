@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -16,21 +17,46 @@ import (
 func TestKeepPrevious(t *testing.T) {
 	issued := time.Date(2026, 3, 1, 12, 0, 0, 500_000_000, time.UTC)
 	grace := time.Hour
-	started := func(at time.Time) *metav1.PartialObjectMetadata {
-		return &metav1.PartialObjectMetadata{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(at)}}
+	// instance is an instance created an hour before the rotation, in
+	// phase, with the phase transitions virt-controller and virt-handler
+	// record (phase, at).
+	instance := func(phase kubevirtv1.VirtualMachineInstancePhase, transitions ...any) *kubevirtv1.VirtualMachineInstance {
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(issued.Add(-time.Hour))}}
+		vmi.Status.Phase = phase
+		for i := 0; i < len(transitions); i += 2 {
+			vmi.Status.PhaseTransitionTimestamps = append(vmi.Status.PhaseTransitionTimestamps, kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{
+				Phase: transitions[i].(kubevirtv1.VirtualMachineInstancePhase), PhaseTransitionTimestamp: metav1.NewTime(transitions[i+1].(time.Time)),
+			})
+		}
+		return vmi
 	}
+	sec := func(d time.Duration) time.Time { return issued.Add(d).Truncate(time.Second) }
+	before, after := sec(-30*time.Minute), sec(time.Minute)
 	for name, tc := range map[string]struct {
-		instance     *metav1.PartialObjectMetadata
+		instance     *kubevirtv1.VirtualMachineInstance
 		now          time.Time
 		keep, forced bool
 		why          string
 	}{
-		"stopped VM":                          {nil, issued.Add(time.Minute), false, false, "runs no instance"},
-		"instance started before":             {started(issued.Add(-time.Hour)), issued.Add(time.Minute), true, false, "before the rotation"},
-		"instance started after":              {started(issued.Add(time.Minute).Truncate(time.Second)), issued.Add(2 * time.Minute), false, false, "after the rotation"},
-		"instance started in the same second": {started(issued.Truncate(time.Second)), issued.Add(time.Minute), false, false, "after the rotation"},
-		"instance started the second before":  {started(issued.Truncate(time.Second).Add(-time.Second)), issued.Add(time.Minute), true, false, "before the rotation"},
-		"grace ended":                         {started(issued.Add(-time.Hour)), issued.Add(grace), false, true, "grace period of 1h0m0s ended"},
+		"stopped VM": {nil, issued.Add(time.Minute), false, false, "runs no instance"},
+		"launcher started before, guest running": {instance(kubevirtv1.Running, kubevirtv1.Pending, before, kubevirtv1.Scheduling, before,
+			kubevirtv1.Scheduled, before, kubevirtv1.Running, before), issued.Add(time.Minute), true, false, "started at 2026-03-01T11:30:00Z, before the rotation"},
+		"launcher started before, guest not yet running": {instance(kubevirtv1.Scheduled, kubevirtv1.Scheduled, before), issued.Add(time.Minute), true, false, "before the rotation"},
+		// The instance was created before the rotation, but its launcher
+		// pod was Pending across it: it reads the new password.
+		"created before, launcher pending":  {instance(kubevirtv1.Scheduling, kubevirtv1.Pending, before, kubevirtv1.Scheduling, before), issued.Add(time.Minute), false, false, "has not started yet"},
+		"created before, not yet scheduled": {instance(kubevirtv1.Pending, kubevirtv1.Pending, before), issued.Add(time.Minute), false, false, "has not started yet"},
+		"created before, no status yet":     {instance(""), issued.Add(time.Minute), false, false, "has not started yet"},
+		"created before, launcher started after": {instance(kubevirtv1.Running, kubevirtv1.Scheduling, before, kubevirtv1.Scheduled, after,
+			kubevirtv1.Running, after), issued.Add(2 * time.Minute), false, false, "started at 2026-03-01T12:01:00Z, after the rotation"},
+		"launcher started in the same second":  {instance(kubevirtv1.Running, kubevirtv1.Scheduled, sec(0)), issued.Add(time.Minute), false, false, "after the rotation"},
+		"launcher started the second before":   {instance(kubevirtv1.Running, kubevirtv1.Scheduled, sec(-time.Second)), issued.Add(time.Minute), true, false, "before the rotation"},
+		"guest stopped, instance not yet gone": {instance(kubevirtv1.Succeeded, kubevirtv1.Scheduled, before, kubevirtv1.Succeeded, after), issued.Add(2 * time.Minute), false, false, "is Succeeded"},
+		"guest failed":                         {instance(kubevirtv1.Failed, kubevirtv1.Scheduled, before), issued.Add(2 * time.Minute), false, false, "is Failed"},
+		// No record of the launcher's start: the instance's creation,
+		// the earliest it can have been.
+		"running, no transition recorded": {instance(kubevirtv1.Running), issued.Add(time.Minute), true, false, "started at 2026-03-01T11:00:00Z, before the rotation"},
+		"grace ended":                     {instance(kubevirtv1.Running, kubevirtv1.Scheduled, before), issued.Add(grace), false, true, "grace period of 1h0m0s ended"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			got := KeepPrevious(issued, tc.instance, tc.now, grace)

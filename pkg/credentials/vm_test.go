@@ -248,6 +248,29 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 		GinkgoHelper()
 		provisionOn(bslsName, username, h)
 	}
+	// toPhase moves vmi to phase as KubeVirt's virt-controller and
+	// virt-handler do, recording the transition's time
+	// (controller.SetVMIPhaseTransitionTimestamp): the specs play them.
+	toPhase := func(vmi *kubevirtv1.VirtualMachineInstance, phase kubevirtv1.VirtualMachineInstancePhase) {
+		GinkgoHelper()
+		Eventually(func() error {
+			if err := api.Client.Get(ctx, client.ObjectKeyFromObject(vmi), vmi); err != nil {
+				return err
+			}
+			vmi.Status.Phase = phase
+			vmi.Status.PhaseTransitionTimestamps = append(vmi.Status.PhaseTransitionTimestamps,
+				kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{Phase: phase, PhaseTransitionTimestamp: metav1.Now()})
+			// KubeVirt's instances have no status subresource.
+			return api.Client.Update(ctx, vmi)
+		}).WithTimeout(reconciled).Should(Succeed())
+	}
+	// nextSecond waits until the clock is in a later second: times in an
+	// object's status have a resolution of a second.
+	nextSecond := func() {
+		GinkgoHelper()
+		now := time.Now().Truncate(time.Second)
+		Eventually(func() bool { return time.Now().Truncate(time.Second).After(now) }).Should(BeTrue())
+	}
 	// events lists "Reason: message" of each Event recorded on the VM of
 	// that UID, once per occurrence: the recorder counts a repeated Event
 	// in its count rather than writing it again.
@@ -452,16 +475,36 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 				s.Annotations[v1alpha1.AnnotationIssuedAt] = time.Now().UTC().Format(time.RFC3339Nano)
 			})
 		}
+		// newInstance creates the VM's instance as virt-controller does
+		// (Pending, then Scheduling once its launcher pod exists).
+		newInstance := func() *kubevirtv1.VirtualMachineInstance {
+			GinkgoHelper()
+			vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
+			create(vmi)
+			toPhase(vmi, kubevirtv1.Pending)
+			toPhase(vmi, kubevirtv1.Scheduling)
+			return vmi
+		}
+		// started moves vmi on as KubeVirt does once its launcher pod's
+		// compute container runs (virt-controller: Scheduled) and its
+		// guest boots (virt-handler: Running), in a later second than
+		// anything before: phase transition times have a resolution of a
+		// second.
+		started := func(vmi *kubevirtv1.VirtualMachineInstance) {
+			GinkgoHelper()
+			nextSecond()
+			toPhase(vmi, kubevirtv1.Scheduled)
+			toPhase(vmi, kubevirtv1.Running)
+			nextSecond()
+		}
 
-		It("keeps the server accepting the previous password while an instance started before the rotation runs, and says so on the VM", func() {
+		It("keeps the server accepting the previous password while a guest started before the rotation runs, and says so on the VM", func() {
 			vm, _ = createAdopted("rotating", testbed.RandomPassword())
 			first = hashed("rotating")
 			provision("rotating@vms", first)
 			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix("UserProvisioned:")))
-			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
-			create(vmi)
-			// Creation times have a resolution of a second.
-			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			vmi = newInstance()
+			started(vmi)
 			rotateTo("2")
 			second = hashed("rotating")
 			Expect(second).NotTo(Equal(first))
@@ -470,10 +513,11 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 				"RotationPending: Credentials generation 2 is ready; the server keeps accepting generation 1's password until the guest restarts with the new one")))
 		})
 
-		It("gives the server the new password once that instance is gone", func() {
-			Expect(api.Client.Delete(ctx, vmi)).To(Succeed())
+		It("gives the server the new password once that guest stopped, before its instance is gone", func() {
+			toPhase(vmi, kubevirtv1.Succeeded)
 			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(second)))
 			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+			Expect(api.Client.Delete(ctx, vmi)).To(Succeed())
 		})
 
 		It("gives the server a stopped VM's new password at once", func() {
@@ -485,26 +529,41 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(before))
 		})
 
-		It("gives the server the new password when the grace period ends, though the guest has not restarted, and warns on the VM", func() {
-			vmi = &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "rotating", Namespace: vmNamespace}, Spec: vm.Spec.Template.Spec}
-			create(vmi)
-			DeferCleanup(func() { _ = api.Client.Delete(ctx, vmi) })
-			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+		// Issue 15: KubeVirt reads the Secret when the launcher pod
+		// starts, not when the instance is created. An instance whose pod
+		// waits (for a node, an image) across a rotation boots with the
+		// new password: keeping the old one would lock it out for a day.
+		It("gives the server the new password at once when the instance was created before the rotation but its launcher pod had not started", func() {
+			before := len(events(vm)())
+			vmi = newInstance()
+			nextSecond()
 			rotateTo("4")
 			fourth := hashed("rotating")
-			Expect(serverHash()).NotTo(HaveValue(Equal(fourth)), "kept while the instance runs")
+			Expect(serverHash()).To(HaveValue(Equal(fourth)), "the guest will boot with generation 4")
+			Expect(secretOf("rotating").Data).NotTo(HaveKey(vmsecret.KeyPreviousPasswordHash))
+
+			By("the launcher pod starting after the rotation")
+			started(vmi)
+			Consistently(serverHash).WithTimeout(2 * time.Second).Should(HaveValue(Equal(fourth)))
+			Expect(events(vm)()).To(HaveLen(before), "no RotationPending: nothing is kept")
+		})
+
+		It("gives the server the new password when the grace period ends, though the guest has not restarted, and warns on the VM", func() {
+			DeferCleanup(func() { _ = api.Client.Delete(ctx, vmi) })
+			rotateTo("5")
+			fifth := hashed("rotating")
+			Expect(serverHash()).NotTo(HaveValue(Equal(fifth)), "kept while the guest runs")
 
 			hasherClock.SetTime(time.Now().Add(credentials.DefaultRotationGrace + time.Minute))
 			DeferCleanup(func() { hasherClock.SetTime(time.Now()) })
 			// Any change brings the Secret back to the Hasher, as its
 			// requeue at the deadline would.
 			updateSecret("rotating", func(s *corev1.Secret) { s.Labels["touched"] = "1" })
-			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(fourth)))
+			Eventually(serverHash).WithTimeout(reconciled).Should(HaveValue(Equal(fifth)))
 			Eventually(events(vm)).WithTimeout(reconciled).Should(ContainElement(HavePrefix(
-				"RotationForced: Generation 3's password no longer authenticates although the guest has not restarted since the rotation")))
+				"RotationForced: Generation 4's password no longer authenticates although the guest has not restarted since the rotation")))
 		})
 	})
-
 	Describe("announcing the user's provisioning", Ordered, func() {
 		var (
 			vm        *kubevirtv1.VirtualMachine

@@ -2,7 +2,10 @@ package kubevirt
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
 
@@ -115,6 +119,46 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		Expect(err).To(MatchError(And(ContainSubstring("virtualmachine-validator.kubevirt.io"), ContainSubstring("disks[0] must be less than or equal to 256 in length"))))
 	})
 
+	It("plays the node by the kubelet's and virt-handler's rules: launcher pod Pending then Running, instance Scheduled by virt-controller, Running, Succeeded when stopped", func() {
+		var (
+			pending    *kubevirtv1.VirtualMachineInstance
+			pendingPod *corev1.Pod
+		)
+		inst, err := platform.StartVM(ctx, GinkgoT(), getVM("web"), local.WhileLauncherPending(func(vmi *kubevirtv1.VirtualMachineInstance, pod *corev1.Pod) {
+			pending, pendingPod = vmi, pod
+		}))
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the launcher pod bound to the node, Pending while the kubelet sets it up; the instance not yet Scheduled")
+		Expect(pendingPod.Spec.NodeName).To(Equal(local.NodeName))
+		Expect(pendingPod.Status.Phase).To(Equal(corev1.PodPending))
+		Expect(pendingPod.Status.StartTime).NotTo(BeNil())
+		Expect(pendingPod.Status.ContainerStatuses).To(ContainElement(And(HaveField("Name", "compute"), HaveField("State.Waiting.Reason", "PodInitializing"))))
+		Expect(pending.Status.Phase).To(BeElementOf(kubevirtv1.Pending, kubevirtv1.Scheduling))
+		_, started := credentials.LauncherStarted(pending)
+		Expect(started).To(BeFalse(), "a pending launcher has not read the VM's Secret")
+
+		By("the pod Running; virt-controller's Scheduled on the node, then virt-handler's Running, each with its time")
+		Expect(inst.Pod.Status.Phase).To(Equal(corev1.PodRunning))
+		Expect(inst.Pod.Status.ContainerStatuses).To(ContainElement(And(HaveField("Name", "compute"), HaveField("State.Running", Not(BeNil())))))
+		Expect(inst.VMI.Status.Phase).To(Equal(kubevirtv1.Running))
+		Expect(inst.VMI.Status.NodeName).To(Equal(local.NodeName), "virt-controller copies the pod's node")
+		var phases []kubevirtv1.VirtualMachineInstancePhase
+		for _, t := range inst.VMI.Status.PhaseTransitionTimestamps {
+			phases = append(phases, t.Phase)
+		}
+		Expect(phases).To(Equal([]kubevirtv1.VirtualMachineInstancePhase{kubevirtv1.Pending, kubevirtv1.Scheduling, kubevirtv1.Scheduled, kubevirtv1.Running}))
+		at, started := credentials.LauncherStarted(inst.VMI)
+		Expect(started).To(BeTrue())
+		Expect(at).NotTo(BeTemporally("<", pendingPod.Status.StartTime.Time.Truncate(time.Second)), "the launcher started after the kubelet admitted its pod")
+
+		By("stopping: the instance Succeeded, the pod Succeeded and removed, the instance gone")
+		podKey := client.ObjectKeyFromObject(inst.Pod)
+		Expect(inst.Stop(ctx)).To(Succeed())
+		Expect(apierrors.IsNotFound(api.Client.Get(ctx, key("web"), &kubevirtv1.VirtualMachineInstance{}))).To(BeTrue(), "virt-controller removed its finalizers")
+		Expect(apierrors.IsNotFound(api.Client.Get(ctx, podKey, &corev1.Pod{}))).To(BeTrue())
+	})
+
 	It("starts and stops a VM the KubeVirt way: virt-controller makes its instance and launcher Pod, with the same firmware UUID at every start", func() {
 		vm := getVM("web")
 		firmware := local.InstanceID(vm)
@@ -125,7 +169,16 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		Expect(first.Spec.Domain.Firmware).To(HaveField("UUID", types.UID(firmware)))
 		opts, err := platform.RealiseInstance(ctx, first)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(opts.InstanceID).To(Equal(firmware), "the seed's instance-id is the instance's firmware UUID")
+		By("KubeVirt's own pkg/cloud-init built the seed, its instance-id the instance's firmware UUID")
+		dir := GinkgoT().TempDir()
+		out, err := testbed.Run(ctx, time.Minute, dir, nil, "xorriso", "-indev", opts.Seed, "-osirrox", "on", "-extract", "/meta-data", filepath.Join(dir, "meta-data"))
+		Expect(err).NotTo(HaveOccurred(), out)
+		data, err := os.ReadFile(filepath.Join(dir, "meta-data"))
+		Expect(err).NotTo(HaveOccurred())
+		var meta map[string]string
+		Expect(json.Unmarshal(data, &meta)).To(Succeed(), string(data))
+		Expect(meta).To(HaveKeyWithValue("instance-id", firmware))
+		Expect(meta).To(HaveKeyWithValue("local-hostname", "web"), "KubeVirt's hostname: the instance's name")
 		Eventually(func() ([]corev1.Pod, error) {
 			pods := &corev1.PodList{}
 			err := api.Client.List(ctx, pods, client.InNamespace(ns), client.MatchingLabels{kubevirtv1.AppLabel: "virt-launcher"})

@@ -20,6 +20,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -169,11 +170,16 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		}
 		return counts
 	}
-	// boot starts the VM's guest and waits until it powers off; during
-	// lets the test act while the guest runs.
-	boot := func(during func()) map[string]string {
+	// boot starts the VM's guest and waits until it powers off; pending
+	// lets the test act while the instance's launcher pod is Pending (before
+	// the node reads the VM's Secrets), during while the guest runs.
+	boot := func(pending, during func()) map[string]string {
 		GinkgoHelper()
-		instance, err := platform.StartVM(ctx, GinkgoT(), getVM())
+		var opts []local.StartOption
+		if pending != nil {
+			opts = append(opts, local.WhileLauncherPending(func(*kubevirtv1.VirtualMachineInstance, *corev1.Pod) { pending() }))
+		}
+		instance, err := platform.StartVM(ctx, GinkgoT(), getVM(), opts...)
 		Expect(err).NotTo(HaveOccurred())
 		if during != nil {
 			during()
@@ -205,7 +211,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: lifeConfig}
 		Expect(api.Client.Create(ctx, vm)).To(Succeed())
 
-		m := boot(nil)
+		m := boot(nil, nil)
 		Expect(m).To(HaveKeyWithValue("marker", "the owner's own cloud-config ran"))
 		Expect(m).To(HaveKeyWithValue("configured", ""), "no guestbackup in a guest that did not opt in")
 		Expect(m).To(HaveKeyWithValue("userdata", sum(lifeConfig)))
@@ -217,14 +223,16 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		Eventually(vmEvents).WithTimeout(time.Minute).Should(
 			ContainElement(HavePrefix("Normal UserProvisioned: User " + user + " provisioned")))
 
-		m := boot(func() {
+		m := boot(nil, func() {
 			By("rotating the password and changing the paths while the guest boots with the first credentials")
 			vmi := &kubevirtv1.VirtualMachineInstance{}
 			Expect(api.Client.Get(ctx, key, vmi)).To(Succeed())
-			// Creation times have a resolution of a second: rotate in a
-			// later one, so that the rotation is after the instance's start
-			// at that resolution too.
-			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			started, ok := credentials.LauncherStarted(vmi)
+			Expect(ok).To(BeTrue(), "the launcher pod runs")
+			// Phase transition times have a resolution of a second: rotate
+			// in a later one, so that the rotation is after the launcher's
+			// start at that resolution too.
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(started) }).Should(BeTrue())
 			annotate(map[string]*string{v1alpha1.AnnotationRotate: ptrTo("1"), v1alpha1.AnnotationPaths: ptrTo("/srv/data,/srv/more")})
 			second, _ := hashedGeneration()
 			Expect(second).NotTo(Equal(first))
@@ -241,18 +249,40 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		Expect(seen).To(HaveKeyWithValue("/srv/data", 1))
 	})
 
-	It("gives the guest the rotated password and the new paths at its next boot: the new password works, the old is refused, no snapshot is missed", func() {
-		second, password := hashedGeneration()
-		first := strconv.Itoa(mustAtoi(second) - 1)
-		m := boot(nil)
-		Expect(m).To(HaveKeyWithValue("generation", second))
-		Expect(m["status"]).To(ContainSubstring("as " + user + " (credentials generation " + second + ")"))
+	// Issue 15: KubeVirt reads the Secret when the launcher pod starts,
+	// not when the instance is created: a rotation while the pod is Pending
+	// reaches this very boot, and the server must take the new password at
+	// once (the guest would otherwise be refused for the grace period).
+	It("gives the guest the rotated password and the new paths at its next boot, rotated again while its launcher pod was Pending: the newest password works, the older ones are refused, no snapshot is missed", func() {
+		second, _ := hashedGeneration()
+		var third string
+		m := boot(func() {
+			By("rotating again while the instance exists but its launcher pod is Pending, in a later second than the instance's creation")
+			vmi := &kubevirtv1.VirtualMachineInstance{}
+			Expect(api.Client.Get(ctx, key, vmi)).To(Succeed())
+			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			annotate(map[string]*string{v1alpha1.AnnotationRotate: ptrTo("2")})
+			Eventually(func() (string, error) {
+				s, err := secret()
+				return vmsecret.Generation(s), err
+			}).WithTimeout(time.Minute).ShouldNot(Equal(second))
+			third, _ = hashedGeneration()
+			Eventually(func() string { return login(passwords[third]) }).WithTimeout(time.Minute).WithPolling(2*time.Second).Should(BeEmpty(),
+				"the server takes the password the launcher will read, at once")
+		}, nil)
+		Expect(m).To(HaveKeyWithValue("generation", third))
+		Expect(m["status"]).To(ContainSubstring("as " + user + " (credentials generation " + third + ")"))
 		AddReportEntry("boot to first snapshot, VM's third boot (rotated credentials, new paths)", m["snapshot-at"]+" s")
 
-		Expect(login(password)).To(BeEmpty(), "the new password")
-		Expect(login(passwords[first])).To(HavePrefix("refused"), "the rotated-out password")
+		Expect(login(passwords[third])).To(BeEmpty(), "the newest password")
+		for generation, password := range passwords {
+			if generation != third {
+				Expect(login(password)).To(HavePrefix("refused"), "generation %s's password, rotated out", generation)
+			}
+		}
 		Eventually(vmEvents).WithTimeout(30 * time.Second).Should(
-			ContainElement(ContainSubstring("credentials rotated from generation " + first + " to " + second)))
+			ContainElement(ContainSubstring("credentials rotated from generation " + second + " to " + third)))
+		Expect(vmEvents()).NotTo(ContainElement(HavePrefix("Normal RotationPending: Credentials generation "+third)), "nothing kept for a guest that never had generation "+second)
 
 		now := snapshotCounts()
 		Expect(now["/srv/data"]).To(Equal(seen["/srv/data"]+1), "a snapshot of the old path at this boot too")
@@ -266,7 +296,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		Expect(vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud).To(Equal(&kubevirtv1.CloudInitNoCloudSource{UserData: lifeConfig}), "the owner's inline cloud-config, byte for byte")
 		Eventually(func() bool { _, err := secret(); return err != nil }).WithTimeout(time.Minute).Should(BeTrue(), "the credential Secret is deleted")
 
-		m := boot(nil)
+		m := boot(nil, nil)
 		Expect(m).To(HaveKeyWithValue("userdata", sum(lifeConfig)), "cloud-init ran the owner's own user-data, as it was")
 		Expect(m).To(HaveKeyWithValue("marker", "the owner's own cloud-config ran"))
 		Expect(m).To(HaveKeyWithValue("configured", ""), "no credentials left in the guest")
@@ -278,10 +308,3 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 })
 
 func ptrTo(s string) *string { return &s }
-
-func mustAtoi(s string) int {
-	GinkgoHelper()
-	n, err := strconv.Atoi(s)
-	Expect(err).NotTo(HaveOccurred())
-	return n
-}

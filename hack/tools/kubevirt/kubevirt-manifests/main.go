@@ -4,7 +4,8 @@
 //
 //   - -crds DIR: KubeVirt's CustomResourceDefinitions, one file each;
 //   - -rbac FILE: the ServiceAccounts, (Cluster)Roles and bindings of the
-//     cluster-wide roles, virt-api and virt-controller;
+//     cluster-wide roles, virt-api, virt-controller and virt-handler (whose
+//     identity the test bed's node uses);
 //   - -webhooks FILE: virt-api's mutating and validating webhook
 //     configurations and the virt-launcher pod mutator, still pointing at
 //     virt-api's Service (the test bed rewrites them to its loopback URL).
@@ -38,7 +39,7 @@ const namespace = "kubevirt"
 
 func main() {
 	crds := flag.String("crds", "", "folder to write the CRDs into (one file per CRD)")
-	rbacFile := flag.String("rbac", "", "file to write virt-api's and virt-controller's RBAC into")
+	rbacFile := flag.String("rbac", "", "file to write the RBAC of virt-api, virt-controller and virt-handler into")
 	webhooks := flag.String("webhooks", "", "file to write virt-api's webhook configurations into")
 	flag.Parse()
 	if *crds == "" || *rbacFile == "" || *webhooks == "" || flag.NArg() != 0 {
@@ -103,6 +104,10 @@ func run(crdDir, rbacFile, webhookFile string) error {
 	// true: virt-controller manages NetworkAttachmentDefinition access
 	// itself, as virt-operator configures it unless told otherwise.
 	rbacObjects = append(rbacObjects, rbac.GetAllController(namespace, true)...)
+	// virt-handler's identity, which the test bed's node uses to report
+	// instances: virt-api lets only KubeVirt's service accounts change an
+	// instance's status.
+	rbacObjects = append(rbacObjects, rbac.GetAllHandler(namespace)...)
 	if err := writeDocuments(rbacFile, header, rbacObjects); err != nil {
 		return err
 	}
