@@ -82,6 +82,7 @@ var _ = Describe("BackupStorageLocationServer", func() {
 			Access: v1alpha1.AccessSpec{
 				NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"backup": "allowed"}},
 				AppendOnly:        true,
+				PasswordHash:      v1alpha1.PasswordHashPBKDF2,
 			},
 			Service: v1alpha1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Port: 443, Annotations: map[string]string{"lb": "internal"}},
 			PodConfig: v1alpha1.PodConfig{
@@ -157,5 +158,7 @@ var _ = Describe("BackupStorageLocationServer", func() {
 		Entry("an unknown compressor", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Repository: v1alpha1.RepositorySpec{DefaultPolicy: &v1alpha1.PolicySpec{Compression: "brotli"}}},
 			"spec.repository.defaultPolicy.compression"),
+		Entry("an unknown password hash", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Access: v1alpha1.AccessSpec{PasswordHash: "md5"}}, "spec.access.passwordHash"),
 	)
 })
