@@ -43,11 +43,23 @@ type BackupStorageLocationServerSpec struct {
 	PodConfig PodConfig `json:"podConfig,omitempty"`
 
 	// Replicas is the number of server pods. Zero stops the server without
-	// touching the repository.
+	// touching the repository. Each pod verifies one login at a time, so
+	// logins per second grow with replicas; above 1 the storage must be
+	// shared: S3, or a ReadWriteMany filesystem claim.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
+
+	// GuestSpread bounds the random delay each guest waits before its first
+	// connection at boot and before each scheduled snapshot (systemd's
+	// RandomizedDelaySec), so that VMs started together, after a cluster
+	// restart for instance, do not all log in at once: the Kopia server
+	// verifies one login at a time (see passwordHash). A change reaches a
+	// guest at its next boot. Default: 15m; 0s: no delay; at most 24h.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="guestSpread is between 0s and 24h"
+	// +optional
+	GuestSpread *metav1.Duration `json:"guestSpread,omitempty"`
 
 	// ClientURL is the URL guests are told to connect to, for guests that
 	// cannot reach the Service's cluster DNS name: VMs on bridged or
@@ -176,8 +188,8 @@ type RepositorySpec struct {
 	// garbage-collects the data of expired snapshots and compacts indexes.
 	// The repository's maintenance owner is guestbackup's identity
 	// guestbackup-maintenance@<bsls>.<namespace>. With spec.replicas above 1
-	// no server pod runs it (two runs at once can delete data), and
-	// status.maintenance.failure says so.
+	// the server pod holding the Lease <bsls>-maintenance runs it, never two
+	// at once.
 	// +optional
 	Maintenance *MaintenanceSpec `json:"maintenance,omitempty"`
 }

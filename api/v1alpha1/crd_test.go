@@ -158,6 +158,8 @@ var _ = Describe("BackupStorageLocationServer", func() {
 		Entry("an unknown compressor", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Repository: v1alpha1.RepositorySpec{DefaultPolicy: &v1alpha1.PolicySpec{Compression: "brotli"}}},
 			"spec.repository.defaultPolicy.compression"),
+		Entry("a guest spread over a day", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			GuestSpread: &metav1.Duration{Duration: 25 * time.Hour}}, "guestSpread is between 0s and 24h"),
 		Entry("an unknown password hash", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Access: v1alpha1.AccessSpec{PasswordHash: "md5"}}, "spec.access.passwordHash"),
 	)
