@@ -206,4 +206,18 @@ func BenchmarkLoginStorm(b *testing.B) {
 		b.ReportMetric(storm.Seconds()/floor.Seconds(), "x-floor")
 		b.ReportMetric(float64(n), "guests")
 	}
+	b.ReportMetric(s.peakRSS(b)/(1<<20), "server-peak-MiB")
+}
+
+// peakRSS is the highest peak resident memory of the servers, in bytes.
+func (s *servers) peakRSS(b *testing.B) float64 {
+	var peak int64
+	for _, srv := range s.list {
+		rss, err := srv.Process.PeakRSS()
+		if err != nil {
+			b.Fatal(err)
+		}
+		peak = max(peak, rss)
+	}
+	return float64(peak)
 }
