@@ -84,6 +84,18 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		markAvailable(ctx, api, d)
 		return pod
 	}
+	// createS3Credentials writes the MinIO's credentials into Secret name
+	// of s3NS.
+	createS3Credentials := func(name string) {
+		GinkgoHelper()
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+			Data: map[string][]byte{
+				awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
+				awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
+			},
+		})).To(Succeed())
+	}
 	// connect connects a guest with a fresh kopia client, pinned to the
 	// fingerprint the BSLS reports.
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
@@ -156,13 +168,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		BeforeAll(func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
-			Expect(api.Client.Create(ctx, &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
-				Data: map[string][]byte{
-					awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
-					awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
-				},
-			})).To(Succeed())
+			createS3Credentials("s3-credentials")
 			bsls = &v1alpha1.BackupStorageLocationServer{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
 				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
@@ -225,13 +231,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		BeforeAll(func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
-			Expect(api.Client.Create(ctx, &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials-scaled", Namespace: s3NS},
-				Data: map[string][]byte{
-					awscreds.AccessKeyID:     []byte(minio.AccessKeyID),
-					awscreds.SecretAccessKey: []byte(minio.SecretAccessKey),
-				},
-			})).To(Succeed())
+			createS3Credentials("s3-credentials-scaled")
 			bsls = &v1alpha1.BackupStorageLocationServer{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
 				Spec: v1alpha1.BackupStorageLocationServerSpec{
