@@ -86,6 +86,7 @@ var _ = Describe("BackupStorageLocationServer", func() {
 					{CIDR: "192.168.10.0/24", Except: []string{"192.168.10.0/30"}},
 					{CIDR: "2001:db8::/64"},
 				},
+				PasswordHash: v1alpha1.PasswordHashPBKDF2,
 			},
 			Service: v1alpha1.ServiceSpec{Type: corev1.ServiceTypeLoadBalancer, Port: 443, Annotations: map[string]string{"lb": "internal"}},
 			PodConfig: v1alpha1.PodConfig{
@@ -170,5 +171,9 @@ var _ = Describe("BackupStorageLocationServer", func() {
 		Entry("an unknown compressor", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Repository: v1alpha1.RepositorySpec{DefaultPolicy: &v1alpha1.PolicySpec{Compression: "brotli"}}},
 			"spec.repository.defaultPolicy.compression"),
+		Entry("a guest spread over a day", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			GuestSpread: &metav1.Duration{Duration: 25 * time.Hour}}, "guestSpread is between 0s and 24h"),
+		Entry("an unknown password hash", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Access: v1alpha1.AccessSpec{PasswordHash: "md5"}}, "spec.access.passwordHash"),
 	)
 })

@@ -209,6 +209,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&o.CAFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
 	fs.StringVar(&o.HealthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
 	fs.BoolVar(&o.Maintenance, "maintenance", false, "Run the repository's maintenance as the owner init connected (when it owns it).")
+	fs.StringVar(&o.MaintenanceLease, "maintenance-lease", "", "With --maintenance: run it only while this pod holds this coordination.k8s.io Lease of --namespace, so that one of several server pods runs it.")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -217,6 +218,12 @@ func runSyncUsers(args []string) error {
 		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
+	if o.MaintenanceLease != "" {
+		// The pod's name (downward API) is its identity in the Lease.
+		if o.PodName = os.Getenv("POD_NAME"); o.PodName == "" {
+			return errors.New("--maintenance-lease needs the pod's name in POD_NAME")
+		}
+	}
 	o.BSLSUID = types.UID(bslsUID)
 	spec, err := serverpod.ParsePolicy(policyJSON)
 	if err != nil {

@@ -48,6 +48,16 @@ type KopiaServerOptions struct {
 	// AlsoPresent are certificates the server sends after its leaf and CA:
 	// a server that impersonates another by carrying its (public) CA.
 	AlsoPresent []*x509.Certificate
+	// S3 serves a repository in this MinIO bucket instead of RepoPath
+	// (created when it holds none): several servers given the same bucket
+	// and RepoPassword serve one repository, as a BSLS's replicas do.
+	S3 *KopiaS3
+}
+
+// KopiaS3 is a bucket of a test bed MinIO.
+type KopiaS3 struct {
+	MinIO  *MinIO
+	Bucket string
 }
 
 // KopiaServer is a running `kopia server start` on loopback with TLS: it
@@ -72,6 +82,8 @@ type KopiaServer struct {
 	tools       Tools
 	dir         string
 	alsoPresent []*x509.Certificate
+	// env is the storage's credentials, for admin commands.
+	env []string
 }
 
 // StartKopiaServer creates (when needed) a filesystem repository and serves
@@ -107,12 +119,24 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 	s.CAPin = pki.Fingerprint(s.CA.Cert)
 
 	ctx := context.Background()
-	verb := "connect"
-	if _, err := os.Stat(filepath.Join(s.RepoPath, "kopia.repository.f")); os.IsNotExist(err) {
-		verb = "create"
-	}
-	if out, err := s.admin(ctx, "repository", verb, "filesystem", "--path="+s.RepoPath); err != nil {
-		tb.Fatalf("kopia repository %s: %v\n%s", verb, err, out)
+	if opts.S3 != nil {
+		// Credentials through the environment (kopia's s3 flags read it).
+		m := opts.S3.MinIO
+		s.env = []string{"AWS_ACCESS_KEY_ID=" + m.AccessKeyID, "AWS_SECRET_ACCESS_KEY=" + m.SecretAccessKey}
+		storage := []string{"s3", "--bucket=" + opts.S3.Bucket, "--endpoint=" + m.Endpoint, "--region=" + MinIORegion, "--disable-tls"}
+		if _, err := s.admin(ctx, append([]string{"repository", "connect"}, storage...)...); err != nil {
+			if out, err := s.admin(ctx, append([]string{"repository", "create"}, storage...)...); err != nil {
+				tb.Fatalf("kopia repository create s3: %v\n%s", err, out)
+			}
+		}
+	} else {
+		verb := "connect"
+		if _, err := os.Stat(filepath.Join(s.RepoPath, "kopia.repository.f")); os.IsNotExist(err) {
+			verb = "create"
+		}
+		if out, err := s.admin(ctx, "repository", verb, "filesystem", "--path="+s.RepoPath); err != nil {
+			tb.Fatalf("kopia repository %s: %v\n%s", verb, err, out)
+		}
 	}
 
 	certFile, keyFile, err := s.writeServingCert()
@@ -182,7 +206,7 @@ func (s *KopiaServer) writeServingCert() (certFile, keyFile string, err error) {
 // configuration.
 func (s *KopiaServer) admin(ctx context.Context, args ...string) (string, error) {
 	args = append(args, "--config-file="+s.ConfigFile)
-	return Run(ctx, kopiaCommandTimeout, s.dir, kopiaEnv("KOPIA_PASSWORD="+s.RepoPassword), s.tools.Kopia, args...)
+	return Run(ctx, kopiaCommandTimeout, s.dir, kopiaEnv(append([]string{"KOPIA_PASSWORD=" + s.RepoPassword}, s.env...)...), s.tools.Kopia, args...)
 }
 
 // Refresh makes the running server re-read the repository's manifests, so

@@ -337,18 +337,25 @@ func pointWebhooksAt(u *unstructured.Unstructured, url string, caPEM []byte) err
 }
 
 // RSS is the resident memory of the running process, in bytes.
-func (p *Process) RSS() (int64, error) {
+func (p *Process) RSS() (int64, error) { return p.memory("VmRSS") }
+
+// PeakRSS is the most resident memory the running process has had, in
+// bytes.
+func (p *Process) PeakRSS() (int64, error) { return p.memory("VmHWM") }
+
+// memory reads a /proc/<pid>/status field given in kB, in bytes.
+func (p *Process) memory(field string) (int64, error) {
 	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(data), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
 			return kb * 1024, err
 		}
 	}
-	return 0, fmt.Errorf("%s: no VmRSS", p.Spec.Name)
+	return 0, fmt.Errorf("%s: no %s", p.Spec.Name, field)
 }
 
 // BuildKubeVirtTool compiles one of the test bed's commands that run

@@ -38,6 +38,9 @@ type PodOptions struct {
 	// Ports fixes the loopback port of some container ports (a Service's
 	// node port, in effect); the others get free ones.
 	Ports map[int32]int
+	// Name is the pod's name (metadata.name in the downward API); default
+	// "pod".
+	Name string
 }
 
 // Pod is a pod's containers running as local processes on loopback. The
@@ -339,8 +342,14 @@ func (r *podRunner) envValue(e corev1.EnvVar, vars map[string]string) (*string, 
 		return &v, nil
 	case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.namespace":
 		return &r.o.Namespace, nil
+	case src.FieldRef != nil && src.FieldRef.FieldPath == "metadata.name":
+		name := r.o.Name
+		if name == "" {
+			name = "pod"
+		}
+		return &name, nil
 	default:
-		return nil, fmt.Errorf("this harness resolves value, secretKeyRef, configMapKeyRef and metadata.namespace only")
+		return nil, fmt.Errorf("this harness resolves value, secretKeyRef, configMapKeyRef, metadata.namespace and metadata.name only")
 	}
 }
 

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"net/url"
 	"path"
 	"regexp"
 	"strconv"
 	"strings"
 	"text/template"
+	"time"
 
 	certutil "k8s.io/client-go/util/cert"
 
@@ -34,6 +36,12 @@ const (
 	SnapshotTimer = "guestbackup-snapshot.timer"
 	// DefaultSchedule is when a guest snapshots its paths unless the VM says.
 	DefaultSchedule = "daily"
+	// DefaultSpread bounds the random delay of a guest's first connection
+	// at boot and of its scheduled snapshots, unless the BSLS says
+	// (spec.guestSpread).
+	DefaultSpread = 15 * time.Minute
+	// MaxSpread bounds Spread: a day, the period of the default schedule.
+	MaxSpread = 24 * time.Hour
 	// BootMarker is written, on a tmpfs, by every boot that brought the
 	// bootstrap (cloud-init's bootcmd, or disk mode's install.sh): a boot
 	// without it opted out, and the connect service then removes the
@@ -61,6 +69,36 @@ type Bootstrap struct {
 	Paths []string
 	// Schedule is a systemd OnCalendar expression; default DefaultSchedule.
 	Schedule string
+	// Spread bounds the random delay before the guest's first connection
+	// at boot and before each scheduled snapshot (systemd's
+	// RandomizedDelaySec), so that guests restarted together do not log
+	// in together: Kopia's server verifies one login at a time. Zero:
+	// DefaultSpread; negative: none.
+	Spread time.Duration
+}
+
+// SpreadOf is the Bootstrap.Spread of a BSLS's spec.guestSpread: unset is
+// the default, 0s none.
+func SpreadOf(d *metav1.Duration) time.Duration {
+	switch {
+	case d == nil:
+		return 0
+	case d.Duration <= 0:
+		return -1
+	}
+	return d.Duration
+}
+
+// spreadSeconds is Spread in whole seconds, as systemd and the connect
+// script take it.
+func (b Bootstrap) spreadSeconds() int64 {
+	switch {
+	case b.Spread == 0:
+		return int64(DefaultSpread / time.Second)
+	case b.Spread < 0:
+		return 0
+	}
+	return int64(min(b.Spread, MaxSpread) / time.Second)
 }
 
 // File is one file of the bootstrap, as it lands in the guest.
@@ -153,7 +191,7 @@ func (b Bootstrap) Files() ([]File, error) {
 		{Path: TrustDir + "/ca.crt", Mode: 0o644, Content: trust},
 		{Path: KopiaCommand, Mode: 0o755, Content: []byte(kopiaCommand)},
 		{Path: ConnectScript, Mode: 0o755, Content: []byte(connectScript)},
-		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: []byte(connectUnit)},
+		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: fmt.Appendf(nil, connectUnit, b.spreadSeconds())},
 	}
 	if len(b.Paths) > 0 {
 		schedule := b.Schedule
@@ -161,7 +199,10 @@ func (b Bootstrap) Files() ([]File, error) {
 			schedule = DefaultSchedule
 		}
 		var timer bytes.Buffer
-		if err := timerUnit.Execute(&timer, schedule); err != nil {
+		if err := timerUnit.Execute(&timer, struct {
+			Schedule string
+			Spread   int64
+		}{schedule, b.spreadSeconds()}); err != nil {
 			return nil, fmt.Errorf("render timer: %w", err)
 		}
 		files = append(files,
@@ -290,6 +331,8 @@ if [ "$(cat "$state_dir/connected" 2>/dev/null)" = "$connected" ] &&
 fi
 
 mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+spread=${GUESTBACKUP_SPREAD:-0}
+[ "$spread" -gt 0 ] && sleep $(($(od -An -N2 -tu2 /dev/urandom) % spread))
 delay=2
 attempt=1
 while :; do
@@ -310,8 +353,11 @@ while :; do
     mark "error: cannot connect to $GUESTBACKUP_SERVER_URL as $who after $attempt attempts: $why"
     exit 1
   fi
-  log "attempt $attempt to connect to $GUESTBACKUP_SERVER_URL failed ($why); retrying in ${delay}s"
-  sleep "$delay"
+  # Backs off, with jitter: a refused or slow login is not retried by every
+  # guest at the same moment.
+  wait=$((delay + $(od -An -N2 -tu2 /dev/urandom) % delay))
+  log "attempt $attempt to connect to $GUESTBACKUP_SERVER_URL failed ($why); retrying in ${wait}s"
+  sleep "$wait"
   attempt=$((attempt + 1))
   delay=$((delay * 2))
   [ "$delay" -gt 60 ] && delay=60
@@ -363,6 +409,10 @@ After=network-online.target cloud-init.service guestbackup-disk.service
 [Service]
 Type=simple
 Environment=HOME=/root
+# The first connection of a boot waits a random delay up to this many
+# seconds (the BSLS's spec.guestSpread), so that guests started together
+# do not log in together.
+Environment=GUESTBACKUP_SPREAD=%d
 ExecStart=` + ConnectScript + `
 
 [Install]
@@ -386,9 +436,11 @@ var timerUnit = template.Must(template.New("timer").Parse(`[Unit]
 Description=Snapshot this VM's guestbackup paths on schedule
 
 [Timer]
-OnCalendar={{.}}
+OnCalendar={{.Schedule}}
 Persistent=true
-RandomizedDelaySec=15min
+# Spread over the BSLS's spec.guestSpread: guests on one schedule do not
+# log in to their server at once.
+RandomizedDelaySec={{.Spread}}
 
 [Install]
 WantedBy=timers.target

@@ -51,6 +51,7 @@ func (b Bootstrap) key() string {
 	field(b.Password)
 	field(strconv.FormatInt(b.Generation, 10))
 	field(b.Schedule)
+	field(strconv.FormatInt(int64(b.Spread), 10))
 	field(strconv.Itoa(len(b.Paths)))
 	for _, p := range b.Paths {
 		field(p)

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/guestbackup/guestbackup/internal/golden"
 )
@@ -187,5 +190,44 @@ func TestParsePaths(t *testing.T) {
 	}
 	if _, err := ParsePaths("/etc,relative"); err == nil {
 		t.Error("a relative path was accepted")
+	}
+}
+
+// The BSLS's spec.guestSpread bounds both the boot connection's random
+// delay and the timer's; unset is DefaultSpread, 0s none, and no value
+// goes past MaxSpread.
+func TestSpread(t *testing.T) {
+	for name, tc := range map[string]struct {
+		spec *metav1.Duration
+		want string
+	}{
+		"unset":     {nil, "900"},
+		"none":      {&metav1.Duration{}, "0"},
+		"5 minutes": {&metav1.Duration{Duration: 5 * time.Minute}, "300"},
+		"too long":  {&metav1.Duration{Duration: 48 * time.Hour}, "86400"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := testBootstrap(t)
+			b.Paths = []string{"/etc"}
+			b.Spread = SpreadOf(tc.spec)
+			files, err := b.Files()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range files {
+				var want string
+				switch f.Path {
+				case UnitDir + "/" + ConnectUnit:
+					want = "\nEnvironment=GUESTBACKUP_SPREAD=" + tc.want + "\n"
+				case UnitDir + "/" + SnapshotTimer:
+					want = "\nRandomizedDelaySec=" + tc.want + "\n"
+				default:
+					continue
+				}
+				if !strings.Contains(string(f.Content), want) {
+					t.Errorf("%s lacks %q:\n%s", f.Path, want, f.Content)
+				}
+			}
+		})
 	}
 }

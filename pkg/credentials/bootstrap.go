@@ -255,7 +255,7 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	payload, err := cloudinit.Payload(cloudinit.Bootstrap{
 		ServerURL: endpoint, CA: ca,
 		Username: vmsecret.Identity(secret), Password: vmsecret.Password(secret), Generation: generation,
-		Paths: paths, Schedule: schedule,
+		Paths: paths, Schedule: schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread),
 	}, p)
 	if err != nil {
 		return leaveBootstrap("cannot render with what BackupStorageLocationServer %s publishes: %v", server, err)

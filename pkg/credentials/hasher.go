@@ -25,6 +25,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -34,6 +35,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// It reads the BSLS a Secret names for the hash algorithm it asks for.
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
 
 // Reasons of the Events the Hasher records on a VirtualMachine.
 const (
@@ -62,7 +65,9 @@ const DefaultRotationGrace = 24 * time.Hour
 // new password) or RotationGrace has passed, and says so on the VM.
 type Hasher struct {
 	Client client.Client
-	// Version is the hashing algorithm; default scrypt, Kopia's default.
+	// Version is the hashing algorithm for a Secret whose BSLS does not
+	// exist (yet); default scrypt, Kopia's default. A BSLS's
+	// spec.access.passwordHash decides for its own users.
 	Version identity.HashVersion
 	// Recorder records Events on VMs; default: the manager's.
 	Recorder record.EventRecorder
@@ -157,9 +162,9 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			log.FromContext(ctx).Info("credential Secret has no password", "secret", req.NamespacedName)
 			return ctrl.Result{}, nil
 		}
-		version := h.Version
-		if version == 0 {
-			version = identity.Scrypt
+		version, err := h.hashVersion(ctx, secret)
+		if err != nil {
+			return ctrl.Result{}, err
 		}
 		hash, err := identity.NewHash(password, version)
 		if err != nil {
@@ -209,6 +214,38 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
 	}
 	return ctrl.Result{}, nil
+}
+
+// hashVersion is the algorithm the BSLS the Secret names asks for, or the
+// Hasher's default when that BSLS does not exist: Kopia verifies every hash
+// by its own version, so a hash of either kind authenticates wherever the
+// user is provisioned.
+func (h *Hasher) hashVersion(ctx context.Context, secret *corev1.Secret) (identity.HashVersion, error) {
+	fallback := h.Version
+	if fallback == 0 {
+		fallback = identity.Scrypt
+	}
+	b := &v1alpha1.BackupStorageLocationServer{}
+	switch err := h.Client.Get(ctx, vmsecret.Server(secret), b); {
+	case apierrors.IsNotFound(err):
+		return fallback, nil
+	case err != nil:
+		return 0, fmt.Errorf("get BackupStorageLocationServer %s: %w", vmsecret.Server(secret), err)
+	}
+	return HashVersionOf(b.Spec.Access.PasswordHash, fallback), nil
+}
+
+// HashVersionOf is the Kopia hash version of a BSLS's password hash choice;
+// fallback when it names none.
+func HashVersionOf(choice v1alpha1.PasswordHash, fallback identity.HashVersion) identity.HashVersion {
+	switch choice {
+	case v1alpha1.PasswordHashScrypt:
+		return identity.Scrypt
+	case v1alpha1.PasswordHashPBKDF2:
+		return identity.PBKDF2
+	default:
+		return fallback
+	}
 }
 
 // instance reads the instance of the Secret's VM; nil when the VM runs none.

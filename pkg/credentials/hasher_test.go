@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -162,4 +163,16 @@ func hashText(h *identity.Hash) string {
 		return ""
 	}
 	return h.String()
+}
+
+func TestHashVersionOf(t *testing.T) {
+	for choice, want := range map[v1alpha1.PasswordHash]identity.HashVersion{
+		v1alpha1.PasswordHashScrypt: identity.Scrypt,
+		v1alpha1.PasswordHashPBKDF2: identity.PBKDF2,
+		"":                          identity.PBKDF2, // the fallback
+	} {
+		if got := HashVersionOf(choice, identity.PBKDF2); got != want {
+			t.Errorf("HashVersionOf(%q) = %d, want %d", choice, got, want)
+		}
+	}
 }

@@ -665,4 +665,74 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Expect(withReason("UserRevoked")(events(vm)())).To(BeEmpty())
 		})
 	})
+
+	Describe("the hash algorithm the BSLS asks for", Ordered, func() {
+		const name = "fips"
+		var bsls *v1alpha1.BackupStorageLocationServer
+		setChoice := func(choice v1alpha1.PasswordHash) {
+			GinkgoHelper()
+			Eventually(func() error {
+				cur := &v1alpha1.BackupStorageLocationServer{}
+				if err := api.Client.Get(ctx, client.ObjectKeyFromObject(bsls), cur); err != nil {
+					return err
+				}
+				cur.Spec.Access.PasswordHash = choice
+				return api.Client.Update(ctx, cur)
+			}).WithTimeout(10 * time.Second).Should(Succeed())
+		}
+		// hashedAs waits for the current generation's hash and checks that
+		// it has version and verifies password.
+		hashedAs := func(version identity.HashVersion, password string) identity.Hash {
+			GinkgoHelper()
+			h := hashed(name)
+			Expect(h.Version).To(Equal(version))
+			Expect(h.Matches(password)).To(BeTrue())
+			return h
+		}
+		password := testbed.RandomPassword()
+		var first identity.Hash
+
+		BeforeAll(func() {
+			bsls = &v1alpha1.BackupStorageLocationServer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: storageNamespace},
+				Spec: v1alpha1.BackupStorageLocationServerSpec{
+					Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}},
+					Access:  v1alpha1.AccessSpec{PasswordHash: v1alpha1.PasswordHashPBKDF2},
+				},
+			}
+			create(bsls)
+		})
+
+		It("hashes a new VM's password with PBKDF2 when its BSLS asks for it", func() {
+			s, vm := credentialSecret(name, password, "1"), virtualMachine(name, storageNamespace+"/"+name)
+			s.Labels[v1alpha1.LabelServerName] = name
+			create(s, vm)
+			first = hashedAs(identity.PBKDF2, password)
+		})
+
+		It("keeps existing users' hashes when the BSLS switches to scrypt: no re-hash, the password still verifies", func() {
+			setChoice(v1alpha1.PasswordHashScrypt)
+			// A resync of the Secret brings it back to the Hasher.
+			updateSecret(name, func(s *corev1.Secret) { s.Labels["touched"] = "1" })
+			Consistently(func() *identity.Hash { return credentials.HashFor(secretOf(name)) }).
+				WithTimeout(3 * time.Second).Should(HaveValue(Equal(first)))
+		})
+
+		It("hashes the next generation with the new choice", func() {
+			rotated := testbed.RandomPassword()
+			updateSecret(name, func(s *corev1.Secret) {
+				s.Data[v1alpha1.SecretKeyPassword] = []byte(rotated)
+				s.Data[v1alpha1.SecretKeyGeneration] = []byte("2")
+				s.Annotations[v1alpha1.AnnotationIssuedAt] = time.Now().UTC().Format(time.RFC3339Nano)
+			})
+			Eventually(func() identity.HashVersion {
+				h := credentials.CurrentHash(secretOf(name))
+				if h == nil {
+					return 0
+				}
+				return h.Version
+			}).WithTimeout(reconciled).Should(Equal(identity.Scrypt))
+			hashedAs(identity.Scrypt, rotated)
+		})
+	})
 })

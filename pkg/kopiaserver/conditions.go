@@ -24,6 +24,9 @@ const (
 	ReasonRepositoryOpened = "RepositoryOpened"
 	// ReasonClaimNotFound: storage.filesystem.claimName names no claim.
 	ReasonClaimNotFound = "ClaimNotFound"
+	// ReasonStorageNotShared: spec.replicas is above 1 but the claim is
+	// not ReadWriteMany, so not every server pod could mount it.
+	ReasonStorageNotShared = "StorageNotShared"
 	// ReasonCredentialsInvalid: the S3 or Velero credentials Secret is
 	// missing or lacks a key.
 	ReasonCredentialsInvalid = "CredentialsInvalid"

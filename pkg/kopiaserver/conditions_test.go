@@ -258,6 +258,23 @@ var decideCases = []decideCase{
 		requeue: retryProblem,
 	},
 	{
+		name: "two replicas on a ReadWriteOnce claim: the storage cannot be shared, says which fixes exist",
+		obs: func(o *observations) {
+			o.BSLS.Spec.Replicas = ptr.To[int32](2)
+			o.RepositoryProblem = claimShared(o.BSLS, &corev1.PersistentVolumeClaim{
+				ObjectMeta: metav1.ObjectMeta{Name: "main-repository"},
+				Spec:       corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}},
+			})
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryReady: {metav1.ConditionFalse, ReasonStorageNotShared, []string{
+				"spec.replicas is 2 but PersistentVolumeClaim main-repository is not ReadWriteMany (access modes [ReadWriteOnce])",
+				"Set replicas to 1, or use S3 storage or a ReadWriteMany claim"}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, nil},
+		},
+		requeue: retryProblem,
+	},
+	{
 		name: "S3 credentials without a key",
 		obs: func(o *observations) {
 			o.RepositoryProblem = &problem{ReasonCredentialsInvalid, "Secret s3-creds has no key AWS_SECRET_ACCESS_KEY"}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -44,6 +45,23 @@ func (r *Reconciler) maintenanceState(ctx context.Context, b *v1alpha1.BackupSto
 		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, nil
 	}
 	return s, nil
+}
+
+// maintenanceLease creates the Lease b's server pods elect their
+// maintenance runner with, when b runs several (SharesMaintenance). The
+// pods hold it; the controller never writes it again. It goes with the BSLS.
+func (r *Reconciler) maintenanceLease(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+	if !SharesMaintenance(b) {
+		return nil
+	}
+	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: maintenancestate.LeaseName(b.Name), Namespace: b.Namespace, Labels: Labels(b)}}
+	if err := r.own(b, lease); err != nil {
+		return err
+	}
+	if err := r.Client.Create(ctx, lease); err != nil && !apierrors.IsAlreadyExists(err) {
+		return fmt.Errorf("create Lease %s: %w", lease.Name, err)
+	}
+	return nil
 }
 
 // bslsOfMaintenanceConfigMap maps a BSLS's maintenance ConfigMap, which

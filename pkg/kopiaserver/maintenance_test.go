@@ -1,44 +1,88 @@
 package kopiaserver
 
 import (
-	"strings"
+	"slices"
 	"testing"
 
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
-// Several server pods never run maintenance at once: none runs it, and the
-// status says why instead of showing a schedule nobody keeps.
-func TestMaintenanceStatus(t *testing.T) {
-	published := &v1alpha1.MaintenanceStatus{Owner: "guestbackup-maintenance@main.backup", LastCycle: "full", LastRun: &metav1.Time{}}
+// Every server pod may run maintenance; with several, the user-sync
+// container runs it only while it holds the BSLS's Lease, named by the
+// Role it may get and update.
+func TestMaintenanceElection(t *testing.T) {
 	for name, tc := range map[string]struct {
-		replicas *int32
-		disabled bool
-		failure  string
+		replicas        *int32
+		disabled        bool
+		maintain, elect bool
 	}{
-		"default replicas":     {nil, false, ""},
-		"one replica":          {ptr.To[int32](1), false, ""},
-		"two replicas":         {ptr.To[int32](2), false, "spec.replicas is 2"},
-		"two, maintenance off": {ptr.To[int32](2), true, ""},
+		"default replicas":     {nil, false, true, false},
+		"one replica":          {ptr.To[int32](1), false, true, false},
+		"two replicas":         {ptr.To[int32](2), false, true, true},
+		"two, maintenance off": {ptr.To[int32](2), true, false, true},
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := &v1alpha1.BackupStorageLocationServer{}
+			b.Name, b.Namespace = "main", "backup"
+			b.Spec.Storage.Filesystem = &v1alpha1.FilesystemStorage{}
 			b.Spec.Replicas = tc.replicas
 			if tc.disabled {
 				b.Spec.Repository.Maintenance = &v1alpha1.MaintenanceSpec{Disabled: true}
 			}
-			got := maintenanceStatus(b, published.DeepCopy())
-			if tc.failure == "" {
-				if got.Failure != "" {
-					t.Errorf("failure %q, want none", got.Failure)
-				}
-				return
+			d, err := Deployment(b, WorkloadInputs{Image: "guestbackup:test", TLSChecksum: "x"})
+			if err != nil {
+				t.Fatal(err)
 			}
-			if !strings.Contains(got.Failure, tc.failure) || got.Owner != published.Owner {
-				t.Errorf("got %+v, want the published status with a failure naming %q", got, tc.failure)
+			sync := d.Spec.Template.Spec.Containers[1]
+			if got := slices.Contains(sync.Args, "--maintenance=true"); got != tc.maintain {
+				t.Errorf("--maintenance=true in %v: %v, want %v", sync.Args, got, tc.maintain)
+			}
+			if got := slices.Contains(sync.Args, "--maintenance-lease=main-maintenance"); got != tc.elect {
+				t.Errorf("--maintenance-lease in %v: %v, want %v", sync.Args, got, tc.elect)
+			}
+			podName := slices.ContainsFunc(sync.Env, func(e corev1.EnvVar) bool {
+				return e.Name == "POD_NAME" && e.ValueFrom != nil && e.ValueFrom.FieldRef.FieldPath == "metadata.name"
+			})
+			if podName != tc.elect {
+				t.Errorf("POD_NAME from metadata.name: %v, want %v", podName, tc.elect)
+			}
+			_, role, _ := ServerRole(b)
+			if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
+				return slices.Equal(r.Resources, []string{"leases"}) && slices.Equal(r.Verbs, []string{"get", "update"}) && slices.Equal(r.ResourceNames, []string{"main-maintenance"})
+			}) {
+				t.Errorf("the Role grants no get and update of Lease main-maintenance: %+v", role.Rules)
+			}
+		})
+	}
+}
+
+// A ReadWriteMany claim is shared by any number of pods; any other only
+// by one.
+func TestClaimShared(t *testing.T) {
+	for name, tc := range map[string]struct {
+		replicas *int32
+		modes    []corev1.PersistentVolumeAccessMode
+		problem  bool
+	}{
+		"one pod, ReadWriteOnce":      {nil, []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, false},
+		"two pods, ReadWriteOnce":     {ptr.To[int32](2), []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}, true},
+		"two pods, ReadWriteOncePod":  {ptr.To[int32](2), []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOncePod}, true},
+		"two pods, ReadWriteMany":     {ptr.To[int32](2), []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce, corev1.ReadWriteMany}, false},
+		"four pods, no modes (bound)": {ptr.To[int32](4), nil, true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			b.Spec.Replicas = tc.replicas
+			pvc := &corev1.PersistentVolumeClaim{Spec: corev1.PersistentVolumeClaimSpec{AccessModes: tc.modes}}
+			if got := claimShared(b, pvc); (got != nil) != tc.problem {
+				t.Errorf("claimShared = %+v, want a problem: %v", got, tc.problem)
+			}
+			if want := map[bool]corev1.PersistentVolumeAccessMode{false: corev1.ReadWriteOnce, true: corev1.ReadWriteMany}[SharesMaintenance(b)]; claimAccessMode(b) != want {
+				t.Errorf("a claim the controller creates is %s, want %s", claimAccessMode(b), want)
 			}
 		})
 	}

@@ -53,6 +53,9 @@ import (
 // The server pod's Role lets it update its activity ConfigMaps: RBAC lets
 // the controller write that Role only if it holds the same right.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update
+// It creates the Lease the server pods of a BSLS with several elect their
+// maintenance runner with, and grants them get and update of it.
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
@@ -334,7 +337,9 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.Maintenance, err = r.maintenanceState(ctx, b); err != nil {
 		return obs, err
 	}
-	obs.Maintenance = maintenanceStatus(b, obs.Maintenance)
+	if err := r.maintenanceLease(ctx, b); err != nil {
+		return obs, err
+	}
 	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
 		if obs.Deployment, err = Deployment(b, in); err != nil {
 			return obs, err
@@ -625,19 +630,4 @@ func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupSt
 		names[ns.Name] = true
 	}
 	return func(ns string) bool { return names[ns] }, nil
-}
-
-// maintenanceStatus is the status.maintenance of b given what its server
-// pod last published: that, and why no pod runs maintenance when b runs
-// several (SharesMaintenance).
-func maintenanceStatus(b *v1alpha1.BackupStorageLocationServer, published *v1alpha1.MaintenanceStatus) *v1alpha1.MaintenanceStatus {
-	if !SharesMaintenance(b) || (b.Spec.Repository.Maintenance != nil && b.Spec.Repository.Maintenance.Disabled) {
-		return published
-	}
-	m := &v1alpha1.MaintenanceStatus{}
-	if published != nil {
-		m = published.DeepCopy()
-	}
-	m.Failure = fmt.Sprintf("not run: spec.replicas is %d, and guestbackup runs Kopia's maintenance only with one server pod (two at once could delete data the other still rewrites); storage grows until replicas is 1", *b.Spec.Replicas)
-	return m
 }

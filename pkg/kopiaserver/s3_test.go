@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -24,6 +26,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/storagecreds"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
 // These specs keep repositories in a real S3 server (MinIO on loopback),
@@ -70,6 +73,20 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		GinkgoHelper()
 		return runServerPod(ctx, api, binaries, b)
 	}
+	// createS3Credentials writes the MinIO's credentials into Secret name
+	// of s3NS.
+	createS3Credentials := func(name string) {
+		GinkgoHelper()
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+			Data: map[string][]byte{
+				storagecreds.AccessKeyID:     []byte(minio.AccessKeyID),
+				storagecreds.SecretAccessKey: []byte(minio.SecretAccessKey),
+			},
+		})).To(Succeed())
+	}
+	// connect connects a guest with a fresh kopia client, pinned to the
+	// fingerprint the BSLS reports.
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
 		return connectGuest(ctx, api, pod, b, user, password)
 	}
@@ -127,13 +144,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		BeforeAll(func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
-			Expect(api.Client.Create(ctx, &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Name: "s3-credentials", Namespace: s3NS},
-				Data: map[string][]byte{
-					storagecreds.AccessKeyID:     []byte(minio.AccessKeyID),
-					storagecreds.SecretAccessKey: []byte(minio.SecretAccessKey),
-				},
-			})).To(Succeed())
+			createS3Credentials("s3-credentials")
 			bsls = &v1alpha1.BackupStorageLocationServer{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
 				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
@@ -165,6 +176,92 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(createCredential(ctx, api, credentialSecret("web", s3NS, s3NS, name, password, "1"))).To(Succeed())
 			Eventually(connect(pod, bsls, "web@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
 			Expect(connect(pod, bsls, "web@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
+		})
+	})
+
+	Describe("a BSLS with two replicas on S3", Ordered, func() {
+		const (
+			name   = "scaled"
+			bucket = "scaled"
+		)
+		var (
+			bsls *v1alpha1.BackupStorageLocationServer
+			pods map[string]*testbed.Pod
+		)
+		// holder is the pod holding the maintenance Lease.
+		holder := func() (string, error) {
+			lease := &coordinationv1.Lease{}
+			err := api.Client.Get(ctx, types.NamespacedName{Namespace: s3NS, Name: maintenancestate.LeaseName(name)}, lease)
+			if err != nil || lease.Spec.HolderIdentity == nil {
+				return "", err
+			}
+			return *lease.Spec.HolderIdentity, nil
+		}
+		// nextMaintenance is what a pod's maintenance runner last scheduled;
+		// 0 while it runs none.
+		nextMaintenance := func(pod *testbed.Pod) func() (float64, error) {
+			return func() (float64, error) {
+				return testbed.Metric(pod.Addr(kopiaserver.HealthPort), "guestbackup_server_maintenance_next_run_timestamp_seconds", map[string]string{})
+			}
+		}
+
+		BeforeAll(func() {
+			Expect(minio.CreateBucket(bucket)).To(Succeed())
+			createS3Credentials("s3-credentials-scaled")
+			bsls = &v1alpha1.BackupStorageLocationServer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+				Spec: v1alpha1.BackupStorageLocationServerSpec{
+					Replicas: ptr.To[int32](2),
+					Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+						Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
+						CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials-scaled"},
+						DisableTLS:        true,
+					}},
+				},
+			}
+			Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+			d := &appsv1.Deployment{}
+			Eventually(func() error {
+				return api.Client.Get(ctx, types.NamespacedName{Namespace: s3NS, Name: kopiaserver.DeploymentName(bsls)}, d)
+			}).WithTimeout(reconciled).Should(Succeed())
+			// Two pods of the Deployment, as the ReplicaSet would start them.
+			pods = map[string]*testbed.Pod{}
+			for _, pod := range []string{"scaled-server-a", "scaled-server-b"} {
+				pods[pod] = testbed.RunPod(GinkgoT(), testbed.PodOptions{Namespace: s3NS, Name: pod, Spec: d.Spec.Template.Spec, Binaries: binaries, API: api})
+			}
+			for _, pod := range pods {
+				Expect(pod.WaitReady(serverReady)).To(Succeed())
+			}
+			markAvailable(ctx, api, d)
+		})
+
+		It("serves a user added afterwards from every replica", func() {
+			password := testbed.RandomPassword()
+			Expect(createCredential(ctx, api, credentialSecret("db", s3NS, s3NS, name, password, "1"))).To(Succeed())
+			for _, pod := range pods {
+				Eventually(connect(pod, bsls, "db@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
+				Expect(connect(pod, bsls, "db@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
+			}
+		})
+
+		It("has exactly one replica run maintenance: the one holding the Lease", func() {
+			Eventually(holder).WithTimeout(reconciled).Should(BeKeyOf(pods))
+			leader, err := holder()
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(nextMaintenance(pods[leader])).WithTimeout(reconciled).Should(BeNumerically(">", 0))
+			for name, pod := range pods {
+				if name != leader {
+					Consistently(nextMaintenance(pod)).WithTimeout(5 * time.Second).Should(BeZero())
+				}
+			}
+			Expect(holder()).To(Equal(leader), "the Lease stays with its holder")
+			Eventually(func() (string, error) {
+				b, err := bslsNamed(s3NS, name)()
+				if err != nil || b.Status.Maintenance == nil {
+					return "", err
+				}
+				return b.Status.Maintenance.Owner + " " + b.Status.Maintenance.Failure, nil
+			}).WithTimeout(reconciled).Should(Equal("guestbackup-maintenance@" + name + "." + s3NS + " "))
 		})
 	})
 

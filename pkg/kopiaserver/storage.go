@@ -3,6 +3,7 @@ package kopiaserver
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -100,7 +101,7 @@ func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 	err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: ClaimName(b)}, pvc)
 	switch {
 	case err == nil:
-		return nil, nil
+		return claimShared(b, pvc), nil
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("get PersistentVolumeClaim %s: %w", ClaimName(b), err)
 	case fs.ClaimName != "":
@@ -116,7 +117,7 @@ func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 			Annotations: map[string]string{AnnotationKeep: "holds the backups of BackupStorageLocationServer " + b.Name + "; not deleted with it"},
 		},
 		Spec: corev1.PersistentVolumeClaimSpec{
-			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
+			AccessModes:      []corev1.PersistentVolumeAccessMode{claimAccessMode(b)},
 			StorageClassName: fs.StorageClassName,
 			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
 		},
@@ -126,6 +127,29 @@ func (r *Reconciler) claim(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 	}
 	r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonClaimCreated, "Created PersistentVolumeClaim %s (%s) for the repository; it is kept when the BackupStorageLocationServer is deleted", pvc.Name, size.String())
 	return nil, nil
+}
+
+// claimAccessMode is the access mode of the claim the controller creates:
+// ReadWriteMany when b runs several server pods, which may run on several
+// nodes, else ReadWriteOnce, which every storage class offers.
+func claimAccessMode(b *v1alpha1.BackupStorageLocationServer) corev1.PersistentVolumeAccessMode {
+	if SharesMaintenance(b) {
+		return corev1.ReadWriteMany
+	}
+	return corev1.ReadWriteOnce
+}
+
+// claimShared is the problem of a BSLS with several server pods on a claim
+// they cannot all mount: one without ReadWriteMany (ReadWriteOnce binds it
+// to one node, ReadWriteOncePod to one pod). The Deployment is then left as
+// it is, so the pods already running keep serving.
+func claimShared(b *v1alpha1.BackupStorageLocationServer, pvc *corev1.PersistentVolumeClaim) *problem {
+	if !SharesMaintenance(b) || slices.Contains(pvc.Spec.AccessModes, corev1.ReadWriteMany) {
+		return nil
+	}
+	return &problem{ReasonStorageNotShared, fmt.Sprintf(
+		"spec.replicas is %d but PersistentVolumeClaim %s is not ReadWriteMany (access modes %v): server pods on other nodes cannot mount it. Set replicas to 1, or use S3 storage or a ReadWriteMany claim (storage.filesystem.claimName)",
+		*b.Spec.Replicas, pvc.Name, pvc.Spec.AccessModes)}
 }
 
 // checkS3Credentials checks that a Secret holds S3 credentials, without

@@ -281,7 +281,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	}
 	// Maintenance: init claims the owner and sets the schedule; user sync
 	// runs the cycles (package serverpod/maintenance).
-	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool((m == nil || !m.Disabled) && !SharesMaintenance(b))}
+	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool(m == nil || !m.Disabled)}
 	if m != nil && m.QuickInterval != nil {
 		maintenanceArgs = append(maintenanceArgs, "--maintenance-quick-interval="+m.QuickInterval.Duration.String())
 	}
@@ -290,6 +290,14 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	}
 	initArgs = append(initArgs, "--namespace="+b.Namespace, "--bsls="+b.Name)
 	initArgs = append(initArgs, maintenanceArgs...)
+	// Several pods: the one holding the Lease runs maintenance, the pod's
+	// name its identity there.
+	var electionArgs []string
+	var electionEnv []corev1.EnvVar
+	if SharesMaintenance(b) {
+		electionArgs = []string{"--maintenance-lease=" + maintenancestate.LeaseName(b.Name)}
+		electionEnv = []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
+	}
 
 	labels := Labels(b)
 	podLabels := labels
@@ -358,11 +366,11 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
 					maintenanceArgs[0],
-				}, policyArgs...), // an append-only server applies its retention
-				Env: []corev1.EnvVar{
+				}, append(electionArgs, policyArgs...)...), // an append-only server applies its retention
+				Env: append([]corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
-				},
+				}, electionEnv...),
 				Ports:        []corev1.ContainerPort{{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP}},
 				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
 				ReadinessProbe: &corev1.Probe{
@@ -470,6 +478,9 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
 			// name is generated, so it cannot be limited by name.
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+			// The Lease that elects the pod that runs maintenance, which
+			// the controller creates.
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{maintenancestate.LeaseName(b.Name)}},
 		},
 	}
 	binding := &rbacv1.RoleBinding{
@@ -515,9 +526,9 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 
 // SharesMaintenance is whether b runs more than one server pod. Two pods
 // running Kopia's maintenance at once can delete data the other is still
-// rewriting (Kopia's only lock is a file beside each pod's own config), and
-// nothing elects one pod yet: such a BSLS's pods run no maintenance, and
-// its status says why.
+// rewriting, so such a BSLS's pods elect the one that runs it with the
+// Lease maintenancestate.LeaseName (Kopia's own maintenance lock stays the
+// safety net).
 func SharesMaintenance(b *v1alpha1.BackupStorageLocationServer) bool {
 	return b.Spec.Replicas != nil && *b.Spec.Replicas > 1
 }

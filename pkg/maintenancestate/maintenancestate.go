@@ -36,3 +36,9 @@ func Decode(data string) (*v1alpha1.MaintenanceStatus, error) {
 	}
 	return s, nil
 }
+
+// LeaseName is the coordination.k8s.io Lease a BSLS's server pods elect the
+// one that runs maintenance with, when the BSLS runs several. The
+// controller creates it (a pod's Role may get and update that name only,
+// never create Leases).
+func LeaseName(bslsName string) string { return bslsName + "-maintenance" }

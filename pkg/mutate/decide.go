@@ -645,7 +645,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 	b := cloudinit.Bootstrap{
 		ServerURL: bsls.Status.Endpoint, CA: []byte(bsls.Status.TLSCA),
 		Username: o.user, Password: creds.password, Generation: creds.generation,
-		Paths: o.paths, Schedule: o.schedule,
+		Paths: o.paths, Schedule: o.schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread),
 	}
 	payload, err := render(b, p)
 	if err != nil {

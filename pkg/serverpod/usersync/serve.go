@@ -43,6 +43,10 @@ type ServeOptions struct {
 	// Maintenance runs the repository's maintenance as the owner init
 	// connected (package maintenance).
 	Maintenance bool
+	// MaintenanceLease, when set, names the Lease that elects the one pod
+	// of several that runs maintenance (maintenance.Election); this pod's
+	// identity there is PodName.
+	MaintenanceLease, PodName string
 }
 
 // Serve runs the user-sync container until ctx ends: it opens the
@@ -126,5 +130,13 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 		return func() {}, nil
 	}
 	publish := maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS}
-	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, o.Log.WithName("maintenance"))
+	log := o.Log.WithName("maintenance")
+	if o.MaintenanceLease != "" {
+		election := maintenance.Election{
+			Leases: o.Client.CoordinationV1(), Namespace: o.Namespace, Lease: o.MaintenanceLease,
+			Identity: o.PodName, Log: log,
+		}
+		return maintenance.StartElected(ctx, election, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log), nil
+	}
+	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log)
 }
