@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -57,6 +58,9 @@ func vmMeta(namespace, name, server string) *metav1.PartialObjectMetadata {
 	}
 	return vm
 }
+
+// collectNow is the time TestCollectUsers judges the Secrets' ages at.
+var collectNow = time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC)
 
 func TestCollectUsers(t *testing.T) {
 	h := hashOf(7, identity.Scrypt)
@@ -138,6 +142,28 @@ func TestCollectUsers(t *testing.T) {
 			wantRefused: map[string]string{"a/evil-guestbackup": "its label guestbackup.io/vm=web names VirtualMachine web, whose credential Secret can only be web-guestbackup"},
 		},
 		{
+			name: "a Secret no VM controls, of a VM not stored yet, waits out the admission grace",
+			// The webhook writes it while it admits the VM.
+			secrets: []corev1.Secret{credential("a", "new", true, owners(), func(s *corev1.Secret) {
+				s.CreationTimestamp = metav1.NewTime(collectNow.Add(-AdmissionGrace + time.Second))
+			})},
+			wantPending: []string{"a/new-guestbackup"},
+		},
+		{
+			name: "a Secret no VM controls, of a VM still not stored after the admission grace, is refused",
+			secrets: []corev1.Secret{credential("a", "new", true, owners(), func(s *corev1.Secret) {
+				s.CreationTimestamp = metav1.NewTime(collectNow.Add(-AdmissionGrace))
+			})},
+			wantRefused: map[string]string{"a/new-guestbackup": "VirtualMachine a/new does not exist: a user is provisioned only for an existing VM that names this server"},
+		},
+		{
+			name: "a young Secret its VM controlled is refused once the VM is gone: no grace",
+			secrets: []corev1.Secret{credential("a", "ghost", true, func(s *corev1.Secret) {
+				s.CreationTimestamp = metav1.NewTime(collectNow)
+			})},
+			wantRefused: map[string]string{"a/ghost-guestbackup": "VirtualMachine a/ghost does not exist: a user is provisioned only for an existing VM that names this server"},
+		},
+		{
 			name:        "a Secret of a VM that does not exist is refused",
 			secrets:     []corev1.Secret{credential("a", "ghost", true)},
 			wantRefused: map[string]string{"a/ghost-guestbackup": "VirtualMachine a/ghost does not exist: a user is provisioned only for an existing VM that names this server"},
@@ -211,7 +237,7 @@ func TestCollectUsers(t *testing.T) {
 			for _, vm := range known {
 				index[types.NamespacedName{Namespace: vm.Namespace, Name: vm.Name}] = vm
 			}
-			got := CollectUsers(UserInputs{Server: testServer, Secrets: tt.secrets, VMs: index, Allowed: allowed, HashOf: hashOfSecret})
+			got := CollectUsers(UserInputs{Server: testServer, Secrets: tt.secrets, VMs: index, Allowed: allowed, HashOf: hashOfSecret, Now: collectNow})
 			var users []string
 			for shard, m := range got.Shards {
 				for u := range m {

@@ -236,8 +236,11 @@ func decide(obs observations) decision {
 	var synced metav1.Condition
 	switch {
 	case len(users.Pending) > 0:
+		if users.RecheckAfter > 0 {
+			retry(users.RecheckAfter)
+		}
 		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonHashPending,
-			fmt.Sprintf("%d users written; %d wait for their password to be hashed or their VirtualMachine to adopt them: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
+			fmt.Sprintf("%d users written; %d wait for their password to be hashed, or their VirtualMachine to be stored or to adopt them: %s", users.Count, len(users.Pending), abbreviate(users.Pending)))
 	case !server.available:
 		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
 			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))

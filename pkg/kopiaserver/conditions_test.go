@@ -180,12 +180,26 @@ var decideCases = []decideCase{
 		},
 		want: map[string]wantCondition{
 			v1alpha1.ConditionUsersSynced: {metav1.ConditionFalse, ReasonHashPending, []string{
-				"1 users written; 4 wait for their password to be hashed or their VirtualMachine to adopt them: backup/a-guestbackup, backup/b-guestbackup, backup/c-guestbackup and 1 more",
+				"1 users written; 4 wait for their password to be hashed, or their VirtualMachine to be stored or to adopt them: backup/a-guestbackup, backup/b-guestbackup, backup/c-guestbackup and 1 more",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: UsersSynced"}},
 		},
 		opened:  true,
 		requeue: RecheckSecrets,
+	},
+	{
+		name: "a Secret whose VM may still be in admission: looked at again when its grace ends",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Users.Pending = []string{"backup/new-guestbackup"}
+			o.Users.RecheckAfter = 4 * time.Second
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionUsersSynced: {metav1.ConditionFalse, ReasonHashPending, []string{"VirtualMachine to be stored", "backup/new-guestbackup"}},
+		},
+		opened:  true,
+		requeue: 4 * time.Second,
 	},
 	{
 		name: "scaled to zero after the repository was opened: RepositoryReady stays as it was",

@@ -431,7 +431,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	if err != nil {
 		return UserSet{}, err
 	}
-	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor})
+	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.now()})
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},

@@ -25,8 +25,8 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
-	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
 // These specs keep repositories in a real S3 server (MinIO on loopback),

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,7 +37,19 @@ type UserSet struct {
 	// GrantsRefused says, per provisioned VM, why its annotation
 	// guestbackup.io/restore-from grants nothing.
 	GrantsRefused map[types.NamespacedName]string
+	// RecheckAfter, when not zero, is when a Secret that waits for its VM
+	// to be stored (AdmissionGrace) is judged again.
+	RecheckAfter time.Duration
 }
+
+// AdmissionGrace is how long a credential Secret that no VM controls may
+// name a VirtualMachine that does not exist before it is refused. The
+// webhook writes a VM's Secret while it admits the VM, before the API
+// server stores the VM, so for a moment (longer on a busy cluster, and
+// longer again in a cache) every new VM's Secret names a VM that does not
+// exist yet: refusing it then would be a false alarm on every creation.
+// A forged Secret gains nothing from the wait: no user is written for it.
+const AdmissionGrace = 15 * time.Second
 
 // UserInputs is everything CollectUsers decides from.
 type UserInputs struct {
@@ -52,6 +65,8 @@ type UserInputs struct {
 	// HashOf is a Secret's hash of its current password; nil until the
 	// controller has hashed it.
 	HashOf func(*corev1.Secret) *identity.Hash
+	// Now is the time the Secrets' ages are judged at (AdmissionGrace).
+	Now time.Time
 }
 
 // CollectUsers decides the users of a BSLS from the per-VM credential
@@ -74,6 +89,13 @@ func CollectUsers(in UserInputs) UserSet {
 		s := &in.Secrets[i]
 		key := s.Namespace + "/" + s.Name
 		username, pending, refusal := identityOf(in, s)
+		if wait := admissionWait(in, s); refusal != "" && wait > 0 {
+			// Its VM may be in admission: judged again once the grace ends.
+			refusal, pending = "", true
+			if set.RecheckAfter == 0 || wait < set.RecheckAfter {
+				set.RecheckAfter = wait
+			}
+		}
 		switch {
 		case refusal != "":
 			set.Refused[key] = refusal
@@ -99,6 +121,17 @@ func CollectUsers(in UserInputs) UserSet {
 	}
 	slices.Sort(set.Pending)
 	return set
+}
+
+// admissionWait is how much of AdmissionGrace is left to Secret s, whose
+// VM may not be stored yet: zero unless no VM controls s, its VM does not
+// exist and s is younger than the grace.
+func admissionWait(in UserInputs, s *corev1.Secret) time.Duration {
+	vm := types.NamespacedName{Namespace: s.Namespace, Name: vmsecret.VM(s)}
+	if metav1.GetControllerOf(s) != nil || in.VMs[vm] != nil || s.CreationTimestamp.IsZero() {
+		return 0
+	}
+	return max(AdmissionGrace-in.Now.Sub(s.CreationTimestamp.Time), 0)
 }
 
 // identityOf checks the facts about one credential Secret: its user, or
