@@ -41,6 +41,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
@@ -194,7 +195,7 @@ func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions,
 // controller writes for it, as the kubelet would, with its server port on
 // the host's loopback port (a node port, in effect: a guest reaches it as
 // https://10.0.2.2:<port>), its repository claim in a folder of tb's, and
-// waits until it is ready; it then records on the Deployment what the
+// its client port on the next one, and waits until it is ready; it then records on the Deployment what the
 // deployment controller would. tb's cleanup stops the pod.
 func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
 	tb.Helper()
@@ -215,11 +216,13 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	pod := testbed.RunPod(tb, testbed.PodOptions{
 		Namespace: bsls.Namespace, Spec: d.Spec.Template.Spec, API: p.API,
 		Binaries: map[string]string{
-			kopiaserver.KopiaBinary:  tools.Kopia,
-			kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
+			kopiaserver.KopiaBinary:       tools.Kopia,
+			kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
+			kopiaserver.ServerBinary:      testbed.Build(tb, "./cmd/server"),
 		},
 		Claims: map[string]string{kopiaserver.ClaimName(bsls): claim},
-		Ports:  map[int32]int{v1alpha1.DefaultServerPort: port},
+		// The client port is the next one, as clientdist.URL says.
+		Ports: map[int32]int{v1alpha1.DefaultServerPort: port, clientdist.DefaultPort: port + 1},
 	})
 	if err := pod.WaitReady(serverReadyTimeout); err != nil {
 		return nil, fmt.Errorf("server pod of %s: %w", key, err)

@@ -19,6 +19,9 @@ type Tools struct {
 	Assets string
 	// Kopia is the kopia binary.
 	Kopia string
+	// KopiaARM64 is the same kopia built for linux/arm64, which server
+	// pods serve to arm64 guests.
+	KopiaARM64 string
 	// Helm is the helm binary.
 	Helm string
 	// MinIO is the minio binary, the test bed's S3 endpoint.
@@ -38,6 +41,7 @@ type Tools struct {
 var toolEnv = map[string]func(*Tools) *string{
 	"KUBEBUILDER_ASSETS":            func(t *Tools) *string { return &t.Assets },
 	"GUESTBACKUP_KOPIA":             func(t *Tools) *string { return &t.Kopia },
+	"GUESTBACKUP_KOPIA_ARM64":       func(t *Tools) *string { return &t.KopiaARM64 },
 	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
 	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },

@@ -18,6 +18,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/awscreds"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -28,6 +29,9 @@ import (
 const (
 	KopiaBinary  = "/usr/local/bin/kopia"
 	ServerBinary = "/usr/local/bin/guestbackup-server"
+	// ClientBinaryARM64 is the arm64 kopia client the image carries for
+	// guests (KopiaBinary is the amd64 one).
+	ClientBinaryARM64 = "/usr/local/share/guestbackup/kopia-linux-arm64"
 
 	configDir     = "/config"
 	tlsDir        = "/tls"
@@ -306,12 +310,22 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
 					maintenanceArgs[0],
+					// The kopia client for guests (package clientserver),
+					// over the server's own certificate.
+					"--client-addr=0.0.0.0:" + strconv.Itoa(clientdist.DefaultPort),
+					"--client-binary=amd64=" + KopiaBinary,
+					"--client-binary=arm64=" + ClientBinaryARM64,
+					"--tls-chain-file=" + chainFile,
+					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
 				}, policyArgs...), // an append-only server applies its retention
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
 				},
-				Ports:        []corev1.ContainerPort{{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP}},
+				Ports: []corev1.ContainerPort{
+					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
+					{Name: clientdist.PortName, ContainerPort: clientdist.DefaultPort, Protocol: corev1.ProtocolTCP},
+				},
 				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
@@ -370,7 +384,11 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Type:     svcType,
 			Selector: Labels(b),
-			Ports:    []corev1.ServicePort{{Name: "kopia", Port: port, TargetPort: intstr.FromString("kopia"), Protocol: corev1.ProtocolTCP}},
+			Ports: []corev1.ServicePort{
+				{Name: "kopia", Port: port, TargetPort: intstr.FromString("kopia"), Protocol: corev1.ProtocolTCP},
+				// The kopia client for guests, at the next port.
+				{Name: clientdist.PortName, Port: clientdist.Port(port), TargetPort: intstr.FromString(clientdist.PortName), Protocol: corev1.ProtocolTCP},
+			},
 		},
 	}
 }
@@ -417,7 +435,7 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	return sa, role, binding
 }
 
-// NetworkPolicy admits traffic to the server only from namespaces the BSLS
+// NetworkPolicy admits traffic to the server (and its client port) only from namespaces the BSLS
 // allows (its own when it names none) and from the controller's namespace.
 func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace string) *networkingv1.NetworkPolicy {
 	allowed := b.Spec.Access.NamespaceSelector
@@ -431,7 +449,10 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 			PodSelector: metav1.LabelSelector{MatchLabels: Labels(b)},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)}},
+				Ports: []networkingv1.NetworkPolicyPort{
+					{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)},
+					{Port: ptr.To(intstr.FromString(clientdist.PortName)), Protocol: ptr.To(corev1.ProtocolTCP)},
+				},
 				From: []networkingv1.NetworkPolicyPeer{
 					{NamespaceSelector: allowed},
 					{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{corev1.LabelMetadataName: controllerNamespace}}},
