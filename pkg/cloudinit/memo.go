@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	"k8s.io/utils/lru"
+
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 )
 
 // memoSize bounds the renderings kept: one per opted-in VM of a busy
@@ -54,6 +56,13 @@ func (b Bootstrap) key() string {
 	field(strconv.Itoa(len(b.Paths)))
 	for _, p := range b.Paths {
 		field(p)
+	}
+	if c := b.Client; c != nil {
+		field(c.URL)
+		field(c.Version)
+		for _, arch := range clientdist.Archs {
+			field(c.SHA256[arch])
+		}
 	}
 	return k.String()
 }

@@ -273,13 +273,19 @@ const readHeaderTimeout = 10 * time.Second
 // ListenAndServe serves h over TLS on addr with the certificate chain and
 // key the Kopia server presents, until ctx ends.
 func ListenAndServe(ctx context.Context, addr, chainFile, keyFile string, h http.Handler) error {
-	cert, err := tls.LoadX509KeyPair(chainFile, keyFile)
-	if err != nil {
-		return fmt.Errorf("client port: load TLS certificate: %w", err)
-	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("client port: %w", err)
+	}
+	return Serve(ctx, ln, chainFile, keyFile, h)
+}
+
+// Serve is ListenAndServe on a listener of the caller's; it closes it.
+func Serve(ctx context.Context, ln net.Listener, chainFile, keyFile string, h http.Handler) error {
+	cert, err := tls.LoadX509KeyPair(chainFile, keyFile)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("client port: load TLS certificate: %w", err)
 	}
 	srv := &http.Server{
 		Handler: h, ReadHeaderTimeout: readHeaderTimeout,
