@@ -80,7 +80,9 @@ func startClientPort(t *testing.T, ca *pki.CA, binaries map[string]string, user,
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- clientserver.Serve(ctx, ln, filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem"), srv.Handler()) }()
+	go func() {
+		done <- clientserver.Serve(ctx, ln, filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem"), srv.Handler())
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {

@@ -2,12 +2,12 @@ package cloudinit
 
 import (
 	"bytes"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
 	"k8s.io/utils/lru"
-
-	"github.com/guestbackup/guestbackup/pkg/clientdist"
 )
 
 // memoSize bounds the renderings kept: one per opted-in VM of a busy
@@ -60,7 +60,11 @@ func (b Bootstrap) key() string {
 	if c := b.Client; c != nil {
 		field(c.URL)
 		field(c.Version)
-		for _, arch := range clientdist.Archs {
+		// Every entry, so that a bootstrap Validate refuses never shares
+		// the key of one it accepted.
+		field(strconv.Itoa(len(c.SHA256)))
+		for _, arch := range slices.Sorted(maps.Keys(c.SHA256)) {
+			field(arch)
 			field(c.SHA256[arch])
 		}
 	}
