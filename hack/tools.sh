@@ -57,6 +57,8 @@ CLOUD_INIT_STAMP="$CACHE/cloud-init/current"
 # folder keyed by a hash of its recipe.
 GUEST_IMAGE_ENV=(GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_KOPIA="$KOPIA" GUESTBACKUP_KOPIA_VERSION="$KOPIA_VERSION")
 GUEST_IMAGE="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir)"
+# The stock-like variant: no kopia, nothing of guestbackup's.
+GUEST_IMAGE_STOCK="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir stock)"
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
@@ -235,8 +237,10 @@ GUEST_DEBS=(qemu-system-x86 qemu-utils debootstrap xorriso e2fsprogs zstd)
 
 install_guest_image() {
 	apt_install "${GUEST_DEBS[@]}"
-	[[ -s "$GUEST_IMAGE/root.img" ]] && return
-	timed "guest image $(basename "$GUEST_IMAGE")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build
+	[[ -s "$GUEST_IMAGE/root.img" ]] ||
+		timed "guest image $(basename "$GUEST_IMAGE")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build
+	[[ -s "$GUEST_IMAGE_STOCK/root.img" ]] ||
+		timed "guest image $(basename "$GUEST_IMAGE_STOCK")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build stock
 }
 
 print_env() {
@@ -253,6 +257,7 @@ export GUESTBACKUP_HELM=$HELM
 export GUESTBACKUP_MINIO=$MINIO
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
+export GUESTBACKUP_GUEST_IMAGE_STOCK=$GUEST_IMAGE_STOCK
 export GUESTBACKUP_VIRT_API=$VIRT_API
 export GUESTBACKUP_VIRT_CONTROLLER=$VIRT_CONTROLLER
 EOF

@@ -11,6 +11,8 @@
 package clientdist
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -108,6 +110,16 @@ func Decode(data string) (*v1alpha1.ClientStatus, error) {
 		return nil, fmt.Errorf("key %s: %w", Key, err)
 	}
 	return c, nil
+}
+
+// Digest identifies a published client (URL, version and sums) for the
+// record of what a bootstrap was rendered with; "" for none.
+func Digest(c *v1alpha1.ClientStatus) string {
+	if c == nil {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(c.URL + "\n" + Encode(*c)))
+	return hex.EncodeToString(sum[:])
 }
 
 // Report kinds: what went wrong with the client in a guest.

@@ -130,16 +130,26 @@ func (b Bootstrap) Validate() error {
 			return fmt.Errorf("path %q is not an absolute path", p)
 		}
 	}
-	if c := b.Client; c != nil {
-		if err := clientdist.Validate(c); err != nil {
-			return fmt.Errorf("client: %w", err)
-		}
-		if u, err := url.Parse(c.URL); err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" || strings.ContainsAny(c.URL, "'\"\\ \n?#") {
-			return fmt.Errorf("client URL %q is not an https://host:port URL", c.URL)
-		}
+	if err := b.validateClient(); err != nil {
+		return err
 	}
 	if b.Schedule != "" {
 		return ValidateSchedule(b.Schedule)
+	}
+	return nil
+}
+
+// validateClient checks the client, when there is one.
+func (b Bootstrap) validateClient() error {
+	c := b.Client
+	if c == nil {
+		return nil
+	}
+	if err := clientdist.Validate(c); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if u, err := url.Parse(c.URL); err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" || strings.ContainsAny(c.URL, "'\"\\ \n?#") {
+		return fmt.Errorf("client URL %q is not an https://host:port URL", c.URL)
 	}
 	return nil
 }
