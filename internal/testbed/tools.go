@@ -36,6 +36,9 @@ type Tools struct {
 	// GuestImage is the folder of the Linux guest's image; only the tests
 	// that boot a guest need it built (see LoadGuestImage).
 	GuestImage string
+	// GuestImageStock is the folder of the stock-like guest image (no
+	// kopia); only the tests that boot it need it built.
+	GuestImageStock string
 }
 
 var toolEnv = map[string]func(*Tools) *string{
@@ -47,13 +50,14 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
 	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
+	"GUESTBACKUP_GUEST_IMAGE_STOCK": func(t *Tools) *string { return &t.GuestImageStock },
 	"GUESTBACKUP_VIRT_API":          func(t *Tools) *string { return &t.VirtAPI },
 	"GUESTBACKUP_VIRT_CONTROLLER":   func(t *Tools) *string { return &t.VirtController },
 }
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
-var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_GUEST_IMAGE_STOCK": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
 
 var (
 	toolsOnce sync.Once
