@@ -77,6 +77,9 @@ type Options struct {
 	// controller runs. It is for specs of the webhook alone that wire its
 	// handler themselves.
 	Setup func(ctrl.Manager) error
+	// StockGuests boots every guest it realises from the stock-like image
+	// (no kopia: the guest fetches it from its server).
+	StockGuests bool
 }
 
 // Platform is guestbackup running on the test bed.
@@ -92,6 +95,8 @@ type Platform struct {
 	disks string
 	// claims are the folders ServeBSLS gave the BSLSs' repository claims.
 	claims map[types.NamespacedName]string
+	// stock: guests boot the stock-like image.
+	stock bool
 }
 
 // ControllerOptions are cmd/controller's settings on the test bed: the
@@ -174,7 +179,7 @@ func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform,
 	if err != nil {
 		return nil, fmt.Errorf("webhook server: %w", err)
 	}
-	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), claims: map[types.NamespacedName]string{}}, nil
+	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), claims: map[types.NamespacedName]string{}, stock: o.StockGuests}, nil
 }
 
 // runManager runs a manager until tb's cleanup.
@@ -414,6 +419,7 @@ func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.Vi
 	if err != nil {
 		return nil, err
 	}
+	opts.Stock = p.stock
 	return &Instance{Guest: testbed.StartGuest(tb, opts), VMI: vmi, api: p.API, vm: key}, nil
 }
 
