@@ -118,6 +118,16 @@ func onlyTools(t *testing.T, extra ...string) string {
 	return dir
 }
 
+// serverWithWeb is a real Kopia server with the user web@team-a, and its
+// password.
+func serverWithWeb(t *testing.T) (*testbed.KopiaServer, string) {
+	t.Helper()
+	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	password := testbed.RandomPassword()
+	srv.AddUser(t, "web@team-a", password)
+	return srv, password
+}
+
 func clientBinaries(t *testing.T) map[string]string {
 	tools := testbed.MustTools(t)
 	return map[string]string{"amd64": tools.Kopia, "arm64": tools.KopiaARM64}
@@ -127,9 +137,7 @@ func clientBinaries(t *testing.T) map[string]string {
 // curl, wget and python3 it has, trusting the server's CA only, verifies
 // it, installs it under LibDir and backs up with it.
 func TestConnectScriptFetchesTheServersClient(t *testing.T) {
-	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
-	password := testbed.RandomPassword()
-	srv.AddUser(t, "web@team-a", password)
+	srv, password := serverWithWeb(t)
 	port := startClientPort(t, srv.CA, clientBinaries(t), "web@team-a", password)
 	for _, downloader := range []string{"curl", "wget", "python3"} {
 		t.Run(downloader, func(t *testing.T) {
@@ -163,9 +171,7 @@ func TestConnectScriptFetchesTheServersClient(t *testing.T) {
 // download: copied into LibDir once its SHA-256 matched.
 func TestConnectScriptUsesItsOwnKopiaOfTheServersBuild(t *testing.T) {
 	tools := testbed.MustTools(t)
-	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
-	password := testbed.RandomPassword()
-	srv.AddUser(t, "web@team-a", password)
+	srv, password := serverWithWeb(t)
 	client := v1alpha1.ClientStatus{URL: "https://127.0.0.1:1", Version: "v0.0.0", SHA256: map[string]string{}}
 	// Nothing listens at the URL: a download would fail.
 	port := startClientPort(t, srv.CA, clientBinaries(t), "", "")
@@ -184,9 +190,7 @@ func TestConnectScriptUsesItsOwnKopiaOfTheServersBuild(t *testing.T) {
 // as the guest's Kopia user.
 func TestConnectScriptRefusesATamperedClient(t *testing.T) {
 	tools := testbed.MustTools(t)
-	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
-	password := testbed.RandomPassword()
-	srv.AddUser(t, "web@team-a", password)
+	srv, password := serverWithWeb(t)
 	genuine := startClientPort(t, srv.CA, clientBinaries(t), "", "")
 	ran := filepath.Join(t.TempDir(), "ran")
 	tampered := filepath.Join(t.TempDir(), "kopia")
