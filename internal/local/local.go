@@ -243,6 +243,16 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	if err != nil {
 		return nil, fmt.Errorf("record Deployment %s as available: %w", key, err)
 	}
+	// The pod publishes the kopia client it serves; once the controller
+	// has it in the status, every VM admitted from now on carries it, as
+	// on a cluster whose server runs for longer than a spec.
+	err = testbed.WaitFor(deploymentTimeout, 100*time.Millisecond, func() (bool, error) {
+		cur := &v1alpha1.BackupStorageLocationServer{}
+		return p.API.Client.Get(ctx, client.ObjectKeyFromObject(bsls), cur) == nil && cur.Status.Client != nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("BackupStorageLocationServer %s publishes no kopia client: %w", client.ObjectKeyFromObject(bsls), err)
+	}
 	return pod, nil
 }
 
