@@ -16,6 +16,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 )
 
 // stockConfig is an owner's cloud-config for a stock cloud image: a file to
@@ -126,8 +127,14 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 			if err := api.Client.Get(ctx, key, s); err != nil {
 				return err
 			}
-			Expect(string(s.Data[v1alpha1.SecretKeyUserData])).To(ContainSubstring(genuine))
-			s.Data[v1alpha1.SecretKeyUserData] = []byte(strings.ReplaceAll(string(s.Data[v1alpha1.SecretKeyUserData]), genuine, forged))
+			// The owner's cloud-config and ours, merged: ours is rewritten.
+			parts, err := cloudinit.Parts(s.Data[v1alpha1.SecretKeyUserData])
+			Expect(err).NotTo(HaveOccurred())
+			Expect(parts).To(HaveLen(2))
+			Expect(string(parts[1].Data)).To(ContainSubstring(genuine))
+			merged, err := cloudinit.Merge(parts[0].Data, []byte(strings.ReplaceAll(string(parts[1].Data), genuine, forged)))
+			Expect(err).NotTo(HaveOccurred())
+			s.Data[v1alpha1.SecretKeyUserData] = merged
 			return api.Client.Update(ctx, s)
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
