@@ -26,9 +26,13 @@ RUN for cmd in controller webhook; do \
 		go build -trimpath -ldflags=-s -o /out/$cmd ./cmd/$cmd || exit 1; \
 	done && \
 	go build -trimpath -ldflags=-s -o /out/guestbackup-server ./cmd/server && \
-	cd hack/tools/kopia && go build -trimpath -ldflags=-s -o /out/kopia github.com/kopia/kopia
+	cd hack/tools/kopia && go build -trimpath -ldflags=-s -o /out/kopia github.com/kopia/kopia && \
+	GOARCH=arm64 go build -trimpath -ldflags=-s -o /out/kopia-linux-arm64 github.com/kopia/kopia
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/controller /out/webhook /out/guestbackup-server /out/kopia /usr/local/bin/
+# Server pods hand guests the kopia client of their own image: this one to
+# arm64 guests, /usr/local/bin/kopia to amd64 ones (pkg/serverpod/clientserver).
+COPY --from=build /out/kopia-linux-arm64 /usr/local/share/guestbackup/
 USER 65532:65532
 ENTRYPOINT ["/usr/local/bin/controller"]

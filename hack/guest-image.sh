@@ -4,8 +4,12 @@
 # disk-mode unit, as a raw ext4 image plus the kernel and initrd to boot it
 # with qemu (see internal/testbed/guest.go).
 #
-#   hack/guest-image.sh dir     print the image's cache folder (no build)
-#   hack/guest-image.sh build   build it unless that folder is complete
+#   hack/guest-image.sh dir [stock]    print the image's cache folder (no build)
+#   hack/guest-image.sh build [stock]  build it unless that folder is complete
+#
+# The "stock" variant is as close to a stock cloud image as debootstrap
+# allows: cloud-init, curl and python3, and nothing of guestbackup's (no
+# kopia, no disk-mode unit). Its guests fetch kopia from their server.
 #
 # The folder is keyed by a hash of the recipe: this script, the guest unit
 # files it installs and the kopia version, so every clone on a machine shares
@@ -26,6 +30,13 @@ SUITE=bookworm
 # python3-cffi-backend: debootstrap does not resolve virtual packages, and
 # cloud-init's dependencies need one it provides.
 PACKAGES=systemd-sysv,udev,kmod,dbus,iproute2,python3-cffi-backend,cloud-init,linux-image-cloud-amd64,initramfs-tools,ca-certificates
+VARIANT=${2:-test}
+case "$VARIANT" in
+test) ;;
+# Stock cloud images (Debian's, Ubuntu's, Fedora's) all carry curl.
+stock) PACKAGES="$PACKAGES,curl" ;;
+*) printf 'guest-image: error: unknown variant %s (want test or stock)\n' "$VARIANT" >&2; exit 1 ;;
+esac
 IMAGE_SIZE=2G
 
 log() { printf 'guest-image: %s\n' "$*" >&2; }
@@ -37,9 +48,13 @@ image_dir() {
 	[[ -n "${GUESTBACKUP_KOPIA_VERSION:-}" ]] || die "GUESTBACKUP_KOPIA_VERSION is not set (run through hack/tools.sh)"
 	key=$( {
 		cat "$SELF" "${UNIT_FILES[@]}"
-		echo "kopia $GUESTBACKUP_KOPIA_VERSION"
+		echo "kopia $GUESTBACKUP_KOPIA_VERSION variant $VARIANT"
 	} | sha256sum | cut -c1-16)
-	echo "$CACHE/guest-image/$SUITE-$key"
+	if [[ $VARIANT == stock ]]; then
+		echo "$CACHE/guest-image/$SUITE-stock-$key"
+	else
+		echo "$CACHE/guest-image/$SUITE-$key"
+	fi
 }
 
 # step NAME CMD... runs CMD and reports how long it took.
@@ -81,14 +96,19 @@ EOF
 	sed -i -E '/^[[:space:]]*-[[:space:]]*ssh[[:space:]]*$/d' "$r/etc/cloud/cloud.cfg"
 	grep -qE '^[[:space:]]*-[[:space:]]*ssh[[:space:]]*$' "$r/etc/cloud/cloud.cfg" && die "ssh module still in cloud.cfg"
 
-	install -m 0755 "$GUESTBACKUP_KOPIA" "$r/usr/local/bin/kopia"
-	install -m 0755 "${UNIT_FILES[0]}" "$r/usr/local/sbin/guestbackup-disk"
-	install -m 0644 "${UNIT_FILES[1]}" "$r/etc/systemd/system/guestbackup-disk.service"
-
-	chroot "$r" systemctl enable --quiet systemd-networkd.service guestbackup-disk.service
+	chroot "$r" systemctl enable --quiet systemd-networkd.service
 	# Nothing may run apt (offline, and slow under emulation).
 	chroot "$r" systemctl mask --quiet apt-daily.timer apt-daily-upgrade.timer apt-daily.service apt-daily-upgrade.service
-	chroot "$r" /usr/local/bin/kopia --version >/dev/null || die "kopia does not run in the guest's root"
+	if [[ $VARIANT == stock ]]; then
+		[[ ! -e "$r/usr/local/bin/kopia" ]] || die "the stock image has a kopia"
+		chroot "$r" curl --version >/dev/null || die "curl does not run in the guest's root"
+	else
+		install -m 0755 "$GUESTBACKUP_KOPIA" "$r/usr/local/bin/kopia"
+		install -m 0755 "${UNIT_FILES[0]}" "$r/usr/local/sbin/guestbackup-disk"
+		install -m 0644 "${UNIT_FILES[1]}" "$r/etc/systemd/system/guestbackup-disk.service"
+		chroot "$r" systemctl enable --quiet guestbackup-disk.service
+		chroot "$r" /usr/local/bin/kopia --version >/dev/null || die "kopia does not run in the guest's root"
+	fi
 
 	rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/* "$r"/var/log/*.log "$r"/tmp/*
 }
@@ -112,7 +132,7 @@ build() {
 	fi
 	# Builds interrupted before (the lock is ours, so none runs now).
 	find "$(dirname "$dir")" -mindepth 1 -maxdepth 1 -type d -name '*.tmp.*' -exec rm -rf --one-file-system {} +
-	[[ -x "${GUESTBACKUP_KOPIA:-}" ]] || die "GUESTBACKUP_KOPIA ($GUESTBACKUP_KOPIA) is not built"
+	[[ $VARIANT == stock || -x "${GUESTBACKUP_KOPIA:-}" ]] || die "GUESTBACKUP_KOPIA ($GUESTBACKUP_KOPIA) is not built"
 	for tool in debootstrap mkfs.ext4 chroot flock; do
 		command -v "$tool" >/dev/null || die "$tool is not installed"
 	done
@@ -143,7 +163,8 @@ build() {
 		echo "suite=$SUITE"
 		echo "packages=$PACKAGES"
 		echo "kernel=$(basename "$kernel")"
-		echo "kopia=$GUESTBACKUP_KOPIA_VERSION"
+		echo "variant=$VARIANT"
+		[[ $VARIANT == stock ]] || echo "kopia=$GUESTBACKUP_KOPIA_VERSION"
 		echo "built=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
 	} >"$tmp/recipe.txt"
 	rm -rf "$dir"

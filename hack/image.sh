@@ -5,7 +5,8 @@
 #   hack/image.sh [OUT]     default OUT: bin/guestbackup-image.tar
 #
 # The same image as the Dockerfile's: controller, webhook, guestbackup-server
-# and kopia, static, from the pinned modules; plus the CA bundle kopia
+# and kopia (plus kopia for linux/arm64, which server pods hand to arm64
+# guests), static, from the pinned modules; plus the CA bundle kopia
 # needs for S3 over TLS. IMAGE_TAG names it in the layout's index.
 set -euo pipefail
 
@@ -15,6 +16,8 @@ TAG="${IMAGE_TAG:-guestbackup:dev}"
 cd "$ROOT"
 eval "$(hack/tools.sh env)"
 [[ -x "$GUESTBACKUP_KOPIA" ]] || { echo "image: kopia is not built: run make tools" >&2; exit 1; }
+# The arm64 client server pods hand to arm64 guests (the amd64 one is kopia itself).
+[[ -s "$GUESTBACKUP_KOPIA_ARM64" ]] || { echo "image: kopia for linux/arm64 is not built: run make tools" >&2; exit 1; }
 CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 [[ -s "$CA_BUNDLE" ]] || { echo "image: $CA_BUNDLE is missing: apt-get install ca-certificates" >&2; exit 1; }
 
@@ -32,6 +35,7 @@ mkdir -p "$(dirname "$OUT")"
 	-file "/usr/local/bin/webhook=$work/webhook" \
 	-file "/usr/local/bin/guestbackup-server=$work/guestbackup-server" \
 	-file "/usr/local/bin/kopia=$GUESTBACKUP_KOPIA" \
+	-file "/usr/local/share/guestbackup/kopia-linux-arm64=$GUESTBACKUP_KOPIA_ARM64" \
 	-file "/etc/ssl/certs/ca-certificates.crt=$CA_BUNDLE" \
 	-entrypoint /usr/local/bin/controller)
 echo "image: wrote $OUT ($TAG, $(du -h "$OUT" | cut -f1)) in $((SECONDS - start))s" >&2

@@ -46,6 +46,8 @@ done
 
 KUBE_APISERVER="$CACHE/kube-apiserver/$KUBERNETES_VERSION/kube-apiserver"
 KOPIA="$CACHE/kopia/$KOPIA_VERSION/kopia"
+# The same kopia for linux/arm64: server pods hand it to arm64 guests.
+KOPIA_ARM64="$CACHE/kopia/$KOPIA_VERSION/kopia-linux-arm64"
 CONTROLLER_GEN="$CACHE/controller-gen/$CONTROLLER_TOOLS_VERSION/controller-gen"
 HELM="$CACHE/helm/$HELM_VERSION/helm"
 KUBECTL="$CACHE/kubectl/$KUBECTL_VERSION/kubectl"
@@ -67,6 +69,8 @@ CLOUD_INIT_STAMP="$CACHE/cloud-init/current"
 # folder keyed by a hash of its recipe.
 GUEST_IMAGE_ENV=(GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_KOPIA="$KOPIA" GUESTBACKUP_KOPIA_VERSION="$KOPIA_VERSION")
 GUEST_IMAGE="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir)"
+# The stock-like variant: no kopia, nothing of guestbackup's.
+GUEST_IMAGE_STOCK="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir stock)"
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
@@ -134,6 +138,8 @@ install_go_tools() {
 	# Static, so the same binary runs in the server image and in test guests.
 	[[ -x "$KOPIA" ]] || timed "kopia $KOPIA_VERSION" \
 		gobuild 0 kopia "$KOPIA" github.com/kopia/kopia
+	[[ -s "$KOPIA_ARM64" ]] || GOARCH=arm64 timed "kopia $KOPIA_VERSION linux/arm64" \
+		gobuild 0 kopia "$KOPIA_ARM64" github.com/kopia/kopia
 	[[ -x "$CONTROLLER_GEN" ]] || timed "controller-gen $CONTROLLER_TOOLS_VERSION" \
 		gobuild 1 controller-gen "$CONTROLLER_GEN" sigs.k8s.io/controller-tools/cmd/controller-gen
 	if [[ ! -x "$HELM" ]]; then
@@ -231,13 +237,44 @@ EOF
 	log "unpacked cloud-init in $((SECONDS - start))s"
 }
 
+# The guest scripts' linters. checkbashisms is one Perl script of Debian's
+# devscripts, whose dependencies (dpkg-dev, gnupg, libwww-perl...) the test
+# bed does not need: it is unpacked from the .deb, as cloud-init is, and run
+# with the system's perl.
+CHECKBASHISMS_STAMP="$CACHE/checkbashisms/current"
+CHECKBASHISMS=""
+[[ -s "$CHECKBASHISMS_STAMP" ]] && CHECKBASHISMS="$(cat "$CHECKBASHISMS_STAMP")"
+
+install_shell_linters() {
+	apt_install shellcheck perl
+	[[ -n "$CHECKBASHISMS" && -x "$CHECKBASHISMS" ]] && return
+	apt_update_once
+	local version dir tmp
+	version=$(apt-cache policy devscripts | awk '/Candidate:/ { print $2 }')
+	[[ -n "$version" && "$version" != "(none)" ]] || die "apt has no devscripts candidate"
+	dir="$CACHE/checkbashisms/$version"
+	tmp=$(mktemp -d)
+	chmod 755 "$tmp" # apt's sandbox user downloads into it
+	(cd "$tmp" && apt-get download -qq devscripts >&2)
+	dpkg-deb -x "$tmp"/devscripts_*.deb "$tmp/root"
+	mkdir -p "$dir"
+	install -m 0755 "$tmp/root/usr/bin/checkbashisms" "$dir/checkbashisms.tmp"
+	mv -f "$dir/checkbashisms.tmp" "$dir/checkbashisms"
+	rm -rf "$tmp"
+	CHECKBASHISMS="$dir/checkbashisms"
+	echo "$CHECKBASHISMS" >"$CHECKBASHISMS_STAMP"
+	log "unpacked checkbashisms from devscripts $version"
+}
+
 # Host side of the guest: qemu and the tools that build its image and disks.
 GUEST_DEBS=(qemu-system-x86 qemu-utils debootstrap xorriso e2fsprogs zstd)
 
 install_guest_image() {
 	apt_install "${GUEST_DEBS[@]}"
-	[[ -s "$GUEST_IMAGE/root.img" ]] && return
-	timed "guest image $(basename "$GUEST_IMAGE")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build
+	[[ -s "$GUEST_IMAGE/root.img" ]] ||
+		timed "guest image $(basename "$GUEST_IMAGE")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build
+	[[ -s "$GUEST_IMAGE_STOCK/root.img" ]] ||
+		timed "guest image $(basename "$GUEST_IMAGE_STOCK")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build stock
 }
 
 print_env() {
@@ -246,6 +283,9 @@ print_env() {
 	cat <<EOF
 export KUBEBUILDER_ASSETS=$ASSETS
 export GUESTBACKUP_KOPIA=$KOPIA
+export GUESTBACKUP_KOPIA_ARM64=$KOPIA_ARM64
+export GUESTBACKUP_SHELLCHECK=$(command -v shellcheck || echo /usr/bin/shellcheck)
+export GUESTBACKUP_CHECKBASHISMS=$CHECKBASHISMS
 export GUESTBACKUP_CONTROLLER_GEN=$CONTROLLER_GEN
 export GUESTBACKUP_HELM=$HELM
 export GUESTBACKUP_KUBECTL=$KUBECTL
@@ -254,6 +294,7 @@ export GUESTBACKUP_FAKE_GCS=$FAKE_GCS
 export GUESTBACKUP_AZURITE=$AZURITE
 export GUESTBACKUP_CLOUD_INIT_SCHEMA=$ci
 export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
+export GUESTBACKUP_GUEST_IMAGE_STOCK=$GUEST_IMAGE_STOCK
 export GUESTBACKUP_VIRT_API=$VIRT_API
 export GUESTBACKUP_VIRT_CONTROLLER=$VIRT_CONTROLLER
 EOF
@@ -261,13 +302,14 @@ EOF
 
 case "${1:-install}" in
 install)
-	mkdir -p "$CACHE/cloud-init"
+	mkdir -p "$CACHE/cloud-init" "$CACHE/checkbashisms"
 	command -v go >/dev/null || die "go is not on PATH (Go 1.26 is required)"
 	start=$SECONDS
 	install_go_tools
 	install_etcd
 	install_azurite
 	install_cloud_init
+	install_shell_linters
 	install_guest_image
 	log "tools ready in $CACHE ($((SECONDS - start))s)"
 	;;

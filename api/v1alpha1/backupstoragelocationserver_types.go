@@ -507,6 +507,31 @@ type BackupStorageLocationServerStatus struct {
 	// reported (RepositoryPasswordLost) so that the admin restores it.
 	// +optional
 	RepositoryOpened *metav1.Time `json:"repositoryOpened,omitempty"`
+
+	// Client is the kopia client the server pod hands out to guests that
+	// have none of its build (DESIGN.md decision 18), as its server pod
+	// published it: the bootstrap carries its SHA-256, and a guest runs
+	// only a binary that matches it.
+	// +optional
+	Client *ClientStatus `json:"client,omitempty"`
+}
+
+// ClientStatus is the kopia client binary a BSLS's server pod serves to its
+// guests, over the same TLS endpoint and CA as the server.
+type ClientStatus struct {
+	// Version is the kopia version of the binaries, e.g. v0.23.1.
+	// +optional
+	Version string `json:"version,omitempty"`
+
+	// URL is where guests download it: the endpoint's host, the server's
+	// port plus one; /kopia/linux-<arch> below it.
+	// +optional
+	URL string `json:"url,omitempty"`
+
+	// SHA256 is the SHA-256 (hex) of the binary for each architecture
+	// (GOARCH: amd64, arm64) the server pod serves.
+	// +optional
+	SHA256 map[string]string `json:"sha256,omitempty"`
 }
 
 // BackupStorageLocationServer runs a managed Kopia repository server that

@@ -5,7 +5,8 @@
 //	                               rules (ACLs), write the TLS chain
 //	guestbackup-server sync-users  keep the repository's users equal to the users Secrets and
 //	                               its ACLs guestbackup's; on an append-only server, apply
-//	                               retention on the server's clock; run maintenance
+//	                               retention on the server's clock; run maintenance; serve
+//	                               the kopia client to guests and take their reports
 //
 // Passwords and storage credentials come from the environment (KOPIA_PASSWORD,
 // KOPIA_SERVER_CONTROL_PASSWORD, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
@@ -210,12 +211,32 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&o.HealthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
 	fs.BoolVar(&o.Maintenance, "maintenance", false, "Run the repository's maintenance as the owner init connected (when it owns it).")
 	fs.StringVar(&o.MaintenanceLease, "maintenance-lease", "", "With --maintenance: run it only while this pod holds this coordination.k8s.io Lease of --namespace, so that one of several server pods runs it.")
+	var client usersync.ClientOptions
+	clients := map[string]string{}
+	fs.StringVar(&client.Addr, "client-addr", "", "Address of the client port, which serves the kopia client to guests and takes their reports; empty: none.")
+	fs.Func("client-binary", "<arch>=<path> of a kopia client served on the client port (repeat per architecture).", func(v string) error {
+		arch, p, ok := strings.Cut(v, "=")
+		if !ok || arch == "" || p == "" {
+			return fmt.Errorf("%q: want <arch>=<path>", v)
+		}
+		clients[arch] = p
+		return nil
+	})
+	fs.StringVar(&client.ChainFile, "tls-chain-file", "", "The certificate chain the Kopia server presents (leaf + CA), for the client port.")
+	fs.StringVar(&client.KeyFile, "tls-key-file", "", "Its key.")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if o.Namespace == "" || o.BSLS == "" || o.ConfigFile == "" || o.ServerURL == "" || o.CAFile == "" {
 		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
+	}
+	if client.Addr != "" {
+		if len(clients) == 0 || client.ChainFile == "" || client.KeyFile == "" {
+			return errors.New("--client-addr needs --client-binary, --tls-chain-file and --tls-key-file")
+		}
+		client.Binaries = clients
+		o.ClientPort = &client
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
 	if o.MaintenanceLease != "" {

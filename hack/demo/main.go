@@ -64,6 +64,8 @@ write_files:
     export HOME=/root KOPIA_CHECK_FOR_UPDATES=false
     i=0
     while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
+    echo "DEMO the image's own kopia: $(command -v kopia || echo none)" >/dev/console
+    journalctl --no-pager -o cat -u guestbackup-connect | grep -e 'fetching kopia' -e 'installed kopia' | sed 's/^/DEMO /' >/dev/console
     echo "DEMO status: $(cat /var/lib/guestbackup/status 2>/dev/null)" >/dev/console
     guestbackup-kopia snapshot list --all 2>&1 | sed 's/^/DEMO /' >/dev/console
     systemctl poweroff
@@ -108,7 +110,7 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 
 	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, KubeVirt and cert-manager CRDs, " +
 		"KubeVirt's control plane (virt-api, virt-controller), and guestbackup's controller and webhook in this process")
-	p := local.Start(r, local.Options{Logger: logger})
+	p := local.Start(r, local.Options{Logger: logger, StockGuests: true})
 	c := p.API.Client
 	for _, ns := range []string{bslsNamespace, vmNamespace} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"guestbackup.io/allowed": "true"}}}); err != nil {
@@ -150,6 +152,12 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 		return fmt.Errorf("BSLS did not become Ready: %w; its conditions: %v", err, bsls.Status.Conditions)
 	}
 	r.say("Ready: endpoint %s, TLS fingerprint %s", bsls.Status.Endpoint, bsls.Status.TLSFingerprint)
+	_ = testbed.WaitFor(eventsTimeout, time.Second, func() (bool, error) {
+		return c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls) == nil && bsls.Status.Client != nil, nil
+	})
+	if cl := bsls.Status.Client; cl != nil {
+		r.say("it hands guests kopia %s at %s (SHA-256 amd64 %s, arm64 %s)", cl.Version, cl.URL, cl.SHA256["amd64"], cl.SHA256["arm64"])
+	}
 	r.done()
 
 	if !bootGuest {
@@ -196,7 +204,7 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 		res.Elapsed.Round(time.Second))
 	r.done()
 
-	r.step("The guest's snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
+	r.step("The guest: a stock-like cloud image without kopia fetched its client from the server, verified its SHA-256, connected; its snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
 	for _, m := range demoLine.FindAllStringSubmatch(res.Console, -1) {
 		r.say("%s", m[1])
 	}
@@ -224,7 +232,7 @@ func guestUnavailable() string {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		return "qemu-system-x86_64 is not installed"
 	}
-	if _, err := testbed.LoadGuestImage(); err != nil {
+	if _, err := testbed.LoadStockGuestImage(); err != nil {
 		return fmt.Sprintf("the guest image is not built (%v)", err)
 	}
 	return ""

@@ -39,6 +39,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 )
@@ -54,6 +55,9 @@ const (
 	// serverReadyTimeout bounds a BSLS server pod's start (its init
 	// container creates or opens the repository).
 	serverReadyTimeout = 2 * time.Minute
+	// clientPublishTimeout bounds a ready server pod's publication of the
+	// kopia client it serves, and the controller's copy of it into status.
+	clientPublishTimeout = time.Minute
 	// instanceTimeout bounds virt-controller's creation of a started VM's
 	// instance, and its deletion of a stopped VM's (well under a second
 	// on an idle machine).
@@ -71,6 +75,9 @@ type Options struct {
 	// controller runs. It is for specs of the webhook alone that wire its
 	// handler themselves.
 	Setup func(ctrl.Manager) error
+	// StockGuests boots every guest it realises from the stock-like image
+	// (no kopia: the guest fetches it from its server).
+	StockGuests bool
 }
 
 // Platform is guestbackup running on the test bed.
@@ -91,6 +98,8 @@ type Platform struct {
 	kubevirtSeed string
 	// claims are the folders ServeBSLS gave the BSLSs' repository claims.
 	claims map[types.NamespacedName]string
+	// stock: guests boot the stock-like image.
+	stock bool
 }
 
 // ControllerOptions are cmd/controller's settings on the test bed: the
@@ -176,7 +185,7 @@ func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform,
 	if err != nil {
 		return nil, fmt.Errorf("webhook server: %w", err)
 	}
-	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), tb: tb, claims: map[types.NamespacedName]string{}}, nil
+	return &Platform{API: api, MetricsAddr: metricsAddr, disks: tb.TempDir(), tb: tb, claims: map[types.NamespacedName]string{}, stock: o.StockGuests}, nil
 }
 
 // runManager runs a manager until tb's cleanup.
@@ -197,7 +206,7 @@ func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions,
 // controller writes for it, as the kubelet would, with its server port on
 // the host's loopback port (a node port, in effect: a guest reaches it as
 // https://10.0.2.2:<port>), its repository claim in a folder of tb's (or
-// the one UseClaim gave), and
+// the one UseClaim gave), its client port on the next one, and
 // waits until it is ready; it then records on the Deployment what the
 // deployment controller would. tb's cleanup stops the pod.
 func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
@@ -215,10 +224,21 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 	pod, err := testbed.RunDeployment(ctx, tb, p.API, key, testbed.PodOptions{
 		Binaries: ServerBinaries(tb, tools),
 		Claims:   map[string]string{kopiaserver.ClaimName(bsls): claim},
-		Ports:    map[int32]int{v1alpha1.DefaultServerPort: port},
+		// The client port is the next one, as clientdist.URL says.
+		Ports: map[int32]int{v1alpha1.DefaultServerPort: port, clientdist.DefaultPort: port + 1},
 	}, serverReadyTimeout)
 	if err != nil {
 		return nil, fmt.Errorf("the server of BSLS %s/%s: %w", bsls.Namespace, bsls.Name, err)
+	}
+	// The pod publishes the kopia client it serves; once the controller
+	// has it in the status, every VM admitted from now on carries it, as
+	// on a cluster whose server runs for longer than a spec.
+	err = testbed.WaitFor(clientPublishTimeout, 100*time.Millisecond, func() (bool, error) {
+		cur := &v1alpha1.BackupStorageLocationServer{}
+		return p.API.Client.Get(ctx, client.ObjectKeyFromObject(bsls), cur) == nil && cur.Status.Client != nil, nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("BackupStorageLocationServer %s publishes no kopia client: %w", client.ObjectKeyFromObject(bsls), err)
 	}
 	return pod, nil
 }
@@ -228,8 +248,9 @@ func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.
 func ServerBinaries(tb testbed.TB, tools testbed.Tools) map[string]string {
 	tb.Helper()
 	return map[string]string{
-		kopiaserver.KopiaBinary:  tools.Kopia,
-		kopiaserver.ServerBinary: testbed.Build(tb, "./cmd/server"),
+		kopiaserver.KopiaBinary:       tools.Kopia,
+		kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
+		kopiaserver.ServerBinary:      testbed.Build(tb, "./cmd/server"),
 	}
 }
 
@@ -462,6 +483,7 @@ func (p *Platform) StartVM(ctx context.Context, tb testbed.TB, vm *kubevirtv1.Vi
 	if err != nil {
 		return nil, err
 	}
+	opts.Stock = p.stock
 	if err := i.node.run(ctx); err != nil {
 		return nil, err
 	}

@@ -80,6 +80,9 @@ type GuestOptions struct {
 	// Timeout bounds the guest's life; it is killed when it passes.
 	// Default DefaultGuestTimeout.
 	Timeout time.Duration
+	// Stock boots the stock-like image (hack/guest-image.sh build stock):
+	// cloud-init, curl and python3, no kopia, nothing of guestbackup's.
+	Stock bool
 }
 
 // Guest is a test bed guest running under qemu (TCG, no KVM) with the
@@ -129,7 +132,11 @@ func BootGuest(tb TB, opts GuestOptions) GuestResult {
 // for it to power off.
 func StartGuest(tb TB, opts GuestOptions) *Guest {
 	tb.Helper()
-	image, err := LoadGuestImage()
+	load := LoadGuestImage
+	if opts.Stock {
+		load = LoadStockGuestImage
+	}
+	image, err := load()
 	if err != nil {
 		tb.Fatalf("%v", err)
 	}
@@ -359,18 +366,32 @@ func LoadGuestImage() (GuestImage, error) {
 	if err != nil {
 		return GuestImage{}, err
 	}
-	if t.GuestImage == "" {
-		return GuestImage{}, errors.New("GUESTBACKUP_GUEST_IMAGE is not set: run `make tools`")
+	return guestImage("GUESTBACKUP_GUEST_IMAGE", t.GuestImage, "build")
+}
+
+// LoadStockGuestImage is LoadGuestImage for the stock-like variant: no
+// kopia, nothing of guestbackup's.
+func LoadStockGuestImage() (GuestImage, error) {
+	t, err := LoadTools()
+	if err != nil {
+		return GuestImage{}, err
+	}
+	return guestImage("GUESTBACKUP_GUEST_IMAGE_STOCK", t.GuestImageStock, "build stock")
+}
+
+func guestImage(env, dir, build string) (GuestImage, error) {
+	if dir == "" {
+		return GuestImage{}, fmt.Errorf("%s is not set: run `make tools`", env)
 	}
 	img := GuestImage{
-		Dir:    t.GuestImage,
-		Root:   filepath.Join(t.GuestImage, "root.img"),
-		Kernel: filepath.Join(t.GuestImage, "vmlinuz"),
-		Initrd: filepath.Join(t.GuestImage, "initrd.img"),
+		Dir:    dir,
+		Root:   filepath.Join(dir, "root.img"),
+		Kernel: filepath.Join(dir, "vmlinuz"),
+		Initrd: filepath.Join(dir, "initrd.img"),
 	}
 	for _, p := range []string{img.Root, img.Kernel, img.Initrd} {
 		if info, err := os.Stat(p); err != nil || info.Size() == 0 {
-			return img, fmt.Errorf("guest image %s is not built, run `make tools` (hack/guest-image.sh build)", t.GuestImage)
+			return img, fmt.Errorf("guest image %s is not built, run `make tools` (hack/guest-image.sh %s)", dir, build)
 		}
 	}
 	return img, nil

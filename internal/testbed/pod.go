@@ -26,8 +26,9 @@ type PodOptions struct {
 	// template, exactly as a controller wrote it.
 	Namespace string
 	Spec      corev1.PodSpec
-	// Binaries maps an image's command path (e.g. /usr/local/bin/kopia) to
-	// the local binary that stands for it.
+	// Binaries maps an image's command path (e.g. /usr/local/bin/kopia),
+	// or a file of the image an argument names, to the local binary that
+	// stands for it.
 	Binaries map[string]string
 	// Claims maps a PersistentVolumeClaim's name to the folder that holds its
 	// data; the same folder in two runs is the same volume.
@@ -293,6 +294,12 @@ func (r *podRunner) rewriter(c corev1.Container) (func(string) string, error) {
 		}
 		re := regexp.MustCompile(`(^|[=\s:,])` + regexp.QuoteMeta(m.MountPath) + `(/|$|[\s,])`)
 		subs = append(subs, sub{re, "${1}" + dir + "${2}"})
+	}
+	// Files of the image that arguments name (a binary the process
+	// serves, not runs) are the local binaries that stand for them.
+	for image, local := range r.o.Binaries {
+		re := regexp.MustCompile(`(^|[=\s:,])` + regexp.QuoteMeta(image) + `($|[\s,])`)
+		subs = append(subs, sub{re, "${1}" + local + "${2}"})
 	}
 	for port, local := range r.ports {
 		re := regexp.MustCompile(`\b(0\.0\.0\.0|127\.0\.0\.1|localhost):` + strconv.Itoa(int(port)) + `\b`)

@@ -19,6 +19,9 @@ type Tools struct {
 	Assets string
 	// Kopia is the kopia binary.
 	Kopia string
+	// KopiaARM64 is the same kopia built for linux/arm64, which server
+	// pods serve to arm64 guests.
+	KopiaARM64 string
 	// Helm is the helm binary.
 	Helm string
 	// Kubectl is the kubectl binary (the chart's test runs the README's
@@ -40,11 +43,15 @@ type Tools struct {
 	// GuestImage is the folder of the Linux guest's image; only the tests
 	// that boot a guest need it built (see LoadGuestImage).
 	GuestImage string
+	// GuestImageStock is the folder of the stock-like guest image (no
+	// kopia); only the tests that boot it need it built.
+	GuestImageStock string
 }
 
 var toolEnv = map[string]func(*Tools) *string{
 	"KUBEBUILDER_ASSETS":            func(t *Tools) *string { return &t.Assets },
 	"GUESTBACKUP_KOPIA":             func(t *Tools) *string { return &t.Kopia },
+	"GUESTBACKUP_KOPIA_ARM64":       func(t *Tools) *string { return &t.KopiaARM64 },
 	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
 	"GUESTBACKUP_KUBECTL":           func(t *Tools) *string { return &t.Kubectl },
 	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
@@ -53,13 +60,14 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
 	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
 	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
+	"GUESTBACKUP_GUEST_IMAGE_STOCK": func(t *Tools) *string { return &t.GuestImageStock },
 	"GUESTBACKUP_VIRT_API":          func(t *Tools) *string { return &t.VirtAPI },
 	"GUESTBACKUP_VIRT_CONTROLLER":   func(t *Tools) *string { return &t.VirtController },
 }
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
-var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_GUEST_IMAGE_STOCK": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
 
 var (
 	toolsOnce sync.Once

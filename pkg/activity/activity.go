@@ -50,6 +50,19 @@ type Guest struct {
 	First time.Time `json:"first"`
 	// Last is the newest snapshot.
 	Last Snapshot `json:"last"`
+	// Report is the last problem the guest reported about its kopia
+	// client (package clientdist), authenticated as User; nil for none.
+	Report *Report `json:"report,omitempty"`
+}
+
+// Report is a problem a guest reported to its server pod.
+type Report struct {
+	// Kind is one of clientdist.ReportKinds.
+	Kind string `json:"kind"`
+	// Message is the guest's own words, printable and bounded.
+	Message string `json:"message"`
+	// At is when the server pod received it.
+	At time.Time `json:"at"`
 }
 
 // Encode renders guests as JSON lines sorted by user, so unchanged

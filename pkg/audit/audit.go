@@ -378,6 +378,9 @@ func Period(schedule string) time.Duration {
 // from when its credentials were issued.
 func Decide(vmAnnotations, announced map[string]string, guest *activity.Guest, issued, now time.Time, staleAfter time.Duration) Decision {
 	d := Decision{Annotations: map[string]string{}}
+	if guest != nil {
+		decideReport(&d, announced, guest.Report)
+	}
 	stale := announced[AnnotationBackupStale] == "true"
 	last := issued
 	if guest != nil && guest.Last.ID != "" {

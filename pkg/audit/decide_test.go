@@ -8,7 +8,14 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 )
+
+// reported is a guest that never snapshotted and reported a problem with
+// its client at at.
+func reported(kind string, at time.Time) *activity.Guest {
+	return &activity.Guest{User: "web@team-a", Report: &activity.Report{Kind: kind, Message: "its SHA-256 is 00, not 11; it was not run", At: at}}
+}
 
 func TestDecide(t *testing.T) {
 	issued := time.Date(2026, 11, 20, 12, 0, 0, 0, time.UTC)
@@ -41,6 +48,13 @@ func TestDecide(t *testing.T) {
 			reasons: []string{ReasonBackupStale}, annotation: map[string]string{AnnotationBackupStale: "true"}},
 		{name: "a calendar expression uses the default", vm: map[string]string{v1alpha1.AnnotationPaths: "/etc", v1alpha1.AnnotationSchedule: "Mon *-*-* 02:00"}, now: issued.Add(10 * time.Hour), recheck: 2 * time.Hour},
 		{name: "no paths: only connects, never stale", vm: map[string]string{}, now: issued.Add(1000 * time.Hour)},
+		{name: "a guest refused a tampered client", vm: map[string]string{}, guest: reported(clientdist.ReportChecksumMismatch, issued), now: issued.Add(time.Hour),
+			reasons: []string{ReasonClientChecksumMismatch}, annotation: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"}},
+		{name: "a report already announced", vm: map[string]string{}, seen: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"},
+			guest: reported(clientdist.ReportChecksumMismatch, issued), now: issued.Add(time.Hour)},
+		{name: "a later report", vm: map[string]string{}, seen: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"},
+			guest: reported(clientdist.ReportDownloadFailed, issued.Add(24*time.Hour)), now: issued.Add(25 * time.Hour),
+			reasons: []string{ReasonClientDownloadFailed}, annotation: map[string]string{AnnotationClientReport: "download-failed@2026-11-21T12:00:00Z"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

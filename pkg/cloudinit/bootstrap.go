@@ -15,6 +15,8 @@ import (
 
 	certutil "k8s.io/client-go/util/cert"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
@@ -29,7 +31,10 @@ const (
 	// use: `guestbackup-kopia snapshot list`.
 	KopiaCommand = "/usr/local/bin/guestbackup-kopia"
 	// TrustDir holds ca.crt, the only CA kopia trusts for the server.
-	TrustDir      = ConfDir + "/trust"
+	TrustDir = ConfDir + "/trust"
+	// LibDir holds the kopia client the guest fetched from its server
+	// (LibDir/kopia), installed only once its SHA-256 is the bootstrap's.
+	LibDir        = "/usr/local/lib/guestbackup"
 	UnitDir       = "/etc/systemd/system"
 	ConnectUnit   = "guestbackup-connect.service"
 	SnapshotUnit  = "guestbackup-snapshot.service"
@@ -75,6 +80,11 @@ type Bootstrap struct {
 	// in together: Kopia's server verifies one login at a time. Zero:
 	// DefaultSpread; negative: none.
 	Spread time.Duration
+	// Client is the kopia client the server hands out (its status.client):
+	// a guest without a kopia of that build fetches it from Client.URL and
+	// runs it only when its SHA-256 is the one given here. Nil: the guest
+	// uses the kopia it has.
+	Client *v1alpha1.ClientStatus
 }
 
 // SpreadOf is the Bootstrap.Spread of a BSLS's spec.guestSpread: unset is
@@ -158,8 +168,26 @@ func (b Bootstrap) Validate() error {
 			return fmt.Errorf("path %q is not an absolute path", p)
 		}
 	}
+	if err := b.validateClient(); err != nil {
+		return err
+	}
 	if b.Schedule != "" {
 		return ValidateSchedule(b.Schedule)
+	}
+	return nil
+}
+
+// validateClient checks the client, when there is one.
+func (b Bootstrap) validateClient() error {
+	c := b.Client
+	if c == nil {
+		return nil
+	}
+	if err := clientdist.Validate(c); err != nil {
+		return fmt.Errorf("client: %w", err)
+	}
+	if u, err := url.Parse(c.URL); err != nil || u.Scheme != "https" || u.Host == "" || u.Path != "" || strings.ContainsAny(c.URL, "'\"\\ \n?#") {
+		return fmt.Errorf("client URL %q is not an https://host:port URL", c.URL)
 	}
 	return nil
 }
@@ -172,12 +200,21 @@ func (b Bootstrap) Files() ([]File, error) {
 	user, host, _ := strings.Cut(b.Username, "@")
 	var conf bytes.Buffer
 	fmt.Fprintf(&conf, "# Written by guestbackup: how this VM reaches its backup server.\n")
-	for _, kv := range [][2]string{
+	settings := [][2]string{
 		{"GUESTBACKUP_SERVER_URL", b.ServerURL},
 		{"GUESTBACKUP_USER", user},
 		{"GUESTBACKUP_HOST", host},
 		{"GUESTBACKUP_GENERATION", strconv.FormatInt(b.Generation, 10)},
-	} {
+	}
+	if c := b.Client; c != nil {
+		settings = append(settings, [2]string{"GUESTBACKUP_CLIENT_URL", c.URL}, [2]string{"GUESTBACKUP_CLIENT_VERSION", c.Version})
+		for _, arch := range clientdist.Archs {
+			if sum := c.SHA256[arch]; sum != "" {
+				settings = append(settings, [2]string{"GUESTBACKUP_CLIENT_SHA256_" + strings.ToUpper(arch), sum})
+			}
+		}
+	}
+	for _, kv := range settings {
 		// Values are validated above: no quote can end the string.
 		fmt.Fprintf(&conf, "%s='%s'\n", kv[0], kv[1])
 	}
@@ -260,14 +297,21 @@ func (b Bootstrap) activation() string {
 const trustEnv = `export SSL_CERT_FILE="$conf_dir/trust/ca.crt" SSL_CERT_DIR="$conf_dir/trust"
 `
 
+// useKopia picks the kopia the scripts run: the client guestbackup-connect
+// installed after verifying it, else the guest's own.
+const useKopia = `lib_dir=${GUESTBACKUP_LIB_DIR:-` + LibDir + `}
+kopia=${KOPIA:-kopia}
+if [ -x "$lib_dir/kopia" ]; then kopia="$lib_dir/kopia"; fi
+`
+
 // kopiaCommand is kopia with the bootstrap's environment, for the owner.
 const kopiaCommand = `#!/bin/sh
 # guestbackup-kopia: kopia as guestbackup connected it, trusting only this
 # VM's backup server. Use it as kopia: guestbackup-kopia snapshot list
 conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
-export HOME="${HOME:-/root}"
+` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
-` + trustEnv + `exec "${KOPIA:-kopia}" "$@"
+` + trustEnv + `exec "$kopia" "$@"
 `
 
 // connectScript connects the guest's kopia (root's default configuration,
@@ -283,6 +327,7 @@ var connectScript = `#!/bin/sh
 set -u
 conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
 state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
+lib_dir=${GUESTBACKUP_LIB_DIR:-` + LibDir + `}
 # GUESTBACKUP_ROOT: the root the files are under, for tests; "" in a guest.
 root=${GUESTBACKUP_ROOT:-}
 boot_marker="$root` + BootMarker + `"
@@ -303,54 +348,166 @@ mark() {
 # stops backing up. Its snapshots stay on the server.
 if [ ! -e "$boot_marker" ]; then
   "$kopia" repository disconnect >/dev/null 2>&1 || true
+  [ -x "$lib_dir/kopia" ] && "$lib_dir/kopia" repository disconnect >/dev/null 2>&1
   if [ -z "$root" ] && [ -d /run/systemd/system ]; then
     systemctl disable --now ` + SnapshotTimer + ` >/dev/null 2>&1 || true
     systemctl disable ` + ConnectUnit + ` >/dev/null 2>&1 || true
   fi
-  rm -rf "$conf_dir" "$state_dir/connected"
+  rm -rf "$conf_dir" "$state_dir/connected" "$lib_dir"
   rm -f` + rootPrefixed(KopiaCommand, ConnectScript, SnapshotScript, UnitDir+"/"+SnapshotUnit, UnitDir+"/"+SnapshotTimer, UnitDir+"/"+ConnectUnit) + `
   [ -z "$root" ] && [ -d /run/systemd/system ] && systemctl daemon-reload
   mark "opted out: this boot brought no guestbackup bootstrap, so its credentials and schedule are removed; the snapshots stay on the server"
   exit 0
 fi
 
+# shellcheck source=/dev/null
 . "$conf_dir/guestbackup.conf"
 who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
 # What the connection was made with: any change (credentials, server, CA,
-# paths) makes it again, and takes a first snapshot of the new paths.
+# client, paths) makes it again, and takes a first snapshot of the new paths.
 connected=$(cat "$conf_dir/guestbackup.conf" "$conf_dir/password" "$conf_dir/trust/ca.crt" "$conf_dir/paths" 2>/dev/null | sha256sum | cut -d' ' -f1)
 
-if ! command -v "$kopia" >/dev/null 2>&1; then
-  mark "error: kopia is not installed in this guest; install the kopia CLI, then run: systemctl restart guestbackup-connect"
-  exit 1
-fi
-if [ "$(cat "$state_dir/connected" 2>/dev/null)" = "$connected" ] &&
+# sha256 prints the SHA-256 of file $1, "" when it cannot be read.
+sha256() { sha256sum "$1" 2>/dev/null | cut -d' ' -f1; }
+
+# fetch URL FILE downloads URL into FILE trusting the server's CA and no
+# other, with whichever of curl, wget and python3 (which cloud-init needs)
+# the guest has.
+fetch() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --retry 3 --retry-delay 5 --cacert "$conf_dir/trust/ca.crt" -o "$2" "$1"
+  elif command -v wget >/dev/null 2>&1; then
+    wget -q --tries=3 --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" -O "$2" "$1"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import shutil, ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile=sys.argv[3])
+with urllib.request.urlopen(sys.argv[1], context=ctx, timeout=300) as r, open(sys.argv[2], "wb") as f:
+    shutil.copyfileobj(r, f)' "$1" "$2" "$conf_dir/trust/ca.crt"
+  else
+    echo "no curl, wget or python3 to download with" >&2
+    return 1
+  fi
+}
+
+# report KIND MESSAGE tells the server, as this VM's Kopia user, why the
+# guest cannot back up, for an Event on the VM; best effort. The password
+# goes in a header file, never in a command's arguments.
+report() {
+  [ -n "${GUESTBACKUP_CLIENT_URL:-}" ] || return 0
+  printf '%s' "$2" >"$state_dir/report.txt"
+  (umask 077 && printf 'Authorization: Basic %s\n' "$(printf '%s:%s' "$who" "$(cat "$conf_dir/password")" | base64 | tr -d '\n')" >"$state_dir/report.header")
+  url="$GUESTBACKUP_CLIENT_URL/report?kind=$1"
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --cacert "$conf_dir/trust/ca.crt" -H @"$state_dir/report.header" --data-binary @"$state_dir/report.txt" -o /dev/null "$url"
+  elif command -v wget >/dev/null 2>&1; then
+    (umask 077 && printf 'header = %s\n' "$(cat "$state_dir/report.header")" >"$state_dir/report.wgetrc")
+    WGETRC="$state_dir/report.wgetrc" wget -q --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" --post-file="$state_dir/report.txt" -O /dev/null "$url"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+name, value = open(sys.argv[3]).read().strip().split(": ", 1)
+req = urllib.request.Request(sys.argv[1], data=open(sys.argv[4], "rb").read(), headers={name: value})
+urllib.request.urlopen(req, context=ctx, timeout=60).close()' "$url" "$conf_dir/trust/ca.crt" "$state_dir/report.header" "$state_dir/report.txt"
+  fi >/dev/null 2>&1 && log "reported to $GUESTBACKUP_CLIENT_URL: $1"
+  rm -f "$state_dir/report.header" "$state_dir/report.wgetrc" "$state_dir/report.txt"
+}
+
+# use_client makes kopia the client the server hands out, verified: the one
+# installed in $lib_dir, the guest's own when it is that very build, or a
+# download. It returns 1 when it cannot have it yet (why says why) and 2
+# when it refused a binary (recorded and reported). Without a client for
+# this architecture in the bootstrap, the guest's own kopia is used.
+use_client() {
+  case $(uname -m) in
+  x86_64 | amd64) arch=amd64 want=${GUESTBACKUP_CLIENT_SHA256_AMD64:-} ;;
+  aarch64 | arm64) arch=arm64 want=${GUESTBACKUP_CLIENT_SHA256_ARM64:-} ;;
+  *) arch=$(uname -m) want="" ;;
+  esac
+  if [ -z "$want" ]; then
+    command -v "$kopia" >/dev/null 2>&1 && return 0
+    mark "error: kopia is not installed in this guest and its server hands out none for $arch; install the kopia CLI, then run: systemctl restart guestbackup-connect"
+    exit 1
+  fi
+  if ! command -v sha256sum >/dev/null 2>&1; then
+    mark "error: sha256sum is missing, so the kopia client cannot be verified and is not used; install coreutils"
+    exit 1
+  fi
+  if [ "$(sha256 "$lib_dir/kopia")" = "$want" ]; then
+    kopia="$lib_dir/kopia"
+    return 0
+  fi
+  mkdir -p "$lib_dir" && chmod 0755 "$lib_dir"
+  new="$lib_dir/kopia.new"
+  rm -f "$new"
+  own=$(command -v "$kopia" 2>/dev/null)
+  if [ -n "$own" ] && [ "$(sha256 "$own")" = "$want" ]; then
+    from="this guest's $own"
+    cp "$own" "$new" || return 1
+  else
+    from="$GUESTBACKUP_CLIENT_URL/kopia/linux-$arch"
+    log "fetching kopia ${GUESTBACKUP_CLIENT_VERSION:-} for $arch from $from"
+    if ! fetch "$from" "$new" 2>"$state_dir/fetch.log"; then
+      rm -f "$new"
+      why="cannot download the kopia client from $from: $(tail -n 1 "$state_dir/fetch.log")"
+      return 1
+    fi
+  fi
+  # Verified where it will run from: nothing else is ever executed.
+  got=$(sha256 "$new")
+  if [ "$got" != "$want" ]; then
+    rm -f "$new"
+    mark "error: refused the kopia client from $from: its SHA-256 is $got, not $want as this VM's bootstrap says; it was not run"
+    report ` + clientdist.ReportChecksumMismatch + ` "refused the kopia client from $from: its SHA-256 is $got, not $want; it was not run"
+    return 2
+  fi
+  chmod 0755 "$new" && mv -f "$new" "$lib_dir/kopia" || return 1
+  log "installed kopia ${GUESTBACKUP_CLIENT_VERSION:-} ($want) from $from in $lib_dir"
+  kopia="$lib_dir/kopia"
+}
+
+mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+why=""
+use_client
+client=$?
+[ "$client" -eq 2 ] && exit 1
+if [ "$client" -eq 0 ] && [ "$(cat "$state_dir/connected" 2>/dev/null)" = "$connected" ] &&
   "$kopia" repository status >/dev/null 2>&1; then
   log "already connected to $GUESTBACKUP_SERVER_URL as $who"
   exit 0
 fi
 
-mkdir -p "$state_dir" && chmod 0700 "$state_dir"
 spread=${GUESTBACKUP_SPREAD:-0}
 [ "$spread" -gt 0 ] && sleep $(($(od -An -N2 -tu2 /dev/urandom) % spread))
 delay=2
 attempt=1
 while :; do
-  if KOPIA_PASSWORD="$(cat "$conf_dir/password")" "$kopia" repository connect server \
-    --url="$GUESTBACKUP_SERVER_URL" \
-    --override-username="$GUESTBACKUP_USER" \
-    --override-hostname="$GUESTBACKUP_HOST" >"$state_dir/connect.log" 2>&1; then
-    echo "$connected" >"$state_dir/connected"
-    mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
-    # A first snapshot right away, not at the first timer tick.
-    if [ -s "$conf_dir/paths" ] && [ -d /run/systemd/system ]; then
-      systemctl start --no-block ` + SnapshotUnit + ` || true
-    fi
-    exit 0
+  if [ "$client" -ne 0 ]; then
+    use_client
+    client=$?
+    [ "$client" -eq 2 ] && exit 1
   fi
-  why=$(tail -n 1 "$state_dir/connect.log")
+  if [ "$client" -eq 0 ]; then
+    if KOPIA_PASSWORD="$(cat "$conf_dir/password")" "$kopia" repository connect server \
+      --url="$GUESTBACKUP_SERVER_URL" \
+      --override-username="$GUESTBACKUP_USER" \
+      --override-hostname="$GUESTBACKUP_HOST" >"$state_dir/connect.log" 2>&1; then
+      echo "$connected" >"$state_dir/connected"
+      mark "connected to $GUESTBACKUP_SERVER_URL as $who (credentials generation $GUESTBACKUP_GENERATION)"
+      # A first snapshot right away, not at the first timer tick.
+      if [ -s "$conf_dir/paths" ] && [ -d /run/systemd/system ]; then
+        systemctl start --no-block ` + SnapshotUnit + ` || true
+      fi
+      exit 0
+    fi
+    why=$(tail -n 1 "$state_dir/connect.log")
+  fi
   if [ "$attempt" -ge "$attempts" ]; then
-    mark "error: cannot connect to $GUESTBACKUP_SERVER_URL as $who after $attempt attempts: $why"
+    if [ "$client" -ne 0 ]; then
+      mark "error: no kopia client after $attempt attempts: $why"
+      report ` + clientdist.ReportDownloadFailed + ` "$why"
+    else
+      mark "error: cannot connect to $GUESTBACKUP_SERVER_URL as $who after $attempt attempts: $why"
+    fi
     exit 1
   fi
   # Backs off, with jitter: a refused or slow login is not retried by every
@@ -380,8 +537,7 @@ const snapshotScript = `#!/bin/sh
 set -u
 conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
 state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
-kopia=${KOPIA:-kopia}
-export HOME="${HOME:-/root}"
+` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
 ` + trustEnv + `status=0
 while IFS= read -r path; do

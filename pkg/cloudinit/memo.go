@@ -2,6 +2,8 @@ package cloudinit
 
 import (
 	"bytes"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -55,6 +57,17 @@ func (b Bootstrap) key() string {
 	field(strconv.Itoa(len(b.Paths)))
 	for _, p := range b.Paths {
 		field(p)
+	}
+	if c := b.Client; c != nil {
+		field(c.URL)
+		field(c.Version)
+		// Every entry, so that a bootstrap Validate refuses never shares
+		// the key of one it accepted.
+		field(strconv.Itoa(len(c.SHA256)))
+		for _, arch := range slices.Sorted(maps.Keys(c.SHA256)) {
+			field(arch)
+			field(c.SHA256[arch])
+		}
 	}
 	return k.String()
 }

@@ -39,6 +39,20 @@ func Payload(b Bootstrap, p Placement) (map[string][]byte, error) {
 	return map[string][]byte{v1alpha1.SecretKeyUserData: merged}, nil
 }
 
+// UsableClient is the client a server publishes (its status.client) when a
+// bootstrap can carry it, nil otherwise: a status someone else wrote never
+// keeps a VM from its bootstrap, its guest then uses the kopia it has.
+func UsableClient(c *v1alpha1.ClientStatus) *v1alpha1.ClientStatus {
+	if c == nil {
+		return nil
+	}
+	b := Bootstrap{Client: c}
+	if b.validateClient() != nil {
+		return nil
+	}
+	return c
+}
+
 // Schedule reads the paths and schedule a VM's annotations ask the
 // bootstrap for (guestbackup.io/paths and guestbackup.io/schedule), as the
 // webhook admits them; the error says what to fix.

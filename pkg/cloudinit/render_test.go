@@ -10,6 +10,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/golden"
 )
 
@@ -22,8 +23,10 @@ func TestGolden(t *testing.T) {
 	withPaths := testBootstrap(t)
 	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
 	withPaths.Schedule = "*-*-* 02:30:00"
+	withClient := testBootstrap(t)
+	withClient.Client = testClient()
 	got := map[string][]byte{}
-	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths} {
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths, "with-client": withClient} {
 		rendered, err := CloudConfig(b)
 		if err != nil {
 			t.Fatal(err)
@@ -39,6 +42,14 @@ func TestGolden(t *testing.T) {
 	}
 	got["disk-install.sh"] = files["install.sh"]
 	golden.Check(t, filepath.Join("testdata", "golden"), got)
+}
+
+// testClient is a server's published client, with made-up sums.
+func testClient() *v1alpha1.ClientStatus {
+	return &v1alpha1.ClientStatus{
+		URL: "https://main.backup.svc:51516", Version: "v0.23.1",
+		SHA256: map[string]string{"amd64": strings.Repeat("a1", 32), "arm64": strings.Repeat("b2", 32)},
+	}
 }
 
 // A password that is obviously not a real one.
@@ -158,6 +169,11 @@ func TestBootstrapRefusesWhatWouldBreakTheGuestFiles(t *testing.T) {
 		"relative path":       func(b *Bootstrap) { b.Paths = []string{"etc"} },
 		"newline in path":     func(b *Bootstrap) { b.Paths = []string{"/etc\n[Service]"} },
 		"schedule with quote": func(b *Bootstrap) { b.Schedule = "daily\nExecStart=/bin/sh" },
+		"client without sums": func(b *Bootstrap) { b.Client = testClient(); b.Client.SHA256 = nil },
+		"client sum not hex":  func(b *Bootstrap) { b.Client = testClient(); b.Client.SHA256["amd64"] = "'; reboot; '" },
+		"client odd arch":     func(b *Bootstrap) { b.Client = testClient(); b.Client.SHA256["mips"] = strings.Repeat("c3", 32) },
+		"client URL quote":    func(b *Bootstrap) { b.Client = testClient(); b.Client.URL = "https://a'b:1" },
+		"client URL path":     func(b *Bootstrap) { b.Client = testClient(); b.Client.URL = "https://a:1/x?y" },
 	} {
 		b := testBootstrap(t)
 		mutate(&b)

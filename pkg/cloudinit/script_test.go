@@ -42,6 +42,7 @@ func newSandbox(t *testing.T, b Bootstrap, kopia string) *sandbox {
 	return &sandbox{t: t, root: root, env: []string{
 		"GUESTBACKUP_CONF_DIR=" + filepath.Join(root, ConfDir),
 		"GUESTBACKUP_STATE_DIR=" + filepath.Join(root, StateDir),
+		"GUESTBACKUP_LIB_DIR=" + filepath.Join(root, LibDir),
 		"GUESTBACKUP_ATTEMPTS=2",
 		"GUESTBACKUP_ROOT=" + root,
 		"KOPIA=" + kopia,

@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -33,8 +34,8 @@ import (
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-// ReasonBootstrapUpdated: the VM's server publishes another endpoint or CA
-// (a new URL, a renewed CA) than the VM's bootstrap was rendered with; its
+// ReasonBootstrapUpdated: the VM's server publishes another endpoint, CA
+// or kopia client (a new URL, a renewed CA, a server of another version) than the VM's bootstrap was rendered with; its
 // Secret is rendered again, and the guest gets it at its next start.
 const ReasonBootstrapUpdated = "BootstrapUpdated"
 
@@ -80,7 +81,8 @@ func publishedChanged() predicate.Predicate {
 		UpdateFunc: func(e event.UpdateEvent) bool {
 			o, okOld := e.ObjectOld.(*v1alpha1.BackupStorageLocationServer)
 			n, okNew := e.ObjectNew.(*v1alpha1.BackupStorageLocationServer)
-			return !okOld || !okNew || o.Status.Endpoint != n.Status.Endpoint || o.Status.TLSCA != n.Status.TLSCA
+			return !okOld || !okNew || o.Status.Endpoint != n.Status.Endpoint || o.Status.TLSCA != n.Status.TLSCA ||
+				clientdist.Digest(o.Status.Client) != clientdist.Digest(n.Status.Client)
 		},
 		DeleteFunc: func(event.DeleteEvent) bool { return false },
 	}
@@ -219,9 +221,11 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 		return leaveBootstrap("BackupStorageLocationServer %s publishes no endpoint or no CA", server)
 	}
 	endpoint, ca := bsls.Status.Endpoint, []byte(bsls.Status.TLSCA)
+	kopiaClient := cloudinit.UsableClient(bsls.Status.Client)
 	oldEndpoint, oldCA := vmsecret.Rendered(secret)
-	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) {
-		return leaveBootstrap("rendered with the server's endpoint and CA")
+	oldClient := vmsecret.RenderedClient(secret)
+	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) && oldClient == clientdist.Digest(kopiaClient) {
+		return leaveBootstrap("rendered with the server's endpoint, CA and client")
 	}
 	generation, ok := vmsecret.GenerationNumber(secret)
 	if !ok || vmsecret.Password(secret) == "" {
@@ -255,7 +259,7 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	payload, err := cloudinit.Payload(cloudinit.Bootstrap{
 		ServerURL: endpoint, CA: ca,
 		Username: vmsecret.Identity(secret), Password: vmsecret.Password(secret), Generation: generation,
-		Paths: paths, Schedule: schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread),
+		Paths: paths, Schedule: schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread), Client: kopiaClient,
 	}, p)
 	if err != nil {
 		return leaveBootstrap("cannot render with what BackupStorageLocationServer %s publishes: %v", server, err)
@@ -265,7 +269,8 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
 	maps.Copy(s.Data, payload)
 	vmsecret.SetRendered(s, endpoint, ca)
-	rr := rendering{secret: s, why: "rendered for the endpoint and CA the server publishes"}
+	vmsecret.SetRenderedClient(s, clientdist.Digest(kopiaClient))
+	rr := rendering{secret: s, why: "rendered for the endpoint, CA and client the server publishes"}
 	if maps.EqualFunc(secret.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) {
 		return rr
 	}
@@ -275,6 +280,13 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	}
 	if oldCA != vmsecret.CASum(ca) {
 		changed = append(changed, "CA (SHA-256 "+vmsecret.CASum(ca)+")")
+	}
+	if oldClient != clientdist.Digest(kopiaClient) {
+		if kopiaClient != nil {
+			changed = append(changed, "kopia client "+kopiaClient.Version)
+		} else {
+			changed = append(changed, "no kopia client")
+		}
 	}
 	what := "a new " + strings.Join(changed, " and ")
 	if oldEndpoint == "" && oldCA == "" {

@@ -161,6 +161,9 @@ type observations struct {
 	// Maintenance is what the server pod last published of the
 	// repository's maintenance; nil before its first run.
 	Maintenance *v1alpha1.MaintenanceStatus
+	// Client is the kopia client the server pod serves guests, as it
+	// published it, with the URL guests reach it at; nil before.
+	Client *v1alpha1.ClientStatus
 }
 
 // decision is what decide makes of one pass's observations.

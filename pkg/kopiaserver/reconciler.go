@@ -334,7 +334,7 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return obs, err
 	}
-	if obs.Maintenance, err = r.maintenanceState(ctx, b); err != nil {
+	if obs.Maintenance, obs.Client, err = r.serverState(ctx, b); err != nil {
 		return obs, err
 	}
 	if err := r.maintenanceLease(ctx, b); err != nil {
@@ -379,6 +379,7 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		b.Status.RepositoryOpened = &metav1.Time{Time: obs.Now}
 	}
 	b.Status.Maintenance = obs.Maintenance
+	b.Status.Client = obs.Client
 	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
 	namespaces := ServedNamespaces(obs.Users)
 	b.Status.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users

@@ -18,6 +18,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/storagecreds"
@@ -29,6 +30,9 @@ import (
 const (
 	KopiaBinary  = "/usr/local/bin/kopia"
 	ServerBinary = "/usr/local/bin/guestbackup-server"
+	// ClientBinaryARM64 is the arm64 kopia client the image carries for
+	// guests (KopiaBinary is the amd64 one).
+	ClientBinaryARM64 = "/usr/local/share/guestbackup/kopia-linux-arm64"
 
 	configDir     = "/config"
 	tlsDir        = "/tls"
@@ -366,12 +370,22 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
 					maintenanceArgs[0],
+					// The kopia client for guests (package clientserver),
+					// over the server's own certificate.
+					"--client-addr=0.0.0.0:" + strconv.Itoa(clientdist.DefaultPort),
+					"--client-binary=amd64=" + KopiaBinary,
+					"--client-binary=arm64=" + ClientBinaryARM64,
+					"--tls-chain-file=" + chainFile,
+					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
 				}, append(electionArgs, policyArgs...)...), // an append-only server applies its retention
 				Env: append([]corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
 				}, electionEnv...),
-				Ports:        []corev1.ContainerPort{{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP}},
+				Ports: []corev1.ContainerPort{
+					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
+					{Name: clientdist.PortName, ContainerPort: clientdist.DefaultPort, Protocol: corev1.ProtocolTCP},
+				},
 				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
@@ -439,7 +453,11 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 		Spec: corev1.ServiceSpec{
 			Type:     svcType,
 			Selector: Labels(b),
-			Ports:    []corev1.ServicePort{{Name: "kopia", Port: port, TargetPort: intstr.FromString("kopia"), Protocol: corev1.ProtocolTCP}},
+			Ports: []corev1.ServicePort{
+				{Name: "kopia", Port: port, TargetPort: intstr.FromString("kopia"), Protocol: corev1.ProtocolTCP},
+				// The kopia client for guests, at the next port.
+				{Name: clientdist.PortName, Port: clientdist.Port(port), TargetPort: intstr.FromString(clientdist.PortName), Protocol: corev1.ProtocolTCP},
+			},
 		},
 	}
 }
@@ -492,7 +510,7 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	return sa, role, binding
 }
 
-// NetworkPolicy admits traffic to the server only from namespaces the BSLS
+// NetworkPolicy admits traffic to the server (and its client port) only from namespaces the BSLS
 // allows (its own when it names none), from the controller's namespace and
 // from the address ranges of access.clientIPBlocks: guests outside the pod
 // network, which reach the server through a NodePort or LoadBalancer
@@ -517,8 +535,11 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 			PodSelector: metav1.LabelSelector{MatchLabels: Labels(b)},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)}},
-				From:  peers,
+				Ports: []networkingv1.NetworkPolicyPort{
+					{Port: ptr.To(intstr.FromString("kopia")), Protocol: ptr.To(corev1.ProtocolTCP)},
+					{Port: ptr.To(intstr.FromString(clientdist.PortName)), Protocol: ptr.To(corev1.ProtocolTCP)},
+				},
+				From: peers,
 			}},
 		},
 	}

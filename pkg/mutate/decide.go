@@ -20,6 +20,7 @@ import (
 	sigsjson "sigs.k8s.io/json"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -646,6 +647,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 		ServerURL: bsls.Status.Endpoint, CA: []byte(bsls.Status.TLSCA),
 		Username: o.user, Password: creds.password, Generation: creds.generation,
 		Paths: o.paths, Schedule: o.schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread),
+		Client: cloudinit.UsableClient(bsls.Status.Client),
 	}
 	payload, err := render(b, p)
 	if err != nil {
@@ -868,6 +870,7 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cl
 	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
 	maps.Copy(s.Data, payload)
 	vmsecret.SetRendered(s, b.ServerURL, b.CA)
+	vmsecret.SetRenderedClient(s, clientdist.Digest(b.Client))
 	// The username key is for the guest; the server's user comes from
 	// the VM that controls the Secret (vmsecret.Identity), never from it.
 	s.Data[vmsecret.KeyUsername] = []byte(o.user)

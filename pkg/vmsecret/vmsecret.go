@@ -24,8 +24,8 @@
 //     payload again, with the same credentials and placement, and the
 //     rendered-* annotations, when the VM's server publishes another
 //     endpoint or CA than the payload was rendered with.
-//   - The controller's audit (pkg/audit): the last-snapshot and
-//     backup-stale annotations.
+//   - The controller's audit (pkg/audit): the last-snapshot,
+//     backup-stale and client-report annotations.
 //
 // Identity comes from facts, never from data (DESIGN.md decision 10): the
 // Kopia user of a Secret is Username(<vm>, <namespace>) of the VM that
@@ -128,6 +128,9 @@ const (
 	// AnnotationNotConnected (audit) is the UID of the VM's instance the
 	// audit announced GuestNotConnected for: one warning per instance.
 	AnnotationNotConnected = v1alpha1.AnnotationPrefix + "not-connected"
+	// AnnotationClientReport (audit) is the guest's report about its kopia
+	// client last announced with an Event (kind@time).
+	AnnotationClientReport = v1alpha1.AnnotationPrefix + "client-report"
 	// AnnotationRenderedEndpoint and AnnotationRenderedCA (webhook,
 	// bootstrap reconciler) are the server endpoint and the SHA-256 (hex)
 	// of the CA PEM the payload was rendered with: the controller renders
@@ -135,6 +138,10 @@ const (
 	// secret.
 	AnnotationRenderedEndpoint = v1alpha1.AnnotationPrefix + "rendered-endpoint"
 	AnnotationRenderedCA       = v1alpha1.AnnotationPrefix + "rendered-ca-sha256"
+	// AnnotationRenderedClient (webhook, bootstrap reconciler) is the
+	// clientdist.Digest of the kopia client the payload carries; absent
+	// when it carries none.
+	AnnotationRenderedClient = v1alpha1.AnnotationPrefix + "rendered-client"
 )
 
 // vmKind is what an ownerReference to a KubeVirt VirtualMachine says; the
@@ -350,6 +357,23 @@ func SetRendered(s *corev1.Secret, endpoint string, ca []byte) {
 	}
 	s.Annotations[AnnotationRenderedEndpoint] = endpoint
 	s.Annotations[AnnotationRenderedCA] = CASum(ca)
+}
+
+// RenderedClient is the digest of the client s's payload carries; "" for
+// none.
+func RenderedClient(s *corev1.Secret) string { return s.Annotations[AnnotationRenderedClient] }
+
+// SetRenderedClient records the digest of the client s's payload carries
+// ("" for none).
+func SetRenderedClient(s *corev1.Secret, digest string) {
+	if digest == "" {
+		delete(s.Annotations, AnnotationRenderedClient)
+		return
+	}
+	if s.Annotations == nil {
+		s.Annotations = map[string]string{}
+	}
+	s.Annotations[AnnotationRenderedClient] = digest
 }
 
 // SetPasswordHash records hash as the current generation's.

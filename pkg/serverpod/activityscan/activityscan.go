@@ -110,6 +110,15 @@ func (s *Scanner) Scan(ctx context.Context, r repo.Repository) (bool, error) {
 	return changed, nil
 }
 
+// Report records a guest's report in its activity; it is published with
+// the next Publish (a guest that never snapshotted gets an entry too).
+func (s *Scanner) Report(user string, r activity.Report) {
+	g := s.guests[user]
+	g.User = user
+	g.Report = &r
+	s.guests[user] = g
+}
+
 // Publish writes the activity ConfigMaps of bsls whose content changed
 // since the last Publish; they must exist (the controller creates them).
 // A cycle with nothing new costs no API request.

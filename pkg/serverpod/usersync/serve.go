@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/kopia/kopia/repo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -20,6 +22,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 )
 
@@ -47,6 +50,20 @@ type ServeOptions struct {
 	// of several that runs maintenance (maintenance.Election); this pod's
 	// identity there is PodName.
 	MaintenanceLease, PodName string
+	// ClientPort, when set, serves the kopia client to guests and takes their
+	// reports (package clientserver).
+	ClientPort *ClientOptions
+}
+
+// ClientOptions configure the client port.
+type ClientOptions struct {
+	// Addr is the client port's address.
+	Addr string
+	// Binaries maps each architecture to the kopia binary served for it.
+	Binaries map[string]string
+	// ChainFile and KeyFile are the certificate chain and key the Kopia
+	// server presents: guests trust the same CA on both ports.
+	ChainFile, KeyFile string
 }
 
 // Serve runs the user-sync container until ctx ends: it opens the
@@ -86,6 +103,13 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer control.Close()
 	o.Server = control
 	syncer := New(o.Options)
+	if o.ClientPort != nil {
+		stopClient, err := serveClient(ctx, o, syncer)
+		if err != nil {
+			return err
+		}
+		defer stopClient()
+	}
 
 	health := &http.Server{Addr: o.HealthAddr, Handler: syncer.Handler(), ReadHeaderTimeout: healthReadHeaderTimeout}
 	go func() {
@@ -139,4 +163,41 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 		return maintenance.StartElected(ctx, election, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log), nil
 	}
 	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log)
+}
+
+// serveClient opens the client binaries, serves them (and the guests'
+// reports, authenticated and kept by syncer) on the client port, and
+// publishes what it serves for the BSLS's status until that succeeds.
+func serveClient(ctx context.Context, o ServeOptions, syncer *Syncer) (stop func(), err error) {
+	srv, err := clientserver.Open(clientserver.Options{
+		Binaries: o.ClientPort.Binaries, Authenticator: syncer, Reporter: syncer, Log: o.Log.WithName("client"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		if err := clientserver.ListenAndServe(ctx, o.ClientPort.Addr, o.ClientPort.ChainFile, o.ClientPort.KeyFile, srv.Handler()); err != nil {
+			o.Log.Error(err, "client port stopped")
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		configMaps := o.Client.CoreV1().ConfigMaps(o.Namespace)
+		status := srv.Status()
+		// The controller creates the ConfigMap with the Deployment; until
+		// then, and on API errors, try again.
+		_ = wait.PollUntilContextCancel(ctx, 2*time.Second, true, func(ctx context.Context) (bool, error) {
+			if err := clientserver.Publish(ctx, configMaps, o.BSLS, status); err != nil {
+				o.Log.Error(err, "client not published yet")
+				return false, nil
+			}
+			o.Log.Info("client published", "version", status.Version, "sha256", status.SHA256)
+			return true, nil
+		})
+	}()
+	return func() { cancel(); wg.Wait(); srv.Close() }, nil
 }

@@ -46,6 +46,7 @@ import (
 	"k8s.io/client-go/util/workqueue"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
@@ -192,6 +193,10 @@ type Syncer struct {
 	mu     sync.Mutex
 	status error
 	users  int
+	// lister reads the users Secrets once Run watches them; reports are
+	// the guests' reports not published yet (package clientserver).
+	lister  corelisters.SecretNamespaceLister
+	reports map[string]activity.Report
 
 	// refreshPending is set when users were written but the server has not
 	// confirmed a refresh since (it may not be listening yet): the next
@@ -270,6 +275,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	s.mu.Lock()
+	s.lister = lister
+	s.mu.Unlock()
 	s.queue.Add(syncUsers)
 	if s.opts.ActivityInterval > 0 {
 		s.queue.AddAfter(publishActivity, s.opts.ActivityInterval)
@@ -304,7 +312,11 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 		if err := s.publishActivity(ctx); err != nil {
 			s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
 		}
-		s.queue.AddAfter(publishActivity, s.opts.ActivityInterval)
+		// Also queued by a guest's report: the interval's own schedule
+		// stays one (the queue keeps one waiting item per kind).
+		if s.opts.ActivityInterval > 0 {
+			s.queue.AddAfter(publishActivity, s.opts.ActivityInterval)
+		}
 	case applyRetention:
 		s.reportRetention(s.applyRetention(ctx))
 		s.queue.AddAfter(applyRetention, s.opts.RetentionInterval)
@@ -634,6 +646,13 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 		return err
 	}
 	s.stats.SetSources(counts)
+	s.mu.Lock()
+	reports := s.reports
+	s.reports = nil
+	s.mu.Unlock()
+	for user, r := range reports {
+		s.activity.Report(user, r)
+	}
 	return s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 }
 
@@ -654,4 +673,39 @@ func (s *Syncer) measureRepository(ctx context.Context) error {
 	s.stats.SetStats(stats)
 	s.opts.Log.V(1).Info("repository measured", "storedBytes", stats.StoredBytes, "blobs", stats.Blobs, "logicalBytes", stats.LogicalBytes, "took", stats.Took)
 	return nil
+}
+
+// Authenticate reports whether password is user's, by the hash the users
+// Secrets hold for it: the one the repository is synced to. Each call costs
+// one password hash (clientserver runs one at a time).
+func (s *Syncer) Authenticate(user, password string) bool {
+	s.mu.Lock()
+	lister := s.lister
+	s.mu.Unlock()
+	if lister == nil || identity.ValidateUsername(user) != nil {
+		return false
+	}
+	shard := userset.ShardOf(user)
+	secret, err := lister.Get(userset.SecretName(s.opts.BSLS, shard))
+	if err != nil {
+		return false
+	}
+	users, err := decodeShard(secret, shard)
+	if err != nil {
+		return false
+	}
+	h, ok := users[user]
+	return ok && h.Matches(password)
+}
+
+// Report keeps a guest's report for the next publication of its activity,
+// which it brings forward.
+func (s *Syncer) Report(user string, r activity.Report) {
+	s.mu.Lock()
+	if s.reports == nil {
+		s.reports = map[string]activity.Report{}
+	}
+	s.reports[user] = r
+	s.mu.Unlock()
+	s.queue.Add(publishActivity)
 }

@@ -114,6 +114,14 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Eventually(canConnect(bob)).WithTimeout(provisioned).Should(Succeed())
 	})
 
+	It("authenticates a guest's report by the password the repository is synced to, and nothing else", func() {
+		Expect(syncer.Authenticate(alice.user, alice.password)).To(BeTrue())
+		Expect(syncer.Authenticate(alice.user, bob.password)).To(BeFalse(), "another guest's password")
+		Expect(syncer.Authenticate(bob.user, alice.password)).To(BeFalse())
+		Expect(syncer.Authenticate("nobody@team-a", alice.password)).To(BeFalse(), "a user no Secret lists")
+		Expect(syncer.Authenticate("Alice@team-a", alice.password)).To(BeFalse(), "not a Kopia user name")
+	})
+
 	It("keeps users apart: one cannot list the other's snapshots", func() {
 		ctx := context.Background()
 		aliceClient, err := connect(alice.user, alice.password)

@@ -1,0 +1,143 @@
+// Package clientdist is the contract of the kopia client a server pod hands
+// out to its guests (DESIGN.md decision 18), shared by the server pod (which
+// serves the binaries and publishes their SHA-256), the controller (which
+// copies what it published into the BSLS's status) and the bootstrap (which
+// carries the SHA-256 into the guest). The guest fetches
+// <URL>/kopia/linux-<arch> over the server's own TLS endpoint, trusting the
+// BSLS's CA only, and runs the binary only when its SHA-256 is the one its
+// bootstrap carries; a guest that cannot POSTs a report to <URL>/report,
+// authenticated as its Kopia user, which the server pod publishes in its
+// activity for the controller's audit to turn into an Event on the VM.
+package clientdist
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"net"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// PortName is the name of the client port on the server pod, its Service
+// and its NetworkPolicy.
+const PortName = "client"
+
+// Port is the client port beside a server port: the next one.
+func Port(serverPort int32) int32 { return serverPort + 1 }
+
+// DefaultPort is the client port of a server on v1alpha1.DefaultServerPort.
+const DefaultPort = v1alpha1.DefaultServerPort + 1
+
+// Archs are the architectures (GOARCH) a server pod serves a client for.
+var Archs = []string{"amd64", "arm64"}
+
+// ReportPath is where a guest POSTs a Report.
+const ReportPath = "/report"
+
+// DownloadPath is where the binary for arch is served.
+func DownloadPath(arch string) string { return "/kopia/linux-" + arch }
+
+// URL is the client's base URL for a server endpoint: the same scheme and
+// host, the endpoint's port plus one (443 when it names none). An admin's
+// clientURL that fronts the server must forward that port too.
+func URL(endpoint string) (string, error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Scheme != "https" || u.Hostname() == "" {
+		return "", fmt.Errorf("endpoint %q is not an https:// URL", endpoint)
+	}
+	port := 443
+	if p := u.Port(); p != "" {
+		if port, err = strconv.Atoi(p); err != nil || port < 1 || port >= 65535 {
+			return "", fmt.Errorf("endpoint %q: port %q has no next port", endpoint, p)
+		}
+	}
+	return "https://" + net.JoinHostPort(u.Hostname(), strconv.Itoa(port+1)), nil
+}
+
+// Key is the data key under which a server pod publishes its client (a
+// ClientStatus without URL, as JSON) in the ConfigMap it publishes its
+// state in for the BSLS's status (maintenancestate.ConfigMapName).
+const Key = "client"
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// Validate says what is wrong with a published client, nil when a
+// bootstrap can carry it.
+func Validate(c *v1alpha1.ClientStatus) error {
+	if len(c.SHA256) == 0 {
+		return fmt.Errorf("names no binary")
+	}
+	for _, arch := range slices.Sorted(maps.Keys(c.SHA256)) {
+		if !slices.Contains(Archs, arch) {
+			return fmt.Errorf("architecture %q is none of %v", arch, Archs)
+		}
+		if !sha256Hex.MatchString(c.SHA256[arch]) {
+			return fmt.Errorf("SHA-256 of %s %q is not 64 lowercase hex digits", arch, c.SHA256[arch])
+		}
+	}
+	if c.Version != "" && !versionPattern.MatchString(c.Version) {
+		return fmt.Errorf("version %q is not a version", c.Version)
+	}
+	return nil
+}
+
+var versionPattern = regexp.MustCompile(`^[A-Za-z0-9.+_-]{1,64}$`)
+
+// Encode renders what a server pod publishes under Key.
+func Encode(c v1alpha1.ClientStatus) string {
+	c.URL = ""                 // the controller knows the endpoint; the pod does not
+	data, _ := json.Marshal(c) // plain data: cannot fail
+	return string(data)
+}
+
+// Decode reads what Encode wrote; nil for "" (nothing published yet).
+func Decode(data string) (*v1alpha1.ClientStatus, error) {
+	if data == "" {
+		return nil, nil //nolint:nilnil // nothing published is not an error
+	}
+	c := &v1alpha1.ClientStatus{}
+	if err := json.Unmarshal([]byte(data), c); err != nil {
+		return nil, fmt.Errorf("key %s: %w", Key, err)
+	}
+	if err := Validate(c); err != nil {
+		return nil, fmt.Errorf("key %s: %w", Key, err)
+	}
+	return c, nil
+}
+
+// Digest identifies a published client (URL, version and sums) for the
+// record of what a bootstrap was rendered with; "" for none.
+func Digest(c *v1alpha1.ClientStatus) string {
+	if c == nil {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(c.URL + "\n" + Encode(*c)))
+	return hex.EncodeToString(sum[:])
+}
+
+// Report kinds: what went wrong with the client in a guest.
+const (
+	// ReportChecksumMismatch: the guest downloaded a binary whose SHA-256
+	// is not its bootstrap's, and did not run it.
+	ReportChecksumMismatch = "checksum-mismatch"
+	// ReportDownloadFailed: the guest has no kopia of the right build and
+	// could not download one.
+	ReportDownloadFailed = "download-failed"
+)
+
+// ReportKinds are the kinds a server pod accepts.
+var ReportKinds = []string{ReportChecksumMismatch, ReportDownloadFailed}
+
+// MaxReportMessage bounds a report's message: it reaches an Event.
+const MaxReportMessage = 512
+
+// KindParam is the query parameter of a report's kind; its body is the
+// message, plain text (what a POSIX shell can send without quoting).
+const KindParam = "kind"

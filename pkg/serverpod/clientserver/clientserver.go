@@ -1,0 +1,334 @@
+// Package clientserver is the server pod's client port: it hands the kopia
+// client of its own image to guests that have none of its build, and takes
+// their reports when they cannot run one (the contract is package
+// clientdist's).
+//
+// Downloads need no credentials. The binary is public software, the same
+// for every guest; its integrity comes from the SHA-256 the guest's
+// bootstrap carries, not from who asks, and the only thing an anonymous
+// download tells is the kopia version, which the Kopia server's own TLS
+// endpoint already lets anyone who can reach it probe. Asking for the
+// guest's password instead would cost a password hash (scrypt: 134 ms and
+// 64 MiB) per download, at the worst moment: when a thousand VMs boot at
+// once and each logs in to Kopia too. Who may reach the port at all is the
+// server port's NetworkPolicy, and a bound on concurrent downloads keeps a
+// stampede (or a hostile guest) from exhausting the pod: the rest are told
+// to come back (503, Retry-After), which the guest's fetch does.
+//
+// Reports do need them: a report becomes a Warning Event on a VM, so an
+// anonymous one would let anyone who reaches the port raise false alarms on
+// any VM. A report is authenticated as the guest's Kopia user, against the
+// password hash the server pod syncs into the repository, one hash at a
+// time, and only a guest that cannot run kopia ever sends one.
+package clientserver
+
+import (
+	"context"
+	"crypto/sha256"
+	"crypto/tls"
+	"debug/buildinfo"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"slices"
+	"strings"
+	"time"
+	"unicode"
+
+	"github.com/go-logr/logr"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/clock"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+)
+
+// Authenticator checks a guest's Kopia credentials.
+type Authenticator interface {
+	// Authenticate reports whether password is user's current one.
+	Authenticate(user, password string) bool
+}
+
+// Reporter takes a guest's authenticated report.
+type Reporter interface {
+	Report(user string, r activity.Report)
+}
+
+// Options configure a Server.
+type Options struct {
+	// Binaries maps each architecture (clientdist.Archs) to the kopia
+	// binary served for it.
+	Binaries map[string]string
+	// Authenticator and Reporter serve reports; without both, reports are
+	// refused (501).
+	Authenticator Authenticator
+	Reporter      Reporter
+	// MaxDownloads bounds concurrent downloads; default 8.
+	MaxDownloads int
+	// Clock stamps reports; nil: the real clock.
+	Clock clock.PassiveClock
+	Log   logr.Logger
+}
+
+// Server serves the client binaries and takes reports.
+type Server struct {
+	opts      Options
+	binaries  map[string]*binary
+	status    v1alpha1.ClientStatus
+	downloads chan struct{}
+	// logins allows one password check at a time: each costs Kopia's
+	// hash (64 MiB for scrypt).
+	logins chan struct{}
+}
+
+type binary struct {
+	file    *os.File
+	size    int64
+	modTime time.Time
+}
+
+// Open opens and hashes the binaries; Close releases them. What it hashed is
+// what it serves: the open files, never the paths again.
+func Open(o Options) (*Server, error) {
+	if len(o.Binaries) == 0 {
+		return nil, errors.New("no client binary to serve")
+	}
+	if o.MaxDownloads <= 0 {
+		o.MaxDownloads = 8
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	s := &Server{
+		opts: o, binaries: map[string]*binary{},
+		status:    v1alpha1.ClientStatus{SHA256: map[string]string{}},
+		downloads: make(chan struct{}, o.MaxDownloads),
+		logins:    make(chan struct{}, 1),
+	}
+	for _, arch := range slices.Sorted(maps.Keys(o.Binaries)) {
+		b, sum, version, err := openBinary(o.Binaries[arch])
+		if err != nil {
+			s.Close()
+			return nil, fmt.Errorf("client for %s: %w", arch, err)
+		}
+		s.binaries[arch] = b
+		s.status.SHA256[arch] = sum
+		if s.status.Version == "" {
+			s.status.Version = version
+		} else if version != s.status.Version {
+			s.Close()
+			return nil, fmt.Errorf("client for %s is kopia %s, another is %s: every architecture must get the same version", arch, version, s.status.Version)
+		}
+	}
+	if err := clientdist.Validate(&s.status); err != nil {
+		s.Close()
+		return nil, fmt.Errorf("clients: %w", err)
+	}
+	return s, nil
+}
+
+func openBinary(path string) (*binary, string, string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, "", "", err
+	}
+	fi, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, "", "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, f); err != nil {
+		f.Close()
+		return nil, "", "", fmt.Errorf("hash %s: %w", path, err)
+	}
+	// The version from the binary's Go build information, read without
+	// running it (an arm64 binary cannot run here).
+	version := ""
+	if bi, err := buildinfo.ReadFile(path); err == nil {
+		for _, m := range append([]*debug.Module{&bi.Main}, bi.Deps...) {
+			if m.Path == "github.com/kopia/kopia" {
+				version = m.Version
+			}
+		}
+	}
+	return &binary{file: f, size: fi.Size(), modTime: fi.ModTime()}, hex.EncodeToString(h.Sum(nil)), version, nil
+}
+
+// Status is what the server serves, for the BSLS's status (without URL:
+// the controller knows the endpoint).
+func (s *Server) Status() v1alpha1.ClientStatus {
+	st := s.status
+	st.SHA256 = maps.Clone(s.status.SHA256)
+	return st
+}
+
+// Close releases the binaries.
+func (s *Server) Close() {
+	for _, b := range s.binaries {
+		b.file.Close()
+	}
+}
+
+// Handler serves clientdist.DownloadPath of each architecture and
+// clientdist.ReportPath.
+func (s *Server) Handler() http.Handler {
+	mux := http.NewServeMux()
+	for arch, b := range s.binaries {
+		mux.HandleFunc("GET "+clientdist.DownloadPath(arch), func(w http.ResponseWriter, r *http.Request) {
+			s.download(w, r, arch, b)
+		})
+	}
+	mux.HandleFunc("POST "+clientdist.ReportPath, s.report)
+	return mux
+}
+
+func (s *Server) download(w http.ResponseWriter, r *http.Request, arch string, b *binary) {
+	select {
+	case s.downloads <- struct{}{}:
+		defer func() { <-s.downloads }()
+	default:
+		w.Header().Set("Retry-After", "5")
+		http.Error(w, "too many downloads at once; try again shortly", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	w.Header().Set("X-Content-SHA256", s.status.SHA256[arch])
+	http.ServeContent(w, r, "kopia", b.modTime, io.NewSectionReader(b.file, 0, b.size))
+}
+
+func (s *Server) report(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Authenticator == nil || s.opts.Reporter == nil {
+		http.Error(w, "this server takes no reports", http.StatusNotImplemented)
+		return
+	}
+	user, password, ok := r.BasicAuth()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
+		http.Error(w, "credentials required", http.StatusUnauthorized)
+		return
+	}
+	kind := r.URL.Query().Get(clientdist.KindParam)
+	if !slices.Contains(clientdist.ReportKinds, kind) {
+		http.Error(w, fmt.Sprintf("kind %q is none of %v", kind, clientdist.ReportKinds), http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4*clientdist.MaxReportMessage))
+	if err != nil {
+		http.Error(w, "cannot read the report", http.StatusBadRequest)
+		return
+	}
+	select {
+	case s.logins <- struct{}{}:
+	case <-r.Context().Done():
+		return
+	}
+	valid := s.opts.Authenticator.Authenticate(user, password)
+	<-s.logins
+	if !valid {
+		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
+		http.Error(w, "access denied", http.StatusUnauthorized)
+		return
+	}
+	rep := activity.Report{Kind: kind, Message: Sanitize(string(body)), At: s.opts.Clock.Now().UTC().Truncate(time.Second)}
+	s.opts.Reporter.Report(user, rep)
+	s.opts.Log.Info("guest reported a client problem", "user", user, "kind", kind, "message", rep.Message)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// Sanitize makes a guest's words fit for an Event: one line of printable
+// characters, at most clientdist.MaxReportMessage bytes.
+func Sanitize(s string) string {
+	s = strings.Map(func(r rune) rune {
+		switch {
+		case r == '\n' || r == '\t' || r == '\r':
+			return ' '
+		case !unicode.IsPrint(r):
+			return -1
+		}
+		return r
+	}, s)
+	s = strings.TrimSpace(s)
+	if len(s) > clientdist.MaxReportMessage {
+		s = strings.ToValidUTF8(s[:clientdist.MaxReportMessage], "")
+	}
+	return s
+}
+
+// readHeaderTimeout bounds a request's headers (a slow client holds no
+// connection open for free).
+const readHeaderTimeout = 10 * time.Second
+
+// ListenAndServe serves h over TLS on addr with the certificate chain and
+// key the Kopia server presents, until ctx ends.
+func ListenAndServe(ctx context.Context, addr, chainFile, keyFile string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("client port: %w", err)
+	}
+	return Serve(ctx, ln, chainFile, keyFile, h)
+}
+
+// Serve is ListenAndServe on a listener of the caller's; it closes it.
+func Serve(ctx context.Context, ln net.Listener, chainFile, keyFile string, h http.Handler) error {
+	cert, err := tls.LoadX509KeyPair(chainFile, keyFile)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("client port: load TLS certificate: %w", err)
+	}
+	srv := &http.Server{
+		Handler: h, ReadHeaderTimeout: readHeaderTimeout,
+		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
+	}
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown) //nolint:contextcheck // ctx is already done
+	}()
+	if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("client port: %w", err)
+	}
+	return nil
+}
+
+// Publish writes st under clientdist.Key into the BSLS's state ConfigMap
+// (maintenancestate.ConfigMapName, which the controller creates and the
+// pod's Role lets it get and update), keeping its other keys.
+func Publish(ctx context.Context, configMaps typedcorev1.ConfigMapInterface, bsls string, st v1alpha1.ClientStatus) error {
+	name := maintenancestate.ConfigMapName(bsls)
+	data := clientdist.Encode(st)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if cm.Data[clientdist.Key] == data {
+			return nil
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[clientdist.Key] = data
+		_, err = configMaps.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		if apierrors.IsNotFound(err) {
+			return fmt.Errorf("ConfigMap %s does not exist yet (the controller creates it): %w", name, err)
+		}
+		return fmt.Errorf("publish the client in ConfigMap %s: %w", name, err)
+	}
+	return nil
+}
