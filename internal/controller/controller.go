@@ -15,6 +15,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
+	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
@@ -62,6 +64,13 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if o.Namespace == "" {
 		return fmt.Errorf("the controller's namespace is required")
+	}
+	// With cert-manager installed the BSLS reconciler owns its Certificates
+	// and Issuers: the manager's scheme must know them, or their informer
+	// never syncs and the manager restarts (the test bed's scheme always
+	// had them; the binary's did not until a real node ran it).
+	if err := certmanagerv1.AddToScheme(mgr.GetScheme()); err != nil {
+		return fmt.Errorf("register cert-manager's types: %w", err)
 	}
 	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA}
 	if err := r.SetupWithManager(mgr); err != nil {
