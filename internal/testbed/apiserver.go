@@ -72,6 +72,9 @@ type APIServerOptions struct {
 	// Velero installs Velero's BackupStorageLocation CRD, as a cluster with
 	// Velero has it. Without it the cluster is one without Velero.
 	Velero bool
+	// Configure adjusts the API server's flags and serving address before it
+	// starts (StartNode serves it on its node's network).
+	Configure func(*envtest.Environment) error
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
@@ -101,6 +104,11 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	}
 	if err := configureRequestHeader(env, tb.TempDir()); err != nil {
 		tb.Fatalf("%v", err)
+	}
+	if opts.Configure != nil {
+		if err := opts.Configure(env); err != nil {
+			tb.Fatalf("configure API server: %v", err)
+		}
 	}
 	cfg, err := env.Start()
 	if err != nil {
