@@ -77,6 +77,8 @@ type Node struct {
 	// control are the scheduler and controller manager: stopped first at
 	// cleanup, so that no pod is made again while the node drains.
 	control []*Process
+	// helmHome and kubeconfig are Helm's, made at its first use.
+	helmHome, kubeconfig string
 }
 
 // nodeNetwork is a bridge and two /24 subnets claimed for one node.
@@ -479,11 +481,7 @@ func (n *Node) drain(tb TB) {
 		p.Stop()
 	}
 	if tb.Failed() {
-		logs, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", "*", "*", "*.log"))
-		for _, l := range logs {
-			rel, _ := filepath.Rel(filepath.Join(n.dir, "pod-logs"), l)
-			tb.Logf("container log %s:\n%s", rel, tail(l, 30))
-		}
+		n.LogContainers(tb, 30)
 	}
 	var pods corev1.PodList
 	if err := n.API.Client.List(ctx, &pods); err != nil {
@@ -502,6 +500,16 @@ func (n *Node) drain(tb TB) {
 		return strings.TrimSpace(out) == "", fmt.Errorf("tasks still running: %s", strings.Join(strings.Fields(out), " "))
 	}); err != nil {
 		tb.Logf("drain node %s: %v", n.Name, err)
+	}
+}
+
+// LogContainers logs the last lines of every container's log on the node,
+// what `kubectl logs` shows: call it when a spec failed.
+func (n *Node) LogContainers(tb TB, lines int) {
+	logs, _ := filepath.Glob(filepath.Join(n.dir, "pod-logs", "*", "*", "*.log"))
+	for _, l := range logs {
+		rel, _ := filepath.Rel(filepath.Join(n.dir, "pod-logs"), l)
+		tb.Logf("container log %s:\n%s", rel, tail(l, lines))
 	}
 }
 

@@ -14,7 +14,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	storagev1 "k8s.io/api/storage/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,6 +46,12 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 		password string
 	)
 
+	AfterEach(func() {
+		if CurrentSpecReport().Failed() {
+			node.LogContainers(GinkgoT(), 40)
+		}
+	})
+
 	It("runs the controller and the webhook as pods the kubelet made Ready", func() {
 		Eventually(func(g Gomega) {
 			pods := podsOf(g, releaseNamespace, map[string]string{"app.kubernetes.io/instance": release})
@@ -58,32 +64,12 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 	})
 
 	It("runs a BSLS's server pod as the image's user on a fresh root-owned claim, under fsGroup", func() {
-		// A local volume on a fresh folder: root-owned, 0755, as a
-		// provisioner hands out a new claim's root directory. The kubelet
-		// applies fsGroup to local volumes as to block-backed CSI ones.
-		claimDir = filepath.Join(GinkgoT().TempDir(), "claim")
-		Expect(os.Mkdir(claimDir, 0o755)).To(Succeed())
-		Expect(os.Chmod(claimDir, 0o755)).To(Succeed())
+		// A fresh folder, root-owned 0755, as a provisioner hands out a new
+		// claim's root directory. The kubelet applies fsGroup to local
+		// volumes as to block-backed CSI ones.
+		claimDir = node.LocalVolume(GinkgoT(), "repository", storageClass, "10Gi")
 		c := node.API.Client
 		Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: bslsNamespace}})).To(Succeed())
-		Expect(c.Create(ctx, &storagev1.StorageClass{
-			ObjectMeta:        metav1.ObjectMeta{Name: storageClass},
-			Provisioner:       "kubernetes.io/no-provisioner",
-			VolumeBindingMode: ptr.To(storagev1.VolumeBindingImmediate),
-		})).To(Succeed())
-		Expect(c.Create(ctx, &corev1.PersistentVolume{
-			ObjectMeta: metav1.ObjectMeta{Name: "repository"},
-			Spec: corev1.PersistentVolumeSpec{
-				Capacity:                      corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("10Gi")},
-				AccessModes:                   []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
-				StorageClassName:              storageClass,
-				PersistentVolumeReclaimPolicy: corev1.PersistentVolumeReclaimRetain,
-				PersistentVolumeSource:        corev1.PersistentVolumeSource{Local: &corev1.LocalVolumeSource{Path: claimDir}},
-				NodeAffinity: &corev1.VolumeNodeAffinity{Required: &corev1.NodeSelector{NodeSelectorTerms: []corev1.NodeSelectorTerm{{
-					MatchExpressions: []corev1.NodeSelectorRequirement{{Key: corev1.LabelHostname, Operator: corev1.NodeSelectorOpIn, Values: []string{node.Name}}},
-				}}}},
-			},
-		})).To(Succeed())
 		bsls = &v1alpha1.BackupStorageLocationServer{
 			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNamespace},
 			Spec: v1alpha1.BackupStorageLocationServerSpec{
@@ -151,10 +137,26 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 				}},
 			},
 		}
-		// The webhook pods may be Ready before their Endpoints reach the
-		// API server's routing: the first create may be refused, never
-		// admitted uninjected (the webhook fails closed).
-		Eventually(func() error { return c.Create(ctx, vm) }).WithTimeout(podTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		// The API server routes to the webhook Service's endpoints: wait
+		// until they list both webhook pods, so that the one create below
+		// is admitted by a webhook call that completes.
+		Eventually(func(g Gomega) {
+			var slices discoveryv1.EndpointSliceList
+			g.Expect(c.List(ctx, &slices, client.InNamespace(releaseNamespace))).To(Succeed())
+			ready := 0
+			for _, s := range slices.Items {
+				if !strings.Contains(s.Labels[discoveryv1.LabelServiceName], "webhook") {
+					continue
+				}
+				for _, e := range s.Endpoints {
+					if e.Conditions.Ready != nil && *e.Conditions.Ready {
+						ready++
+					}
+				}
+			}
+			g.Expect(ready).To(Equal(2), "ready endpoints of the webhook Service")
+		}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+		Expect(c.Create(ctx, vm)).To(Succeed())
 		Expect(c.Get(ctx, client.ObjectKeyFromObject(vm), vm)).To(Succeed())
 		Expect(vm.Annotations).To(HaveKey(v1alpha1.AnnotationStatus), "the webhook pod injected the VM")
 		Expect(slices.ContainsFunc(vm.Spec.Template.Spec.Volumes, func(v kubevirtv1.Volume) bool {

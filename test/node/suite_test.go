@@ -16,19 +16,13 @@
 package node
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -47,11 +41,9 @@ const (
 )
 
 var (
-	node       *testbed.Node
-	tools      testbed.Tools
-	ctx        = context.Background()
-	helmHome   string
-	kubeconfig string
+	node  *testbed.Node
+	tools testbed.Tools
+	ctx   = context.Background()
 )
 
 func TestNode(t *testing.T) {
@@ -64,63 +56,16 @@ var _ = BeforeSuite(func() {
 	tools = testbed.MustTools(GinkgoT())
 	root, err := testbed.RepoRoot()
 	Expect(err).NotTo(HaveOccurred())
-	image := filepath.Join(GinkgoT().TempDir(), "guestbackup-image.tar")
 	By("building the image as `make image` does (hack/image.sh)")
-	cmd := exec.Command(filepath.Join(root, "hack", "image.sh"), image)
-	cmd.Env = append(os.Environ(), "IMAGE_TAG="+imageRepository+":"+imageTag)
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "hack/image.sh: %s", out)
+	image := testbed.BuildImage(GinkgoT(), imageRepository+":"+imageTag)
 
 	By("starting a cluster with one real node, and cert-manager")
 	node = testbed.StartNode(GinkgoT(), testbed.NodeOptions{Images: []string{image}})
 	testbed.StartCertManager(GinkgoT(), node.API, testbed.CertManagerOptions{})
 	testbed.StartCAInjector(GinkgoT(), node.API)
 
-	helmHome = GinkgoT().TempDir()
-	kubeconfig = writeKubeconfig()
 	By("helm install of charts/guestbackup, only the image values changed")
-	_, err = helm("install", release, filepath.Join(root, "charts", "guestbackup"), "--namespace", releaseNamespace, "--create-namespace",
+	_, err = node.Helm(GinkgoT(), "install", release, filepath.Join(root, "charts", "guestbackup"), "--namespace", releaseNamespace, "--create-namespace",
 		"--set", "image.repository="+imageRepository, "--set", "image.tag="+imageTag, "--set", "image.pullPolicy=Never")
 	Expect(err).NotTo(HaveOccurred())
 })
-
-// writeKubeconfig writes the cluster's admin kubeconfig for helm.
-func writeKubeconfig() string {
-	GinkgoHelper()
-	c := node.API.Config
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["node"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
-	cfg.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
-	cfg.Contexts["node"] = &clientcmdapi.Context{Cluster: "node", AuthInfo: "node"}
-	cfg.CurrentContext = "node"
-	path := filepath.Join(helmHome, "kubeconfig")
-	Expect(clientcmd.WriteToFile(*cfg, path)).To(Succeed())
-	return path
-}
-
-// helm runs the test bed's helm against the cluster and returns its
-// standard output; a failure carries its standard error.
-func helm(args ...string) (string, error) {
-	cmd := exec.Command(tools.Helm, append(args, "--kubeconfig", kubeconfig)...)
-	cmd.Env = append(os.Environ(),
-		"HELM_CACHE_HOME="+filepath.Join(helmHome, "cache"),
-		"HELM_CONFIG_HOME="+filepath.Join(helmHome, "config"),
-		"HELM_DATA_HOME="+filepath.Join(helmHome, "data"),
-	)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		return stdout.String(), &helmError{args: args, err: err, stderr: stderr.String()}
-	}
-	return stdout.String(), nil
-}
-
-type helmError struct {
-	args   []string
-	err    error
-	stderr string
-}
-
-func (e *helmError) Error() string {
-	return "helm " + strings.Join(e.args, " ") + ": " + e.err.Error() + ": " + e.stderr
-}
