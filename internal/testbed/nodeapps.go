@@ -85,13 +85,18 @@ func (n *Node) Helm(tb TB, args ...string) (string, error) {
 
 // LocalVolume creates a local PersistentVolume of size, of class
 // storageClass (created without a provisioner when missing), on the node,
-// on a fresh folder that is root-owned and 0755 as a provisioner hands out
-// a new claim's root directory. The kubelet applies a pod's fsGroup to it.
+// on a fresh folder of the node's that is root-owned and 0755 as a
+// provisioner hands out a new claim's root directory. The kubelet applies a pod's fsGroup to it.
 // It returns the folder.
 func (n *Node) LocalVolume(tb TB, name, storageClass, size string) string {
 	tb.Helper()
 	ctx := context.Background()
-	dir := filepath.Join(tb.TempDir(), name)
+	// In the node's folder, not the caller's: a spec's temporary folder
+	// goes when the spec ends, while the volume lives as long as the node.
+	dir := filepath.Join(n.dir, "volumes", name)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o700); err != nil {
+		tb.Fatalf("%v", err)
+	}
 	if err := os.Mkdir(dir, 0o755); err != nil {
 		tb.Fatalf("%v", err)
 	}

@@ -141,11 +141,11 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 		// until they list both webhook pods, so that the one create below
 		// is admitted by a webhook call that completes.
 		Eventually(func(g Gomega) {
-			var slices discoveryv1.EndpointSliceList
-			g.Expect(c.List(ctx, &slices, client.InNamespace(releaseNamespace))).To(Succeed())
+			var endpointSlices discoveryv1.EndpointSliceList
+			g.Expect(c.List(ctx, &endpointSlices, client.InNamespace(releaseNamespace))).To(Succeed())
 			ready := 0
-			for _, s := range slices.Items {
-				if !strings.Contains(s.Labels[discoveryv1.LabelServiceName], "webhook") {
+			for _, s := range endpointSlices.Items {
+				if s.Labels[discoveryv1.LabelServiceName] != release+"-webhook" {
 					continue
 				}
 				for _, e := range s.Endpoints {
