@@ -60,6 +60,15 @@ AZURITE="$AZURITE_DIR/node_modules/azurite/dist/src/blob/main.js"
 # server (internal/testbed.StartKubeVirt).
 VIRT_API="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-api"
 VIRT_CONTROLLER="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-controller"
+# The real node (internal/testbed.StartNode): Kubernetes' node and cluster
+# components from the same module as kube-apiserver, Debian's containerd,
+# runc and CNI plugins, and a pause image of our own (hack/pause) as the
+# sandbox image, keyed by a hash of its recipe.
+KUBELET="$CACHE/kubelet/$KUBERNETES_VERSION/kubelet"
+KUBE_SCHEDULER="$CACHE/kube-scheduler/$KUBERNETES_VERSION/kube-scheduler"
+KUBE_CONTROLLER_MANAGER="$CACHE/kube-controller-manager/$KUBERNETES_VERSION/kube-controller-manager"
+NODE_DEBS=(containerd runc containernetworking-plugins)
+PAUSE_IMAGE="$CACHE/pause/$(cat "$ROOT/hack/pause/main.go" "$ROOT/hack/image/main.go" "$ROOT/hack/image/go.sum" | sha256sum | cut -c1-16)/pause.tar"
 # envtest looks for kube-apiserver and etcd side by side in one folder.
 ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
 # Debian's cloud-init, unpacked, not installed: the version is apt's candidate,
@@ -122,19 +131,29 @@ gobuild() {
 	mv -f "$out.tmp" "$out"
 }
 
+# kube_ldflags prints the version stamp of Kubernetes' own release builds.
+kube_ldflags() {
+	local v=k8s.io/component-base/version major minor
+	major=$(cut -d. -f1 <<<"${KUBERNETES_VERSION#v}")
+	minor=$(cut -d. -f2 <<<"$KUBERNETES_VERSION")
+	echo "-X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=$major -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
+}
+
 install_go_tools() {
 	# Stamped with its version as Kubernetes' own build does: clients read
 	# /version (helm checks a chart's kubeVersion against it), and an
 	# unstamped build says v0.0.0. A binary from before the stamp is rebuilt
-	# (only its link step, when Go's build cache is warm).
-	if [[ "$("$KUBE_APISERVER" --version 2>/dev/null)" != "Kubernetes $KUBERNETES_VERSION" ]]; then
-		log "kube-apiserver takes about 7 minutes on 2 cores when nothing is cached"
-		local major minor v=k8s.io/component-base/version
-		major=$(cut -d. -f1 <<<"${KUBERNETES_VERSION#v}")
-		minor=$(cut -d. -f2 <<<"$KUBERNETES_VERSION")
-		timed "kube-apiserver $KUBERNETES_VERSION" gobuild 1 kube-apiserver "$KUBE_APISERVER" k8s.io/kubernetes/cmd/kube-apiserver \
-			-ldflags "-X $v.gitVersion=$KUBERNETES_VERSION -X $v.gitMajor=$major -X $v.gitMinor=$minor -X $v.gitTreeState=clean"
-	fi
+	# (only its link step, when Go's build cache is warm). The real node's
+	# kubelet, scheduler and controller manager come from the same module
+	# (internal/testbed.StartNode); with kube-apiserver's packages in Go's
+	# build cache they take about a minute each.
+	local cmd bin
+	for cmd in kube-apiserver kubelet kube-scheduler kube-controller-manager; do
+		bin="$CACHE/$cmd/$KUBERNETES_VERSION/$cmd"
+		[[ "$("$bin" --version 2>/dev/null)" == "Kubernetes $KUBERNETES_VERSION" ]] && continue
+		[[ $cmd == kube-apiserver ]] && log "kube-apiserver takes about 7 minutes on 2 cores when nothing is cached"
+		timed "$cmd $KUBERNETES_VERSION" gobuild 1 kube-apiserver "$bin" "k8s.io/kubernetes/cmd/$cmd" -ldflags "$(kube_ldflags)"
+	done
 	# Static, so the same binary runs in the server image and in test guests.
 	[[ -x "$KOPIA" ]] || timed "kopia $KOPIA_VERSION" \
 		gobuild 0 kopia "$KOPIA" github.com/kopia/kopia
@@ -277,6 +296,20 @@ install_guest_image() {
 		timed "guest image $(basename "$GUEST_IMAGE_STOCK")" env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" build stock
 }
 
+install_node() {
+	apt_install "${NODE_DEBS[@]}"
+	[[ -s "$PAUSE_IMAGE" ]] && return
+	local work
+	work=$(mktemp -d)
+	(cd "$ROOT" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags=-s -o "$work/pause" ./hack/pause)
+	mkdir -p "$(dirname "$PAUSE_IMAGE")"
+	(cd "$ROOT/hack/image" && GOFLAGS=-mod=readonly go run . -out "$work/pause.tar" -tag guestbackup.local/pause:1 \
+		-file "/usr/local/bin/pause=$work/pause" -entrypoint /usr/local/bin/pause -user 65535:65535)
+	mv -f "$work/pause.tar" "$PAUSE_IMAGE"
+	rm -rf "$work"
+	log "built the pause image $PAUSE_IMAGE"
+}
+
 print_env() {
 	local ci=""
 	[[ -s "$CLOUD_INIT_STAMP" ]] && ci="$(cat "$CLOUD_INIT_STAMP")/cloud-init-schema"
@@ -297,6 +330,10 @@ export GUESTBACKUP_GUEST_IMAGE=$GUEST_IMAGE
 export GUESTBACKUP_GUEST_IMAGE_STOCK=$GUEST_IMAGE_STOCK
 export GUESTBACKUP_VIRT_API=$VIRT_API
 export GUESTBACKUP_VIRT_CONTROLLER=$VIRT_CONTROLLER
+export GUESTBACKUP_KUBELET=$KUBELET
+export GUESTBACKUP_KUBE_SCHEDULER=$KUBE_SCHEDULER
+export GUESTBACKUP_KUBE_CONTROLLER_MANAGER=$KUBE_CONTROLLER_MANAGER
+export GUESTBACKUP_PAUSE_IMAGE=$PAUSE_IMAGE
 EOF
 }
 
@@ -311,6 +348,7 @@ install)
 	install_cloud_init
 	install_shell_linters
 	install_guest_image
+	install_node
 	log "tools ready in $CACHE ($((SECONDS - start))s)"
 	;;
 env) print_env ;;

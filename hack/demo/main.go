@@ -78,6 +78,7 @@ var demoLine = regexp.MustCompile(`(?m)^DEMO (.*?)\r?$`)
 func main() {
 	verbose := flag.Bool("v", false, "print the components' logs")
 	guest := flag.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
+	onNode := flag.Bool("node", false, "install the chart with helm on the test bed's real node (kubelet, containerd): controller, webhook and server run as real pods")
 	flag.Parse()
 	r := newRun(os.Stdout, *verbose)
 	// Every process the test bed starts dies with this one (its parent
@@ -90,7 +91,12 @@ func main() {
 		r.close()
 		os.Exit(130)
 	}()
-	err := r.guard(func() error { return demo(context.Background(), r, *guest) })
+	err := r.guard(func() error {
+		if *onNode {
+			return demoNode(context.Background(), r)
+		}
+		return demo(context.Background(), r, *guest)
+	})
 	r.close()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)

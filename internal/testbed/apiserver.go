@@ -81,6 +81,9 @@ type APIServerOptions struct {
 	// WithoutGuestbackupCRDs leaves guestbackup's own CRDs out: a fresh
 	// cluster, where `helm install` of the chart creates them.
 	WithoutGuestbackupCRDs bool
+	// Configure adjusts the API server's flags and serving address before it
+	// starts (StartNode serves it on its node's network).
+	Configure func(*envtest.Environment) error
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
@@ -113,6 +116,11 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	}
 	if err := configureRequestHeader(env, tb.TempDir()); err != nil {
 		tb.Fatalf("%v", err)
+	}
+	if opts.Configure != nil {
+		if err := opts.Configure(env); err != nil {
+			tb.Fatalf("configure API server: %v", err)
+		}
 	}
 	cfg, err := env.Start()
 	if err != nil {

@@ -1,7 +1,9 @@
 // Package testbed starts the real components guestbackup is proven against:
 // a Kubernetes API server (envtest, with the BSLS, KubeVirt VirtualMachine and
-// cert-manager CRDs), Kopia repository servers and clients on loopback, and
-// Debian's cloud-init schema validator.
+// cert-manager CRDs), Kopia repository servers and clients on loopback,
+// Debian's cloud-init schema validator, and a real node (StartNode: kubelet,
+// containerd, kube-scheduler and kube-controller-manager) that runs the
+// product's image as the chart installs it.
 //
 // The binaries come from hack/tools.sh (run `make tools`); the environment it
 // prints (`hack/tools.sh env`) points here, and when it is not set the

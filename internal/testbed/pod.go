@@ -60,6 +60,14 @@ type Pod struct {
 
 // RunPod runs the init containers to completion, then starts the containers.
 // The test's cleanup stops them.
+//
+// It imitates the kubelet, kindly: volume files are its own user's, the
+// containers run as this process's user, and fsGroup, Secret modes, image
+// users and probes are not enforced. Where a spec is about how a pod runs,
+// use the real node (StartNode) instead; test/node shows the server pod
+// there. RunPod remains for the suites that start a server per spec in
+// seconds on a fixed loopback port a qemu guest reaches (internal/local,
+// pkg/kopiaserver's envtest suites).
 func RunPod(tb TB, o PodOptions) *Pod {
 	tb.Helper()
 	r := &podRunner{o: o, tb: tb, dir: tb.TempDir(), mounts: map[string]string{}}

@@ -46,28 +46,37 @@ type Tools struct {
 	// GuestImageStock is the folder of the stock-like guest image (no
 	// kopia); only the tests that boot it need it built.
 	GuestImageStock string
+	// Kubelet, KubeScheduler, KubeControllerManager and PauseImage (an OCI
+	// tarball) make the real node; only the suites that start one need them
+	// built (see StartNode).
+	Kubelet, KubeScheduler, KubeControllerManager, PauseImage string
 }
 
 var toolEnv = map[string]func(*Tools) *string{
-	"KUBEBUILDER_ASSETS":            func(t *Tools) *string { return &t.Assets },
-	"GUESTBACKUP_KOPIA":             func(t *Tools) *string { return &t.Kopia },
-	"GUESTBACKUP_KOPIA_ARM64":       func(t *Tools) *string { return &t.KopiaARM64 },
-	"GUESTBACKUP_HELM":              func(t *Tools) *string { return &t.Helm },
-	"GUESTBACKUP_KUBECTL":           func(t *Tools) *string { return &t.Kubectl },
-	"GUESTBACKUP_MINIO":             func(t *Tools) *string { return &t.MinIO },
-	"GUESTBACKUP_FAKE_GCS":          func(t *Tools) *string { return &t.FakeGCS },
-	"GUESTBACKUP_AZURITE":           func(t *Tools) *string { return &t.Azurite },
-	"GUESTBACKUP_CONTROLLER_GEN":    func(t *Tools) *string { return &t.ControllerGen },
-	"GUESTBACKUP_CLOUD_INIT_SCHEMA": func(t *Tools) *string { return &t.CloudInitSchema },
-	"GUESTBACKUP_GUEST_IMAGE":       func(t *Tools) *string { return &t.GuestImage },
-	"GUESTBACKUP_GUEST_IMAGE_STOCK": func(t *Tools) *string { return &t.GuestImageStock },
-	"GUESTBACKUP_VIRT_API":          func(t *Tools) *string { return &t.VirtAPI },
-	"GUESTBACKUP_VIRT_CONTROLLER":   func(t *Tools) *string { return &t.VirtController },
+	"KUBEBUILDER_ASSETS":                  func(t *Tools) *string { return &t.Assets },
+	"GUESTBACKUP_KOPIA":                   func(t *Tools) *string { return &t.Kopia },
+	"GUESTBACKUP_KOPIA_ARM64":             func(t *Tools) *string { return &t.KopiaARM64 },
+	"GUESTBACKUP_HELM":                    func(t *Tools) *string { return &t.Helm },
+	"GUESTBACKUP_KUBECTL":                 func(t *Tools) *string { return &t.Kubectl },
+	"GUESTBACKUP_MINIO":                   func(t *Tools) *string { return &t.MinIO },
+	"GUESTBACKUP_FAKE_GCS":                func(t *Tools) *string { return &t.FakeGCS },
+	"GUESTBACKUP_AZURITE":                 func(t *Tools) *string { return &t.Azurite },
+	"GUESTBACKUP_CONTROLLER_GEN":          func(t *Tools) *string { return &t.ControllerGen },
+	"GUESTBACKUP_CLOUD_INIT_SCHEMA":       func(t *Tools) *string { return &t.CloudInitSchema },
+	"GUESTBACKUP_GUEST_IMAGE":             func(t *Tools) *string { return &t.GuestImage },
+	"GUESTBACKUP_GUEST_IMAGE_STOCK":       func(t *Tools) *string { return &t.GuestImageStock },
+	"GUESTBACKUP_VIRT_API":                func(t *Tools) *string { return &t.VirtAPI },
+	"GUESTBACKUP_VIRT_CONTROLLER":         func(t *Tools) *string { return &t.VirtController },
+	"GUESTBACKUP_KUBELET":                 func(t *Tools) *string { return &t.Kubelet },
+	"GUESTBACKUP_KUBE_SCHEDULER":          func(t *Tools) *string { return &t.KubeScheduler },
+	"GUESTBACKUP_KUBE_CONTROLLER_MANAGER": func(t *Tools) *string { return &t.KubeControllerManager },
+	"GUESTBACKUP_PAUSE_IMAGE":             func(t *Tools) *string { return &t.PauseImage },
 }
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
-var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_GUEST_IMAGE_STOCK": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true}
+var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_GUEST_IMAGE_STOCK": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true,
+	"GUESTBACKUP_KUBELET": true, "GUESTBACKUP_KUBE_SCHEDULER": true, "GUESTBACKUP_KUBE_CONTROLLER_MANAGER": true, "GUESTBACKUP_PAUSE_IMAGE": true}
 
 var (
 	toolsOnce sync.Once

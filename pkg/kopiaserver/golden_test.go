@@ -33,6 +33,9 @@ type goldenInput struct {
 	// CertManagerCA is the reconciler's CertManagerCA; cert-manager is
 	// served in every case.
 	CertManagerCA bool `json:"certManagerCA,omitempty"`
+	// Namespace is the BSLS's namespace as the reconciler finds it (its
+	// annotations tell an OpenShift one); a plain one when absent.
+	Namespace *corev1.Namespace `json:"namespace,omitempty"`
 }
 
 // renderServer is what the reconciler writes for in's BSLS from its
@@ -48,7 +51,8 @@ func renderServer(in goldenInput) ([]client.Object, error) {
 			return nil, err
 		}
 	}
-	wi := WorkloadInputs{Image: "guestbackup:golden", TLSChecksum: "golden-tls-checksum", ActivityInterval: time.Minute}
+	wi := WorkloadInputs{Image: "guestbackup:golden", TLSChecksum: "golden-tls-checksum", ActivityInterval: time.Minute,
+		PlatformAssignsIDs: AssignsPodIDs(in.Namespace)}
 	wi.setStorage(b, vs)
 	d, err := Deployment(b, wi)
 	if err != nil {
@@ -107,7 +111,7 @@ func TestServerObjectsGolden(t *testing.T) {
 			got := map[string][]byte{}
 			for _, obj := range objs {
 				if d, ok := obj.(*appsv1.Deployment); ok {
-					checkServerPod(t, d, in.VeleroBSL != nil)
+					checkServerPod(t, d, in.VeleroBSL != nil, AssignsPodIDs(in.Namespace))
 				}
 				rendered, err := goldenYAML(obj)
 				if err != nil {
@@ -130,10 +134,38 @@ func TestServerObjectsGolden(t *testing.T) {
 // S3 keys by Secret reference only; no "/" as a bucket's prefix; and for a
 // Velero BSL, no storage credential in the environment at all (the init
 // container reads Velero's Secret through the API, or the pod has a
-// workload identity).
-func checkServerPod(t *testing.T, d *appsv1.Deployment, velero bool) {
+// workload identity). Volume ownership as a kubelet applies it: an fsGroup
+// (the image's group, unless the platform assigns one) with OnRootMismatch,
+// and Secret files its group can read.
+func checkServerPod(t *testing.T, d *appsv1.Deployment, velero, platformIDs bool) {
 	t.Helper()
 	spec := d.Spec.Template.Spec
+	switch psc := spec.SecurityContext; {
+	case psc == nil:
+		t.Errorf("the pod has no securityContext")
+	case psc.RunAsUser != nil || psc.RunAsGroup != nil:
+		t.Errorf("the pod fixes its user or group: the image's user runs, or the one OpenShift assigns")
+	case platformIDs && psc.FSGroup != nil:
+		t.Errorf("fsGroup %d where OpenShift assigns it from the namespace's range", *psc.FSGroup)
+	case !platformIDs && (psc.FSGroup == nil || *psc.FSGroup != ImageGroup):
+		t.Errorf("fsGroup %v, want the image's group %d: a fresh claim's root is root-owned", psc.FSGroup, ImageGroup)
+	case psc.FSGroupChangePolicy == nil || *psc.FSGroupChangePolicy != corev1.FSGroupChangeOnRootMismatch:
+		t.Errorf("fsGroupChangePolicy %v, want OnRootMismatch", psc.FSGroupChangePolicy)
+	}
+	for _, v := range spec.Volumes {
+		if v.PersistentVolumeClaim != nil {
+			// Init writes the claim's path into the repository
+			// configuration the other containers open.
+			for _, c := range append(slices.Clone(spec.InitContainers), spec.Containers...) {
+				if !slices.ContainsFunc(c.VolumeMounts, func(m corev1.VolumeMount) bool { return m.Name == v.Name }) {
+					t.Errorf("container %s does not mount the repository's claim (volume %s)", c.Name, v.Name)
+				}
+			}
+		}
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode&0o040 == 0) {
+			t.Errorf("Secret volume %s: mode %v: its files are root's; the fsGroup must read them", v.Name, v.Secret.DefaultMode)
+		}
+	}
 	if c := spec.Containers[0]; c.Name != "kopia" || !slices.Equal(c.Command, []string{KopiaBinary}) {
 		t.Errorf("the first container is %s running %v, want kopia running %s", c.Name, c.Command, KopiaBinary)
 	}

@@ -299,6 +299,13 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 
 	// Storage and the repository password: the server cannot start without.
 	in := WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval}
+	// Whether the platform assigns the pod's IDs (OpenShift) shapes its
+	// securityContext.
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Namespace}, ns); err != nil {
+		return obs, fmt.Errorf("get namespace %s: %w", b.Namespace, err)
+	}
+	in.PlatformAssignsIDs = AssignsPodIDs(ns)
 	if obs.RepositoryProblem, err = r.storage(ctx, b, &in); err != nil {
 		return obs, err
 	}

@@ -129,6 +129,47 @@ type WorkloadInputs struct {
 	// WorkloadIdentity, instead of either, gives the pod no static keys:
 	// it reaches the storage as its ServiceAccount's cloud identity.
 	WorkloadIdentity bool
+	// PlatformAssignsIDs is true when the platform picks the pod's user and
+	// fsGroup itself (OpenShift's SCC admission, see AssignsPodIDs): the pod
+	// then names no fixed ID, which that admission would refuse.
+	PlatformAssignsIDs bool
+}
+
+// ImageGroup is the group of the image's user (65532:65532, Dockerfile):
+// the server pod's fsGroup where the platform assigns none.
+const ImageGroup = 65532
+
+// AnnotationSCCSupplementalGroups is set by OpenShift on every namespace:
+// the range its SCC admission takes a pod's fsGroup from.
+const AnnotationSCCSupplementalGroups = "openshift.io/sa.scc.supplemental-groups"
+
+// AssignsPodIDs reports whether pods in ns get their user and fsGroup from
+// the platform: OpenShift's restricted SCCs assign both from the
+// namespace's range and refuse any other fixed value.
+func AssignsPodIDs(ns *corev1.Namespace) bool {
+	if ns == nil {
+		return false
+	}
+	_, ok := ns.Annotations[AnnotationSCCSupplementalGroups]
+	return ok
+}
+
+// podSecurityContext is the server pod's: non-root, and an fsGroup that
+// the kubelet gives a fresh claim's root directory (usually root-owned
+// 0755) and the TLS Secret's files, so that the image's user can write the
+// repository and read its key. OnRootMismatch: a large repository is not
+// walked again at every start once its root has the group. Where the
+// platform assigns the fsGroup (OpenShift), it is left to it.
+func podSecurityContext(in WorkloadInputs) *corev1.PodSecurityContext {
+	sc := &corev1.PodSecurityContext{
+		RunAsNonRoot:        ptr.To(true),
+		SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+		FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
+	}
+	if !in.PlatformAssignsIDs {
+		sc.FSGroup = ptr.To[int64](ImageGroup)
+	}
+	return sc
 }
 
 // VeleroCredentials name a provider's credentials file in a Velero Secret.
@@ -185,11 +226,19 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 
 	volumes := []corev1.Volume{
 		{Name: "config", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-		{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: TLSSecretName(b), DefaultMode: ptr.To[int32](0o400)}}},
+		// Group-readable: the kubelet makes the files root-owned with the
+		// pod's fsGroup as group; 0400 would leave the key unreadable to
+		// the image's user.
+		{Name: "tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: TLSSecretName(b), DefaultMode: ptr.To[int32](0o440)}}},
 	}
 	configMount := corev1.VolumeMount{Name: "config", MountPath: configDir}
 	tlsMount := corev1.VolumeMount{Name: "tls", MountPath: tlsDir, ReadOnly: true}
 	initMounts := []corev1.VolumeMount{configMount, tlsMount}
+	// serverMounts are the Kopia server's and the user sync's: the
+	// repository configuration init writes names the storage by its path in
+	// the pod, so a filesystem repository is mounted there in every
+	// container.
+	serverMounts := []corev1.VolumeMount{configMount, tlsMount}
 	initArgs := []string{
 		"init",
 		"--config-file=" + configFile,
@@ -207,7 +256,9 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		volumes = append(volumes, corev1.Volume{Name: "repository", VolumeSource: corev1.VolumeSource{
 			PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: ClaimName(b)},
 		}})
-		initMounts = append(initMounts, corev1.VolumeMount{Name: "repository", MountPath: repositoryDir})
+		repositoryMount := corev1.VolumeMount{Name: "repository", MountPath: repositoryDir}
+		initMounts = append(initMounts, repositoryMount)
+		serverMounts = append(serverMounts, repositoryMount)
 		initArgs = append(initArgs, "--filesystem-path="+path.Join(repositoryDir, b.Spec.Repository.PathPrefix))
 	case in.S3 != nil:
 		s3 := in.S3
@@ -313,10 +364,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	}
 	pod := corev1.PodSpec{
 		ServiceAccountName: ServiceAccountName(b),
-		SecurityContext: &corev1.PodSecurityContext{
-			RunAsNonRoot:   ptr.To(true),
-			SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-		},
+		SecurityContext:    podSecurityContext(in),
 		InitContainers: []corev1.Container{{
 			Name: "init", Image: in.Image,
 			Command: []string{ServerBinary}, Args: initArgs,
@@ -341,7 +389,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 				},
 				Env:          []corev1.EnvVar{password, control, home, noUpdates},
 				Ports:        []corev1.ContainerPort{{Name: "kopia", ContainerPort: v1alpha1.DefaultServerPort, Protocol: corev1.ProtocolTCP}},
-				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
+				VolumeMounts: serverMounts,
 				// A TCP probe: an HTTP probe of the control API would need
 				// the control password in the pod spec.
 				ReadinessProbe: &corev1.Probe{
@@ -386,7 +434,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
 					{Name: clientdist.PortName, ContainerPort: clientdist.DefaultPort, Protocol: corev1.ProtocolTCP},
 				},
-				VolumeMounts: []corev1.VolumeMount{configMount, tlsMount},
+				VolumeMounts: serverMounts,
 				ReadinessProbe: &corev1.Probe{
 					ProbeHandler:  corev1.ProbeHandler{HTTPGet: &corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("health")}},
 					PeriodSeconds: 5,

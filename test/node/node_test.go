@@ -1,0 +1,247 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// The specs share one install and build on each other, as an admin and a
+// VM owner would use it: the release's pods, then a BSLS, then a VM, then
+// its guest.
+var _ = Describe("guestbackup on a real node", Ordered, func() {
+	const (
+		bslsNamespace = "backup"
+		vmNamespace   = "vms"
+		storageClass  = "node-local"
+		// serverUID is the image's user (Dockerfile, hack/image.sh).
+		serverUID = 65532
+	)
+	var (
+		bsls     *v1alpha1.BackupStorageLocationServer
+		claimDir string
+		username string
+		password string
+	)
+
+	AfterEach(func() {
+		if CurrentSpecReport().Failed() {
+			node.LogContainers(GinkgoT(), 40)
+		}
+	})
+
+	It("runs the controller and the webhook as pods the kubelet made Ready", func() {
+		Eventually(func(g Gomega) {
+			pods := podsOf(g, releaseNamespace, map[string]string{"app.kubernetes.io/instance": release})
+			g.Expect(pods).To(HaveLen(3), "one controller and two webhook pods")
+			for _, p := range pods {
+				g.Expect(p.Spec.NodeName).To(Equal(node.Name))
+				g.Expect(isPodReady(p)).To(BeTrue(), "pod %s Ready: %s", p.Name, describe(p))
+			}
+		}).WithTimeout(podTimeout).WithPolling(2 * time.Second).Should(Succeed())
+	})
+
+	It("runs a BSLS's server pod as the image's user on a fresh root-owned claim, under fsGroup", func() {
+		// A fresh folder, root-owned 0755, as a provisioner hands out a new
+		// claim's root directory. The kubelet applies fsGroup to local
+		// volumes as to block-backed CSI ones.
+		claimDir = node.LocalVolume(GinkgoT(), "repository", storageClass, "10Gi")
+		c := node.API.Client
+		Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: bslsNamespace}})).To(Succeed())
+		bsls = &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: bslsNamespace},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{
+				Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{
+					Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To(storageClass)}},
+				Access: v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"guestbackup.io/backup": "enabled"}}},
+			},
+		}
+		Expect(c.Create(ctx, bsls)).To(Succeed())
+
+		serverLabels := map[string]string{"app.kubernetes.io/name": "guestbackup-server", "guestbackup.io/bsls": bsls.Name}
+		Eventually(func(g Gomega) {
+			g.Expect(c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)).To(Succeed())
+			var pods []string
+			for _, p := range podsOf(g, bslsNamespace, serverLabels) {
+				pods = append(pods, describe(p))
+			}
+			g.Expect(meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)).To(BeTrue(),
+				"BSLS Ready; conditions %v; server pods: %s", bsls.Status.Conditions, strings.Join(pods, "; "))
+		}).WithTimeout(2 * podTimeout).WithPolling(2 * time.Second).Should(Succeed())
+
+		pods := podsOf(Default, bslsNamespace, serverLabels)
+		Expect(pods).To(HaveLen(1))
+		pod := pods[0]
+		Expect(pod.Spec.NodeName).To(Equal(node.Name))
+		Expect(pod.Spec.SecurityContext).NotTo(BeNil())
+		Expect(pod.Spec.SecurityContext.FSGroup).NotTo(BeNil(), "the server pod sets fsGroup")
+		fsGroup := *pod.Spec.SecurityContext.FSGroup
+		for _, container := range []string{"kopia", "user-sync"} {
+			pid, err := node.ContainerPID(&pod, container)
+			Expect(err).NotTo(HaveOccurred())
+			status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+			Expect(err).NotTo(HaveOccurred())
+			Expect(statusField(status, "Uid")).To(HaveExactElements(strconv.Itoa(serverUID), strconv.Itoa(serverUID), strconv.Itoa(serverUID), strconv.Itoa(serverUID)), "container %s's user", container)
+			Expect(statusField(status, "Groups")).To(ContainElement(strconv.FormatInt(fsGroup, 10)), "container %s's groups", container)
+		}
+		By("the kubelet gave the claim's root to fsGroup, and the repository was written there")
+		var st syscall.Stat_t
+		Expect(syscall.Stat(claimDir, &st)).To(Succeed())
+		Expect(int64(st.Gid)).To(Equal(fsGroup))
+		entries, err := os.ReadDir(claimDir)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.Name() == "kopia.repository.f" })).To(BeTrue(), "a Kopia repository in %s: %v", claimDir, entries)
+	})
+
+	It("injects an annotated VM through the webhook pod, which the API server calls through its Service", func() {
+		c := node.API.Client
+		Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: vmNamespace,
+			Labels: map[string]string{"guestbackup.io/backup": "enabled"}}})).To(Succeed())
+		vm := &kubevirtv1.VirtualMachine{
+			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNamespace,
+				Annotations: map[string]string{v1alpha1.AnnotationServer: bslsNamespace + "/" + bsls.Name}},
+			Spec: kubevirtv1.VirtualMachineSpec{
+				// Never started: no KubeVirt runs here (see the package doc).
+				RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+				Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+					Domain: kubevirtv1.DomainSpec{
+						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
+						Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
+							{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
+						}},
+					},
+					Volumes: []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{
+						ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}}},
+				}},
+			},
+		}
+		// The API server routes to the webhook Service's endpoints: wait
+		// until they list both webhook pods, so that the one create below
+		// is admitted by a webhook call that completes.
+		Eventually(func(g Gomega) {
+			var endpointSlices discoveryv1.EndpointSliceList
+			g.Expect(c.List(ctx, &endpointSlices, client.InNamespace(releaseNamespace))).To(Succeed())
+			ready := 0
+			for _, s := range endpointSlices.Items {
+				if s.Labels[discoveryv1.LabelServiceName] != release+"-webhook" {
+					continue
+				}
+				for _, e := range s.Endpoints {
+					if e.Conditions.Ready != nil && *e.Conditions.Ready {
+						ready++
+					}
+				}
+			}
+			g.Expect(ready).To(Equal(2), "ready endpoints of the webhook Service")
+		}).WithTimeout(podTimeout).WithPolling(time.Second).Should(Succeed())
+		Expect(c.Create(ctx, vm)).To(Succeed())
+		Expect(c.Get(ctx, client.ObjectKeyFromObject(vm), vm)).To(Succeed())
+		Expect(vm.Annotations).To(HaveKey(v1alpha1.AnnotationStatus), "the webhook pod injected the VM")
+		Expect(slices.ContainsFunc(vm.Spec.Template.Spec.Volumes, func(v kubevirtv1.Volume) bool {
+			return v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil
+		})).To(BeTrue(), "a cloudInitNoCloud volume with the credentials' Secret")
+
+		username = vm.Name + "@" + vm.Namespace
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			key := types.NamespacedName{Namespace: bslsNamespace, Name: userset.SecretName(bsls.Name, userset.ShardOf(username))}
+			if err := c.Get(ctx, key, s); err != nil {
+				return err.Error()
+			}
+			return string(s.Data[userset.Key])
+		}).WithTimeout(podTimeout).Should(ContainSubstring(username+" "), "the controller pod provisioned %s", username)
+		secret := &corev1.Secret{}
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNamespace, Name: v1alpha1.CredentialSecretName(vm.Name)}, secret)).To(Succeed())
+		password = string(secret.Data[v1alpha1.SecretKeyPassword])
+		Expect(password).NotTo(BeEmpty())
+	})
+
+	It("lets a guest connect to the server pod over the node's network and snapshot", func() {
+		ip, err := node.PodIP(bslsNamespace, map[string]string{"app.kubernetes.io/name": "guestbackup-server", "guestbackup.io/bsls": bsls.Name})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(node.PodCIDR.Contains(net.ParseIP(ip))).To(BeTrue(), "pod IP %s on the node's bridge", ip)
+		Expect(node.API.Client.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)).To(Succeed())
+		url := "https://" + testbed.Addr(ip, v1alpha1.DefaultServerPort)
+		guest := testbed.NewKopiaClient(GinkgoT())
+		// The server pod's user sync applies the user within seconds.
+		Eventually(func() error {
+			out, err := guest.ConnectPinned(ctx, url, bsls.Status.TLSFingerprint, username, password)
+			if err != nil {
+				return fmt.Errorf("%w: %s", err, out)
+			}
+			return nil
+		}).WithTimeout(podTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		data := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "config"), []byte("kept\n"), 0o600)).To(Succeed())
+		out, err := guest.RunWithPassword(ctx, password, "snapshot", "create", data)
+		Expect(err).NotTo(HaveOccurred(), "%s", out)
+		ids, err := guest.SnapshotIDs(ctx, data)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+	})
+})
+
+// podsOf lists the pods matching labels in namespace.
+func podsOf(g Gomega, namespace string, labels map[string]string) []corev1.Pod {
+	var pods corev1.PodList
+	g.Expect(node.API.Client.List(ctx, &pods, client.InNamespace(namespace), client.MatchingLabels(labels))).To(Succeed())
+	return pods.Items
+}
+
+func isPodReady(p corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// describe says what the kubelet reports of a pod's containers: what a
+// human reads in `kubectl describe pod` when it does not start.
+func describe(p corev1.Pod) string {
+	var parts []string
+	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		part := fmt.Sprintf("%s ready=%v restarts=%d", s.Name, s.Ready, s.RestartCount)
+		if w := s.State.Waiting; w != nil {
+			part += fmt.Sprintf(" waiting %s: %s", w.Reason, w.Message)
+		}
+		if t := s.LastTerminationState.Terminated; t != nil {
+			part += fmt.Sprintf(" last exit %d %s: %s", t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+		}
+		parts = append(parts, part)
+	}
+	return fmt.Sprintf("%s (%s) [%s]", p.Name, p.Status.Phase, strings.Join(parts, "; "))
+}
+
+// statusField is a field of /proc/PID/status, split into its values.
+func statusField(status []byte, name string) []string {
+	for _, line := range strings.Split(string(status), "\n") {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.Fields(v)
+		}
+	}
+	return nil
+}
