@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 // TestBootstrapKeyCoversEveryField changes each field of a Bootstrap in turn
@@ -14,6 +16,7 @@ func TestBootstrapKeyCoversEveryField(t *testing.T) {
 	base := testBootstrap(t)
 	base.Paths = []string{"/etc"}
 	base.Schedule = "daily"
+	base.Client = &v1alpha1.ClientStatus{Version: "v0.23.1", URL: "https://10.0.2.2:51516", SHA256: map[string]string{"amd64": "aa", "arm64": "bb"}}
 	typ := reflect.TypeFor[Bootstrap]()
 	for i := range typ.NumField() {
 		f := typ.Field(i)
@@ -32,6 +35,11 @@ func TestBootstrapKeyCoversEveryField(t *testing.T) {
 				} else {
 					v.Set(reflect.Append(v, reflect.ValueOf("/home")))
 				}
+			case reflect.Pointer:
+				// The only pointer is Client: its parts are checked below.
+				c := *base.Client
+				c.Version += "x"
+				v.Set(reflect.ValueOf(&c))
 			default:
 				t.Fatalf("field %s has kind %s, which this test does not know how to change: teach it, and key()", f.Name, v.Kind())
 			}
@@ -39,6 +47,28 @@ func TestBootstrapKeyCoversEveryField(t *testing.T) {
 				t.Errorf("changing %s leaves the key unchanged: add it to Bootstrap.key", f.Name)
 			}
 		})
+	}
+	// Every part of the client: a guest must never get another server's
+	// URL or SHA-256 from the memo.
+	for name, change := range map[string]func(*v1alpha1.ClientStatus){
+		"no client": nil,
+		"URL":       func(c *v1alpha1.ClientStatus) { c.URL += "x" },
+		"a SHA-256": func(c *v1alpha1.ClientStatus) { c.SHA256 = map[string]string{"amd64": "ab", "arm64": "bb"} },
+		"another arch": func(c *v1alpha1.ClientStatus) {
+			c.SHA256 = map[string]string{"amd64": "aa", "arm64": "bb", "riscv64": "cc"}
+		},
+	} {
+		changed := base
+		if change == nil {
+			changed.Client = nil
+		} else {
+			c := *base.Client
+			change(&c)
+			changed.Client = &c
+		}
+		if changed.key() == base.key() {
+			t.Errorf("changing the client's %s leaves the key unchanged: add it to Bootstrap.key", name)
+		}
 	}
 	// Length prefixes: moving bytes between neighbouring fields changes
 	// the key too.
