@@ -73,9 +73,13 @@ var _ = Describe("A guest that never connects", Ordered, func() {
 	It("says nothing while the VM is stopped, and nothing within the delay of its start", func() {
 		clk.Step(time.Hour)
 		poke(1)
+		// The clock is set before the instance exists: the controller may
+		// judge it the moment its creation is watched, and must find it
+		// within the delay then (its creation time, in whole seconds, is
+		// at most a second before now).
+		clk.SetTime(time.Now().Add(after - time.Minute))
 		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "app", Namespace: vmNamespace}}
 		Expect(api.Client.Create(ctx, vmi)).To(Succeed())
-		clk.SetTime(vmi.CreationTimestamp.Add(after - time.Minute))
 		poke(2)
 		Eventually(notConnected).Should(Equal(0.0))
 		Expect(events(audit.ReasonGuestNotConnected)()).To(BeEmpty())
