@@ -65,8 +65,9 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 		Namespace: ns,
 		Spec:      deployment.Spec.Template.Spec,
 		Binaries: map[string]string{
-			kopiaserver.KopiaBinary:  testbed.MustTools(b).Kopia,
-			kopiaserver.ServerBinary: testbed.Build(b, "./cmd/server"),
+			kopiaserver.KopiaBinary:       testbed.MustTools(b).Kopia,
+			kopiaserver.ClientBinaryARM64: testbed.MustTools(b).KopiaARM64,
+			kopiaserver.ServerBinary:      testbed.Build(b, "./cmd/server"),
 		},
 		Claims: map[string]string{kopiaserver.ClaimName(bsls): b.TempDir()},
 		API:    api,

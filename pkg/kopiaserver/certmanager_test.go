@@ -166,8 +166,9 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		}
 		cm = testbed.StartCertManager(GinkgoT(), api, testbed.CertManagerOptions{})
 		binaries = map[string]string{
-			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
+			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
+			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
 		}
 		claimDir = GinkgoT().TempDir()
 		// As the chart runs it with cert-manager: the BSLS above names its

@@ -125,8 +125,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		}
 		minio = testbed.StartMinIO(GinkgoT())
 		binaries = map[string]string{
-			kopiaserver.KopiaBinary:  testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
+			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
+			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
 		}
 		startController(api)
 	})

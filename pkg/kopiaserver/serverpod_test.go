@@ -114,8 +114,9 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
 		tools := testbed.MustTools(GinkgoT())
 		binaries = map[string]string{
-			kopiaserver.KopiaBinary:  tools.Kopia,
-			kopiaserver.ServerBinary: testbed.Build(GinkgoT(), "./cmd/server"),
+			kopiaserver.KopiaBinary:       tools.Kopia,
+			kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
+			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
 		}
 		claimDir = GinkgoT().TempDir()
 		bsls = &v1alpha1.BackupStorageLocationServer{
