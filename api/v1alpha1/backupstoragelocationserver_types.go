@@ -56,7 +56,8 @@ type BackupStorageLocationServerSpec struct {
 	// RandomizedDelaySec), so that VMs started together, after a cluster
 	// restart for instance, do not all log in at once: the Kopia server
 	// verifies one login at a time (see passwordHash). A change reaches a
-	// guest at its next boot. Default: 15m; 0s: no delay; at most 24h.
+	// guest at its next boot. Unset: 15m before each scheduled snapshot and
+	// no delay before the first connection; 0s: no delay; at most 24h.
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="guestSpread is between 0s and 24h"
 	// +optional
 	GuestSpread *metav1.Duration `json:"guestSpread,omitempty"`

@@ -111,6 +111,18 @@ func (b Bootstrap) spreadSeconds() int64 {
 	return int64(min(b.Spread, MaxSpread) / time.Second)
 }
 
+// connectSpreadSeconds is the bound of the delay before a boot's first
+// connection: only a Spread the admin set. The default spreads the
+// snapshot timer alone, so that a VM started on its own connects at once
+// (its guest is judged by GuestNotConnected from its start); an admin who
+// expects mass restarts sets guestSpread and spreads connections too.
+func (b Bootstrap) connectSpreadSeconds() int64 {
+	if b.Spread <= 0 {
+		return 0
+	}
+	return b.spreadSeconds()
+}
+
 // File is one file of the bootstrap, as it lands in the guest.
 type File struct {
 	Path    string
@@ -228,7 +240,7 @@ func (b Bootstrap) Files() ([]File, error) {
 		{Path: TrustDir + "/ca.crt", Mode: 0o644, Content: trust},
 		{Path: KopiaCommand, Mode: 0o755, Content: []byte(kopiaCommand)},
 		{Path: ConnectScript, Mode: 0o755, Content: []byte(connectScript)},
-		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: fmt.Appendf(nil, connectUnit, b.spreadSeconds())},
+		{Path: UnitDir + "/" + ConnectUnit, Mode: 0o644, Content: fmt.Appendf(nil, connectUnit, b.connectSpreadSeconds())},
 	}
 	if len(b.Paths) > 0 {
 		schedule := b.Schedule

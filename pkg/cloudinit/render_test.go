@@ -210,17 +210,18 @@ func TestParsePaths(t *testing.T) {
 }
 
 // The BSLS's spec.guestSpread bounds both the boot connection's random
-// delay and the timer's; unset is DefaultSpread, 0s none, and no value
-// goes past MaxSpread.
+// delay and the timer's; unset is DefaultSpread for the timer and none for
+// the connection, 0s none, and no value goes past MaxSpread.
 func TestSpread(t *testing.T) {
 	for name, tc := range map[string]struct {
-		spec *metav1.Duration
-		want string
+		spec    *metav1.Duration
+		want    string
+		connect string
 	}{
-		"unset":     {nil, "900"},
-		"none":      {&metav1.Duration{}, "0"},
-		"5 minutes": {&metav1.Duration{Duration: 5 * time.Minute}, "300"},
-		"too long":  {&metav1.Duration{Duration: 48 * time.Hour}, "86400"},
+		"unset":     {nil, "900", "0"},
+		"none":      {&metav1.Duration{}, "0", "0"},
+		"5 minutes": {&metav1.Duration{Duration: 5 * time.Minute}, "300", "300"},
+		"too long":  {&metav1.Duration{Duration: 48 * time.Hour}, "86400", "86400"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			b := testBootstrap(t)
@@ -234,7 +235,7 @@ func TestSpread(t *testing.T) {
 				var want string
 				switch f.Path {
 				case UnitDir + "/" + ConnectUnit:
-					want = "\nEnvironment=GUESTBACKUP_SPREAD=" + tc.want + "\n"
+					want = "\nEnvironment=GUESTBACKUP_SPREAD=" + tc.connect + "\n"
 				case UnitDir + "/" + SnapshotTimer:
 					want = "\nRandomizedDelaySec=" + tc.want + "\n"
 				default:
