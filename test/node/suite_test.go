@@ -60,7 +60,9 @@ var _ = BeforeSuite(func() {
 	image := testbed.BuildImage(GinkgoT(), imageRepository+":"+imageTag)
 
 	By("starting a cluster with one real node, and cert-manager")
-	node = testbed.StartNode(GinkgoT(), testbed.NodeOptions{Images: []string{image}})
+	// A fresh cluster: the chart installs guestbackup's CRD (its
+	// templates own it, so helm refuses one it did not create).
+	node = testbed.StartNode(GinkgoT(), testbed.NodeOptions{Images: []string{image}, APIServer: testbed.APIServerOptions{WithoutGuestbackupCRDs: true}})
 	testbed.StartCertManager(GinkgoT(), node.API, testbed.CertManagerOptions{})
 	testbed.StartCAInjector(GinkgoT(), node.API)
 
