@@ -64,13 +64,9 @@ func BenchmarkSecretToAuthentication(b *testing.B) {
 	pod := testbed.RunPod(b, testbed.PodOptions{
 		Namespace: ns,
 		Spec:      deployment.Spec.Template.Spec,
-		Binaries: map[string]string{
-			kopiaserver.KopiaBinary:       testbed.MustTools(b).Kopia,
-			kopiaserver.ClientBinaryARM64: testbed.MustTools(b).KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(b, "./cmd/server"),
-		},
-		Claims: map[string]string{kopiaserver.ClaimName(bsls): b.TempDir()},
-		API:    api,
+		Binaries:  serverBinaries(b),
+		Claims:    map[string]string{kopiaserver.ClaimName(bsls): b.TempDir()},
+		API:       api,
 	})
 	if err := pod.WaitReady(2 * time.Minute); err != nil {
 		b.Fatal(err)

@@ -165,11 +165,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
 		}
 		cm = testbed.StartCertManager(GinkgoT(), api, testbed.CertManagerOptions{})
-		binaries = map[string]string{
-			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
-		}
+		binaries = serverBinaries(GinkgoT())
 		claimDir = GinkgoT().TempDir()
 		// As the chart runs it with cert-manager: the BSLS above names its
 		// issuer, those below get a CA of their own through cert-manager.

@@ -130,11 +130,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		}
 		gcs = testbed.StartFakeGCS(GinkgoT())
 		azurite = testbed.StartAzurite(GinkgoT())
-		binaries = map[string]string{
-			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
-		}
+		binaries = serverBinaries(GinkgoT())
 		startController(api)
 	})
 

@@ -176,11 +176,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			}
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})).To(Succeed())
 		}
-		binaries = map[string]string{
-			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
-		}
+		binaries = serverBinaries(GinkgoT())
 		metricsAddr = startController(api)
 	})
 

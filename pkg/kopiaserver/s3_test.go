@@ -124,11 +124,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
 		}
 		minio = testbed.StartMinIO(GinkgoT())
-		binaries = map[string]string{
-			kopiaserver.KopiaBinary:       testbed.MustTools(GinkgoT()).Kopia,
-			kopiaserver.ClientBinaryARM64: testbed.MustTools(GinkgoT()).KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
-		}
+		binaries = serverBinaries(GinkgoT())
 		startController(api)
 	})
 

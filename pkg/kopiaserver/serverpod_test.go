@@ -112,12 +112,7 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		ctx = context.Background()
 		hashes = map[string]identity.Hash{}
 		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-		tools := testbed.MustTools(GinkgoT())
-		binaries = map[string]string{
-			kopiaserver.KopiaBinary:       tools.Kopia,
-			kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
-			kopiaserver.ServerBinary:      testbed.Build(GinkgoT(), "./cmd/server"),
-		}
+		binaries = serverBinaries(GinkgoT())
 		claimDir = GinkgoT().TempDir()
 		bsls = &v1alpha1.BackupStorageLocationServer{
 			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: serverNamespace},
@@ -267,3 +262,16 @@ type kopiaError struct {
 }
 
 func (e *kopiaError) Error() string { return e.err.Error() + ": " + e.out }
+
+// serverBinaries are the local binaries that stand for the server image's
+// commands (kopia for both architectures it serves, guestbackup-server),
+// for testbed.RunPod.
+func serverBinaries(tb testbed.TB) map[string]string {
+	tb.Helper()
+	tools := testbed.MustTools(tb)
+	return map[string]string{
+		kopiaserver.KopiaBinary:       tools.Kopia,
+		kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
+		kopiaserver.ServerBinary:      testbed.Build(tb, "./cmd/server"),
+	}
+}
