@@ -69,6 +69,10 @@ type APIServer struct {
 	Config *rest.Config
 	Client client.Client
 	Scheme *runtime.Scheme
+	// AuditLog is the API server's audit log: what it records of every
+	// request that creates a VirtualMachine or VirtualMachineInstance
+	// (auditPolicy), read by Created.
+	AuditLog string
 }
 
 // APIServerOptions adjusts StartAPIServer.
@@ -117,6 +121,10 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err := configureRequestHeader(env, tb.TempDir()); err != nil {
 		tb.Fatalf("%v", err)
 	}
+	auditLog, err := configureAudit(env, tb.TempDir())
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
 	if opts.Configure != nil {
 		if err := opts.Configure(env); err != nil {
 			tb.Fatalf("configure API server: %v", err)
@@ -135,7 +143,7 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err != nil {
 		tb.Fatalf("API server client: %v", err)
 	}
-	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme}
+	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme, AuditLog: auditLog}
 }
 
 // configureRequestHeader gives the API server what a cluster's has for
