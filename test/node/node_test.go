@@ -119,24 +119,8 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 		c := node.API.Client
 		Expect(c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: vmNamespace,
 			Labels: map[string]string{"guestbackup.io/backup": "enabled"}}})).To(Succeed())
-		vm := &kubevirtv1.VirtualMachine{
-			ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNamespace,
-				Annotations: map[string]string{v1alpha1.AnnotationServer: bslsNamespace + "/" + bsls.Name}},
-			Spec: kubevirtv1.VirtualMachineSpec{
-				// Never started: no KubeVirt runs here (see the package doc).
-				RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
-				Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
-					Domain: kubevirtv1.DomainSpec{
-						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
-						Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
-							{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
-						}},
-					},
-					Volumes: []kubevirtv1.Volume{{Name: "root", VolumeSource: kubevirtv1.VolumeSource{
-						ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}}},
-				}},
-			},
-		}
+		// Never started: no KubeVirt runs here (see the package doc).
+		vm := testbed.SmallVM(vmNamespace, "web", map[string]string{v1alpha1.AnnotationServer: bslsNamespace + "/" + bsls.Name})
 		// The API server routes to the webhook Service's endpoints: wait
 		// until they list both webhook pods, so that the one create below
 		// is admitted by a webhook call that completes.
