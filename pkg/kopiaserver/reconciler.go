@@ -110,19 +110,15 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
-	// Clock tells the time; nil means the real clock.
+	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
-}
-
-func (r *Reconciler) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
-	}
-	return clock.RealClock{}.Now()
 }
 
 // SetupWithManager registers the reconciler and what it watches.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
@@ -294,7 +290,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // must fix is an observation, not an error: errors are the API's, and are
 // retried.
 func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
-	obs := observations{BSLS: b.DeepCopy(), Now: r.now()}
+	obs := observations{BSLS: b.DeepCopy(), Now: r.Clock.Now()}
 	var err error
 
 	// Storage and the repository password: the server cannot start without.
@@ -439,7 +435,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	if err != nil {
 		return UserSet{}, err
 	}
-	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.now()})
+	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.Clock.Now()})
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
