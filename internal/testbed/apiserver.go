@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -82,8 +83,10 @@ type APIServerOptions struct {
 	// Velero installs Velero's BackupStorageLocation CRD, as a cluster with
 	// Velero has it. Without it the cluster is one without Velero.
 	Velero bool
-	// WithoutGuestbackupCRDs leaves guestbackup's own CRDs out: a fresh
-	// cluster, where `helm install` of the chart creates them.
+	// WithoutGuestbackupCRDs leaves out what the chart installs that the
+	// controller depends on without owning it, guestbackup's CRDs and the
+	// ClusterRole it binds to server pods: a fresh cluster, where `helm
+	// install` of the chart creates them.
 	WithoutGuestbackupCRDs bool
 	// Configure adjusts the API server's flags and serving address before it
 	// starts (StartNode serves it on its node's network).
@@ -91,7 +94,9 @@ type APIServerOptions struct {
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
-// CRDs and waits until they are served. The test's cleanup stops both.
+// CRDs and waits until they are served, and creates the ClusterRole the
+// controller binds to server pods, as the chart would (see
+// APIServerOptions.WithoutGuestbackupCRDs). The test's cleanup stops both.
 func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	tb.Helper()
 	tools := MustTools(tb)
@@ -143,7 +148,37 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err != nil {
 		tb.Fatalf("API server client: %v", err)
 	}
+	if !opts.WithoutGuestbackupCRDs {
+		if err := createClusterRoles(c, serverMaintenanceRolePath(root)); err != nil {
+			tb.Fatalf("%v", err)
+		}
+	}
 	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme, AuditLog: auditLog}
+}
+
+// serverMaintenanceRolePath is the ClusterRole the chart installs for the
+// server pods of a BSLS with several replicas, under the name the
+// controller binds by default (kopiaserver.DefaultMaintenanceClusterRole),
+// as hack/generate.sh writes it from the markers.
+func serverMaintenanceRolePath(root string) string {
+	return filepath.Join(root, "config", "rbac", "server-maintenance", "role.yaml")
+}
+
+// createClusterRoles creates the ClusterRoles of a file of manifests.
+func createClusterRoles(c client.Client, path string) error {
+	objs, err := readManifests(path)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" {
+			return fmt.Errorf("%s: %s %s is no ClusterRole", path, o.GetKind(), o.GetName())
+		}
+		if err := c.Create(context.Background(), o); err != nil {
+			return fmt.Errorf("create ClusterRole %s: %w", o.GetName(), err)
+		}
+	}
+	return nil
 }
 
 // configureRequestHeader gives the API server what a cluster's has for

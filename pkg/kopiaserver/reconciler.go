@@ -54,8 +54,10 @@ import (
 // the controller write that Role only if it holds the same right.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update
 // It creates the Lease the server pods of a BSLS with several elect their
-// maintenance runner with, and grants them get and update of it.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
+// maintenance runner with, and never reads or writes it again: the pods'
+// right to it is a ClusterRole the controller binds (the chart grants it
+// bind on that one ClusterRole, whose name only the chart knows).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
@@ -98,6 +100,10 @@ type Reconciler struct {
 	Image string
 	// ControllerNamespace is admitted by every server's NetworkPolicy.
 	ControllerNamespace string
+	// MaintenanceClusterRole is the ClusterRole bound to the server pods of
+	// a BSLS with several replicas (MaintenanceRoleBinding); default
+	// DefaultMaintenanceClusterRole.
+	MaintenanceClusterRole string
 	// CertManagerCA has cert-manager issue the CA of each BSLS that names
 	// no issuer or Secret (a selfSigned Issuer, a CA Certificate and a CA
 	// Issuer in its namespace), when its CRDs are served; false: the
@@ -340,7 +346,7 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.Maintenance, obs.Client, err = r.serverState(ctx, b); err != nil {
 		return obs, err
 	}
-	if err := r.maintenanceLease(ctx, b); err != nil {
+	if err := r.maintenanceElection(ctx, b); err != nil {
 		return obs, err
 	}
 	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
