@@ -37,6 +37,8 @@ const (
 	controllerNamespace = "guestbackup-system"
 	// reconciled bounds how long the controller may take to act on a change.
 	reconciled = 20 * time.Second
+	// provisioned bounds how long a Secret change may take to reach a guest.
+	provisioned = 30 * time.Second
 )
 
 // runController starts the controller's reconcilers in-process against

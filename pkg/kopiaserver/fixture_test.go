@@ -70,3 +70,16 @@ func veleroBSL(namespace, name, provider, bucket, prefix string, config, credent
 	bsl.SetAnnotations(map[string]string{v1alpha1.AnnotationAllowedServers: strings.Join(allowed, ",")})
 	return bsl
 }
+
+// serverBinaries are the local binaries that stand for the server image's
+// commands (kopia for both architectures it serves, guestbackup-server),
+// for testbed.RunPod.
+func serverBinaries(tb testbed.TB) map[string]string {
+	tb.Helper()
+	tools := testbed.MustTools(tb)
+	return map[string]string{
+		kopiaserver.KopiaBinary:       tools.Kopia,
+		kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
+		kopiaserver.ServerBinary:      testbed.Build(tb, "./cmd/server"),
+	}
+}
