@@ -10,6 +10,7 @@ import (
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
@@ -83,10 +84,8 @@ type APIServerOptions struct {
 	// Velero installs Velero's BackupStorageLocation CRD, as a cluster with
 	// Velero has it. Without it the cluster is one without Velero.
 	Velero bool
-	// WithoutGuestbackupCRDs leaves out what the chart installs that the
-	// controller depends on without owning it, guestbackup's CRDs and the
-	// ClusterRole it binds to server pods: a fresh cluster, where `helm
-	// install` of the chart creates them.
+	// WithoutGuestbackupCRDs leaves guestbackup's own CRDs out: a fresh
+	// cluster, where `helm install` of the chart creates them.
 	WithoutGuestbackupCRDs bool
 	// Configure adjusts the API server's flags and serving address before it
 	// starts (StartNode serves it on its node's network).
@@ -94,9 +93,7 @@ type APIServerOptions struct {
 }
 
 // StartAPIServer starts kube-apiserver and etcd on loopback, installs the
-// CRDs and waits until they are served, and creates the ClusterRole the
-// controller binds to server pods, as the chart would (see
-// APIServerOptions.WithoutGuestbackupCRDs). The test's cleanup stops both.
+// CRDs and waits until they are served. The test's cleanup stops both.
 func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	tb.Helper()
 	tools := MustTools(tb)
@@ -148,24 +145,21 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err != nil {
 		tb.Fatalf("API server client: %v", err)
 	}
-	if !opts.WithoutGuestbackupCRDs {
-		if err := createClusterRoles(c, serverMaintenanceRolePath(root)); err != nil {
-			tb.Fatalf("%v", err)
-		}
-	}
 	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme, AuditLog: auditLog}
 }
 
-// serverMaintenanceRolePath is the ClusterRole the chart installs for the
-// server pods of a BSLS with several replicas, under the name the
-// controller binds by default (kopiaserver.DefaultMaintenanceClusterRole),
-// as hack/generate.sh writes it from the markers.
-func serverMaintenanceRolePath(root string) string {
-	return filepath.Join(root, "config", "rbac", "server-maintenance", "role.yaml")
-}
-
-// createClusterRoles creates the ClusterRoles of a file of manifests.
-func createClusterRoles(c client.Client, path string) error {
+// CreateServerMaintenanceRole creates on a the ClusterRole the chart
+// installs for the server pods of a BSLS with several replicas, as
+// hack/generate.sh writes it from the markers (config/rbac/server-maintenance),
+// under the name the controller binds by default
+// (kopiaserver.DefaultMaintenanceClusterRole): for test beds that run the
+// controller without the chart. One that exists is kept.
+func (a *APIServer) CreateServerMaintenanceRole() error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(root, "config", "rbac", "server-maintenance", "role.yaml")
 	objs, err := readManifests(path)
 	if err != nil {
 		return err
@@ -174,7 +168,7 @@ func createClusterRoles(c client.Client, path string) error {
 		if o.GetKind() != "ClusterRole" {
 			return fmt.Errorf("%s: %s %s is no ClusterRole", path, o.GetKind(), o.GetName())
 		}
-		if err := c.Create(context.Background(), o); err != nil {
+		if err := a.Client.Create(context.Background(), o); err != nil && !apierrors.IsAlreadyExists(err) {
 			return fmt.Errorf("create ClusterRole %s: %w", o.GetName(), err)
 		}
 	}
