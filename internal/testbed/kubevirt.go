@@ -41,6 +41,10 @@ const (
 	virtControllerVerbosity = 2
 )
 
+// witnessTimeout bounds the wait, at the end of a test, for virt-api and
+// virt-controller to have logged all that happened (Witnessed).
+const witnessTimeout = 30 * time.Second
+
 // kubevirtStartTimeout bounds virt-api's and virt-controller's start, each
 // (3-4 s and about 1 s on an idle machine, several times that on a busy one).
 const kubevirtStartTimeout = 2 * time.Minute
@@ -288,7 +292,14 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	// Registered after the processes' own cleanups, so it runs while they
 	// still run: whatever a test did, KubeVirt saw all of it.
 	tb.Cleanup(func() {
-		if err := kv.Witnessed(); err != nil {
+		// virt-controller logs an instance's start just after the API
+		// server created it: what it has yet to write is waited for.
+		var err error
+		_ = WaitFor(witnessTimeout, 200*time.Millisecond, func() (bool, error) {
+			err = kv.Witnessed()
+			return err == nil, nil
+		})
+		if err != nil {
 			tb.Fatalf("%v", err)
 		}
 	})
