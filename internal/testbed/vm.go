@@ -1,11 +1,16 @@
 package testbed
 
 import (
+	"strings"
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 // SmallVM is a VirtualMachine namespace/name with annotations, the least an
@@ -30,6 +35,33 @@ func SmallVM(namespace, name string, annotations map[string]string) *kubevirtv1.
 					},
 				},
 			},
+		},
+	}
+}
+
+// CredentialSecret is the credential Secret of VM namespace/vm as
+// guestbackup's webhook writes it for the BSLS server ("<namespace>/<name>",
+// the VM's annotation): the per-VM Secret contract's name, labels and keys
+// (api/v1alpha1, DESIGN.md), stamped as issued now, with the password of
+// generation and a cloud-config payload.
+func CredentialSecret(namespace, vm, server, password, generation string) *corev1.Secret {
+	serverNamespace, serverName, _ := strings.Cut(server, "/")
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: v1alpha1.CredentialSecretName(vm), Namespace: namespace,
+			Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: time.Now().UTC().Format(time.RFC3339Nano)},
+			Labels: map[string]string{
+				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
+				v1alpha1.LabelVM:              vm,
+				v1alpha1.LabelServerNamespace: serverNamespace,
+				v1alpha1.LabelServerName:      serverName,
+			},
+		},
+		Data: map[string][]byte{
+			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + namespace),
+			v1alpha1.SecretKeyPassword:   []byte(password),
+			v1alpha1.SecretKeyGeneration: []byte(generation),
+			v1alpha1.SecretKeyUserData:   []byte("#cloud-config\n"),
 		},
 	}
 }

@@ -78,22 +78,7 @@ func startController(api *testbed.APIServer, configure ...func(*kopiaserver.Reco
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
 func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generation string) *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: vm + "-guestbackup", Namespace: namespace,
-			Labels: map[string]string{
-				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-				v1alpha1.LabelVM:              vm,
-				v1alpha1.LabelServerNamespace: bslsNamespace,
-				v1alpha1.LabelServerName:      bslsName,
-			},
-		},
-		Data: map[string][]byte{
-			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + namespace),
-			v1alpha1.SecretKeyPassword:   []byte(password),
-			v1alpha1.SecretKeyGeneration: []byte(generation),
-		},
-	}
+	return testbed.CredentialSecret(namespace, vm, bslsNamespace+"/"+bslsName, password, generation)
 }
 
 // createCredential creates, as the cluster admin, the VirtualMachine a

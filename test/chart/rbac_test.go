@@ -31,6 +31,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/controller"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -177,13 +178,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
 		}
 		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
-		Expect(apiServer.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vmName), Namespace: vmNS, Labels: map[string]string{
-				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vmName,
-				v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
-			}},
-			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vmName + "@" + vmNS), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789"), v1alpha1.SecretKeyGeneration: []byte("1")},
-		})).To(Succeed())
+		Expect(apiServer.Client.Create(ctx, testbed.CredentialSecret(vmNS, vmName, bsNS+"/main", "a-password-of-the-vm-0123456789", "1"))).To(Succeed())
 		Eventually(func() string {
 			s := &corev1.Secret{}
 			_ = apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: userset.SecretName("main", userset.ShardOf(vmName+"@"+vmNS))}, s)
@@ -276,13 +271,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		aliceConfig.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
 		alice, controller, webhook := clientAs(aliceConfig), clientAs(controllerConfig), clientAs(webhookConfig)
 		credential := func(vm string) *corev1.Secret {
-			return &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vm), Namespace: team, Labels: map[string]string{
-					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vm,
-					v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
-				}},
-				Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vm + "@" + team), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789")},
-			}
+			return testbed.CredentialSecret(team, vm, bsNS+"/main", "a-password-of-the-vm-0123456789", "1")
 		}
 		denied := func(op string) gtypes.GomegaMatcher {
 			return And(
