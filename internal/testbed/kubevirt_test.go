@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // Every webhook of KubeVirt's configurations, as virt-operator makes them,
@@ -93,6 +95,8 @@ func (w *witnessTB) runCleanups() {
 // are checked against the API server's audit log, whichever client wrote.
 func TestKubeVirtWitnessesEveryVMAndInstance(t *testing.T) {
 	ctx := context.Background()
+	// envtest logs through controller-runtime's global logger.
+	ctrllog.SetLogger(logr.Discard())
 	w := &witnessTB{T: t}
 	// The test's folders go after the processes in them.
 	_ = t.TempDir()
@@ -176,6 +180,7 @@ func TestKubeVirtWitnessesEveryVMAndInstance(t *testing.T) {
 
 	w.runCleanups()
 	msg := strings.Join(w.fatal, "\n")
+	t.Logf("the cleanup failed the test with: %s", msg)
 	for _, want := range [][2]string{
 		{"VirtualMachine default/unseen (by ", ") was created, but virt-api's log has no admission of it"},
 		{"VirtualMachineInstance default/forged (by ", ") was created by someone other than virt-controller"},

@@ -78,7 +78,9 @@ func admissions(log []KubeVirtLogEntry) []KubeVirtLogEntry {
 func starts(log []KubeVirtLogEntry) map[string][]KubeVirtLogEntry {
 	out := map[string][]KubeVirtLogEntry{}
 	for _, e := range log {
-		if name, ok := strings.CutPrefix(e.Msg, instanceStartedPrefix); ok && e.Kind == "VirtualMachine" {
+		// The entry names the VM (its kind is empty: virt-controller
+		// logs the VM of its informer, which carries no type).
+		if name, ok := strings.CutPrefix(e.Msg, instanceStartedPrefix); ok {
 			out[e.Namespace+"/"+name] = append(out[e.Namespace+"/"+name], e)
 		}
 	}
