@@ -165,7 +165,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		Expect(role.Rules).NotTo(ContainElement(HaveField("Resources", ContainElement("leases"))), "the server's own Role grants no Lease")
 		// A pod of the BSLS takes the Lease as client-go's LeaseLock does.
 		pod := clientAs(serviceAccount(bsNS, "scaled-server"))
-		Expect(pod.Get(ctx, client.ObjectKeyFromObject(lease), maintenanceLease)).To(Succeed())
+		Expect(pod.Get(ctx, client.ObjectKeyFromObject(maintenanceLease), maintenanceLease)).To(Succeed())
 		maintenanceLease.Spec.HolderIdentity = ptr.To("scaled-server-0")
 		Expect(pod.Update(ctx, maintenanceLease)).To(Succeed())
 		By("and none to the server of a BSLS with one")
