@@ -47,7 +47,10 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 		web struct{ user, password, data string }
 		// db is the second VM's user and password.
 		db struct{ user, password string }
+		// guestData holds what the guests snapshot, for all the specs.
+		guestData string
 	)
+	BeforeAll(func() { guestData = GinkgoT().TempDir() })
 	// provisioned waits until the controller pod gave VM name's user to
 	// the server, and returns the user and the password the webhook pod
 	// issued it.
@@ -105,10 +108,12 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 		Expect(vm.Annotations).To(HaveKey(v1alpha1.AnnotationStatus), "the webhook pod injected VM %s", name)
 		return vm
 	}
-	// snapshot writes a file into a fresh folder and snapshots it as guest.
+	// snapshot writes a file into a fresh folder of guestData and
+	// snapshots it as guest.
 	snapshot := func(guest *testbed.KopiaClient, password, content string) (data string, ids []string) {
 		GinkgoHelper()
-		data = GinkgoT().TempDir()
+		data, err := os.MkdirTemp(guestData, "data-")
+		Expect(err).NotTo(HaveOccurred())
 		Expect(os.WriteFile(filepath.Join(data, "config"), []byte(content), 0o600)).To(Succeed())
 		out, err := guest.RunWithPassword(ctx, password, "snapshot", "create", data)
 		Expect(err).NotTo(HaveOccurred(), "%s", out)
