@@ -110,11 +110,7 @@ func main() {
 // guest can boot here, it stops once the server is Ready.
 func demo(ctx context.Context, r *run, bootGuest bool) error {
 	start := time.Now()
-	logger := logr.Discard()
-	if r.verbose {
-		logger = zap.New(zap.WriteTo(os.Stderr))
-	}
-	ctrl.SetLogger(logger)
+	logger := r.logger()
 
 	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, KubeVirt and cert-manager CRDs, " +
 		"KubeVirt's control plane (virt-api, virt-controller), and guestbackup's controller and webhook in this process")
@@ -406,6 +402,18 @@ func (r *run) close() error {
 		return errors.New(strings.Join(failures, "\n"))
 	}
 	return nil
+}
+
+// logger is the components' logger, discarded unless -v; it is
+// controller-runtime's global logger too (envtest and the informers log
+// through it).
+func (r *run) logger() logr.Logger {
+	logger := logr.Discard()
+	if r.verbose {
+		logger = zap.New(zap.WriteTo(os.Stderr))
+	}
+	ctrl.SetLogger(logger)
+	return logger
 }
 
 func (r *run) step(format string, args ...any) {

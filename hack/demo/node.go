@@ -33,6 +33,7 @@ const nodeTimeout = 3 * time.Minute
 // VM's guest, with the credentials the webhook injected.
 func demoNode(ctx context.Context, r *run) error {
 	start := time.Now()
+	r.logger()
 	const release, namespace = "guestbackup", "guestbackup-system"
 	r.step("Building the image as `make image` does (no container engine), starting a cluster with one real node: "+
 		"kube-apiserver and etcd, kube-scheduler, kube-controller-manager, a kubelet and containerd with runc and a CNI bridge; cert-manager's controllers in this process; "+
