@@ -38,7 +38,11 @@ type KubeVirtLogEntry struct {
 }
 
 func (e KubeVirtLogEntry) String() string {
-	return fmt.Sprintf("%s %s %s/%s: %q (%s, %s)", e.Level, e.Kind, e.Namespace, e.Name, e.Msg, e.Pos, e.Timestamp)
+	object := e.Namespace + "/" + e.Name
+	if e.Kind != "" {
+		object = e.Kind + " " + object
+	}
+	return fmt.Sprintf("%s %s: %q (%s, %s)", e.Level, object, e.Msg, e.Pos, e.Timestamp)
 }
 
 // entries is p's log so far, the lines that are not KubeVirt's JSON left
