@@ -64,35 +64,47 @@ func (c Creation) String() string { return c.Namespace + "/" + c.Name + " (by " 
 // created, by any client: each request the audit log records that ended
 // in 201 Created, dry runs left out (they store nothing).
 func (a *APIServer) Created(resource string) ([]Creation, error) {
-	f, err := os.Open(a.AuditLog)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, nil // nothing audited yet
-	}
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	var out []Creation
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for s.Scan() {
+	err := eachLine(a.AuditLog, func(line []byte) error {
 		var e auditv1.Event
-		if err := json.Unmarshal(s.Bytes(), &e); err != nil {
-			return nil, fmt.Errorf("%s: %w", a.AuditLog, err)
+		if err := json.Unmarshal(line, &e); err != nil {
+			return err
 		}
 		if e.Stage != auditv1.StageResponseComplete || e.ObjectRef == nil || e.ResponseStatus == nil {
-			continue
+			return nil
 		}
 		if e.ObjectRef.APIGroup != "kubevirt.io" || e.ObjectRef.Resource != resource || e.ObjectRef.Subresource != "" ||
 			e.ResponseStatus.Code != http.StatusCreated || dryRun(e.RequestURI) {
-			continue
+			return nil
 		}
 		out = append(out, Creation{Namespace: e.ObjectRef.Namespace, Name: e.ObjectRef.Name, User: e.User.Username})
+		return nil
+	})
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil // nothing audited yet
+	}
+	return out, err
+}
+
+// eachLine calls f with each line of the file at path, up to 1 MiB long,
+// until f fails.
+func eachLine(path string, f func(line []byte) error) error {
+	file, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer file.Close()
+	s := bufio.NewScanner(file)
+	s.Buffer(make([]byte, 0, 64<<10), 1<<20)
+	for s.Scan() {
+		if err := f(s.Bytes()); err != nil {
+			return fmt.Errorf("%s: %w", path, err)
+		}
 	}
 	if err := s.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", a.AuditLog, err)
+		return fmt.Errorf("%s: %w", path, err)
 	}
-	return out, nil
+	return nil
 }
 
 // dryRun reports whether a request's URI asks for a dry run.

@@ -1,11 +1,9 @@
 package testbed
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 )
 
@@ -48,21 +46,15 @@ func (e KubeVirtLogEntry) String() string {
 // entries is p's log so far, the lines that are not KubeVirt's JSON left
 // out (Go's own panics, client-go's klog lines).
 func entries(p *Process) ([]KubeVirtLogEntry, error) {
-	f, err := os.Open(p.LogPath)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
 	var out []KubeVirtLogEntry
-	s := bufio.NewScanner(f)
-	s.Buffer(make([]byte, 0, 64<<10), 1<<20)
-	for s.Scan() {
+	err := eachLine(p.LogPath, func(line []byte) error {
 		var e KubeVirtLogEntry
-		if json.Unmarshal(s.Bytes(), &e) == nil && e.Msg != "" {
+		if json.Unmarshal(line, &e) == nil && e.Msg != "" {
 			out = append(out, e)
 		}
-	}
-	return out, s.Err()
+		return nil
+	})
+	return out, err
 }
 
 // admissions are virt-api's entries of the VMs it admitted on create, in
