@@ -5,7 +5,8 @@
 #   charts/guestbackup/files/crds/             controller-gen crd (our API), which the chart renders
 #   docs/api.md                                the API reference, from that CRD (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
-#   charts/guestbackup/files/rbac/             the same two roles, which the chart's ClusterRoles read
+#   config/rbac/server-maintenance/role.yaml   the same for the server pods' maintenance election (pkg/serverpod/maintenance)
+#   charts/guestbackup/files/rbac/             the same three roles, which the chart's ClusterRoles read
 #   test/crds/kubevirt/                        KubeVirt's CRDs, as virt-operator installs them (hack/tools/kubevirt)
 #   test/manifests/kubevirt/                   KubeVirt's RBAC and webhook configurations, as virt-operator installs them
 #   test/crds/cert-manager/                    cert-manager's CRDs from the pinned module
@@ -28,7 +29,7 @@ if [[ -z "$CONTROLLER_GEN" ]]; then
 fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
-mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/files/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" \
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/files/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" "$OUT/config/rbac/server-maintenance" \
 	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
@@ -41,10 +42,15 @@ rm -f "$OUT/config/rbac/role.yaml"
 	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... paths=./pkg/audit/... output:rbac:dir="$OUT/config/rbac/controller"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-webhook paths=./cmd/webhook/... paths=./pkg/mutate/... \
 	output:rbac:dir="$OUT/config/rbac/webhook"
+# The server pods of a BSLS with several replicas get this one through a
+# RoleBinding the controller writes (kopiaserver.MaintenanceRoleBinding):
+# the controller holds bind on it, not the Lease rights themselves.
+"$CONTROLLER_GEN" rbac:roleName=guestbackup-server-maintenance paths=./pkg/serverpod/maintenance/... \
+	output:rbac:dir="$OUT/config/rbac/server-maintenance"
 # Helm reads only files inside the chart (.Files.Get), so the chart carries a
 # copy of each role; its templates take the rules from it, and
 # verify-generated.sh keeps the copy identical to the markers.
-for binary in controller webhook; do
+for binary in controller webhook server-maintenance; do
 	install -m 0644 "$OUT/config/rbac/$binary/role.yaml" "$OUT/charts/guestbackup/files/rbac/$binary-role.yaml"
 done
 

@@ -15,6 +15,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
 // The manager records Events (controller-runtime's recorder writes core/v1
@@ -38,6 +39,7 @@ func main() {
 	flag.BoolVar(&o.CertManagerCA, "cert-manager-ca", false, "Have cert-manager issue the CA of each BSLS that names no issuer or Secret (a selfSigned Issuer, CA Certificate and CA Issuer in its namespace); false, or without cert-manager: the controller issues it. Either way every BSLS has a CA of its own.")
 	flag.IntVar(&o.Hashers, "hash-concurrency", runtime.NumCPU(), "Passwords hashed in parallel (each hash takes about 64 MiB and a core for a fraction of a second).")
 	flag.DurationVar(&o.ActivityInterval, "guest-activity-interval", time.Minute, "How often server pods publish their guests' new snapshots for the audit (Events and metrics on VMs); 0 disables it.")
+	flag.StringVar(&o.MaintenanceClusterRole, "server-maintenance-cluster-role", kopiaserver.DefaultMaintenanceClusterRole, "The ClusterRole (get and update of Leases) bound to the server pods of a BSLS with several replicas, so that they elect the one that runs maintenance; the chart installs it and grants the controller the bind verb on it alone.")
 	flag.DurationVar(&o.GuestNotConnectedAfter, "guest-not-connected-after", audit.DefaultNotConnectedAfter, "How long after its start a running VM's guest (one with guestbackup.io/paths) may go without connecting before the GuestNotConnected Event and metric.")
 	flag.Parse()
 

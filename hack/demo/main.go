@@ -88,7 +88,7 @@ func main() {
 	go func() {
 		<-signals
 		fmt.Fprintln(r.out, "\ninterrupted: stopping everything")
-		r.close()
+		_ = r.close()
 		os.Exit(130)
 	}()
 	err := r.guard(func() error {
@@ -97,7 +97,9 @@ func main() {
 		}
 		return demo(context.Background(), r, *guest)
 	})
-	r.close()
+	if cerr := r.close(); cerr != nil {
+		err = errors.Join(err, fmt.Errorf("stopping: %w", cerr))
+	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
@@ -108,11 +110,7 @@ func main() {
 // guest can boot here, it stops once the server is Ready.
 func demo(ctx context.Context, r *run, bootGuest bool) error {
 	start := time.Now()
-	logger := logr.Discard()
-	if r.verbose {
-		logger = zap.New(zap.WriteTo(os.Stderr))
-	}
-	ctrl.SetLogger(logger)
+	logger := r.logger()
 
 	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, KubeVirt and cert-manager CRDs, " +
 		"KubeVirt's control plane (virt-api, virt-controller), and guestbackup's controller and webhook in this process")
@@ -191,8 +189,12 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 				v.CloudInitNoCloud.UserDataSecretRef.Name, v.Name)
 		}
 	}
-	r.say("virt-api, KubeVirt's own admission webhook, admitted it in the same chain: firmware UUID %s, machine %s",
-		local.InstanceID(stored), machineType(stored))
+	admitted, err := kubevirtLogged(func() (testbed.KubeVirtLogEntry, bool, error) { return p.KubeVirt.Admission(vmNamespace, vmName) })
+	if err != nil {
+		return fmt.Errorf("virt-api's admission of the VM: %w", err)
+	}
+	r.say("virt-api, KubeVirt's own admission webhook, admitted it in the same chain; virt-api's log: %s", admitted)
+	r.say("its defaults are in the stored VM: firmware UUID %s, machine %s", local.InstanceID(stored), machineType(stored))
 	r.done()
 
 	r.step("KubeVirt's part: virt-controller makes the VM's instance and launcher pod (runStrategy Always) and schedules the instance once the pod runs; the node's part (scheduler, kubelet, virt-handler) is played by the test bed, and KubeVirt's own pkg/cloud-init builds the guest's seed from the Secret as virt-launcher would, booted under qemu (software emulation: a minute or two)")
@@ -200,8 +202,16 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 	if err != nil {
 		return err
 	}
-	r.say("virt-controller created VirtualMachineInstance %s/%s (UID %s) and pod %s, and scheduled it on node %s; its guest boots with instance-id %s, the firmware UUID",
-		instance.VMI.Namespace, instance.VMI.Name, instance.VMI.UID, instance.Pod.Name, instance.VMI.Status.NodeName, local.InstanceID(stored))
+	started, err := kubevirtLogged(func() (testbed.KubeVirtLogEntry, bool, error) {
+		return p.KubeVirt.Start(instance.VMI.Namespace, instance.VMI.Name)
+	})
+	if err != nil {
+		return fmt.Errorf("virt-controller's start of the VM: %w", err)
+	}
+	r.say("virt-controller's log: %s", started)
+	r.say("so VirtualMachineInstance %s/%s (UID %s) and launcher pod %s exist; the test bed, playing the node, bound the pod to %s and ran it, and virt-controller moved the instance to %s; its guest boots with instance-id %s, the firmware UUID",
+		instance.VMI.Namespace, instance.VMI.Name, instance.VMI.UID, instance.Pod.Name, instance.VMI.Status.NodeName,
+		scheduledPhase(instance.VMI), local.InstanceID(stored))
 	res, err := instance.Wait(ctx)
 	if err != nil {
 		return err
@@ -369,19 +379,41 @@ func (r *run) guard(f func() error) (err error) {
 	return err
 }
 
-// close runs the cleanups, newest first, then removes the folders.
-func (r *run) close() {
+// close runs the cleanups, newest first, then removes the folders. A
+// cleanup's Fatalf (a check the test bed makes at the end, such as
+// KubeVirt's witness) is printed, fails the demo, and the other cleanups
+// still run.
+func (r *run) close() error {
+	var failures []string
 	r.closeOnce.Do(func() {
 		r.mu.Lock()
 		cleanups := r.cleanups
 		r.mu.Unlock()
 		for i := len(cleanups) - 1; i >= 0; i-- {
-			cleanups[i]()
+			if err := r.guard(func() error { cleanups[i](); return nil }); err != nil {
+				failures = append(failures, err.Error())
+			}
 		}
 		for _, d := range r.dirs {
 			_ = os.RemoveAll(d)
 		}
 	})
+	if len(failures) > 0 {
+		return errors.New(strings.Join(failures, "\n"))
+	}
+	return nil
+}
+
+// logger is the components' logger, discarded unless -v; it is
+// controller-runtime's global logger too (envtest and the informers log
+// through it).
+func (r *run) logger() logr.Logger {
+	logger := logr.Discard()
+	if r.verbose {
+		logger = zap.New(zap.WriteTo(os.Stderr))
+	}
+	ctrl.SetLogger(logger)
+	return logger
 }
 
 func (r *run) step(format string, args ...any) {
@@ -396,6 +428,30 @@ func (r *run) say(format string, args ...any) {
 
 func (r *run) done() {
 	fmt.Fprintf(r.out, "    (%v)\n", time.Since(r.stepStart).Round(100*time.Millisecond))
+}
+
+// kubevirtLogged waits (bounded) for a line of KubeVirt's log that entry
+// finds: KubeVirt writes it a moment after the API server answered.
+func kubevirtLogged(entry func() (testbed.KubeVirtLogEntry, bool, error)) (testbed.KubeVirtLogEntry, error) {
+	var e testbed.KubeVirtLogEntry
+	err := testbed.WaitFor(eventsTimeout, 100*time.Millisecond, func() (bool, error) {
+		found, ok, err := entry()
+		e = found
+		return ok, err
+	})
+	return e, err
+}
+
+// scheduledPhase is the phase virt-controller set on vmi before the node
+// reported it Running: Scheduled, from the instance's own record of its
+// phases.
+func scheduledPhase(vmi *kubevirtv1.VirtualMachineInstance) string {
+	for _, t := range vmi.Status.PhaseTransitionTimestamps {
+		if t.Phase == kubevirtv1.Scheduled {
+			return fmt.Sprintf("%s at %s", t.Phase, t.PhaseTransitionTimestamp.Format(time.TimeOnly))
+		}
+	}
+	return "(never Scheduled)"
 }
 
 // machineType is the machine type of vm's template, as virt-api's mutator

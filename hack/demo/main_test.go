@@ -14,7 +14,9 @@ func TestDemoNarratesUpToAReadyServer(t *testing.T) {
 	var out bytes.Buffer
 	r := newRun(&out, testing.Verbose())
 	err := r.guard(func() error { return demo(context.Background(), r, false) })
-	r.close()
+	if cerr := r.close(); cerr != nil {
+		t.Errorf("stopping: %v", cerr)
+	}
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}

@@ -33,30 +33,19 @@ const nodeTimeout = 3 * time.Minute
 // VM's guest, with the credentials the webhook injected.
 func demoNode(ctx context.Context, r *run) error {
 	start := time.Now()
-	root, err := testbed.RepoRoot()
-	if err != nil {
-		return err
-	}
-	r.step("Building the image as `make image` does (no container engine), and starting a cluster with one real node: " +
-		"kube-apiserver and etcd, kube-scheduler, kube-controller-manager, a kubelet and containerd with runc and a CNI bridge; cert-manager's controllers in this process")
-	image := testbed.BuildImage(r, "guestbackup:demo")
-	node := testbed.StartNode(r, testbed.NodeOptions{Images: []string{image}})
-	testbed.StartCertManager(r, node.API, testbed.CertManagerOptions{})
-	testbed.StartCAInjector(r, node.API)
+	r.logger()
+	const release, namespace = "guestbackup", "guestbackup-system"
+	r.step("Building the image as `make image` does (no container engine), starting a cluster with one real node: "+
+		"kube-apiserver and etcd, kube-scheduler, kube-controller-manager, a kubelet and containerd with runc and a CNI bridge; cert-manager's controllers in this process; "+
+		"then, as an admin: helm install %s charts/guestbackup -n %s --set image.repository=guestbackup,image.tag=demo,image.pullPolicy=Never", release, namespace)
+	node := testbed.InstallChart(r, testbed.ChartInstall{Repository: "guestbackup", Tag: "demo", Release: release, Namespace: namespace})
 	r.say("node %s is Ready; pods get addresses in %s on its bridge", node.Name, node.PodCIDR)
-	r.done()
-
-	r.step("Admin: helm install guestbackup charts/guestbackup -n guestbackup-system --set image.repository=guestbackup,image.tag=demo,image.pullPolicy=Never")
-	if _, err := node.Helm(r, "install", "guestbackup", filepath.Join(root, "charts", "guestbackup"), "--namespace", "guestbackup-system", "--create-namespace",
-		"--set", "image.repository=guestbackup", "--set", "image.tag=demo", "--set", "image.pullPolicy=Never"); err != nil {
+	if err := waitPods(ctx, node, namespace, map[string]string{"app.kubernetes.io/instance": release}, 3, r); err != nil {
 		return err
 	}
+	r.done()
+
 	c := node.API.Client
-	if err := waitPods(ctx, node, "guestbackup-system", map[string]string{"app.kubernetes.io/instance": "guestbackup"}, 3, r); err != nil {
-		return err
-	}
-	r.done()
-
 	r.step("Admin: creating BackupStorageLocationServer %s/main on a fresh local volume (root-owned, as a provisioner hands one out)", bslsNamespace)
 	node.LocalVolume(r, "repository", "local", "10Gi")
 	for _, ns := range []string{bslsNamespace, vmNamespace} {
@@ -74,7 +63,7 @@ func demoNode(ctx context.Context, r *run) error {
 	if err := c.Create(ctx, bsls); err != nil {
 		return fmt.Errorf("create the BSLS: %w", err)
 	}
-	err = testbed.WaitFor(nodeTimeout, time.Second, func() (bool, error) {
+	err := testbed.WaitFor(nodeTimeout, time.Second, func() (bool, error) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls); err != nil {
 			return false, err
 		}
@@ -90,7 +79,7 @@ func demoNode(ctx context.Context, r *run) error {
 	r.say("Ready: endpoint %s (no cluster DNS here: the guest below uses the pod's IP), TLS fingerprint %s", bsls.Status.Endpoint, bsls.Status.TLSFingerprint)
 	r.done()
 
-	r.step("Owner: creating VirtualMachine %s/%s with annotation %s=%s/%s (never started: no KubeVirt node agent runs on this node yet)",
+	r.step("Owner: creating VirtualMachine %s/%s with annotation %s=%s/%s (KubeVirt does not run on this cluster: no virt-api admits the VM, and it is never started, since no KubeVirt node agent could run it here yet)",
 		vmNamespace, vmName, v1alpha1.AnnotationServer, bslsNamespace, bsls.Name)
 	vm := ownersVM(bsls)
 	vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyHalted)

@@ -40,6 +40,10 @@ type Options struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
+	// MaintenanceClusterRole is the ClusterRole the chart installs for the
+	// server pods of BSLSs with several replicas, which the controller
+	// binds; default kopiaserver.DefaultMaintenanceClusterRole.
+	MaintenanceClusterRole string
 	// GuestNotConnectedAfter is how long after its start a running VM's
 	// guest may take to connect before GuestNotConnected; 0: the audit's
 	// default.
@@ -80,7 +84,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Namespace == "" {
 		return fmt.Errorf("the controller's namespace is required")
 	}
-	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA}
+	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA,
+		MaintenanceClusterRole: o.MaintenanceClusterRole}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
 	}

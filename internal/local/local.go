@@ -143,6 +143,11 @@ func Start(tb testbed.TB, o Options) *Platform {
 	if err := registerNode(context.Background(), api.Client); err != nil {
 		tb.Fatalf("%v", err)
 	}
+	// What the chart installs for the controller to bind to the server
+	// pods of BSLSs with several replicas.
+	if err := api.CreateServerMaintenanceRole(); err != nil {
+		tb.Fatalf("%v", err)
+	}
 	return p
 }
 

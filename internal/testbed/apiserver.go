@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,6 +10,7 @@ import (
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
@@ -69,6 +71,10 @@ type APIServer struct {
 	Config *rest.Config
 	Client client.Client
 	Scheme *runtime.Scheme
+	// AuditLog is the API server's audit log: what it records of every
+	// request that creates a VirtualMachine or VirtualMachineInstance
+	// (auditPolicy), read by Created.
+	AuditLog string
 }
 
 // APIServerOptions adjusts StartAPIServer.
@@ -117,6 +123,10 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err := configureRequestHeader(env, tb.TempDir()); err != nil {
 		tb.Fatalf("%v", err)
 	}
+	auditLog, err := configureAudit(env, tb.TempDir())
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
 	if opts.Configure != nil {
 		if err := opts.Configure(env); err != nil {
 			tb.Fatalf("configure API server: %v", err)
@@ -135,7 +145,34 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	if err != nil {
 		tb.Fatalf("API server client: %v", err)
 	}
-	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme}
+	return &APIServer{Env: env, Config: cfg, Client: c, Scheme: scheme, AuditLog: auditLog}
+}
+
+// CreateServerMaintenanceRole creates on a the ClusterRole the chart
+// installs for the server pods of a BSLS with several replicas, as
+// hack/generate.sh writes it from the markers (config/rbac/server-maintenance),
+// under the name the controller binds by default
+// (kopiaserver.DefaultMaintenanceClusterRole): for test beds that run the
+// controller without the chart. One that exists is kept.
+func (a *APIServer) CreateServerMaintenanceRole() error {
+	root, err := RepoRoot()
+	if err != nil {
+		return err
+	}
+	path := filepath.Join(root, "config", "rbac", "server-maintenance", "role.yaml")
+	objs, err := readManifests(path)
+	if err != nil {
+		return err
+	}
+	for _, o := range objs {
+		if o.GetKind() != "ClusterRole" {
+			return fmt.Errorf("%s: %s %s is no ClusterRole", path, o.GetKind(), o.GetName())
+		}
+		if err := a.Client.Create(context.Background(), o); err != nil && !apierrors.IsAlreadyExists(err) {
+			return fmt.Errorf("create ClusterRole %s: %w", o.GetName(), err)
+		}
+	}
+	return nil
 }
 
 // configureRequestHeader gives the API server what a cluster's has for

@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
+
+	"sigs.k8s.io/yaml"
 )
 
 // ValidateCloudConfig runs Debian's `cloud-init schema` on a cloud-config
@@ -88,6 +91,39 @@ func CloudInitProcess(tb TB, userData []byte) (cloudConfig []byte, others []Clou
 		return nil, nil, fmt.Errorf("cloud-init wrote no merged cloud-config: %w", err)
 	}
 	return cloudConfig, others, nil
+}
+
+// RunBootCmd runs what a booting guest runs of userData's bootcmd: the
+// string entry that contains marker of the cloud-config Debian's cloud-init
+// merges from it (CloudInitProcess), by sh as cloud-init runs a string
+// entry, in the folder root with env added. It returns what the command
+// printed; an error if no entry contains marker or the command fails.
+func RunBootCmd(tb TB, userData []byte, marker, root string, env []string) (string, error) {
+	tb.Helper()
+	cc, _, err := CloudInitProcess(tb, userData)
+	if err != nil {
+		return "", err
+	}
+	var doc struct {
+		BootCmd []any `json:"bootcmd"`
+	}
+	if err := yaml.Unmarshal(cc, &doc); err != nil {
+		return "", fmt.Errorf("cloud-init's merged cloud-config: %w", err)
+	}
+	script := ""
+	for _, c := range doc.BootCmd {
+		if line, ok := c.(string); ok && strings.Contains(line, marker) {
+			script = line
+		}
+	}
+	if script == "" {
+		return "", fmt.Errorf("no bootcmd entry with %q in:\n%s", marker, cc)
+	}
+	path := filepath.Join(tb.TempDir(), "bootcmd.sh")
+	if err := os.WriteFile(path, []byte("#!/bin/sh\n"+script), 0o700); err != nil {
+		return "", err
+	}
+	return Run(context.Background(), time.Minute, root, env, "/bin/sh", path)
 }
 
 // processUserData drives cloud-init's own user-data code: the processor

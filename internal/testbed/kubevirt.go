@@ -33,6 +33,18 @@ import (
 // back to without POD_NAMESPACE).
 const KubeVirtNamespace = "kubevirt"
 
+// virtAPIVerbosity and virtControllerVerbosity are the log verbosity of
+// virt-api and virt-controller: what it takes for their logs to name every
+// VirtualMachine virt-api admits and every instance virt-controller starts.
+const (
+	virtAPIVerbosity        = 4
+	virtControllerVerbosity = 2
+)
+
+// witnessTimeout bounds the wait, at the end of a test, for virt-api and
+// virt-controller to have logged all that happened (Witnessed).
+const witnessTimeout = 30 * time.Second
+
 // kubevirtStartTimeout bounds virt-api's and virt-controller's start, each
 // (3-4 s and about 1 s on an idle machine, several times that on a busy one).
 const kubevirtStartTimeout = 2 * time.Minute
@@ -48,6 +60,8 @@ type KubeVirt struct {
 	// Startup is how long StartKubeVirt took, from the install of KubeVirt's
 	// objects until both were ready.
 	Startup time.Duration
+	// api is the API server KubeVirt runs against.
+	api *APIServer
 	// Handler is a client as virt-handler (its ServiceAccount's user,
 	// bound by KubeVirt's RBAC): a node played by the test bed reports
 	// instances with it, since virt-api keeps any other user's change of
@@ -76,7 +90,8 @@ func KubeVirtManifests() (string, error) {
 // that from then on every VirtualMachine and VirtualMachineInstance is
 // admitted by KubeVirt's own mutation and validation. It returns when
 // virt-controller leads. It installs KubeVirt's CRDs the API server did not
-// start with. tb's cleanup stops both.
+// start with. tb's cleanup first fails tb unless KubeVirt witnessed all
+// that happened (Witnessed), then stops both.
 func StartKubeVirt(tb TB, api *APIServer) *KubeVirt {
 	tb.Helper()
 	kv, err := startKubeVirt(tb, api)
@@ -166,10 +181,18 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	// Ignition needs a feature gate, as a cluster whose guests read
 	// Ignition enables it: then guestbackup's own answer to such VMs is
 	// what a spec sees, not KubeVirt's refusal of the annotation.
+	//
+	// virt-api logs the VirtualMachines it admits at verbosity 4
+	// (VMsMutator.Mutate, vm-mutator.go: "Apply defaults"), as an admin
+	// raises it to see them; virt-controller logs the instances it starts
+	// at its default, 2. Witnessed reads both.
 	cr := &kubevirtv1.KubeVirt{
 		ObjectMeta: metav1.ObjectMeta{Name: "kubevirt", Namespace: KubeVirtNamespace},
 		Spec: kubevirtv1.KubeVirtSpec{Configuration: kubevirtv1.KubeVirtConfiguration{
-			DeveloperConfiguration: &kubevirtv1.DeveloperConfiguration{FeatureGates: []string{"ExperimentalIgnitionSupport"}},
+			DeveloperConfiguration: &kubevirtv1.DeveloperConfiguration{
+				FeatureGates: []string{"ExperimentalIgnitionSupport"},
+				LogVerbosity: &kubevirtv1.LogVerbosity{VirtAPI: virtAPIVerbosity, VirtController: virtControllerVerbosity},
+			},
 		}},
 	}
 	if err := c.Create(ctx, cr); err != nil {
@@ -183,7 +206,7 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 
 	serviceAccount := func(name string) (*envtest.AuthenticatedUser, error) {
 		user, err := api.Env.AddUser(envtest.User{
-			Name:   "system:serviceaccount:" + KubeVirtNamespace + ":" + name,
+			Name:   kubevirtUser(name),
 			Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + KubeVirtNamespace},
 		}, nil)
 		if err != nil {
@@ -207,7 +230,7 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	pool.AddCert(ca.Cert)
 	httpc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}}
 
-	kv := &KubeVirt{}
+	kv := &KubeVirt{api: api}
 	handler, err := serviceAccount("kubevirt-handler")
 	if err != nil {
 		return nil, err
@@ -266,7 +289,27 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 		return nil, err
 	}
 	kv.Startup = time.Since(start)
+	// Registered after the processes' own cleanups, so it runs while they
+	// still run: whatever a test did, KubeVirt saw all of it.
+	tb.Cleanup(func() {
+		// virt-controller logs an instance's start just after the API
+		// server created it: what it has yet to write is waited for.
+		var err error
+		_ = WaitFor(witnessTimeout, 200*time.Millisecond, func() (bool, error) {
+			err = kv.Witnessed()
+			return err == nil, nil
+		})
+		if err != nil {
+			tb.Fatalf("%v", err)
+		}
+	})
 	return kv, nil
+}
+
+// kubevirtUser is the user of KubeVirt's ServiceAccount name
+// ("kubevirt-controller"), as KubeVirt's RBAC binds it.
+func kubevirtUser(name string) string {
+	return "system:serviceaccount:" + KubeVirtNamespace + ":" + name
 }
 
 // waitHTTP waits until url answers 200, or p exits.

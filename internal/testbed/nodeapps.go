@@ -128,3 +128,37 @@ func (n *Node) LocalVolume(tb TB, name, storageClass, size string) string {
 	}
 	return dir
 }
+
+// ChartInstall names what InstallChart installs: guestbackup's image as
+// `make image` builds it, tagged Repository:Tag, and the chart's release
+// Release in Namespace.
+type ChartInstall struct {
+	Repository, Tag    string
+	Release, Namespace string
+}
+
+// InstallChart is guestbackup installed the way an admin installs it, on a
+// fresh cluster with one real node: it builds the image (BuildImage),
+// starts the cluster with the image imported (StartNode) and without
+// guestbackup's CRDs (the chart's templates own them: helm refuses a CRD
+// it did not create), runs cert-manager's controllers and cainjector (as
+// the chart expects cert-manager installed), and `helm install`s
+// charts/guestbackup with only the image values changed (pullPolicy Never:
+// the node pulls nothing). It returns once helm did; the pods may not be
+// Ready yet.
+func InstallChart(tb TB, o ChartInstall) *Node {
+	tb.Helper()
+	root, err := RepoRoot()
+	if err != nil {
+		tb.Fatalf("%v", err)
+	}
+	image := BuildImage(tb, o.Repository+":"+o.Tag)
+	node := StartNode(tb, NodeOptions{Images: []string{image}, APIServer: APIServerOptions{WithoutGuestbackupCRDs: true}})
+	StartCertManager(tb, node.API, CertManagerOptions{})
+	StartCAInjector(tb, node.API)
+	if _, err := node.Helm(tb, "install", o.Release, filepath.Join(root, "charts", "guestbackup"), "--namespace", o.Namespace, "--create-namespace",
+		"--set", "image.repository="+o.Repository, "--set", "image.tag="+o.Tag, "--set", "image.pullPolicy=Never"); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	return node
+}

@@ -110,15 +110,8 @@ type Reconciler struct {
 	// NotConnectedAfter is how long after its instance started a running
 	// VM's guest may take to connect; default DefaultNotConnectedAfter.
 	NotConnectedAfter time.Duration
-	// Clock tells the time; nil means the real clock.
+	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
-}
-
-func (r *Reconciler) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
-	}
-	return clock.RealClock{}.Now()
 }
 
 // SetupWithManager registers the reconciler: VMs and their instances
@@ -126,6 +119,9 @@ func (r *Reconciler) now() time.Time {
 // stop) and the activity ConfigMaps, mapped to the VMs whose guests they
 // list.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
@@ -198,7 +194,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	now := r.now()
+	now := r.Clock.Now()
 	d := Decide(vm.Annotations, secret.Annotations, guest, vmsecret.IssuedAt(secret), now, r.staleAfter())
 	c := DecideConnection(Connection{
 		VMAnnotations: vm.Annotations, Announced: secret.Annotations, Guest: guest, Instance: inst,

@@ -54,17 +54,9 @@ func createOptedInVM(ctx context.Context, api *testbed.APIServer, name string, a
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: vmNamespace, Annotations: annotations},
 		Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(run), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
 	})).To(Succeed())
-	Expect(api.Client.Create(ctx, &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: v1alpha1.CredentialSecretName(name), Namespace: vmNamespace,
-			Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: issuedAt.Format(time.RFC3339Nano)},
-			Labels: map[string]string{
-				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: name,
-				v1alpha1.LabelServerNamespace: bslsNamespace, v1alpha1.LabelServerName: bslsName,
-			},
-		},
-		Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(name + "@" + vmNamespace), v1alpha1.SecretKeyPassword: []byte(password), v1alpha1.SecretKeyGeneration: []byte("1")},
-	})).To(Succeed())
+	s := testbed.CredentialSecret(vmNamespace, name, bslsNamespace+"/"+bslsName, password, "1")
+	s.Annotations[v1alpha1.AnnotationIssuedAt] = issuedAt.Format(time.RFC3339Nano)
+	Expect(api.Client.Create(ctx, s)).To(Succeed())
 }
 
 // vmEvents returns the Events on VM vm with reason, as "Type message",

@@ -44,6 +44,10 @@ type cloudConfig struct {
 // the bootstrap's files may be it.
 const heredocEnd = "GUESTBACKUP_EOF"
 
+// BootCmdMarker is on the first line of guestbackup's bootcmd entry: what
+// tells it from the VM's own entries in the cloud-config cloud-init merges.
+const BootCmdMarker = "# guestbackup: install this boot's bootstrap"
+
 // CloudConfig renders the bootstrap as a #cloud-config document whose one
 // bootcmd installs the files with their modes and (re)starts the units.
 // cloud-init runs bootcmd at every boot, while write_files and runcmd run
@@ -72,7 +76,7 @@ func renderCloudConfig(b Bootstrap) ([]byte, error) {
 	var sh strings.Builder
 	// A subshell: the VM's own bootcmd lines run in the same script, and
 	// ours must neither see nor change their shell's options.
-	fmt.Fprintf(&sh, "( # guestbackup: install this boot's bootstrap (credentials generation %d)\n", b.Generation)
+	fmt.Fprintf(&sh, "( %s (credentials generation %d)\n", BootCmdMarker, b.Generation)
 	// GUESTBACKUP_ROOT installs under another root, for tests, and
 	// starts nothing.
 	sh.WriteString("set -eu\numask 077\nroot=${GUESTBACKUP_ROOT:-}\n")

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	jsonpatchapply "github.com/evanphx/json-patch/v5"
@@ -17,7 +16,6 @@ import (
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -166,23 +164,8 @@ var _ = Describe("The bootstrap reconciler", Ordered, func() {
 			out, err := testbed.Run(ctx, time.Minute, disk, []string{"DESTDIR=" + root}, "/bin/sh", filepath.Join(disk, vmsecret.KeyInstall))
 			Expect(err).NotTo(HaveOccurred(), string(out))
 		} else {
-			cc, _, err := testbed.CloudInitProcess(GinkgoT(), s.Data[vmsecret.KeyUserData])
-			Expect(err).NotTo(HaveOccurred())
-			var doc struct {
-				BootCmd []any `json:"bootcmd"`
-			}
-			Expect(yaml.Unmarshal(cc, &doc)).To(Succeed())
-			script := ""
-			for _, c := range doc.BootCmd {
-				if line, ok := c.(string); ok && strings.Contains(line, "guestbackup:") {
-					script = line
-				}
-			}
-			Expect(script).NotTo(BeEmpty(), "no guestbackup bootcmd in %s", cc)
-			path := filepath.Join(GinkgoT().TempDir(), "bootcmd.sh")
-			Expect(os.WriteFile(path, []byte("#!/bin/sh\n"+script), 0o700)).To(Succeed())
-			out, err := testbed.Run(ctx, time.Minute, root, []string{"GUESTBACKUP_ROOT=" + root}, "/bin/sh", path)
-			Expect(err).NotTo(HaveOccurred(), string(out))
+			out, err := testbed.RunBootCmd(GinkgoT(), s.Data[vmsecret.KeyUserData], cloudinit.BootCmdMarker, root, []string{"GUESTBACKUP_ROOT=" + root})
+			Expect(err).NotTo(HaveOccurred(), out)
 		}
 		trust, err := os.ReadFile(filepath.Join(root, cloudinit.TrustDir, "ca.crt"))
 		Expect(err).NotTo(HaveOccurred())

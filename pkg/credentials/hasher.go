@@ -74,7 +74,7 @@ type Hasher struct {
 	// RotationGrace bounds how long a previous password stays valid while
 	// the guest has not restarted; default DefaultRotationGrace.
 	RotationGrace time.Duration
-	// Clock tells the time; nil means the real clock.
+	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
 }
 
@@ -82,6 +82,9 @@ type Hasher struct {
 // It watches the VMs' instances, their creation, deletion and phase changes,
 // so that a restarted or stopped guest ends a rotation at once.
 func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
+	if h.Clock == nil {
+		h.Clock = clock.RealClock{}
+	}
 	if h.Recorder == nil {
 		h.Recorder = mgr.GetEventRecorderFor(eventSource)
 	}
@@ -110,13 +113,6 @@ func phaseChanged(e event.UpdateEvent) bool {
 	o, ok1 := e.ObjectOld.(*kubevirtv1.VirtualMachineInstance)
 	n, ok2 := e.ObjectNew.(*kubevirtv1.VirtualMachineInstance)
 	return !ok1 || !ok2 || o.Status.Phase != n.Status.Phase
-}
-
-func (h *Hasher) now() time.Time {
-	if h.Clock != nil {
-		return h.Clock.Now()
-	}
-	return clock.RealClock{}.Now()
 }
 
 // Reconcile hashes one Secret's password when its hash is missing or stale,
@@ -149,7 +145,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if grace <= 0 {
 			grace = DefaultRotationGrace
 		}
-		keep = KeepPrevious(GraceStart(secret), instance, h.now(), grace)
+		keep = KeepPrevious(GraceStart(secret), instance, h.Clock.Now(), grace)
 	}
 
 	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
@@ -200,7 +196,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			}
 		}
 	default:
-		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
+		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.Clock.Now())}, nil
 	}
 	// The patch carries the resourceVersion: a password rotated since the
 	// read makes it conflict instead of storing a stale hash.
@@ -211,7 +207,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		event()
 	}
 	if _, kept := vmsecret.PreviousHash(secret); kept {
-		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.now())}, nil
+		return ctrl.Result{RequeueAfter: keep.Until.Sub(h.Clock.Now())}, nil
 	}
 	return ctrl.Result{}, nil
 }

@@ -95,15 +95,8 @@ type VMReconciler struct {
 	// re-creating a VM), so for a moment the Secret can disagree with the
 	// stored VM while nothing is wrong.
 	SettleTime time.Duration
-	// Clock tells the time; nil means the real clock.
+	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
-}
-
-func (r *VMReconciler) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
-	}
-	return clock.RealClock{}.Now()
 }
 
 func (r *VMReconciler) timing() timing {
@@ -123,6 +116,9 @@ func (r *VMReconciler) timing() timing {
 // announced), so that every announcement follows the write that makes it
 // true rather than a poll.
 func (r *VMReconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	useManager(mgr, &r.Client, &r.APIReader, &r.Recorder)
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vm-credentials").
@@ -237,7 +233,7 @@ func (r *VMReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Re
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	a := decide(vm, secret, r.now(), r.timing())
+	a := decide(vm, secret, r.Clock.Now(), r.timing())
 	logger := log.FromContext(ctx).WithValues("secret", secretKey)
 	switch a.verdict {
 	case leave:
@@ -365,7 +361,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	}
 	reason, message := announcement(username, bsls, previous, generation)
 	r.Recorder.Event(vm, corev1.EventTypeNormal, reason, message)
-	observeProvisioning(secret, r.now())
+	observeProvisioning(secret, r.Clock.Now())
 	return ctrl.Result{}, nil
 }
 
@@ -377,7 +373,7 @@ func (r *VMReconciler) remove(ctx context.Context, vmKey types.NamespacedName, s
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if again := decide(live, secret, r.now(), r.timing()); again.verdict != a.verdict {
+	if again := decide(live, secret, r.Clock.Now(), r.timing()); again.verdict != a.verdict {
 		// The cache is behind the API server; its update brings us back,
 		// and the requeue covers a missed one.
 		logger.V(1).Info("cache is behind the API server; credential Secret kept", "cached", a.why, "live", again.why)

@@ -65,27 +65,10 @@ func runController(api *testbed.APIServer, metricsAddr string) (stop func() erro
 // grace period rather than wait a day.
 var hasherClock = clocktesting.NewFakePassiveClock(time.Now())
 
-// credentialSecret is a per-VM Secret as the webhook writes it.
+// credentialSecret is VM vm's Secret as the webhook writes it for the
+// specs' BSLS.
 func credentialSecret(vm, password, generation string) *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: v1alpha1.CredentialSecretName(vm), Namespace: vmNamespace,
-			// As the webhook stamps credentials it issues.
-			Annotations: map[string]string{v1alpha1.AnnotationIssuedAt: time.Now().UTC().Format(time.RFC3339Nano)},
-			Labels: map[string]string{
-				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-				v1alpha1.LabelVM:              vm,
-				v1alpha1.LabelServerNamespace: storageNamespace,
-				v1alpha1.LabelServerName:      bslsName,
-			},
-		},
-		Data: map[string][]byte{
-			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + vmNamespace),
-			v1alpha1.SecretKeyPassword:   []byte(password),
-			v1alpha1.SecretKeyGeneration: []byte(generation),
-			v1alpha1.SecretKeyUserData:   []byte("#cloud-config\n"),
-		},
-	}
+	return testbed.CredentialSecret(vmNamespace, vm, storageNamespace+"/"+bslsName, password, generation)
 }
 
 // virtualMachine is a stopped VM opted in to serverRef ("" for none).

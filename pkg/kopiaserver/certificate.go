@@ -283,7 +283,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: TLSSecretName(b)}, leafSecret); err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get Secret %s: %w", TLSSecretName(b), err)
 	}
-	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.now())
+	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.Clock.Now())
 	if err != nil {
 		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix or delete Secret %s; guests trust its CA, so a new one leaves every guest distrusting the server until its VM gets the new CA", err, CASecretName(b))}, nil
 	}

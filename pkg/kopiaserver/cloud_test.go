@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -51,19 +50,6 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		binaries map[string]string
 	)
 
-	get := func(ns, name string) (*v1alpha1.BackupStorageLocationServer, error) {
-		b := &v1alpha1.BackupStorageLocationServer{}
-		return b, api.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, b)
-	}
-	repositoryReady := func(b *v1alpha1.BackupStorageLocationServer) func() *metav1.Condition {
-		return func() *metav1.Condition {
-			cur, err := get(b.Namespace, b.Name)
-			if err != nil {
-				return nil
-			}
-			return meta.FindStatusCondition(cur.Status.Conditions, v1alpha1.ConditionRepositoryReady)
-		}
-	}
 	deployment := func(b *v1alpha1.BackupStorageLocationServer) *appsv1.Deployment {
 		GinkgoHelper()
 		d := &appsv1.Deployment{}
@@ -80,24 +66,11 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		Expect(createCredential(ctx, api, credentialSecret(vm, b.Namespace, b.Namespace, b.Name, password, "1"))).To(Succeed())
 		Eventually(connectGuest(ctx, api, pod, b, vm+"@"+b.Namespace, password)).WithTimeout(provisioned).Should(Succeed())
 	}
-	veleroBSL := func(name, provider, bucket, prefix string, config map[string]any, credential map[string]any) *unstructured.Unstructured {
-		spec := map[string]any{
-			"provider":      provider,
-			"objectStorage": map[string]any{"bucket": bucket, "prefix": prefix},
-			"config":        config,
-		}
-		if credential != nil {
-			spec["credential"] = credential
-		}
-		bsl := &unstructured.Unstructured{Object: map[string]any{"spec": spec}}
-		bsl.SetGroupVersionKind(kopiaserver.VeleroBSL)
-		bsl.SetNamespace(veleroNS)
-		bsl.SetName(name)
-		// The Velero admin's consent to the BSLSs of this file.
-		bsl.SetAnnotations(map[string]string{v1alpha1.AnnotationAllowedServers: strings.Join([]string{
-			gcsNS + "/reuse", azureNS + "/reuse", wiNS + "/reuse", badNS + "/oci", badNS + "/no-key", badNS + "/no-secret",
-		}, ",")})
-		return bsl
+	// bsl is a Velero BSL of veleroNS that every BSLS of this file may
+	// reuse.
+	bsl := func(name, provider, bucket, prefix string, config map[string]any, credential map[string]any) *unstructured.Unstructured {
+		return veleroBSL(veleroNS, name, provider, bucket, prefix, config, credential,
+			gcsNS+"/reuse", azureNS+"/reuse", wiNS+"/reuse", badNS+"/oci", badNS+"/no-key", badNS+"/no-secret")
 	}
 	bsls := func(ns, name, bsl string, credentials v1alpha1.CredentialsSource, annotations map[string]string) *v1alpha1.BackupStorageLocationServer {
 		return &v1alpha1.BackupStorageLocationServer{
@@ -124,14 +97,9 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{Velero: true})
-		for _, name := range []string{veleroNS, gcsNS, azureNS, wiNS, badNS} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
-		}
+		api, binaries = startStorageController(ctx, veleroNS, gcsNS, azureNS, wiNS, badNS)
 		gcs = testbed.StartFakeGCS(GinkgoT())
 		azurite = testbed.StartAzurite(GinkgoT())
-		binaries = serverBinaries(GinkgoT())
-		startController(api)
 	})
 
 	Describe("a BSLS reusing a gcp BSL with a service account key", Ordered, func() {
@@ -149,7 +117,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 				ObjectMeta: metav1.ObjectMeta{Name: kopiaserver.VeleroDefaultCredentialsSecret, Namespace: veleroNS},
 				Data:       map[string][]byte{kopiaserver.VeleroDefaultCredentialsKey: key},
 			})).To(Succeed())
-			Expect(api.Client.Create(ctx, veleroBSL("gcs", "velero.io/gcp", bucket, prefix, map[string]any{"serviceAccount": "velero@testbed.iam.gserviceaccount.com"}, nil))).To(Succeed())
+			Expect(api.Client.Create(ctx, bsl("gcs", "velero.io/gcp", bucket, prefix, map[string]any{"serviceAccount": "velero@testbed.iam.gserviceaccount.com"}, nil))).To(Succeed())
 			b = bsls(gcsNS, "reuse", "gcs", "", nil)
 			Expect(api.Client.Create(ctx, b)).To(Succeed())
 		})
@@ -176,7 +144,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 			Expect(err).NotTo(HaveOccurred())
 			Expect(objects).To(ContainElement(prefix + "/guestbackup/kopia.repository"))
 			Expect(objects).To(HaveEach(HavePrefix(prefix + "/guestbackup/")))
-			Eventually(repositoryReady(b)).WithTimeout(reconciled).Should(And(
+			Eventually(bslsCondition(ctx, api, b.Namespace, b.Name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(And(
 				HaveField("Status", metav1.ConditionTrue), HaveField("Message", ContainSubstring("Velero BackupStorageLocation velero/gcs"))))
 			connect(pod, b, "web")
 		})
@@ -193,7 +161,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 				Data: map[string][]byte{"cloud": fmt.Appendf(nil, "AZURE_SUBSCRIPTION_ID=sub\nAZURE_RESOURCE_GROUP=rg\nAZURE_CLOUD_NAME=AzurePublicCloud\n%s=%s\n",
 					storagecreds.AzureStorageKey, azurite.Key)},
 			})).To(Succeed())
-			Expect(api.Client.Create(ctx, veleroBSL("azure", "velero.io/azure", container, prefix, map[string]any{
+			Expect(api.Client.Create(ctx, bsl("azure", "velero.io/azure", container, prefix, map[string]any{
 				"resourceGroup":           "rg",
 				"storageAccount":          azurite.Account,
 				"storageAccountKeyEnvVar": storagecreds.AzureStorageKey,
@@ -218,7 +186,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 			Expect(err).NotTo(HaveOccurred())
 			Expect(blobs).To(ContainElement(prefix + "/guestbackup/kopia.repository"))
 			Expect(blobs).To(HaveEach(HavePrefix(prefix + "/guestbackup/")))
-			Eventually(repositoryReady(b)).WithTimeout(reconciled).Should(HaveField("Status", metav1.ConditionTrue))
+			Eventually(bslsCondition(ctx, api, b.Namespace, b.Name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(HaveField("Status", metav1.ConditionTrue))
 			connect(pod, b, "db")
 		})
 	})
@@ -231,7 +199,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		BeforeAll(func() {
 			Expect(gcs.CreateBucket(bucket)).To(Succeed())
 			// As a Velero installed with --no-secret: no credential.
-			Expect(api.Client.Create(ctx, veleroBSL("gcs-wi", "gcp", bucket, prefix, map[string]any{}, nil))).To(Succeed())
+			Expect(api.Client.Create(ctx, bsl("gcs-wi", "gcp", bucket, prefix, map[string]any{}, nil))).To(Succeed())
 			b = bsls(wiNS, "reuse", "gcs-wi", v1alpha1.CredentialsWorkloadIdentity, map[string]string{"iam.gke.io/gcp-service-account": gsa})
 			Expect(api.Client.Create(ctx, b)).To(Succeed())
 		})
@@ -259,7 +227,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 				return sa.Annotations, err
 			}).WithTimeout(reconciled).Should(HaveKeyWithValue("iam.gke.io/gcp-service-account", gsa))
 			Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
-			cur, err := get(wiNS, b.Name)
+			cur, err := getBSLS(ctx, api, wiNS, b.Name)
 			Expect(err).NotTo(HaveOccurred())
 			Expect(cur.Finalizers).NotTo(ContainElement(kopiaserver.FinalizerVeleroAccess), "nothing to revoke in Velero's namespace")
 		})
@@ -274,13 +242,13 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 	})
 
 	It("says what to fix when a Velero BSL cannot be used", func() {
-		Expect(api.Client.Create(ctx, veleroBSL("oci", "velero.io/oci", "b", "", map[string]any{}, nil))).To(Succeed())
-		Expect(api.Client.Create(ctx, veleroBSL("no-key", "gcp", "b", "", map[string]any{}, map[string]any{"name": "gcp-credentials", "key": "service-account.json"}))).To(Succeed())
+		Expect(api.Client.Create(ctx, bsl("oci", "velero.io/oci", "b", "", map[string]any{}, nil))).To(Succeed())
+		Expect(api.Client.Create(ctx, bsl("no-key", "gcp", "b", "", map[string]any{}, map[string]any{"name": "gcp-credentials", "key": "service-account.json"}))).To(Succeed())
 		Expect(api.Client.Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "gcp-credentials", Namespace: veleroNS},
 			Data:       map[string][]byte{"cloud": serviceAccountKey()},
 		})).To(Succeed())
-		Expect(api.Client.Create(ctx, veleroBSL("no-secret", "azure", "b", "", map[string]any{"storageAccount": "acct"}, map[string]any{"name": "azure-sp", "key": "cloud"}))).To(Succeed())
+		Expect(api.Client.Create(ctx, bsl("no-secret", "azure", "b", "", map[string]any{"storageAccount": "acct"}, map[string]any{"name": "azure-sp", "key": "cloud"}))).To(Succeed())
 		Expect(api.Client.Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "azure-sp", Namespace: veleroNS},
 			Data:       map[string][]byte{"cloud": []byte("AZURE_TENANT_ID=t\nAZURE_CLIENT_ID=c\n")},
@@ -299,7 +267,7 @@ var _ = Describe("Velero gcp and azure storage, on their emulators", Ordered, fu
 		} {
 			b := bsls(badNS, tt.name, tt.bsl, tt.credentials, nil)
 			Expect(api.Client.Create(ctx, b)).To(Succeed())
-			Eventually(repositoryReady(b)).WithTimeout(reconciled).Should(And(Not(BeNil()),
+			Eventually(bslsCondition(ctx, api, b.Namespace, b.Name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(And(Not(BeNil()),
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", tt.reason), HaveField("Message", ContainSubstring(tt.message))), tt.name)
 		}
 	})

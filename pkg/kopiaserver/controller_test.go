@@ -37,11 +37,19 @@ const (
 	controllerNamespace = "guestbackup-system"
 	// reconciled bounds how long the controller may take to act on a change.
 	reconciled = 20 * time.Second
+	// provisioned bounds how long a Secret change may take to reach a guest.
+	provisioned = 30 * time.Second
 )
 
 // runController starts the controller's reconcilers in-process against
-// api, as cmd/controller wires them; stop ends them.
+// api, as cmd/controller wires them, with the ClusterRole the chart would
+// have installed for them to bind; stop ends them.
 func runController(api *testbed.APIServer, o testbed.ManagerOptions, configure ...func(*kopiaserver.Reconciler)) (stop func() error, err error) {
+	// What the chart installs for the controller to bind to the server
+	// pods of BSLSs with several replicas.
+	if err := api.CreateServerMaintenanceRole(); err != nil {
+		return nil, err
+	}
 	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace, ActivityInterval: time.Second}
 		for _, c := range configure {
@@ -70,22 +78,7 @@ func startController(api *testbed.APIServer, configure ...func(*kopiaserver.Reco
 
 // credentialSecret is a per-VM Secret as the webhook writes it.
 func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generation string) *corev1.Secret {
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: vm + "-guestbackup", Namespace: namespace,
-			Labels: map[string]string{
-				v1alpha1.LabelManagedBy:       v1alpha1.ManagedByValue,
-				v1alpha1.LabelVM:              vm,
-				v1alpha1.LabelServerNamespace: bslsNamespace,
-				v1alpha1.LabelServerName:      bslsName,
-			},
-		},
-		Data: map[string][]byte{
-			v1alpha1.SecretKeyUsername:   []byte(vm + "@" + namespace),
-			v1alpha1.SecretKeyPassword:   []byte(password),
-			v1alpha1.SecretKeyGeneration: []byte(generation),
-		},
-	}
+	return testbed.CredentialSecret(namespace, vm, bslsNamespace+"/"+bslsName, password, generation)
 }
 
 // createCredential creates, as the cluster admin, the VirtualMachine a

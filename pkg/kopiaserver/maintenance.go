@@ -6,6 +6,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -64,11 +65,52 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 	return s, c, nil
 }
 
-// maintenanceLease creates the Lease b's server pods elect their
-// maintenance runner with, when b runs several (SharesMaintenance). The
-// pods hold it; the controller never writes it again. It goes with the BSLS.
-func (r *Reconciler) maintenanceLease(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+// DefaultMaintenanceClusterRole is the ClusterRole the chart installs, as
+// release "guestbackup", for the server pods of a BSLS with several
+// replicas: get and update of Leases, the rules the markers of
+// pkg/serverpod/maintenance ask for (config/rbac/server-maintenance).
+// The controller binds it (MaintenanceRoleBinding) and holds `bind` on it
+// alone: RBAC lets the controller grant a right through a Role only if it
+// holds the right itself, and the controller never reads or writes a Lease
+// after creating it.
+const DefaultMaintenanceClusterRole = "guestbackup-server-maintenance"
+
+// MaintenanceRoleBinding grants b's server pods, in b's namespace, the
+// ClusterRole clusterRole (DefaultMaintenanceClusterRole, under the
+// chart's name): the Lease maintenancestate.LeaseName they elect their
+// maintenance runner with. A ClusterRole names no Lease, so the pods may
+// get and update any Lease of b's namespace; only a BSLS with several
+// replicas gets it (SharesMaintenance).
+func MaintenanceRoleBinding(b *v1alpha1.BackupStorageLocationServer, clusterRole string) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "rbac.authorization.k8s.io/v1", Kind: "RoleBinding"},
+		ObjectMeta: metav1.ObjectMeta{Name: ServiceAccountName(b) + "-maintenance", Namespace: b.Namespace, Labels: Labels(b)},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: ServiceAccountName(b), Namespace: b.Namespace}},
+	}
+}
+
+// maintenanceElection lets b's server pods elect their maintenance runner
+// when b runs several (SharesMaintenance): it creates the Lease they elect
+// it with (the pods hold it; the controller never writes it again; it goes
+// with the BSLS), and binds them the ClusterRole that lets them hold it.
+// A BSLS that runs one pod no longer has that binding.
+func (r *Reconciler) maintenanceElection(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
+	binding := MaintenanceRoleBinding(b, r.MaintenanceClusterRole)
+	if binding.RoleRef.Name == "" {
+		binding.RoleRef.Name = DefaultMaintenanceClusterRole
+	}
 	if !SharesMaintenance(b) {
+		err := r.Client.Get(ctx, client.ObjectKeyFromObject(binding), &rbacv1.RoleBinding{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("get RoleBinding %s: %w", binding.Name, err)
+		}
+		if err := r.Client.Delete(ctx, binding); client.IgnoreNotFound(err) != nil {
+			return fmt.Errorf("delete RoleBinding %s: %w", binding.Name, err)
+		}
 		return nil
 	}
 	lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: maintenancestate.LeaseName(b.Name), Namespace: b.Namespace, Labels: Labels(b)}}
@@ -78,7 +120,7 @@ func (r *Reconciler) maintenanceLease(ctx context.Context, b *v1alpha1.BackupSto
 	if err := r.Client.Create(ctx, lease); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("create Lease %s: %w", lease.Name, err)
 	}
-	return nil
+	return r.apply(ctx, b, binding)
 }
 
 // bslsOfMaintenanceConfigMap maps a BSLS's maintenance ConfigMap, which

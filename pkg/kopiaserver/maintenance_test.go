@@ -12,8 +12,9 @@ import (
 )
 
 // Every server pod may run maintenance; with several, the user-sync
-// container runs it only while it holds the BSLS's Lease, named by the
-// Role it may get and update.
+// container runs it only while it holds the BSLS's Lease, which it may get
+// and update through the ClusterRole the controller binds, never through
+// its Role.
 func TestMaintenanceElection(t *testing.T) {
 	for name, tc := range map[string]struct {
 		replicas        *int32
@@ -50,11 +51,12 @@ func TestMaintenanceElection(t *testing.T) {
 			if podName != tc.elect {
 				t.Errorf("POD_NAME from metadata.name: %v, want %v", podName, tc.elect)
 			}
+			// The Lease comes with the ClusterRole the controller binds
+			// (MaintenanceRoleBinding): the controller could write no Role
+			// that grants it.
 			_, role, _ := ServerRole(b)
-			if !slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool {
-				return slices.Equal(r.Resources, []string{"leases"}) && slices.Equal(r.Verbs, []string{"get", "update"}) && slices.Equal(r.ResourceNames, []string{"main-maintenance"})
-			}) {
-				t.Errorf("the Role grants no get and update of Lease main-maintenance: %+v", role.Rules)
+			if slices.ContainsFunc(role.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.Resources, "leases") }) {
+				t.Errorf("the Role grants Leases: %+v", role.Rules)
 			}
 		})
 	}

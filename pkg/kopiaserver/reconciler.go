@@ -54,8 +54,10 @@ import (
 // the controller write that Role only if it holds the same right.
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=update
 // It creates the Lease the server pods of a BSLS with several elect their
-// maintenance runner with, and grants them get and update of it.
-// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create;get;update
+// maintenance runner with, and never reads or writes it again: the pods'
+// right to it is a ClusterRole the controller binds (the chart grants it
+// bind on that one ClusterRole, whose name only the chart knows).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=create
 // +kubebuilder:rbac:groups="",resources=services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups="",resources=serviceaccounts,verbs=create;patch
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
@@ -98,6 +100,10 @@ type Reconciler struct {
 	Image string
 	// ControllerNamespace is admitted by every server's NetworkPolicy.
 	ControllerNamespace string
+	// MaintenanceClusterRole is the ClusterRole bound to the server pods of
+	// a BSLS with several replicas (MaintenanceRoleBinding); default
+	// DefaultMaintenanceClusterRole.
+	MaintenanceClusterRole string
 	// CertManagerCA has cert-manager issue the CA of each BSLS that names
 	// no issuer or Secret (a selfSigned Issuer, a CA Certificate and a CA
 	// Issuer in its namespace), when its CRDs are served; false: the
@@ -110,19 +116,15 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
-	// Clock tells the time; nil means the real clock.
+	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
-}
-
-func (r *Reconciler) now() time.Time {
-	if r.Clock != nil {
-		return r.Clock.Now()
-	}
-	return clock.RealClock{}.Now()
 }
 
 // SetupWithManager registers the reconciler and what it watches.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
 	}
@@ -294,7 +296,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // must fix is an observation, not an error: errors are the API's, and are
 // retried.
 func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
-	obs := observations{BSLS: b.DeepCopy(), Now: r.now()}
+	obs := observations{BSLS: b.DeepCopy(), Now: r.Clock.Now()}
 	var err error
 
 	// Storage and the repository password: the server cannot start without.
@@ -344,7 +346,7 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.Maintenance, obs.Client, err = r.serverState(ctx, b); err != nil {
 		return obs, err
 	}
-	if err := r.maintenanceLease(ctx, b); err != nil {
+	if err := r.maintenanceElection(ctx, b); err != nil {
 		return obs, err
 	}
 	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
@@ -439,7 +441,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 	if err != nil {
 		return UserSet{}, err
 	}
-	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.now()})
+	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.Clock.Now()})
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},

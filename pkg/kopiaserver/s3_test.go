@@ -14,7 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -48,21 +47,6 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		binaries map[string]string
 	)
 
-	bslsNamed := func(ns, name string) func() (*v1alpha1.BackupStorageLocationServer, error) {
-		return func() (*v1alpha1.BackupStorageLocationServer, error) {
-			b := &v1alpha1.BackupStorageLocationServer{}
-			return b, api.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, b)
-		}
-	}
-	condition := func(ns, name, t string) func() *metav1.Condition {
-		return func() *metav1.Condition {
-			b, err := bslsNamed(ns, name)()
-			if err != nil {
-				return nil
-			}
-			return meta.FindStatusCondition(b.Status.Conditions, t)
-		}
-	}
 	haveCondition := func(status metav1.ConditionStatus, reason, message string) OmegaMatcher {
 		return And(Not(BeNil()), HaveField("Status", status), HaveField("Reason", reason), HaveField("Message", ContainSubstring(message)))
 	}
@@ -94,38 +78,20 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 	awsCredentialsFile := func(profile string) []byte {
 		return fmt.Appendf(nil, "[%s]\naws_access_key_id=%s\naws_secret_access_key=%s\n", profile, minio.AccessKeyID, minio.SecretAccessKey)
 	}
-	veleroBSL := func(name, bucket, prefix, secret string) *unstructured.Unstructured {
-		bsl := &unstructured.Unstructured{Object: map[string]any{
-			"spec": map[string]any{
-				"provider":      "aws",
-				"objectStorage": map[string]any{"bucket": bucket, "prefix": prefix},
-				"config": map[string]any{
-					"region":           testbed.MinIORegion,
-					"s3Url":            minio.URL,
-					"s3ForcePathStyle": "true",
-				},
-				"credential": map[string]any{"name": secret, "key": kopiaserver.VeleroDefaultCredentialsKey},
-			},
-		}}
-		bsl.SetGroupVersionKind(kopiaserver.VeleroBSL)
-		bsl.SetNamespace(veleroNS)
-		bsl.SetName(name)
-		// The Velero admin's consent to the BSLSs of this file.
-		bsl.SetAnnotations(map[string]string{v1alpha1.AnnotationAllowedServers: strings.Join([]string{
-			reuseNS + "/reuse", s3NS + "/switch", reuseNS + "/no-profile",
-		}, ", ")})
-		return bsl
+	// awsBSL is a Velero BSL of provider aws on the MinIO, with credential
+	// Secret secret of Velero's namespace.
+	awsBSL := func(name, bucket, prefix, secret string) *unstructured.Unstructured {
+		return veleroBSL(veleroNS, name, "aws", bucket, prefix,
+			map[string]any{"region": testbed.MinIORegion, "s3Url": minio.URL, "s3ForcePathStyle": "true"},
+			map[string]any{"name": secret, "key": kopiaserver.VeleroDefaultCredentialsKey},
+			// The Velero admin's consent to the BSLSs of this file.
+			reuseNS+"/reuse", s3NS+"/switch", reuseNS+"/no-profile")
 	}
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{Velero: true})
-		for _, name := range []string{s3NS, veleroNS, reuseNS} {
-			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}})).To(Succeed())
-		}
+		api, binaries = startStorageController(ctx, s3NS, veleroNS, reuseNS)
 		minio = testbed.StartMinIO(GinkgoT())
-		binaries = serverBinaries(GinkgoT())
-		startController(api)
 	})
 
 	Describe("a BSLS with spec.storage.s3", Ordered, func() {
@@ -162,9 +128,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		})
 
 		It("becomes Ready, reporting where the repository is", func() {
-			Eventually(condition(s3NS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
 				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, "https://direct.s3-direct.svc:51515"))
-			Expect(condition(s3NS, name, v1alpha1.ConditionRepositoryReady)()).
+			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionRepositoryReady)()).
 				To(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonRepositoryOpened, "s3://guestbackup/cluster-a"))
 		})
 
@@ -253,7 +219,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			}
 			Expect(holder()).To(Equal(leader), "the Lease stays with its holder")
 			Eventually(func() (string, error) {
-				b, err := bslsNamed(s3NS, name)()
+				b, err := getBSLS(ctx, api, s3NS, name)
 				if err != nil || b.Status.Maintenance == nil {
 					return "", err
 				}
@@ -286,7 +252,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 				ObjectMeta: metav1.ObjectMeta{Name: "other", Namespace: veleroNS},
 				Data:       map[string][]byte{"token": []byte("not for guestbackup")},
 			})).To(Succeed())
-			Expect(api.Client.Create(ctx, veleroBSL(bsl, bucket, prefix, secret))).To(Succeed())
+			Expect(api.Client.Create(ctx, awsBSL(bsl, bucket, prefix, secret))).To(Succeed())
 			bsls = &v1alpha1.BackupStorageLocationServer{
 				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: reuseNS},
 				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
@@ -298,7 +264,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		It("puts its finalizer, and lets the server's service account get that one Secret of Velero's", func() {
 			Eventually(func() ([]string, error) {
-				b, err := bslsNamed(reuseNS, name)()
+				b, err := getBSLS(ctx, api, reuseNS, name)
 				return b.Finalizers, err
 			}).WithTimeout(reconciled).Should(ContainElement(kopiaserver.FinalizerVeleroAccess))
 			role, binding := &rbacv1.Role{}, &rbacv1.RoleBinding{}
@@ -351,9 +317,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 				keys, err := minio.Objects(bucket, "")
 				Expect(err).NotTo(HaveOccurred())
 				Expect(keys).To(HaveEach(HavePrefix(prefix + "/guestbackup/")))
-				Eventually(condition(reuseNS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+				Eventually(bslsCondition(ctx, api, reuseNS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
 					Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, "https://reuse.s3-velero.svc:51515"))
-				Expect(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)()).
+				Expect(bslsCondition(ctx, api, reuseNS, name, v1alpha1.ConditionRepositoryReady)()).
 					To(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonRepositoryOpened, "Velero BackupStorageLocation velero/minio"))
 			})
 
@@ -367,7 +333,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		It("removes its access to Velero's namespace when deleted", func() {
 			Expect(api.Client.Delete(ctx, bsls)).To(Succeed())
 			Eventually(func() error {
-				_, err := bslsNamed(reuseNS, name)()
+				_, err := getBSLS(ctx, api, reuseNS, name)
 				return err
 			}).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound), "the finalizer is removed")
 			Expect(api.Client.Get(ctx, accessKey(), &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
@@ -411,7 +377,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 
 		By("switching the BSLS to S3 storage of its own")
 		Eventually(func() error {
-			cur, err := bslsNamed(s3NS, b.Name)()
+			cur, err := getBSLS(ctx, api, s3NS, b.Name)
 			if err != nil {
 				return err
 			}
@@ -425,7 +391,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.RoleBinding{}) }).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound))
 		Eventually(func() error { return api.Client.Get(ctx, access, &rbacv1.Role{}) }).WithTimeout(reconciled).Should(Satisfy(apierrors.IsNotFound))
 		Eventually(func() ([]string, error) {
-			cur, err := bslsNamed(s3NS, b.Name)()
+			cur, err := getBSLS(ctx, api, s3NS, b.Name)
 			return cur.Finalizers, err
 		}).WithTimeout(reconciled).ShouldNot(ContainElement(kopiaserver.FinalizerVeleroAccess))
 	})
@@ -436,7 +402,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			ObjectMeta: metav1.ObjectMeta{Name: "other-profile", Namespace: veleroNS},
 			Data:       map[string][]byte{kopiaserver.VeleroDefaultCredentialsKey: awsCredentialsFile("backup")},
 		})).To(Succeed())
-		Expect(api.Client.Create(ctx, veleroBSL("other-profile", "velero", "cluster-c", "other-profile"))).To(Succeed())
+		Expect(api.Client.Create(ctx, awsBSL("other-profile", "velero", "cluster-c", "other-profile"))).To(Succeed())
 		b := &v1alpha1.BackupStorageLocationServer{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: reuseNS},
 			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
@@ -444,9 +410,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			}},
 		}
 		Expect(api.Client.Create(ctx, b)).To(Succeed())
-		Eventually(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(haveCondition(
+		Eventually(bslsCondition(ctx, api, reuseNS, name, v1alpha1.ConditionRepositoryReady)).WithTimeout(reconciled).Should(haveCondition(
 			metav1.ConditionFalse, kopiaserver.ReasonCredentialsInvalid, "Secret velero/other-profile, key cloud, is not an AWS credentials file Kopia can use: no profile [default]"))
-		Expect(strings.Contains(condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)().Message, minio.SecretAccessKey)).To(BeFalse())
+		Expect(strings.Contains(bslsCondition(ctx, api, reuseNS, name, v1alpha1.ConditionRepositoryReady)().Message, minio.SecretAccessKey)).To(BeFalse())
 
 		By("granting nothing in Velero's namespace and starting no server")
 		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Satisfy(apierrors.IsNotFound))
@@ -459,7 +425,9 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		Expect(unstructured.SetNestedField(bsl.Object, "backup", "spec", "config", "profile")).To(Succeed())
 		Expect(api.Client.Update(ctx, bsl)).To(Succeed())
 		// Well within the 30 s retry of a BSLS with a problem.
-		Eventually(func() string { return condition(reuseNS, name, v1alpha1.ConditionRepositoryReady)().Reason }).
+		Eventually(func() string {
+			return bslsCondition(ctx, api, reuseNS, name, v1alpha1.ConditionRepositoryReady)().Reason
+		}).
 			WithTimeout(10 * time.Second).ShouldNot(Equal(kopiaserver.ReasonCredentialsInvalid))
 		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: veleroNS, Name: kopiaserver.VeleroAccessName(b)}, &rbacv1.Role{})).To(Succeed())
 	})
@@ -481,7 +449,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		}
 		Expect(kopiaserver.VeleroAccessName(alike)).NotTo(Equal(victimAccess.Name))
 		Expect(api.Client.Create(ctx, alike)).To(Succeed())
-		Eventually(condition("s3", alike.Name, v1alpha1.ConditionRepositoryReady)).
+		Eventually(bslsCondition(ctx, api, "s3", alike.Name, v1alpha1.ConditionRepositoryReady)).
 			WithTimeout(reconciled).Should(HaveField("Reason", kopiaserver.ReasonVeleroConsentRequired))
 
 		Expect(api.Client.Get(ctx, victimAccess, &rbacv1.RoleBinding{})).To(Succeed(), "the consented BSLS keeps its RoleBinding")

@@ -513,7 +513,8 @@ func Service(b *v1alpha1.BackupStorageLocationServer) *corev1.Service {
 // ServerRole lets the server pod's user-sync container read its users
 // Secrets, by name, publish its guests' activity and its maintenance runs
 // and record Events on its BSLS, and nothing else: no other Secret of the namespace (the CA key, the
-// repository password, other BSLSs' storage keys). Kubernetes authorizes
+// repository password, other BSLSs' storage keys). The pods of a BSLS
+// with several replicas also get MaintenanceRoleBinding. Kubernetes authorizes
 // list and watch against resourceNames when the request selects
 // metadata.name=<name>, which is how user sync watches each users Secret.
 func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount, *rbacv1.Role, *rbacv1.RoleBinding) {
@@ -544,9 +545,6 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
 			// name is generated, so it cannot be limited by name.
 			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
-			// The Lease that elects the pod that runs maintenance, which
-			// the controller creates.
-			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}, ResourceNames: []string{maintenancestate.LeaseName(b.Name)}},
 		},
 	}
 	binding := &rbacv1.RoleBinding{

@@ -253,7 +253,7 @@ var _ = Describe("The chart rendered", func() {
 					Expect(err).NotTo(HaveOccurred(), "%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 				}
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
-				Expect(r.ofKind("ClusterRole")).To(HaveLen(2))
+				Expect(r.ofKind("ClusterRole")).To(HaveLen(3), "the controller's, the webhook's and the server pods' maintenance election")
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
 				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
 				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(1))
@@ -284,16 +284,30 @@ var _ = Describe("The chart rendered", func() {
 			})
 
 			It("grants each binary exactly the rules generated from its markers", func() {
-				for _, binary := range []string{"controller", "webhook"} {
-					data, err := os.ReadFile(filepath.Join(repoRoot, "config", "rbac", binary, "role.yaml"))
+				generated := func(role string) []rbacv1.PolicyRule {
+					GinkgoHelper()
+					data, err := os.ReadFile(filepath.Join(repoRoot, "config", "rbac", role, "role.yaml"))
 					Expect(err).NotTo(HaveOccurred())
 					want := &rbacv1.ClusterRole{}
 					Expect(yaml.UnmarshalStrict(bytes.TrimPrefix(data, []byte("---\n")), want)).To(Succeed())
 					Expect(want.Rules).NotTo(BeEmpty())
+					return want.Rules
+				}
+				// The server pods' maintenance election: bound by no one but
+				// the controller, which holds bind on it and on nothing else.
+				maintenance := release + "-server-maintenance"
+				Expect(as[rbacv1.ClusterRole](r.find("ClusterRole", maintenance)).Rules).To(Equal(generated("server-maintenance")))
+				Expect(as[appsv1.Deployment](r.find("Deployment", release+"-controller")).Spec.Template.Spec.Containers[0].Args).To(
+					ContainElement("--server-maintenance-cluster-role="+maintenance), "the controller binds the chart's ClusterRole")
+				for _, binary := range []string{"controller", "webhook"} {
+					want := generated(binary)
+					if binary == "controller" {
+						want = append(want, rbacv1.PolicyRule{APIGroups: []string{rbacv1.GroupName}, Resources: []string{"clusterroles"}, Verbs: []string{"bind"}, ResourceNames: []string{maintenance}})
+					}
 
 					name := release + "-" + binary
 					got := as[rbacv1.ClusterRole](r.find("ClusterRole", name))
-					Expect(got.Rules).To(Equal(want.Rules), binary)
+					Expect(got.Rules).To(Equal(want), binary)
 
 					binding := as[rbacv1.ClusterRoleBinding](r.find("ClusterRoleBinding", name))
 					Expect(binding.RoleRef).To(Equal(rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: name}))

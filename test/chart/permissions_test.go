@@ -10,8 +10,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
@@ -167,20 +169,33 @@ func chartPermissions(r rendered) []permission {
 }
 
 // serverPermissions are what the controller grants a BSLS's server pod:
-// kopiaserver.ServerRole in the BSLS's namespace and, for a Velero BSL,
-// kopiaserver.VeleroAccessRole in Velero's.
-func serverPermissions() []permission {
+// kopiaserver.ServerRole in the BSLS's namespace; with several replicas,
+// the chart's maintenance ClusterRole, which the controller of the
+// rendered chart r binds there (kopiaserver.MaintenanceRoleBinding); and,
+// for a Velero BSL, kopiaserver.VeleroAccessRole in Velero's.
+func serverPermissions(r rendered) []permission {
 	GinkgoHelper()
 	b := &v1alpha1.BackupStorageLocationServer{
 		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"},
 		Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{
 			BackupStorageLocation: &v1alpha1.BackupStorageLocationRef{Namespace: "velero", Name: "default"},
-		}},
+		}, Replicas: ptr.To[int32](2)},
 	}
 	sa, role, binding := kopiaserver.ServerRole(b)
 	Expect(binding.Subjects).To(Equal([]rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: b.Namespace}}))
 	Expect(binding.RoleRef.Name).To(Equal(role.Name))
 	perms := granted("server", scopeBSLSNamespace, scopeBSLSByName, role.Rules)
+
+	var clusterRole string
+	for _, arg := range as[appsv1.Deployment](r.find("Deployment", release+"-controller")).Spec.Template.Spec.Containers[0].Args {
+		if v, ok := strings.CutPrefix(arg, "--server-maintenance-cluster-role="); ok {
+			clusterRole = v
+		}
+	}
+	Expect(clusterRole).NotTo(BeEmpty(), "the controller is told which ClusterRole to bind")
+	maintenance := kopiaserver.MaintenanceRoleBinding(b, clusterRole)
+	Expect(maintenance.Subjects).To(Equal([]rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: b.Namespace}}))
+	perms = append(perms, granted("server", scopeBSLSNamespace, scopeBSLSByName, as[rbacv1.ClusterRole](r.find("ClusterRole", maintenance.RoleRef.Name)).Rules)...)
 	vrole, vbinding := kopiaserver.VeleroAccessRole(b, kopiaserver.VeleroDefaultCredentialsSecret)
 	Expect(vbinding.Subjects).To(Equal([]rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: sa.Name, Namespace: b.Namespace}}))
 	Expect(vbinding.RoleRef.Name).To(Equal(vrole.Name))
@@ -208,9 +223,10 @@ var _ = Describe("docs/security.md's Permissions table", func() {
 		// RBAC is the same for every value set; render them all anyway, so
 		// that a value that adds a rule cannot escape the table.
 		for _, set := range valueSets {
-			actual = append(actual, chartPermissions(renderRelease(release, set.namespace, set.file))...)
+			r := renderRelease(release, set.namespace, set.file)
+			actual = append(actual, chartPermissions(r)...)
+			actual = append(actual, serverPermissions(r)...)
 		}
-		actual = append(actual, serverPermissions()...)
 		Expect(actual).NotTo(BeEmpty())
 
 		Expect(difference(actual, documented)).To(BeEmpty(), "granted but not documented in docs/security.md (## Permissions): add a row naming the code that needs it, or remove the rule")

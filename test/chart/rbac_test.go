@@ -31,8 +31,10 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/controller"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -55,14 +57,17 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		controllerAccount string
 		webhookAccount    string
 	)
-	as := func(account string) *rest.Config {
+	// serviceAccount is a client config as ServiceAccount account of
+	// namespace.
+	serviceAccount := func(namespace, account string) *rest.Config {
 		cfg := rest.CopyConfig(apiServer.Config)
 		cfg.Impersonate = rest.ImpersonationConfig{
-			UserName: "system:serviceaccount:" + ns + ":" + account,
-			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"},
+			UserName: "system:serviceaccount:" + namespace + ":" + account,
+			Groups:   []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace, "system:authenticated"},
 		}
 		return cfg
 	}
+	as := func(account string) *rest.Config { return serviceAccount(ns, account) }
 	clientAs := func(cfg *rest.Config) client.Client {
 		GinkgoHelper()
 		c, err := client.New(cfg, client.Options{Scheme: apiServer.Scheme})
@@ -109,7 +114,8 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			Cache:      controller.Cache(),
 		})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(controller.Setup(mgr, controller.Options{Image: "guestbackup:test", Namespace: ns, ActivityInterval: time.Minute, Hashers: 1})).To(Succeed())
+		Expect(controller.Setup(mgr, controller.Options{Image: "guestbackup:test", Namespace: ns, ActivityInterval: time.Minute, Hashers: 1,
+			MaintenanceClusterRole: rbacRelease + "-guestbackup-server-maintenance"})).To(Succeed())
 		mgrCtx, cancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
 		go func() { done <- mgr.Start(mgrCtx) }()
@@ -142,19 +148,37 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 			return b.Status.TLSFingerprint
 		}).WithTimeout(30 * time.Second).ShouldNot(BeEmpty())
 
+		By("granting the server pods of a BSLS with two replicas their maintenance Lease through the one ClusterRole it may bind")
+		scaled := bsls.DeepCopy()
+		scaled.ObjectMeta = metav1.ObjectMeta{Name: "scaled", Namespace: bsNS}
+		scaled.Spec.Replicas = ptr.To[int32](2)
+		Expect(apiServer.Client.Create(ctx, scaled)).To(Succeed())
+		binding := &rbacv1.RoleBinding{}
+		Eventually(func() error {
+			return apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "scaled-server-maintenance"}, binding)
+		}).WithTimeout(30 * time.Second).Should(Succeed())
+		Expect(binding.RoleRef).To(Equal(rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: rbacRelease + "-guestbackup-server-maintenance"}))
+		maintenanceLease := &coordinationv1.Lease{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: maintenancestate.LeaseName("scaled")}, maintenanceLease)).To(Succeed())
+		role := &rbacv1.Role{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "scaled-server"}, role)).To(Succeed())
+		Expect(role.Rules).NotTo(ContainElement(HaveField("Resources", ContainElement("leases"))), "the server's own Role grants no Lease")
+		// A pod of the BSLS takes the Lease as client-go's LeaseLock does.
+		pod := clientAs(serviceAccount(bsNS, "scaled-server"))
+		Expect(pod.Get(ctx, client.ObjectKeyFromObject(maintenanceLease), maintenanceLease)).To(Succeed())
+		maintenanceLease.Spec.HolderIdentity = ptr.To("scaled-server-0")
+		Expect(pod.Update(ctx, maintenanceLease)).To(Succeed())
+		By("and none to the server of a BSLS with one")
+		Expect(apierrors.IsNotFound(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main-server-maintenance"}, &rbacv1.RoleBinding{}))).To(BeTrue())
+		Expect(apierrors.IsForbidden(clientAs(serviceAccount(bsNS, "main-server")).Get(ctx, client.ObjectKeyFromObject(maintenanceLease), &coordinationv1.Lease{}))).To(BeTrue())
+
 		By("hashing a VM's password, writing its user and adopting its Secret")
 		vm := &kubevirtv1.VirtualMachine{
 			ObjectMeta: metav1.ObjectMeta{Name: vmName, Namespace: vmNS, Annotations: map[string]string{v1alpha1.AnnotationServer: bsNS + "/main"}},
 			Spec:       kubevirtv1.VirtualMachineSpec{RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted), Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{}},
 		}
 		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
-		Expect(apiServer.Client.Create(ctx, &corev1.Secret{
-			ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vmName), Namespace: vmNS, Labels: map[string]string{
-				v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vmName,
-				v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
-			}},
-			Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vmName + "@" + vmNS), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789"), v1alpha1.SecretKeyGeneration: []byte("1")},
-		})).To(Succeed())
+		Expect(apiServer.Client.Create(ctx, testbed.CredentialSecret(vmNS, vmName, bsNS+"/main", "a-password-of-the-vm-0123456789", "1"))).To(Succeed())
 		Eventually(func() string {
 			s := &corev1.Secret{}
 			_ = apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: userset.SecretName("main", userset.ShardOf(vmName+"@"+vmNS))}, s)
@@ -247,13 +271,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		aliceConfig.Impersonate = rest.ImpersonationConfig{UserName: "alice", Groups: []string{"system:authenticated"}}
 		alice, controller, webhook := clientAs(aliceConfig), clientAs(controllerConfig), clientAs(webhookConfig)
 		credential := func(vm string) *corev1.Secret {
-			return &corev1.Secret{
-				ObjectMeta: metav1.ObjectMeta{Name: v1alpha1.CredentialSecretName(vm), Namespace: team, Labels: map[string]string{
-					v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue, v1alpha1.LabelVM: vm,
-					v1alpha1.LabelServerNamespace: bsNS, v1alpha1.LabelServerName: "main",
-				}},
-				Data: map[string][]byte{v1alpha1.SecretKeyUsername: []byte(vm + "@" + team), v1alpha1.SecretKeyPassword: []byte("a-password-of-the-vm-0123456789")},
-			}
+			return testbed.CredentialSecret(team, vm, bsNS+"/main", "a-password-of-the-vm-0123456789", "1")
 		}
 		denied := func(op string) gtypes.GomegaMatcher {
 			return And(
@@ -314,23 +332,31 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		bsls := &v1alpha1.BackupStorageLocationServer{}
 		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "main"}, bsls)).To(Succeed())
 		_, leaseWatchErr := controllerWatch.Watch(ctx, &coordinationv1.LeaseList{}, client.InNamespace(bsNS))
+		maintenanceLease := &coordinationv1.Lease{}
+		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: maintenancestate.LeaseName("scaled")}, maintenanceLease)).To(Succeed())
 		for what, err := range map[string]error{
 			"controller lists Leases cluster-wide":           controller.List(ctx, &coordinationv1.LeaseList{}),
 			"controller watches Leases of another namespace": leaseWatchErr,
-			// It creates, reads and updates each BSLS's maintenance Lease
-			// (and must hold that to grant it to the server pod's Role):
-			// never more.
-			"controller deletes a Lease":                   controller.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
-			"controller lists Leases of its own namespace": controller.List(ctx, &coordinationv1.LeaseList{}, client.InNamespace(ns)),
-			"controller replaces a Secret (update)":        controller.Update(ctx, control),
-			"controller replaces a Deployment (update)":    controller.Update(ctx, d),
-			"controller reads ServiceAccounts":             controller.List(ctx, &corev1.ServiceAccountList{}),
-			"controller deletes a Service":                 controller.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
-			"controller deletes a ServiceAccount":          controller.Delete(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
-			"controller replaces a Role (update)":          controller.Update(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
-			"controller replaces a BSLS (update)":          controller.Update(ctx, bsls),
-			"controller replaces a BSLS's status (update)": controller.Status().Update(ctx, bsls),
-			"controller writes events.k8s.io Events":       controller.Create(ctx, &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
+			// It creates each BSLS's maintenance Lease, and the server pods
+			// get their right to it from a ClusterRole the controller may
+			// bind: it reads and writes no Lease but its own leader
+			// election's.
+			"controller deletes a Lease":                           controller.Delete(ctx, &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
+			"controller lists Leases of its own namespace":         controller.List(ctx, &coordinationv1.LeaseList{}, client.InNamespace(ns)),
+			"controller reads the maintenance Lease it created":    controller.Get(ctx, client.ObjectKeyFromObject(maintenanceLease), &coordinationv1.Lease{}),
+			"controller takes the maintenance Lease it created":    controller.Update(ctx, maintenanceLease.DeepCopy()),
+			"controller reads kube-system's Leases":                controller.Get(ctx, types.NamespacedName{Namespace: "kube-system", Name: "kube-scheduler"}, &coordinationv1.Lease{}),
+			"controller writes a Role granting Leases":             controller.Create(ctx, leaseRole(bsNS, "lease-writer")),
+			"controller binds a ClusterRole but the maintenance's": controller.Create(ctx, clusterRoleBinding(bsNS, "cluster-admin", "main-server")),
+			"controller replaces a Secret (update)":                controller.Update(ctx, control),
+			"controller replaces a Deployment (update)":            controller.Update(ctx, d),
+			"controller reads ServiceAccounts":                     controller.List(ctx, &corev1.ServiceAccountList{}),
+			"controller deletes a Service":                         controller.Delete(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller deletes a ServiceAccount":                  controller.Delete(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller replaces a Role (update)":                  controller.Update(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: "main-server", Namespace: bsNS}}),
+			"controller replaces a BSLS (update)":                  controller.Update(ctx, bsls),
+			"controller replaces a BSLS's status (update)":         controller.Status().Update(ctx, bsls),
+			"controller writes events.k8s.io Events":               controller.Create(ctx, &eventsv1.Event{ObjectMeta: metav1.ObjectMeta{Name: "x", Namespace: bsNS}}),
 
 			"controller deletes a Deployment":        controller.Delete(ctx, d),
 			"controller lists nodes":                 controller.List(ctx, &corev1.NodeList{}),
@@ -344,3 +370,22 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		}
 	})
 })
+
+// leaseRole is a Role in namespace that lets its subjects get and update
+// every Lease there.
+func leaseRole(namespace, name string) *rbacv1.Role {
+	return &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
+		Rules:      []rbacv1.PolicyRule{{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "update"}}},
+	}
+}
+
+// clusterRoleBinding binds ClusterRole role, in namespace, to the
+// ServiceAccount account of namespace.
+func clusterRoleBinding(namespace, role, account string) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: role + "-" + account, Namespace: namespace},
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: role},
+		Subjects:   []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: account, Namespace: namespace}},
+	}
+}

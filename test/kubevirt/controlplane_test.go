@@ -99,7 +99,10 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		Expect(spec.Domain.Machine).To(HaveField("Type", "q35"))
 		Expect(spec.Architecture).To(Equal("amd64"))
 		Expect(local.InstanceID(vm)).To(Equal(string(spec.Domain.Firmware.UUID)), "the guest's instance-id is the firmware UUID virt-api set")
-		Eventually(platform.KubeVirt.API.Log).WithTimeout(30*time.Second).Should(ContainSubstring("web"), "virt-api admitted the VM")
+		Eventually(func() (bool, error) {
+			_, ok, err := platform.KubeVirt.Admission(ns, "web")
+			return ok, err
+		}).WithTimeout(30*time.Second).Should(BeTrue(), "virt-api's log has its admission of the VM")
 	})
 
 	It("denies, in the same chain, an opted-in VM with a disk that has no volume", func() {
@@ -195,7 +198,10 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 		Expect(second.UID).NotTo(Equal(first.UID))
 		Expect(second.Spec.Domain.Firmware).To(HaveField("UUID", types.UID(firmware)), "the firmware UUID, and so the instance-id, is the VM's for life")
 		Expect(local.InstanceID(getVM("web"))).To(Equal(firmware))
-		Expect(platform.KubeVirt.Controller.Log()).To(ContainSubstring("web"), "virt-controller worked on the VM")
+		started, ok, err := platform.KubeVirt.Start(ns, "web")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ok).To(BeTrue(), "virt-controller's log has its start of the VM's instance")
+		Expect(started.UID).To(Equal(string(vm.UID)), "virt-controller logged the start for the VM")
 		runStrategy("web", kubevirtv1.RunStrategyHalted)
 	})
 })

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"strings"
@@ -12,9 +13,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
@@ -85,24 +84,14 @@ var _ = Describe("Restore on their own, and a guest that does not connect", Orde
 		platform *local.Platform
 		blocks   []docBlock
 	)
-	vmEvents := func(name string) func() ([]string, error) {
-		return func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", name) }
-	}
+	vmEvents := func(name string) func() ([]string, error) { return eventsOfVM(ctx, platform, vmNS, name) }
 	// newVM is an opted-in VM of vmNS with paths /srv/data and the owner's
-	// inline cloud-config.
+	// inline cloud-config, and annotations besides.
 	newVM := func(name, cloudConfig string, annotations map[string]string) *kubevirtv1.VirtualMachine {
 		GinkgoHelper()
-		vm := typicalVM(name)
-		vm.Namespace = vmNS
-		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/data"}
-		for k, v := range annotations {
-			vm.Annotations[k] = v
-		}
-		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: cloudConfig}
-		Expect(platform.API.Client.Create(ctx, vm)).To(Succeed())
-		stored := &kubevirtv1.VirtualMachine{}
-		Expect(platform.API.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
-		return stored
+		vm := ownersVM(vmNS, name, bslsNS+"/main", "/srv/data", cloudConfig)
+		maps.Copy(vm.Annotations, annotations)
+		return createStored(ctx, platform.API.Client, vm)
 	}
 	// run starts vm, waits while it runs for what during says, then for
 	// its guest to power off, and returns its markers.

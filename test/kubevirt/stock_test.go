@@ -14,7 +14,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 )
@@ -51,31 +50,18 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 		vmNS   = "team-s"
 	)
 	var (
-		ctx       context.Context
-		platform  *local.Platform
-		api       *testbed.APIServer
-		bsls      *v1alpha1.BackupStorageLocationServer
-		localPort int
+		ctx context.Context
+		bp  backupPlatform
 	)
-	vmEvents := func(name string) func() ([]string, error) {
-		return func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", name) }
-	}
 	// create admits an opted-in VM on the stock image and returns it as
-	// stored, once its user is on the server.
+	// stored.
 	create := func(name, userData string) *kubevirtv1.VirtualMachine {
 		GinkgoHelper()
-		vm := typicalVM(name)
-		vm.Namespace = vmNS
-		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/app"}
-		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: userData}
-		Expect(api.Client.Create(ctx, vm)).To(Succeed())
-		stored := &kubevirtv1.VirtualMachine{}
-		Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
-		return stored
+		return createStored(ctx, bp.API.Client, ownersVM(vmNS, name, bslsNS+"/main", "/srv/app", userData))
 	}
 	bootStock := func(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
 		GinkgoHelper()
-		opts, err := platform.Realise(ctx, vm)
+		opts, err := bp.Realise(ctx, vm)
 		Expect(err).NotTo(HaveOccurred())
 		opts.Stock = true
 		res := testbed.BootGuest(GinkgoT(), opts)
@@ -88,18 +74,17 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 			Fail(err.Error())
 		}
 		ctx = context.Background()
-		bp := startBackupPlatform(ctx, bslsNS, vmNS)
-		platform, api, bsls, localPort = bp.Platform, bp.API, bp.bsls, bp.port
+		bp = startBackupPlatform(ctx, bslsNS, vmNS)
 	})
 
 	It("publishes the client it serves in the BSLS's status", func() {
 		Eventually(func() *v1alpha1.ClientStatus {
-			_ = api.Client.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
-			return bsls.Status.Client
+			_ = bp.API.Client.Get(ctx, client.ObjectKeyFromObject(bp.bsls), bp.bsls)
+			return bp.bsls.Status.Client
 		}).WithTimeout(60 * time.Second).ShouldNot(BeNil())
-		Expect(bsls.Status.Client.URL).To(Equal("https://" + testbed.GuestHostAddress + ":" + strconv.Itoa(localPort+1)))
-		Expect(bsls.Status.Client.SHA256).To(HaveKey("amd64"))
-		Expect(bsls.Status.Client.SHA256).To(HaveKey("arm64"))
+		Expect(bp.bsls.Status.Client.URL).To(Equal("https://" + testbed.GuestHostAddress + ":" + strconv.Itoa(bp.port+1)))
+		Expect(bp.bsls.Status.Client.SHA256).To(HaveKey("amd64"))
+		Expect(bp.bsls.Status.Client.SHA256).To(HaveKey("arm64"))
 	})
 
 	It("boots a guest without kopia that fetches it, verifies it, connects and snapshots with zero touch", func() {
@@ -107,24 +92,24 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 		res := bootStock(vm)
 		m := e2eMarkers(res.Console)
 		Expect(m["kopia"]).To(Equal("none"), "the stock image has no kopia of its own")
-		Expect(m["client"]).To(Equal(bsls.Status.Client.SHA256["amd64"]), "the guest's services said:\n%s", e2eLogs(res.Console))
-		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as app@team-s"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["client"]).To(Equal(bp.bsls.Status.Client.SHA256["amd64"]), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(bp.port)+" as app@team-s"), "the guest's services said:\n%s", e2eLogs(res.Console))
 		Expect(m["snapshots"]).To(Equal("1"))
-		Expect(e2eLogs(res.Console)).To(ContainSubstring("fetching kopia " + bsls.Status.Client.Version + " for amd64"))
-		Eventually(vmEvents("app")).WithTimeout(60 * time.Second).Should(ContainElement(HavePrefix("Normal GuestConnected: Guest backs up as app@team-s")))
+		Expect(e2eLogs(res.Console)).To(ContainSubstring("fetching kopia " + bp.bsls.Status.Client.Version + " for amd64"))
+		Eventually(eventsOfVM(ctx, bp.Platform, vmNS, "app")).WithTimeout(60 * time.Second).Should(ContainElement(HavePrefix("Normal GuestConnected: Guest backs up as app@team-s")))
 	})
 
 	It("refuses a client whose SHA-256 is not the bootstrap's, says so in the guest and as an Event on the VM", func() {
 		vm := create("tampered", stockConfig("refused"))
 		By("giving the guest a bootstrap that expects another build than the server serves")
 		key := types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("tampered")}
-		genuine := bsls.Status.Client.SHA256["amd64"]
+		genuine := bp.bsls.Status.Client.SHA256["amd64"]
 		forged := strings.Repeat("0", 64)
 		// The controller adopts and hashes the Secret meanwhile: retried
 		// on conflicts.
 		Eventually(func() error {
 			s := &corev1.Secret{}
-			if err := api.Client.Get(ctx, key, s); err != nil {
+			if err := bp.API.Client.Get(ctx, key, s); err != nil {
 				return err
 			}
 			// The owner's cloud-config and ours, merged: ours is rewritten.
@@ -135,7 +120,7 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 			merged, err := cloudinit.Merge(parts[0].Data, []byte(strings.ReplaceAll(string(parts[1].Data), genuine, forged)))
 			Expect(err).NotTo(HaveOccurred())
 			s.Data[v1alpha1.SecretKeyUserData] = merged
-			return api.Client.Update(ctx, s)
+			return bp.API.Client.Update(ctx, s)
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
 		res := bootStock(vm)
@@ -143,7 +128,7 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 		Expect(m["status"]).To(And(ContainSubstring("error: refused the kopia client"), ContainSubstring("not "+forged), ContainSubstring("it was not run")),
 			"the guest's services said:\n%s", e2eLogs(res.Console))
 		Expect(m["client"]).To(BeEmpty(), "nothing was installed")
-		Eventually(vmEvents("tampered")).WithTimeout(3 * time.Minute).Should(ContainElement(
+		Eventually(eventsOfVM(ctx, bp.Platform, vmNS, "tampered")).WithTimeout(3 * time.Minute).Should(ContainElement(
 			And(HavePrefix("Warning ClientChecksumMismatch: Guest refused the kopia client"), ContainSubstring("not "+forged))))
 	})
 })

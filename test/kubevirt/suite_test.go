@@ -12,11 +12,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	ctrl "sigs.k8s.io/controller-runtime"
-
-	"github.com/guestbackup/guestbackup/internal/testbed"
 )
-
-var apiServer *testbed.APIServer
 
 func TestKubeVirt(t *testing.T) {
 	RegisterFailHandler(Fail)
@@ -24,7 +20,3 @@ func TestKubeVirt(t *testing.T) {
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines")
 }
-
-var _ = BeforeSuite(func() {
-	apiServer = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-})

@@ -132,9 +132,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		bsls      *v1alpha1.BackupStorageLocationServer
 		localPort int
 	)
-	vmEvents := func(name string) func() ([]string, error) {
-		return func() ([]string, error) { return platform.Events(ctx, vmNS, "VirtualMachine", name) }
-	}
+	vmEvents := func(name string) func() ([]string, error) { return eventsOfVM(ctx, platform, vmNS, name) }
 
 	// usersOfShard reads the users Secret of the shard that holds user.
 	usersOfShard := func(user string) func() string {
@@ -184,13 +182,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 	}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
-		vm := typicalVM("web")
-		vm.Namespace = vmNS
-		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/data"}
-		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: webConfig}
-		Expect(api.Client.Create(ctx, vm)).To(Succeed())
-		stored := &kubevirtv1.VirtualMachine{}
-		Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+		stored := createStored(ctx, api.Client, ownersVM(vmNS, "web", bslsNS+"/main", "/srv/data", webConfig))
 		waitForUser("web@team-a")
 
 		res := boot(stored)

@@ -17,7 +17,6 @@ package node
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -54,20 +53,7 @@ func TestNode(t *testing.T) {
 
 var _ = BeforeSuite(func() {
 	tools = testbed.MustTools(GinkgoT())
-	root, err := testbed.RepoRoot()
-	Expect(err).NotTo(HaveOccurred())
-	By("building the image as `make image` does (hack/image.sh)")
-	image := testbed.BuildImage(GinkgoT(), imageRepository+":"+imageTag)
-
-	By("starting a cluster with one real node, and cert-manager")
-	// A fresh cluster: the chart installs guestbackup's CRD (its
-	// templates own it, so helm refuses one it did not create).
-	node = testbed.StartNode(GinkgoT(), testbed.NodeOptions{Images: []string{image}, APIServer: testbed.APIServerOptions{WithoutGuestbackupCRDs: true}})
-	testbed.StartCertManager(GinkgoT(), node.API, testbed.CertManagerOptions{})
-	testbed.StartCAInjector(GinkgoT(), node.API)
-
-	By("helm install of charts/guestbackup, only the image values changed")
-	_, err = node.Helm(GinkgoT(), "install", release, filepath.Join(root, "charts", "guestbackup"), "--namespace", releaseNamespace, "--create-namespace",
-		"--set", "image.repository="+imageRepository, "--set", "image.tag="+imageTag, "--set", "image.pullPolicy=Never")
-	Expect(err).NotTo(HaveOccurred())
+	By("building the image as `make image` does (hack/image.sh), starting a fresh cluster with one real node and cert-manager, " +
+		"and helm install of charts/guestbackup, only the image values changed")
+	node = testbed.InstallChart(GinkgoT(), testbed.ChartInstall{Repository: imageRepository, Tag: imageTag, Release: release, Namespace: releaseNamespace})
 })

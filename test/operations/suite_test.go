@@ -27,14 +27,11 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
@@ -153,28 +150,7 @@ func (c *cluster) serve(b *v1alpha1.BackupStorageLocationServer, port int) (*tes
 // newVM is a small VM opted in to the BSLS, with no cloud-init of its
 // own.
 func newVM() *kubevirtv1.VirtualMachine {
-	return &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: vmName, Namespace: vmNamespace,
-			Annotations: map[string]string{v1alpha1.AnnotationServer: storageNamespace + "/" + bslsName},
-		},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-				Spec: kubevirtv1.VirtualMachineInstanceSpec{
-					Domain: kubevirtv1.DomainSpec{
-						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
-						Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
-							{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
-						}},
-					},
-					Volumes: []kubevirtv1.Volume{
-						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}},
-					},
-				},
-			},
-		},
-	}
+	return testbed.SmallVM(vmNamespace, vmName, map[string]string{v1alpha1.AnnotationServer: storageNamespace + "/" + bslsName})
 }
 
 // vmSecret returns the VM's credential Secret in c.
@@ -199,23 +175,8 @@ type guestFiles struct {
 // it yields runs under a fresh root. It returns the files it installed.
 func install(s *corev1.Secret) guestFiles {
 	GinkgoHelper()
-	cc, _, err := testbed.CloudInitProcess(GinkgoT(), s.Data[v1alpha1.SecretKeyUserData])
-	Expect(err).NotTo(HaveOccurred())
-	var doc struct {
-		BootCmd []any `json:"bootcmd"`
-	}
-	Expect(yaml.Unmarshal(cc, &doc)).To(Succeed())
-	script := ""
-	for _, c := range doc.BootCmd {
-		if line, ok := c.(string); ok && strings.Contains(line, "guestbackup:") {
-			script = line
-		}
-	}
-	Expect(script).NotTo(BeEmpty(), "no guestbackup bootcmd in %s", cc)
 	root := GinkgoT().TempDir()
-	path := filepath.Join(GinkgoT().TempDir(), "bootcmd.sh")
-	Expect(os.WriteFile(path, []byte("#!/bin/sh\n"+script), 0o700)).To(Succeed())
-	out, err := testbed.Run(ctx, time.Minute, root, []string{"GUESTBACKUP_ROOT=" + root}, "/bin/sh", path)
+	out, err := testbed.RunBootCmd(GinkgoT(), s.Data[v1alpha1.SecretKeyUserData], cloudinit.BootCmdMarker, root, []string{"GUESTBACKUP_ROOT=" + root})
 	Expect(err).NotTo(HaveOccurred(), out)
 
 	read := func(p string) []byte {

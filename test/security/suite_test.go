@@ -23,11 +23,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -165,28 +163,7 @@ func isReady(b *v1alpha1.BackupStorageLocationServer) bool {
 // vmFor is a small VM opted in to server (<namespace>/<name>), with no
 // cloud-init of its own: the webhook gives it the bootstrap volume.
 func vmFor(namespace, name, server string) *kubevirtv1.VirtualMachine {
-	return &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: namespace,
-			Annotations: map[string]string{v1alpha1.AnnotationServer: server},
-		},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-				Spec: kubevirtv1.VirtualMachineInstanceSpec{
-					Domain: kubevirtv1.DomainSpec{
-						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
-						Devices: kubevirtv1.Devices{Disks: []kubevirtv1.Disk{
-							{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
-						}},
-					},
-					Volumes: []kubevirtv1.Volume{
-						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}},
-					},
-				},
-			},
-		},
-	}
+	return testbed.SmallVM(namespace, name, map[string]string{v1alpha1.AnnotationServer: server})
 }
 
 // createVM creates, as c, a VM opted in to server; the API server runs it

@@ -27,6 +27,8 @@ is cut at 40 characters so that the longest Service name,
 {{- define "guestbackup.webhookTLSSecret" -}}{{ include "guestbackup.webhook" . }}-tls{{- end }}
 {{/* The webhook's Certificate, whose CA cert-manager injects. */}}
 {{- define "guestbackup.webhookCertificate" -}}{{ include "guestbackup.webhook" . }}{{- end }}
+{{/* The ClusterRole the controller binds to the server pods of a BSLS with several replicas. */}}
+{{- define "guestbackup.serverMaintenanceRole" -}}{{ include "guestbackup.fullname" . }}-server-maintenance{{- end }}
 {{/* The ValidatingAdmissionPolicy (and its binding) guarding guestbackup's Secrets. */}}
 {{- define "guestbackup.secretPolicy" -}}{{ include "guestbackup.fullname" . }}-managed-secrets{{- end }}
 

@@ -13,6 +13,13 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 )
 
+// A pod elects through the Lease the controller created: client-go's
+// LeaseLock gets and updates it (releasing it is an update too). These
+// rules are the ClusterRole the chart installs for the server pods of a
+// BSLS with several replicas (config/rbac/server-maintenance), which the
+// controller binds to them (kopiaserver.MaintenanceRoleBinding).
+// +kubebuilder:rbac:groups=coordination.k8s.io,resources=leases,verbs=get;update
+
 // Election makes one of a BSLS's server pods its maintenance runner: the
 // one holding a coordination.k8s.io Lease. Kopia's own maintenance lock
 // stays the safety net; the Lease keeps the other pods from even trying.
