@@ -250,9 +250,9 @@ var _ = Describe("A filesystem BSLS's server pod", Ordered, func() {
 		// whatever authenticates comes from the repository itself.
 		Expect(api.Client.Delete(ctx, secret(userset.SecretName(bsls.Name, 0), nil))).To(Succeed())
 		second := runPod()
-		Expect(second.WaitReady(2*time.Minute, "kopia")).To(Succeed())
+		Eventually(connect(second, alice)).WithTimeout(2*time.Minute).WithPolling(time.Second).Should(Succeed(),
+			"the second server serves alice from the repository")
 		Expect(second.WaitReady(5*time.Second, "user-sync")).To(MatchError(ContainSubstring("main-users-0")))
-		Expect(connect(second, alice)()).To(Succeed())
 	})
 })
 
