@@ -1,7 +1,6 @@
 package usersync
 
 import (
-	"bytes"
 	"fmt"
 	"maps"
 	"slices"
@@ -59,11 +58,7 @@ func (a *Access) equal(b *Access) bool {
 	if a == nil || b == nil {
 		return a == b
 	}
-	return maps.EqualFunc(a.Users, b.Users, sameHash) && slices.Equal(ruleKeys(a.Rules), ruleKeys(b.Rules))
-}
-
-func sameHash(a, b identity.Hash) bool {
-	return a.Version == b.Version && bytes.Equal(a.Value, b.Value)
+	return maps.EqualFunc(a.Users, b.Users, identity.Hash.Equal) && slices.Equal(ruleKeys(a.Rules), ruleKeys(b.Rules))
 }
 
 func ruleKeys(rules []kopiauser.ACL) []string {
@@ -120,7 +115,7 @@ func Revocations(last *Access, now Access, changes []kopiauser.Change, removed [
 			switch have, ok := now.Users[user]; {
 			case !ok:
 				add(Revocation{Users: user, Reason: RevokedUserRemoved, Why: "user removed"})
-			case !sameHash(have, h):
+			case !have.Equal(h):
 				add(Revocation{Users: user, Reason: RevokedPasswordChanged, Why: "password changed"})
 			}
 		}
