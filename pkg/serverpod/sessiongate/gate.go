@@ -23,6 +23,8 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
+	"log"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -128,18 +130,70 @@ func New(o Options) (*Gate, error) {
 			if !ok {
 				return nil, errors.New("request of no guest connection")
 			}
-			return t.RoundTrip(r)
+			return roundTrip(t, r)
 		}),
 		// gRPC streams both ways: every message is passed on at once.
 		FlushInterval: -1,
 		ErrorHandler:  g.proxyError,
+		// What the proxy notes on its own is a guest that went away
+		// mid-stream: routine, so only at verbosity 1.
+		ErrorLog: log.New(logWriter{g.log.V(1)}, "", 0),
 	}
 	return g, nil
+}
+
+// logWriter writes a log.Logger's lines to a logr.Logger.
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// errResponseEnded ends the copy of a guest's stream to the Kopia server
+// once the server's answer to it has ended.
+var errResponseEnded = errors.New("the Kopia server ended its response")
+
+// roundTrip sends r through t, its body through a pipe that closes when
+// the response does. A gRPC server may answer before the client has sent
+// all it will (Kopia refuses a session before reading it), and net/http's
+// HTTP/2 transport, on closing such a response, waits for the request body
+// to end: the guest's, which ReverseProxy never lets it close, and which
+// the guest keeps open while it waits for that very answer.
+func roundTrip(t http.RoundTripper, r *http.Request) (*http.Response, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return t.RoundTrip(r)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := io.Copy(pw, r.Body)
+		pw.CloseWithError(err)
+	}()
+	out := r.Clone(r.Context())
+	out.Body = pr
+	res, err := t.RoundTrip(out)
+	if err != nil {
+		pr.CloseWithError(err)
+		return nil, err
+	}
+	res.Body = &afterClose{ReadCloser: res.Body, then: func() { pr.CloseWithError(errResponseEnded) }}
+	return res, nil
+}
+
+// afterClose is a response body that, once closed, also ends its request's.
+type afterClose struct {
+	io.ReadCloser
+	then func()
+}
+
+func (b *afterClose) Close() error {
+	b.then()
+	return b.ReadCloser.Close()
+}
 
 // Server is the HTTP server of the gate's port: it gives each guest
 // connection its own connection to the Kopia server, and closes it with
@@ -187,8 +241,8 @@ func (g *Gate) transport() *http.Transport {
 // ServeHTTP forwards r to the Kopia server. A gRPC request is a session
 // (Kopia's one method, KopiaRepository.Session): it is kept, under the
 // user its metadata names, until it ends or End ends it. Any other request
-// (Kopia's control API, /metrics) is answered at once and is passed on as
-// it is.
+// (Kopia's /metrics, its control API) is passed on as it is, untracked:
+// Kopia checks each such request's credentials on its own.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !isGRPC(r) {
 		g.proxy.ServeHTTP(w, r)
