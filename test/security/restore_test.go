@@ -100,6 +100,12 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		Expect(t.Client.Patch(ctx, v, patch)).To(Succeed(), "the owner sets %s=%q", restoreFrom, value)
 	}
 
+	AfterAll(func() {
+		if newHeld != nil {
+			_ = newHeld.Close(context.Background())
+		}
+	})
+
 	BeforeAll(func() {
 		allowed := map[string]string{"restore-spec": "allowed"}
 		newNamespace("rf-srv", nil)
@@ -155,7 +161,8 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 			And(HavePrefix("Normal This VM's guest may read the snapshots of old@rf-a"), ContainSubstring("read-only"))))
 		Eventually(events(owner.Client, "rf-a", "old", grantedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
 			HavePrefix("Normal The guest of VirtualMachine new may read this VM's snapshots (old@rf-a)")))
-		newHeld = guestOpen(srv, "new@rf-a", newPassword)
+		// Held across the specs that follow, until the container ends.
+		newHeld = guestSession(srv, "new@rf-a", newPassword)
 		Expect(readsOld(&newHeld)()).To(Succeed(), "new's guest holds a session open under the grant")
 	})
 
