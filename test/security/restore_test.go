@@ -50,7 +50,7 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 	// readsOld is whether r's session reads old's snapshot manifest.
 	readsOld := func(r *repo.Repository) func() error {
 		return func() error {
-			ctx, cancel := context.WithTimeout(ctx, time.Minute)
+			ctx, cancel := context.WithTimeout(ctx, heldCallTimeout)
 			defer cancel()
 			var m snapshot.Manifest
 			_, err := (*r).GetManifest(ctx, manifest.ID(oldSnapshot), &m)
