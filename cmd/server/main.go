@@ -205,7 +205,8 @@ func runSyncUsers(args []string) error {
 	fs.DurationVar(&o.StatsInterval, "repository-stats-interval", 15*time.Minute, "How often to measure the repository's size for /metrics (lists every blob of the storage); 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "The repository connection written by init.")
-	fs.StringVar(&o.ServerURL, "server-url", "", "The Kopia server in this pod, e.g. https://127.0.0.1:51515.")
+	fs.StringVar(&o.ServerURL, "server-url", "", "The Kopia server in this pod, on its loopback, e.g. https://127.0.0.1:51517.")
+	fs.StringVar(&o.GateAddr, "gate-addr", "", "Address of the port guests' Kopia clients connect to: the session gate in front of --server-url, which ends the sessions of users whose access user sync revokes.")
 	fs.StringVar(&o.ControlUsername, "server-control-username", "server-control", "The server's control user.")
 	fs.StringVar(&o.CAFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
 	fs.StringVar(&o.HealthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
@@ -222,18 +223,18 @@ func runSyncUsers(args []string) error {
 		clients[arch] = p
 		return nil
 	})
-	fs.StringVar(&client.ChainFile, "tls-chain-file", "", "The certificate chain the Kopia server presents (leaf + CA), for the client port.")
-	fs.StringVar(&client.KeyFile, "tls-key-file", "", "Its key.")
+	fs.StringVar(&o.ChainFile, "tls-chain-file", "", "The certificate chain the Kopia server presents (leaf + CA), for the gate's port and the client port.")
+	fs.StringVar(&o.KeyFile, "tls-key-file", "", "Its key.")
 	logOpts.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if o.Namespace == "" || o.BSLS == "" || o.ConfigFile == "" || o.ServerURL == "" || o.CAFile == "" {
-		return errors.New("--namespace, --bsls, --config-file, --server-url and --tls-ca-file are required")
+	if o.Namespace == "" || o.BSLS == "" || o.ConfigFile == "" || o.ServerURL == "" || o.CAFile == "" || o.GateAddr == "" || o.ChainFile == "" || o.KeyFile == "" {
+		return errors.New("--namespace, --bsls, --config-file, --server-url, --tls-ca-file, --gate-addr, --tls-chain-file and --tls-key-file are required")
 	}
 	if client.Addr != "" {
-		if len(clients) == 0 || client.ChainFile == "" || client.KeyFile == "" {
-			return errors.New("--client-addr needs --client-binary, --tls-chain-file and --tls-key-file")
+		if len(clients) == 0 {
+			return errors.New("--client-addr needs --client-binary")
 		}
 		client.Binaries = clients
 		o.ClientPort = &client

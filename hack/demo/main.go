@@ -78,6 +78,7 @@ var demoLine = regexp.MustCompile(`(?m)^DEMO (.*?)\r?$`)
 func main() {
 	verbose := flag.Bool("v", false, "print the components' logs")
 	guest := flag.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
+	image := flag.String("image", imageStock, "the guest's image: "+imageStock+" (a stock-like cloud image without kopia: the guest fetches it from its server) or "+imageKopia+" (the test image, which carries kopia)")
 	onNode := flag.Bool("node", false, "install the chart with helm on the test bed's real node (kubelet, containerd): controller, webhook and server run as real pods")
 	flag.Parse()
 	r := newRun(os.Stdout, *verbose)
@@ -91,11 +92,15 @@ func main() {
 		_ = r.close()
 		os.Exit(130)
 	}()
+	if *image != imageStock && *image != imageKopia {
+		fmt.Fprintf(os.Stderr, "demo: -image=%s: want %s or %s\n", *image, imageStock, imageKopia)
+		os.Exit(2)
+	}
 	err := r.guard(func() error {
 		if *onNode {
 			return demoNode(context.Background(), r)
 		}
-		return demo(context.Background(), r, *guest)
+		return demo(context.Background(), r, *guest, *image == imageStock)
 	})
 	if cerr := r.close(); cerr != nil {
 		err = errors.Join(err, fmt.Errorf("stopping: %w", cerr))
@@ -106,15 +111,22 @@ func main() {
 	}
 }
 
+// The guest images -image chooses from.
+const (
+	imageStock = "stock"
+	imageKopia = "kopia"
+)
+
 // demo narrates the product on r's output; without bootGuest, or when no
-// guest can boot here, it stops once the server is Ready.
-func demo(ctx context.Context, r *run, bootGuest bool) error {
+// guest can boot here, it stops once the server is Ready. stock boots the
+// stock-like image, which has no kopia; else the test image, which has.
+func demo(ctx context.Context, r *run, bootGuest, stock bool) error {
 	start := time.Now()
 	logger := r.logger()
 
 	r.step("Starting a real API server (kube-apiserver and etcd on loopback) with the BSLS, KubeVirt and cert-manager CRDs, " +
 		"KubeVirt's control plane (virt-api, virt-controller), and guestbackup's controller and webhook in this process")
-	p := local.Start(r, local.Options{Logger: logger, StockGuests: true})
+	p := local.Start(r, local.Options{Logger: logger, StockGuests: stock})
 	c := p.API.Client
 	for _, ns := range []string{bslsNamespace, vmNamespace} {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{"guestbackup.io/allowed": "true"}}}); err != nil {
@@ -168,7 +180,7 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 		r.say("no guest was asked for (-guest=false): the demo stops here, with the server ready")
 		return nil
 	}
-	if why := guestUnavailable(); why != "" {
+	if why := guestUnavailable(stock); why != "" {
 		r.say("%s: the demo stops here, with the server ready. `make tools` installs qemu and builds the guest image.", why)
 		return nil
 	}
@@ -220,9 +232,24 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 		res.Elapsed.Round(time.Second))
 	r.done()
 
-	r.step("The guest: a stock-like cloud image without kopia fetched its client from the server, verified its SHA-256, connected; its snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
+	r.step("The guest's own words, from its console: where its kopia came from, its status and its snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")
+	var said []string
 	for _, m := range demoLine.FindAllStringSubmatch(res.Console, -1) {
-		r.say("%s", m[1])
+		said = append(said, m[1])
+	}
+	story, err := clientStory(said, bsls.Status.Client)
+	if err != nil {
+		return fmt.Errorf("%w; the guest said:\n%s", err, strings.Join(said, "\n"))
+	}
+	for _, line := range story {
+		r.say("%s", line)
+	}
+	for _, line := range said {
+		// What clientStory told already is the guest's connect log and
+		// the image's own kopia.
+		if !strings.HasPrefix(line, "guestbackup: ") && !strings.HasPrefix(line, ownKopia) {
+			r.say("guest: %s", line)
+		}
 	}
 	r.done()
 
@@ -244,14 +271,77 @@ func demo(ctx context.Context, r *run, bootGuest bool) error {
 }
 
 // guestUnavailable says why no guest can boot here, or "" when one can.
-func guestUnavailable() string {
+func guestUnavailable(stock bool) string {
 	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
 		return "qemu-system-x86_64 is not installed"
 	}
-	if _, err := testbed.LoadStockGuestImage(); err != nil {
+	load := testbed.LoadGuestImage
+	if stock {
+		load = testbed.LoadStockGuestImage
+	}
+	if _, err := load(); err != nil {
 		return fmt.Sprintf("the guest image is not built (%v)", err)
 	}
 	return ""
+}
+
+// ownKopia begins the demo report's line about the image's own kopia
+// (ownerConfig).
+const ownKopia = "the image's own kopia: "
+
+// What the guest's connect script logs (pkg/cloudinit's connectScript)
+// about its kopia client, as the demo's report copies it to the console.
+var (
+	fetchedLine   = regexp.MustCompile(`^guestbackup: fetching kopia (\S*) ?for (\S+) from (\S+)$`)
+	installedLine = regexp.MustCompile(`^guestbackup: installed kopia (\S*) ?\(([0-9a-f]{64})\) from (.+) in (\S+)$`)
+)
+
+// clientStory tells, from the guest's own console lines (said), where its
+// kopia came from and whether its SHA-256 is the one the server published
+// (published, the BSLS's status.client): the demo claims nothing the
+// guest did not report. It fails when the guest reported no client, or
+// one the server did not publish.
+func clientStory(said []string, published *v1alpha1.ClientStatus) ([]string, error) {
+	if published == nil {
+		return nil, errors.New("the server published no kopia client (status.client)")
+	}
+	var story []string
+	fetched := false
+	for _, line := range said {
+		if own, ok := strings.CutPrefix(line, ownKopia); ok {
+			if own == "none" {
+				story = append(story, "the image has no kopia of its own")
+			} else {
+				story = append(story, "the image has a kopia of its own, "+own)
+			}
+		}
+		if m := fetchedLine.FindStringSubmatch(line); m != nil {
+			fetched = true
+			story = append(story, fmt.Sprintf("the guest downloaded kopia %s for %s from its server, %s, trusting the BSLS's CA and no other", m[1], m[2], m[3]))
+		}
+		if m := installedLine.FindStringSubmatch(line); m != nil {
+			arch := archOf(m[3])
+			want := published.SHA256[arch]
+			if m[2] != want {
+				return nil, fmt.Errorf("the guest installed kopia with SHA-256 %s, but the server published %q for %s", m[2], want, arch)
+			}
+			story = append(story, fmt.Sprintf("it verified the SHA-256 its bootstrap carries before running it: %s, the server's status.client.sha256.%s; installed in %s", m[2], arch, m[4]))
+			if !fetched {
+				story = append(story, "(from "+m[3]+": the same build as the server's, so nothing was downloaded)")
+			}
+			return story, nil
+		}
+	}
+	return nil, errors.New("the guest reported no kopia client installed")
+}
+
+// archOf is the architecture of a client URL (.../kopia/linux-<arch>), or
+// amd64, the guests' here, for a client the guest already had.
+func archOf(from string) string {
+	if _, arch, ok := strings.Cut(from, "/kopia/linux-"); ok {
+		return arch
+	}
+	return "amd64"
 }
 
 // hasReason reports whether one of events, as local.Platform.Events

@@ -3,8 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
+	"slices"
 	"strings"
 	"testing"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 // TestDemoNarratesUpToAReadyServer runs the demo without its guest (the
@@ -13,7 +16,7 @@ import (
 func TestDemoNarratesUpToAReadyServer(t *testing.T) {
 	var out bytes.Buffer
 	r := newRun(&out, testing.Verbose())
-	err := r.guard(func() error { return demo(context.Background(), r, false) })
+	err := r.guard(func() error { return demo(context.Background(), r, false, true) })
 	if cerr := r.close(); cerr != nil {
 		t.Errorf("stopping: %v", cerr)
 	}
@@ -32,5 +35,75 @@ func TestDemoNarratesUpToAReadyServer(t *testing.T) {
 	}
 	if r.Failed() {
 		t.Errorf("the run was marked failed:\n%s", out.String())
+	}
+}
+
+// TestClientStory: what the demo says about the guest's kopia comes from
+// the guest's own console lines, checked against what the server
+// published, and nothing is claimed that the guest did not report.
+func TestClientStory(t *testing.T) {
+	const (
+		sum   = "5f1d8e4a3c2b1a0f9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a69"
+		other = "0000000000000000000000000000000000000000000000000000000000000000"
+		url   = "https://10.0.2.2:40001/kopia/linux-amd64"
+	)
+	published := &v1alpha1.ClientStatus{Version: "v0.23.1", SHA256: map[string]string{"amd64": sum, "arm64": other}}
+	// The lines as the demo's report copies them from the guest's
+	// journal (pkg/cloudinit's connect script) to its console.
+	fetched := "guestbackup: fetching kopia v0.23.1 for amd64 from " + url
+	installed := "guestbackup: installed kopia v0.23.1 (" + sum + ") from " + url + " in /usr/local/lib/guestbackup"
+	for _, tt := range []struct {
+		name      string
+		said      []string
+		published *v1alpha1.ClientStatus
+		want      []string
+		wantErr   string
+	}{
+		{name: "a stock image fetches and verifies its client",
+			said:      []string{"the image's own kopia: none", fetched, installed, "status: 2026-11-25T10:00:00Z connected to https://10.0.2.2:40000 as web@team-a"},
+			published: published,
+			want: []string{
+				"the image has no kopia of its own",
+				"the guest downloaded kopia v0.23.1 for amd64 from its server, " + url + ", trusting the BSLS's CA and no other",
+				"it verified the SHA-256 its bootstrap carries before running it: " + sum + ", the server's status.client.sha256.amd64; installed in /usr/local/lib/guestbackup",
+			}},
+		{name: "an image whose kopia is the server's build downloads nothing",
+			said:      []string{"the image's own kopia: /usr/local/bin/kopia", "guestbackup: installed kopia v0.23.1 (" + sum + ") from this guest's /usr/local/bin/kopia in /usr/local/lib/guestbackup"},
+			published: published,
+			want: []string{
+				"the image has a kopia of its own, /usr/local/bin/kopia",
+				"it verified the SHA-256 its bootstrap carries before running it: " + sum + ", the server's status.client.sha256.amd64; installed in /usr/local/lib/guestbackup",
+				"(from this guest's /usr/local/bin/kopia: the same build as the server's, so nothing was downloaded)",
+			}},
+		{name: "a client the server did not publish is no success",
+			said:      []string{fetched, "guestbackup: installed kopia v0.23.1 (" + other + ") from " + url + " in /usr/local/lib/guestbackup"},
+			published: published,
+			wantErr:   "the server published",
+		},
+		{name: "a guest that reported no client is no success",
+			said:      []string{"the image's own kopia: none", fetched, "status: error: cannot download the kopia client"},
+			published: published,
+			wantErr:   "reported no kopia client installed",
+		},
+		{name: "a server that published no client is no success",
+			said:    []string{fetched, installed},
+			wantErr: "published no kopia client",
+		},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := clientStory(tt.said, tt.published)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("clientStory: %v, want an error containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("clientStory:\n got %q\nwant %q", got, tt.want)
+			}
+		})
 	}
 }

@@ -48,8 +48,10 @@ type PodOptions struct {
 // harness realises what the kubelet would: env from Secrets, ConfigMaps and
 // the downward API; Secret, ConfigMap, emptyDir and claim volumes as folders
 // (mount paths in commands and env are rewritten to them); container ports as
-// free loopback ports; the service account as a kubeconfig whose identity is
-// the service account, so its RBAC is enforced by the real API server.
+// free loopback ports, and so the ports a container listens on on the pod's
+// own loopback (a pod's loopback is its own; this host's is shared); the
+// service account as a kubeconfig whose identity is the service account, so
+// its RBAC is enforced by the real API server.
 type Pod struct {
 	// Ports maps each container port to the loopback port it listens on.
 	Ports      map[int32]int
@@ -125,19 +127,48 @@ func (r *podRunner) workdir(name string) string {
 	return filepath.Join(r.dir, "containers", name)
 }
 
+// loopbackListen is an argument by which a container listens on the pod's
+// loopback alone, e.g. --address=127.0.0.1:51517: that port is the pod's,
+// as its container ports are, though no container port declares it (the
+// network cannot reach it). Other loopback addresses in arguments are
+// services of this host (MinIO, an emulator), which every pod reaches.
+var loopbackListen = regexp.MustCompile(`^--[a-z-]*(address|addr|listen)=(127\.0\.0\.1|localhost):([0-9]+)$`)
+
 func (r *podRunner) allocatePorts() error {
 	r.ports = map[int32]int{}
+	allocate := func(port int32) error {
+		if _, done := r.ports[port]; done {
+			return nil
+		}
+		if fixed, ok := r.o.Ports[port]; ok {
+			r.ports[port] = fixed
+			return nil
+		}
+		local, err := FreePort()
+		if err != nil {
+			return err
+		}
+		r.ports[port] = local
+		return nil
+	}
 	for _, c := range slices.Concat(r.o.Spec.InitContainers, r.o.Spec.Containers) {
 		for _, p := range c.Ports {
-			if fixed, ok := r.o.Ports[p.ContainerPort]; ok {
-				r.ports[p.ContainerPort] = fixed
-				continue
-			}
-			local, err := FreePort()
-			if err != nil {
+			if err := allocate(p.ContainerPort); err != nil {
 				return err
 			}
-			r.ports[p.ContainerPort] = local
+		}
+		for _, a := range slices.Concat(c.Command, c.Args) {
+			m := loopbackListen.FindStringSubmatch(a)
+			if m == nil {
+				continue
+			}
+			port, err := strconv.ParseInt(m[3], 10, 32)
+			if err != nil {
+				return fmt.Errorf("container %s: %s: %w", c.Name, a, err)
+			}
+			if err := allocate(int32(port)); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

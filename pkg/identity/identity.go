@@ -12,6 +12,7 @@
 package identity
 
 import (
+	"bytes"
 	"crypto/pbkdf2"
 	"crypto/rand"
 	"crypto/sha256"
@@ -88,6 +89,10 @@ func (h Hash) Matches(password string) bool {
 	}
 	return subtle.ConstantTimeCompare(key, h.Value[saltLength:]) == 1
 }
+
+// Equal is whether h and o are the same hash, as stored: a password is
+// never hashed again to compare.
+func (h Hash) Equal(o Hash) bool { return h.Version == o.Version && bytes.Equal(h.Value, o.Value) }
 
 // Validate checks that h has a known version and the length Kopia requires.
 func (h Hash) Validate() error {

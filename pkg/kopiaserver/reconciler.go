@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -118,6 +119,12 @@ type Reconciler struct {
 	ActivityInterval time.Duration
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
+
+	// refusals are, per BSLS, the RestoreAccessRefused message last
+	// recorded on each of its VMs: recorded once per value of the
+	// annotation, not at every reconcile.
+	refusalsMu sync.Mutex
+	refusals   map[types.NamespacedName]map[types.NamespacedName]string
 }
 
 // SetupWithManager registers the reconciler and what it watches.
@@ -461,8 +468,7 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		}
 		r.recordGrantChanges(ctx, server, before, users.Grants[shard])
 	}
-	for _, vm := range slices.SortedFunc(maps.Keys(users.GrantsRefused), func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) }) {
-		// Aggregated by the event recorder, as UserRefused.
+	for _, vm := range r.newRefusals(server, users.GrantsRefused) {
 		if m := vms[vm]; m != nil {
 			vmevent.Record(r.Recorder, m.ObjectMeta, []vmevent.Event{vmevent.Warning(ReasonRestoreAccessRefused, users.GrantsRefused[vm])})
 		}
@@ -477,6 +483,29 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonUserRefused, "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
+}
+
+// newRefusals returns, sorted, the VMs of server whose refused annotation
+// was not recorded yet with this message, and remembers refused as what
+// was: a VM whose annotation is mended is forgotten, so the same mistake
+// made again is recorded again. A restarted controller records each once
+// more.
+func (r *Reconciler) newRefusals(server types.NamespacedName, refused map[types.NamespacedName]string) []types.NamespacedName {
+	r.refusalsMu.Lock()
+	defer r.refusalsMu.Unlock()
+	if r.refusals == nil {
+		r.refusals = map[types.NamespacedName]map[types.NamespacedName]string{}
+	}
+	recorded := r.refusals[server]
+	var out []types.NamespacedName
+	for vm, message := range refused {
+		if recorded[vm] != message {
+			out = append(out, vm)
+		}
+	}
+	r.refusals[server] = maps.Clone(refused)
+	slices.SortFunc(out, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
+	return out
 }
 
 // grantsWritten returns the grants the users Secret s holds now: from the

@@ -43,6 +43,11 @@ const (
 	ControlUsername = "server-control"
 	// HealthPort serves the user-sync container's /healthz and /readyz.
 	HealthPort = 8082
+	// KopiaLocalPort is where the Kopia server listens, on the pod's
+	// loopback only: guests reach it through the user-sync container's
+	// session gate on the server port (package sessiongate), which can end
+	// the sessions of a user whose access is revoked.
+	KopiaLocalPort = v1alpha1.DefaultServerPort + 2
 
 	// AnnotationTLSChecksum on the pod template changes when the certificate
 	// does: Kopia does not reload certificates, so a renewal rolls the pod.
@@ -213,11 +218,12 @@ func restricted() *corev1.SecurityContext {
 
 // Deployment is the server pod: an init container that prepares the
 // repository and the TLS chain, the Kopia server as the supervised main
-// container, and the user-sync container beside it.
+// container, on the pod's loopback, and the user-sync container beside it,
+// whose session gate serves guests on the server port.
 func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*appsv1.Deployment, error) {
 	configFile := path.Join(configDir, "repository.config")
 	chainFile := path.Join(configDir, "tls-chain.pem")
-	port := strconv.Itoa(v1alpha1.DefaultServerPort)
+	local := "127.0.0.1:" + strconv.Itoa(KopiaLocalPort)
 	password := secretEnv(kopiaenv.RepositoryPassword, RepositoryPassword(b), false)
 	control := secretEnv(kopiaenv.ControlPassword, secretKey(ControlSecretName(b), "password"), false)
 	// Kopia keeps its caches and logs under HOME; the root filesystem is read-only.
@@ -381,25 +387,20 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 				Args: []string{
 					"server", "start",
 					"--config-file=" + configFile,
-					"--address=0.0.0.0:" + port,
+					// Loopback only: a session that bypassed the gate
+					// would outlive its access.
+					"--address=" + local,
 					"--tls-cert-file=" + chainFile,
 					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
 					"--server-control-username=" + ControlUsername,
 					"--no-ui",
 				},
 				Env:          []corev1.EnvVar{password, control, home, noUpdates},
-				Ports:        []corev1.ContainerPort{{Name: "kopia", ContainerPort: v1alpha1.DefaultServerPort, Protocol: corev1.ProtocolTCP}},
 				VolumeMounts: serverMounts,
-				// A TCP probe: an HTTP probe of the control API would need
-				// the control password in the pod spec.
-				ReadinessProbe: &corev1.Probe{
-					ProbeHandler:  corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("kopia")}},
-					PeriodSeconds: 5,
-				},
-				LivenessProbe: &corev1.Probe{
-					ProbeHandler:        corev1.ProbeHandler{TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromString("kopia")}},
-					InitialDelaySeconds: 30, PeriodSeconds: 20, FailureThreshold: 3,
-				},
+				// No probe: the kubelet's reach the pod's address, not its
+				// loopback. The user-sync container's readiness asks the
+				// server's control API, and a server that exits is
+				// restarted by the kubelet.
 				Resources:       b.Spec.PodConfig.Resources,
 				SecurityContext: restricted(),
 			},
@@ -412,17 +413,19 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--bsls=" + b.Name,
 					"--bsls-uid=" + string(b.UID),
 					"--config-file=" + configFile,
-					"--server-url=https://127.0.0.1:" + port,
+					"--server-url=https://" + local,
+					// Guests' sessions, through the gate (package sessiongate).
+					"--gate-addr=0.0.0.0:" + strconv.Itoa(v1alpha1.DefaultServerPort),
 					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
 					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
 					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
 					"--activity-interval=" + in.ActivityInterval.String(),
 					maintenanceArgs[0],
-					// The kopia client for guests (package clientserver),
-					// over the server's own certificate.
+					// The kopia client for guests (package clientserver).
 					"--client-addr=0.0.0.0:" + strconv.Itoa(clientdist.DefaultPort),
 					"--client-binary=amd64=" + KopiaBinary,
 					"--client-binary=arm64=" + ClientBinaryARM64,
+					// Both ports present the server's own certificate.
 					"--tls-chain-file=" + chainFile,
 					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
 				}, append(electionArgs, policyArgs...)...), // an append-only server applies its retention
@@ -431,6 +434,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					password, control, home, noUpdates,
 				}, electionEnv...),
 				Ports: []corev1.ContainerPort{
+					{Name: "kopia", ContainerPort: v1alpha1.DefaultServerPort, Protocol: corev1.ProtocolTCP},
 					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},
 					{Name: clientdist.PortName, ContainerPort: clientdist.DefaultPort, Protocol: corev1.ProtocolTCP},
 				},

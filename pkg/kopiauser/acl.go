@@ -144,12 +144,18 @@ func GrantACL(grantee, source string) ACL {
 	return ACL{User: grantee, Target: map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: user, snapshot.HostnameLabel: host}, Access: AccessRead}
 }
 
-// isGrant reports whether a is the rule of a valid restore grant: one
-// GrantACL writes, between two identities of one namespace.
+// GrantOf returns the restore grant a is the rule of, when it is one
+// GrantACL writes for a valid grant (two identities of one namespace).
+func GrantOf(a ACL) (userset.Grant, bool) {
+	g := userset.Grant{Grantee: a.User, Source: a.Target[snapshot.UsernameLabel] + "@" + a.Target[snapshot.HostnameLabel]}
+	ok := a.Access == AccessRead && maps.Equal(GrantACL(g.Grantee, g.Source).Target, a.Target) && g.Validate() == nil
+	return g, ok
+}
+
+// isGrant reports whether a is the rule of a valid restore grant.
 func isGrant(a ACL) bool {
-	source := a.Target[snapshot.UsernameLabel] + "@" + a.Target[snapshot.HostnameLabel]
-	return a.Access == AccessRead && maps.Equal(GrantACL(a.User, source).Target, a.Target) &&
-		userset.Grant{Grantee: a.User, Source: source}.Validate() == nil
+	_, ok := GrantOf(a)
+	return ok
 }
 
 // ForeignACL is an ACL manifest guestbackup did not write, found and
@@ -201,8 +207,9 @@ func managedLabels() map[string]string {
 // desired ACLs to write. A manifest is kept only when it carries exactly
 // guestbackup's labels and grants exactly one desired ACL not already kept;
 // every other one is deleted, and reported as foreign unless it is one of
-// guestbackup's own rules with guestbackup's labels.
-func planACLs(found []aclEntry, desired []ACL) (del []manifest.ID, foreign []ForeignACL, write []ACL) {
+// guestbackup's own rules with guestbackup's labels. removed are the rules
+// of the deleted manifests that no desired ACL grants any more.
+func planACLs(found []aclEntry, desired []ACL) (del []manifest.ID, foreign []ForeignACL, write, removed []ACL) {
 	want := map[string]ACL{}
 	for _, a := range desired {
 		want[a.key()] = a
@@ -227,13 +234,16 @@ func planACLs(found []aclEntry, desired []ACL) (del []manifest.ID, foreign []For
 			foreign = append(foreign, ForeignACL{ID: e.meta.ID, Labels: maps.Clone(e.meta.Labels), ModTime: e.meta.ModTime, ACL: e.acl, Raw: e.raw})
 		}
 		del = append(del, e.meta.ID)
+		if _, granted := want[k]; e.raw == "" && !granted {
+			removed = append(removed, e.acl)
+		}
 	}
 	for _, k := range slices.Sorted(maps.Keys(want)) {
 		if !kept[k] {
 			write = append(write, want[k])
 		}
 	}
-	return del, foreign, write
+	return del, foreign, write, removed
 }
 
 // ACLSync is what SyncACLs did.
@@ -243,6 +253,12 @@ type ACLSync struct {
 	Changed bool
 	// Foreign are the ACL manifests guestbackup did not write, now deleted.
 	Foreign []ForeignACL
+	// Removed are the rules of the deleted manifests (guestbackup's or
+	// not) that no desired ACL grants: access the server enforced until
+	// it reloads the repository, and that sessions opened under it keep.
+	// A manifest whose payload is no ACL granted nothing, and is not in
+	// it.
+	Removed []ACL
 }
 
 // SyncACLs makes the repository's ACL manifests exactly desired, in one
@@ -267,7 +283,7 @@ func SyncACLs(ctx context.Context, r repo.Repository, desired []ACL) (ACLSync, e
 		}
 		found = append(found, entry)
 	}
-	del, foreign, write := planACLs(found, desired)
+	del, foreign, write, removed := planACLs(found, desired)
 	if len(del) == 0 && len(write) == 0 {
 		return ACLSync{}, nil
 	}
@@ -289,5 +305,5 @@ func SyncACLs(ctx context.Context, r repo.Repository, desired []ACL) (ACLSync, e
 	if err != nil {
 		return ACLSync{}, fmt.Errorf("sync ACLs: %w", err)
 	}
-	return ACLSync{Changed: true, Foreign: foreign}, nil
+	return ACLSync{Changed: true, Foreign: foreign, Removed: removed}, nil
 }

@@ -105,21 +105,24 @@ func TestPlanACLs(t *testing.T) {
 		found                 []aclEntry
 		wantDelete, wantAlien []string
 		wantWrite             int
+		// wantRemoved are the rules of deleted manifests that no desired
+		// ACL grants: access the server enforced until then.
+		wantRemoved []ACL
 	}{
 		{name: "an empty repository gets every desired ACL", wantWrite: 2},
 		{name: "in step", found: []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1])}},
 		{name: "a forged FULL grant is deleted and reported",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("x", guestLabels, forged)},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{forged}},
 		{name: "a forgery carrying guestbackup's label is foreign all the same",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("x", managed, forged)},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{forged}},
 		{name: "a desired grant without guestbackup's exact labels is replaced",
 			found:      []aclEntry{entry("a", guestLabels, desired[0]), entry("b", managed, desired[1])},
 			wantDelete: []string{"a"}, wantAlien: []string{"a"}, wantWrite: 1},
 		{name: "an admin's own rule is foreign too",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("adm", map[string]string{manifest.TypeLabelKey: aclManifestType}, ACL{User: "auditor@ops", Target: map[string]string{manifest.TypeLabelKey: "snapshot"}, Access: AccessRead})},
-			wantDelete: []string{"adm"}, wantAlien: []string{"adm"}},
+			wantDelete: []string{"adm"}, wantAlien: []string{"adm"}, wantRemoved: []ACL{{User: "auditor@ops", Target: map[string]string{manifest.TypeLabelKey: "snapshot"}, Access: AccessRead}}},
 		{name: "a payload that is no ACL is foreign",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), {meta: &manifest.EntryMetadata{ID: "junk", Labels: managed}, raw: `{"user":"*@*","access":"FULL","extra":1}`}},
 			wantDelete: []string{"junk"}, wantAlien: []string{"junk"}},
@@ -128,27 +131,27 @@ func TestPlanACLs(t *testing.T) {
 			wantDelete: []string{"a2"}},
 		{name: "the other mode's rule is deleted quietly when the BSLS changes mode",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("old", managed, DefaultACLs()[5])},
-			wantDelete: []string{"old"}},
+			wantDelete: []string{"old"}, wantRemoved: []ACL{DefaultACLs()[5]}},
 		{name: "a revoked restore grant is deleted quietly",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("g", managed, GrantACL("web@team-a", "old@team-a"))},
-			wantDelete: []string{"g"}},
+			wantDelete: []string{"g"}, wantRemoved: []ACL{GrantACL("web@team-a", "old@team-a")}},
 		{name: "a grant-shaped rule across namespaces is foreign",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("x", managed, GrantACL("spy@team-b", "old@team-a"))},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{GrantACL("spy@team-b", "old@team-a")}},
 		{name: "a grant-shaped rule for anyone is foreign",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("x", managed, GrantACL("*@team-a", "old@team-a"))},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{GrantACL("*@team-a", "old@team-a")}},
 		{name: "a grant-shaped rule with more than READ is foreign",
 			found: []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]),
 				entry("x", managed, ACL{User: "web@team-a", Target: GrantACL("web@team-a", "old@team-a").Target, Access: AccessFull})},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{{User: "web@team-a", Target: GrantACL("web@team-a", "old@team-a").Target, Access: AccessFull}}},
 		{name: "the other mode's rule without guestbackup's exact labels is foreign",
 			found:      []aclEntry{entry("a", managed, desired[0]), entry("b", managed, desired[1]), entry("x", guestLabels, DefaultACLs()[5])},
-			wantDelete: []string{"x"}, wantAlien: []string{"x"}},
+			wantDelete: []string{"x"}, wantAlien: []string{"x"}, wantRemoved: []ACL{DefaultACLs()[5]}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			del, foreign, write := planACLs(c.found, desired)
+			del, foreign, write, removed := planACLs(c.found, desired)
 			ids := make([]string, len(del))
 			for i, id := range del {
 				ids[i] = string(id)
@@ -159,6 +162,9 @@ func TestPlanACLs(t *testing.T) {
 			}
 			if !slices.Equal(ids, c.wantDelete) || !slices.Equal(aliens, c.wantAlien) || len(write) != c.wantWrite {
 				t.Errorf("delete %v, foreign %v, write %d; want delete %v, foreign %v, write %d", ids, aliens, len(write), c.wantDelete, c.wantAlien, c.wantWrite)
+			}
+			if !slices.EqualFunc(removed, c.wantRemoved, func(a, b ACL) bool { return a.key() == b.key() }) {
+				t.Errorf("removed %v, want %v", removed, c.wantRemoved)
 			}
 		})
 	}

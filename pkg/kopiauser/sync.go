@@ -1,7 +1,6 @@
 package kopiauser
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"slices"
@@ -43,7 +42,7 @@ func Plan(desired, actual map[string]identity.Hash) []Change {
 		switch {
 		case !ok:
 			changes = append(changes, Change{Op: OpAdd, Username: name, Hash: want})
-		case have.Version != want.Version || !bytes.Equal(have.Value, want.Value):
+		case !have.Equal(want):
 			changes = append(changes, Change{Op: OpUpdate, Username: name, Hash: want})
 		}
 	}

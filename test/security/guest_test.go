@@ -50,13 +50,21 @@ func guestTakeoverACLs(username string) []guestACL {
 // the requests the CLI has no command for: PutManifest with any labels.
 func guestOpen(s Server, username, password string) repo.Repository {
 	GinkgoHelper()
+	r := guestSession(s, username, password)
+	DeferCleanup(func() { _ = r.Close(context.Background()) })
+	return r
+}
+
+// guestSession is guestOpen for a session that outlives the spec that
+// opens it: one gRPC session, held until the caller closes it.
+func guestSession(s Server, username, password string) repo.Repository {
+	GinkgoHelper()
 	user, host, _ := strings.Cut(username, "@")
 	config := filepath.Join(GinkgoT().TempDir(), "repository.config")
 	Expect(repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: s.URL, TrustedServerCertificateFingerprint: s.Pin}, password,
 		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: user, Hostname: host}})).To(Succeed())
 	r, err := repo.Open(ctx, config, password, &repo.Options{})
 	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(func() { _ = r.Close(context.Background()) })
 	return r
 }
 

@@ -42,7 +42,21 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		newClient, spyClient   *testbed.KopiaClient
 		newPassword, spyPasswd string
 		oldDir, oldSnapshot    string
+		// oldHeld and newHeld are sessions the guests hold open, as `kopia
+		// mount` or any long command does: Kopia's own client, one gRPC
+		// session for as long as it runs.
+		oldHeld, newHeld repo.Repository
 	)
+	// readsOld is whether r's session reads old's snapshot manifest.
+	readsOld := func(r *repo.Repository) func() error {
+		return func() error {
+			ctx, cancel := context.WithTimeout(ctx, heldCallTimeout)
+			defer cancel()
+			var m snapshot.Manifest
+			_, err := (*r).GetManifest(ctx, manifest.ID(oldSnapshot), &m)
+			return err
+		}
+	}
 	// canRead is whether c lists old's snapshot and restores its file.
 	canRead := func(c *testbed.KopiaClient) func() (string, error) {
 		return func() (string, error) {
@@ -86,6 +100,12 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		Expect(t.Client.Patch(ctx, v, patch)).To(Succeed(), "the owner sets %s=%q", restoreFrom, value)
 	}
 
+	AfterAll(func() {
+		if newHeld != nil {
+			_ = newHeld.Close(context.Background())
+		}
+	})
+
 	BeforeAll(func() {
 		allowed := map[string]string{"restore-spec": "allowed"}
 		newNamespace("rf-srv", nil)
@@ -115,6 +135,8 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		Expect(err).NotTo(HaveOccurred())
 		Expect(ids).To(HaveLen(1))
 		oldSnapshot = ids[0]
+		oldHeld = guestOpen(srv, oldUser, oldPassword)
+		Expect(readsOld(&oldHeld)()).To(Succeed(), "old's guest holds a session on its own snapshots")
 
 		newClient, err = loginAs(srv, newUser, newPassword)
 		Expect(err).NotTo(HaveOccurred())
@@ -139,6 +161,9 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 			And(HavePrefix("Normal This VM's guest may read the snapshots of old@rf-a"), ContainSubstring("read-only"))))
 		Eventually(events(owner.Client, "rf-a", "old", grantedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
 			HavePrefix("Normal The guest of VirtualMachine new may read this VM's snapshots (old@rf-a)")))
+		// Held across the specs that follow, until the container ends.
+		newHeld = guestSession(srv, "new@rf-a", newPassword)
+		Expect(readsOld(&newHeld)()).To(Succeed(), "new's guest holds a session open under the grant")
 	})
 
 	It("still restores the file once the VM is gone", func() {
@@ -149,6 +174,14 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 			"old's user is revoked with its VM")
 		guestNudgeUserSync(srv.BSLS, "old deleted")
 		Consistently(canRead(newClient)).WithTimeout(5 * time.Second).WithPolling(time.Second).Should(Equal(restoreContent))
+	})
+
+	It("ends the session the deleted VM's guest held open", func() {
+		Eventually(readsOld(&oldHeld)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
+			"a session old's guest opened before its VM was deleted still reads old's snapshots")
+		Eventually(guestBSLSEvents(srv.BSLS)).WithTimeout(guestACLSyncTimeout).Should(ContainElement(And(
+			HavePrefix("Normal SessionsEnded: "), ContainSubstring("old@rf-a: 1 (user removed)"))))
+		Expect(readsOld(&newHeld)()).To(Succeed(), "the grantee's session is not old's: it goes on")
 	})
 
 	It("lets the grantee neither delete nor write the other identity's snapshots", func() {
@@ -188,6 +221,17 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 				And(HavePrefix("Warning annotation "+restoreFrom+"=\""+value+"\" grants nothing"), ContainSubstring("another namespace can never be named"))))
 		}
 		Eventually(events(other.Client, "rf-b", "spy", revokedReason)).WithTimeout(guestACLSyncTimeout).Should(HaveLen(1), "the grant of old@rf-b is revoked")
+
+		By("saying so once per value, however often the server is reconciled")
+		createVM(other.Client, "rf-b", "later", "rf-srv/main")
+		waitProvisioned(srv, "rf-b", "later") // reconciled since, at least once
+		list := &corev1.EventList{}
+		Expect(other.Client.List(ctx, list, client.InNamespace("rf-b"))).To(Succeed())
+		for _, e := range list.Items {
+			if e.InvolvedObject.Name == "spy" && e.Reason == refusedReason {
+				Expect(e.Count).To(BeNumerically("<=", 1), "%s recorded %d times: %s", refusedReason, e.Count, e.Message)
+			}
+		}
 		out, err := canRead(spyClient)()
 		Expect(out).NotTo(Equal(restoreContent), "the spy read old's file: %v", err)
 		out, err = spyClient.Run(ctx, "restore", oldSnapshot+"/"+restoreFile, filepath.Join(GinkgoT().TempDir(), "x"))
@@ -203,6 +247,15 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		Expect(canRead(newClient)()).NotTo(Equal(restoreContent))
 		Eventually(events(owner.Client, "rf-a", "new", revokedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
 			HavePrefix("Normal This VM's guest may no longer read the snapshots of old@rf-a")))
+	})
+
+	It("ends with it the session the grantee opened under the grant", func() {
+		Eventually(readsOld(&newHeld)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
+			"a session new's guest opened under the grant still reads old's snapshots after the annotation is gone")
+		Eventually(guestBSLSEvents(srv.BSLS)).WithTimeout(guestACLSyncTimeout).Should(ContainElement(And(
+			HavePrefix("Normal SessionsEnded: "), ContainSubstring("new@rf-a: 1 (restore grant of old@rf-a revoked)"))))
+		out, err := newClient.Run(ctx, "snapshot", "list", "--all")
+		Expect(err).NotTo(HaveOccurred(), "new's guest keeps its own access: %s", out)
 	})
 })
 

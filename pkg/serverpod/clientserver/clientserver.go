@@ -25,7 +25,6 @@ package clientserver
 import (
 	"context"
 	"crypto/sha256"
-	"crypto/tls"
 	"debug/buildinfo"
 	"encoding/hex"
 	"errors"
@@ -52,6 +51,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/serverpod"
 )
 
 // Authenticator checks a guest's Kopia credentials.
@@ -282,22 +282,7 @@ func ListenAndServe(ctx context.Context, addr, chainFile, keyFile string, h http
 
 // Serve is ListenAndServe on a listener of the caller's; it closes it.
 func Serve(ctx context.Context, ln net.Listener, chainFile, keyFile string, h http.Handler) error {
-	cert, err := tls.LoadX509KeyPair(chainFile, keyFile)
-	if err != nil {
-		ln.Close()
-		return fmt.Errorf("client port: load TLS certificate: %w", err)
-	}
-	srv := &http.Server{
-		Handler: h, ReadHeaderTimeout: readHeaderTimeout,
-		TLSConfig: &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12},
-	}
-	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown) //nolint:contextcheck // ctx is already done
-	}()
-	if err := srv.ServeTLS(ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	if err := serverpod.ServeTLS(ctx, ln, chainFile, keyFile, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}); err != nil {
 		return fmt.Errorf("client port: %w", err)
 	}
 	return nil

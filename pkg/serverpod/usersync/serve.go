@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -24,10 +25,15 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
 
 // healthReadHeaderTimeout bounds a probe's request headers.
 const healthReadHeaderTimeout = 5 * time.Second
+
+// serverProbeTimeout bounds the readiness probe's question to the Kopia
+// server (the kubelet's own timeout is a second by default).
+const serverProbeTimeout = 900 * time.Millisecond
 
 // ServeOptions is what the user-sync container runs with.
 type ServeOptions struct {
@@ -43,6 +49,14 @@ type ServeOptions struct {
 	ServerURL, ControlUsername, ControlPassword, CAFile string
 	// HealthAddr serves Handler.
 	HealthAddr string
+	// GateAddr is the port guests' Kopia clients connect to: the session
+	// gate (package sessiongate) in front of the Kopia server at
+	// ServerURL, which listens on the pod's loopback only.
+	GateAddr string
+	// ChainFile and KeyFile are the certificate chain and key the Kopia
+	// server presents: guests trust the same CA on the gate's port and the
+	// client port.
+	ChainFile, KeyFile string
 	// Maintenance runs the repository's maintenance as the owner init
 	// connected (package maintenance).
 	Maintenance bool
@@ -61,14 +75,12 @@ type ClientOptions struct {
 	Addr string
 	// Binaries maps each architecture to the kopia binary served for it.
 	Binaries map[string]string
-	// ChainFile and KeyFile are the certificate chain and key the Kopia
-	// server presents: guests trust the same CA on both ports.
-	ChainFile, KeyFile string
 }
 
 // Serve runs the user-sync container until ctx ends: it opens the
 // repository, reports the ACLs init removed, records Events on the BSLS,
-// serves Handler on HealthAddr and keeps the users in sync.
+// serves guests' sessions through the gate on GateAddr, serves Handler on
+// HealthAddr and keeps the users in sync.
 func Serve(ctx context.Context, o ServeOptions) error {
 	var err error
 	if o.RemovedBefore, err = serverpod.TakeForeignACLs(o.ConfigFile); err != nil {
@@ -102,6 +114,16 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	control := serverpod.NewControlClient(o.ServerURL, o.ControlUsername, o.ControlPassword, cas)
 	defer control.Close()
 	o.Server = control
+	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Log: o.Log.WithName("gate")})
+	if err != nil {
+		return err
+	}
+	o.Sessions = gate
+	stopGate, err := serveGate(ctx, o, gate)
+	if err != nil {
+		return err
+	}
+	defer stopGate()
 	syncer := New(o.Options)
 	if o.ClientPort != nil {
 		stopClient, err := serveClient(ctx, o, syncer)
@@ -122,18 +144,61 @@ func Serve(ctx context.Context, o ServeOptions) error {
 }
 
 // Handler serves /healthz (the process is up), /readyz (the repository
-// holds exactly the desired users; when not, the body says why, so that the
-// kubelet's probe Event tells an admin) and /metrics (user sync's counters, the repository's measurement,
-// maintenance).
+// holds exactly the desired users, and the Kopia server answers with it
+// open; when not, the body says why, so that the kubelet's probe Event
+// tells an admin) and /metrics (user sync's counters, the guests' open
+// sessions, the repository's measurement, maintenance).
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, s.stats)
+	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats)
+	metrics.MustRegister(sessiongate.Collectors()...)
 	metrics.MustRegister(maintenance.Collectors()...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	mux.Handle("/healthz", healthz.CheckHandler{Checker: healthz.Ping})
-	mux.Handle("/readyz", healthz.CheckHandler{Checker: func(*http.Request) error { return s.Ready() }})
+	mux.Handle("/readyz", healthz.CheckHandler{Checker: func(r *http.Request) error {
+		if err := s.Ready(); err != nil {
+			return err
+		}
+		return s.serverAnswers(r.Context())
+	}})
 	return mux
+}
+
+// serverAnswers is nil when the Kopia server answers with its repository
+// open: the pod serves guests only then (the server's own port is on
+// loopback, out of the kubelet's reach).
+func (s *Syncer) serverAnswers(ctx context.Context) error {
+	if s.opts.Server == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, serverProbeTimeout)
+	defer cancel()
+	connected, err := s.opts.Server.Connected(ctx)
+	switch {
+	case err != nil:
+		return fmt.Errorf("the Kopia server does not answer: %w", err)
+	case !connected:
+		return errors.New("the Kopia server has not opened its repository yet")
+	}
+	return nil
+}
+
+// serveGate serves the gate on GateAddr until ctx ends or stop is called.
+func serveGate(ctx context.Context, o ServeOptions, gate *sessiongate.Gate) (stop func(), err error) {
+	ln, err := net.Listen("tcp", o.GateAddr)
+	if err != nil {
+		return nil, fmt.Errorf("gate: %w", err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := serverpod.ServeTLS(ctx, ln, o.ChainFile, o.KeyFile, gate.Server()); err != nil {
+			o.Log.Error(err, "gate stopped: guests cannot reach the Kopia server")
+		}
+	}()
+	return func() { cancel(); <-done }, nil
 }
 
 // startMaintenance reports what init did (policy, maintenance owner) and
@@ -180,7 +245,7 @@ func serveClient(ctx context.Context, o ServeOptions, syncer *Syncer) (stop func
 	wg.Add(2)
 	go func() {
 		defer wg.Done()
-		if err := clientserver.ListenAndServe(ctx, o.ClientPort.Addr, o.ClientPort.ChainFile, o.ClientPort.KeyFile, srv.Handler()); err != nil {
+		if err := clientserver.ListenAndServe(ctx, o.ClientPort.Addr, o.ChainFile, o.KeyFile, srv.Handler()); err != nil {
 			o.Log.Error(err, "client port stopped")
 		}
 	}()

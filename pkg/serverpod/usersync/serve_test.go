@@ -1,6 +1,7 @@
 package usersync
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -38,5 +39,27 @@ func TestHandler(t *testing.T) {
 				t.Errorf("GET %s = %d %q, want %d containing %q", tt.path, code, body, tt.wantCode, tt.wantBody)
 			}
 		})
+	}
+}
+
+// kopiaDown is a Kopia server as user sync's probe sees it while it starts
+// or after it exited: its control API does not answer.
+type kopiaDown struct{}
+
+func (kopiaDown) Refresh(context.Context) error { return errors.New("connection refused") }
+func (kopiaDown) Connected(context.Context) (bool, error) {
+	return false, errors.New("dial tcp 127.0.0.1:51517: connection refused")
+}
+
+// TestHandlerServerDown: the Kopia server listens on the pod's loopback
+// only, out of the kubelet's reach, so the pod's readiness says whether it
+// answers.
+func TestHandlerServerDown(t *testing.T) {
+	s := New(Options{Server: kopiaDown{}})
+	s.setStatus(nil, 3)
+	rec := httptest.NewRecorder()
+	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", http.NoBody))
+	if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "the Kopia server does not answer") {
+		t.Errorf("GET /readyz = %d %q, want 500 saying the Kopia server does not answer", rec.Code, rec.Body.String())
 	}
 }

@@ -97,9 +97,13 @@ var SnapshotsCreated = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Snapshots guests wrote while this server pod ran, as its activity scan found them.",
 })
 
-// Refresher makes a running Kopia server re-read the repository.
-type Refresher interface {
+// Server is the running Kopia server user sync keeps current
+// (serverpod.ControlClient).
+type Server interface {
+	// Refresh makes it re-read the repository.
 	Refresh(ctx context.Context) error
+	// Connected reports whether it answers with its repository open.
+	Connected(ctx context.Context) (bool, error)
 }
 
 // Options configure a Syncer.
@@ -111,8 +115,15 @@ type Options struct {
 	BSLS      string
 	// Repository is the open repository the server serves.
 	Repository repo.Repository
-	// Server is refreshed after every change.
-	Server Refresher
+	// Server is refreshed after every change of the access it enforces,
+	// whoever wrote it (this pod or another replica); its readiness is the
+	// pod's.
+	Server Server
+	// Sessions, when set, are the sessions guests hold open with Server
+	// (package sessiongate): after each change, the sessions of the users
+	// whose access it narrowed are ended, so that they reconnect under the
+	// access in force. Kopia authorizes a session once, when it opens.
+	Sessions Sessions
 	// BSLSUID is the BSLS's UID, so that its Events name it exactly.
 	BSLSUID types.UID
 	// Events receives the Warning Events about foreign ACLs and failed
@@ -207,6 +218,15 @@ type Syncer struct {
 	// reported once the server has refreshed. Only Run's goroutine
 	// touches it.
 	unreported []kopiauser.ForeignACL
+	// inForce is the access the server enforces since the last sync that
+	// applied the users; nil before the first. changed and removed are the
+	// users and the access rules the syncs since wrote into and removed
+	// from the repository: with inForce, they say whose sessions to end
+	// once the server enforces the change. Only Run's goroutine touches
+	// them.
+	inForce *Access
+	changed []kopiauser.Change
+	removed []kopiauser.ACL
 	// retentionErr is the last retention run's failure, so that a run that
 	// keeps failing the same way is one Event, not one per interval. Only
 	// Run's goroutine touches it.
@@ -366,6 +386,7 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	if err != nil {
 		return 0, err
 	}
+	s.removed = append(s.removed, acls.Removed...)
 	if acls.Changed {
 		s.refreshPending = true
 		s.opts.Log.Info("access rules written", "appendOnly", s.opts.AppendOnly, "restoreGrants", len(rules)-len(kopiauser.ACLsFor(s.opts.AppendOnly)))
@@ -390,22 +411,45 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	}
 	// Access rules do not depend on the users, so they are kept (and the
 	// server refreshed) even while the users' view is incomplete.
+	now := Access{Rules: rules}
 	if usersErr == nil {
 		changes, err := kopiauser.Sync(ctx, r, desired)
 		if err != nil {
 			return 0, err
 		}
+		s.changed = append(s.changed, changes...)
 		if len(changes) > 0 {
 			s.refreshPending = true
 			added, updated, deleted := count(changes)
 			s.opts.Log.Info("users written", "users", len(desired), "added", added, "updated", updated, "deleted", deleted)
 		}
+		now.Users = desired
+	} else if s.inForce != nil {
+		now.Users = s.inForce.Users
+	}
+	applied := usersErr == nil || s.inForce != nil
+	revoked := Revocations(s.inForce, now, s.changed, s.removed)
+	if s.inForce == nil && usersErr == nil {
+		// Until now the server enforced whatever the repository held.
+		revoked = append(revoked, Revocation{Users: "*@*", Reason: RevokedBeforeFirstSync, Why: "opened before this pod first synced its users"})
+	}
+	// Another replica may have written the change: this pod's server
+	// learns of it by its own refresh all the same.
+	if applied && !s.inForce.equal(&now) {
+		s.refreshPending = true
 	}
 	if s.refreshPending {
 		if err := s.opts.Server.Refresh(ctx); err != nil {
 			return 0, fmt.Errorf("repository written, but the server did not refresh: %w", err)
 		}
 		s.refreshPending = false
+	}
+	// Once the server enforces the new access, the sessions opened under
+	// what it took away end, and reconnect under it.
+	s.endSessions(revoked)
+	s.changed, s.removed = nil, nil
+	if applied {
+		s.inForce = &now
 	}
 	// Reported once the server no longer applies them (a refresh reloads
 	// its ACLs), so that what the report says is already true.
@@ -457,6 +501,11 @@ func (s *Syncer) reportRetention(err error) {
 
 // warn records a Warning Event on the BSLS, when there is a recorder.
 func (s *Syncer) warn(reason, format string, args ...any) {
+	s.event(corev1.EventTypeWarning, reason, format, args...)
+}
+
+// event records an Event on the BSLS, when there is a recorder.
+func (s *Syncer) event(eventType, reason, format string, args ...any) {
 	if s.opts.Events == nil {
 		return
 	}
@@ -464,7 +513,7 @@ func (s *Syncer) warn(reason, format string, args ...any) {
 		APIVersion: v1alpha1.GroupVersion.String(), Kind: "BackupStorageLocationServer",
 		Namespace: s.opts.Namespace, Name: s.opts.BSLS, UID: s.opts.BSLSUID,
 	}
-	s.opts.Events.Eventf(ref, corev1.EventTypeWarning, reason, format, args...)
+	s.opts.Events.Eventf(ref, eventType, reason, format, args...)
 }
 
 // applyRetention expires snapshots by the admin's retention on the

@@ -15,6 +15,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -41,19 +42,7 @@ func newGuest(user string) guest {
 }
 
 // writeUsers writes every shard Secret so that they list exactly guests.
-func writeUsers(guests ...guest) {
-	ctx := context.Background()
-	shards := make([]map[string]identity.Hash, userset.Shards)
-	for i := range shards {
-		shards[i] = map[string]identity.Hash{}
-	}
-	for _, g := range guests {
-		shards[userset.ShardOf(g.user)][g.user] = g.hash
-	}
-	for i, users := range shards {
-		writeShard(ctx, i, userset.Encode(users))
-	}
-}
+func writeUsers(guests ...guest) { writeUsersKeeping(nil, guests...) }
 
 func writeShard(ctx context.Context, shard int, data []byte) {
 	secret := &corev1.Secret{
@@ -211,7 +200,64 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 			HaveField("Message", ContainSubstring("alice@team-a FULL type=user")),
 		)))
 	})
+
+	// A BSLS with several replicas runs one Kopia server and one user sync
+	// per pod, on one repository: a user the other pod's sync wrote must
+	// authenticate at this pod's server too, though this pod's sync finds
+	// nothing to write.
+	It("makes a second replica's server know a user the first wrote before it started", func() {
+		ctx := context.Background()
+		second := testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{RepoPath: server.RepoPath, RepoPassword: server.RepoPassword, CA: server.CA})
+		connectTo := func(srv *testbed.KopiaServer, g guest) func() error {
+			return func() error {
+				out, err := testbed.NewKopiaClient(GinkgoT()).Connect(ctx, srv.URL, srv.CA.CertPEM(), g.user, g.password)
+				if err != nil {
+					return &connectError{err: err, out: out}
+				}
+				return nil
+			}
+		}
+		carol := newGuest("carol@team-a")
+		writeUsersKeeping(repositoryUsers(), carol)
+		Eventually(connectTo(server, carol)).WithTimeout(provisioned).Should(Succeed(), "the first replica wrote carol")
+		Expect(connectTo(second, carol)()).To(MatchError(ContainSubstring("access denied")), "the second server loaded the repository before carol")
+
+		r, err := repo.Open(ctx, second.ConfigFile, second.RepoPassword, &repo.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
+		replica := usersync.New(usersync.Options{
+			Client: kubernetes.NewForConfigOrDie(apiServer.Config), Namespace: namespace, BSLS: bsls, BSLSUID: bslsUID,
+			Repository: r, Server: controlOf(GinkgoT(), second), Log: GinkgoLogr.WithName("second"),
+		})
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- replica.Run(runCtx) }()
+		DeferCleanup(func() {
+			cancel()
+			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
+		})
+		Eventually(replica.Ready).WithTimeout(provisioned).Should(Succeed())
+		Eventually(connectTo(second, carol)).WithTimeout(provisioned).Should(Succeed(), "the second replica's server knows carol")
+	})
 })
+
+// writeUsersKeeping writes every shard Secret so that they list the users
+// of keep (hashed already) and guests.
+func writeUsersKeeping(keep map[string]identity.Hash, guests ...guest) {
+	shards := make([]map[string]identity.Hash, userset.Shards)
+	for i := range shards {
+		shards[i] = map[string]identity.Hash{}
+	}
+	for user, h := range keep {
+		shards[userset.ShardOf(user)][user] = h
+	}
+	for _, g := range guests {
+		shards[userset.ShardOf(g.user)][g.user] = g.hash
+	}
+	for i, users := range shards {
+		writeShard(context.Background(), i, userset.Encode(users))
+	}
+}
 
 // repositoryUsers is the users the repository holds now.
 func repositoryUsers() map[string]identity.Hash {

@@ -1,0 +1,365 @@
+// Package sessiongate is the port guests' Kopia clients connect to in a
+// server pod: it ends their TLS with the server's own certificate and
+// forwards each request to the Kopia server on the pod's loopback, keeping,
+// for each Kopia user, the gRPC sessions it holds open.
+//
+// It exists because Kopia's server authorizes a gRPC session once, when it
+// opens (internal/server/grpc_session.go of Kopia v0.23.1: Authorize before
+// the session's request loop), and offers no way to end one user's
+// sessions: a session opened under access that user sync then revokes (a
+// restore grant removed, a user deleted, a password changed) would keep
+// that access for as long as its client holds it. User sync calls End for
+// the users whose access it narrowed, after the server has reloaded the
+// repository, so that their clients reconnect, and are authenticated and
+// authorized again, under the access in force. Other users' sessions are
+// not touched.
+//
+// Each guest connection gets its own connection to the Kopia server, so
+// that HTTP/2 flow control between guests stays what it is without the
+// gate: one guest's stalled session never holds up another's.
+package sessiongate
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Timeouts of the gate's connections to the Kopia server on loopback.
+const (
+	dialTimeout = 10 * time.Second
+	// idleTimeout closes a connection to the Kopia server its guest no
+	// longer uses.
+	idleTimeout = 30 * time.Second
+	// readHeaderTimeout bounds a guest's request headers.
+	readHeaderTimeout = 15 * time.Second
+)
+
+// gRPC status codes the gate answers with (google.golang.org/grpc/codes).
+const (
+	grpcPermissionDenied = 7
+	grpcUnavailable      = 14
+)
+
+// ErrSessionEnded is the cause of a session End ended.
+var ErrSessionEnded = errors.New("session ended by guestbackup: its access was revoked")
+
+// OpenSessions is the number of Kopia sessions guests hold open through
+// the gate (guestbackup_server_sessions, on the user-sync container's
+// /metrics).
+var OpenSessions = prometheus.NewGauge(prometheus.GaugeOpts{
+	Name: "guestbackup_server_sessions",
+	Help: "Kopia sessions guests hold open with this server pod.",
+})
+
+// SessionsStarted counts the Kopia sessions guests opened through the gate
+// (guestbackup_server_sessions_started_total): each is one password the
+// Kopia server verified, accepted or not, so its rate is the server's
+// login rate.
+var SessionsStarted = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_sessions_started_total",
+	Help: "Kopia sessions guests opened with this server pod: each one a password the server verified.",
+})
+
+// Collectors are the gate's metrics, for the user-sync container's
+// /metrics.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{OpenSessions, SessionsStarted}
+}
+
+// Options configure a Gate.
+type Options struct {
+	// Upstream is the Kopia server on the pod's loopback
+	// (https://127.0.0.1:<port>).
+	Upstream string
+	// TLS is how the gate trusts it (serverpod.TrustChain).
+	TLS *tls.Config
+	Log logr.Logger
+}
+
+// Gate forwards guests' requests to the Kopia server and can end the
+// sessions of chosen users. Its zero value is not usable: see New.
+type Gate struct {
+	upstream *url.URL
+	tls      *tls.Config
+	log      logr.Logger
+	proxy    *httputil.ReverseProxy
+
+	mu sync.Mutex
+	// sessions are the open sessions of each Kopia user (user@host).
+	sessions map[string]map[*session]struct{}
+	// upstreams are the transports of the guests' connections.
+	upstreams map[net.Conn]*http.Transport
+}
+
+// session is one gRPC session a guest holds open.
+type session struct {
+	end context.CancelCauseFunc
+}
+
+type connKey struct{}
+
+// New returns a gate in front of the Kopia server o.Upstream.
+func New(o Options) (*Gate, error) {
+	u, err := url.Parse(o.Upstream)
+	if err != nil || u.Scheme != "https" || u.Host == "" {
+		return nil, errors.New("the Kopia server must be an https:// URL, got " + strconv.Quote(o.Upstream))
+	}
+	g := &Gate{
+		upstream: u, tls: o.TLS, log: o.Log,
+		sessions:  map[string]map[*session]struct{}{},
+		upstreams: map[net.Conn]*http.Transport{},
+	}
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(g.upstream) },
+		Transport: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			t, ok := r.Context().Value(connKey{}).(*http.Transport)
+			if !ok {
+				return nil, errors.New("request of no guest connection")
+			}
+			return roundTrip(t, r)
+		}),
+		// gRPC streams both ways: every message is passed on at once.
+		FlushInterval: -1,
+		ErrorHandler:  g.proxyError,
+		// What the proxy notes on its own is a guest that went away
+		// mid-stream: routine, so only at verbosity 1.
+		ErrorLog: log.New(logWriter{g.log.V(1)}, "", 0),
+	}
+	return g, nil
+}
+
+// logWriter writes a log.Logger's lines to a logr.Logger.
+type logWriter struct{ log logr.Logger }
+
+func (w logWriter) Write(p []byte) (int, error) {
+	w.log.Info(strings.TrimSpace(string(p)))
+	return len(p), nil
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// errResponseEnded ends the copy of a guest's stream to the Kopia server
+// once the server's answer to it has ended.
+var errResponseEnded = errors.New("the Kopia server ended its response")
+
+// roundTrip sends r through t, its body through a pipe that closes when
+// the response does. A gRPC server may answer before the client has sent
+// all it will (Kopia refuses a session before reading it), and net/http's
+// HTTP/2 transport, on closing such a response, waits for the request body
+// to end: the guest's, which ReverseProxy never lets it close, and which
+// the guest keeps open while it waits for that very answer.
+func roundTrip(t http.RoundTripper, r *http.Request) (*http.Response, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return t.RoundTrip(r)
+	}
+	pr, pw := io.Pipe()
+	go func() {
+		_, err := io.Copy(pw, r.Body)
+		pw.CloseWithError(err)
+	}()
+	out := r.Clone(r.Context())
+	out.Body = pr
+	res, err := t.RoundTrip(out)
+	if err != nil {
+		pr.CloseWithError(err)
+		return nil, err
+	}
+	res.Body = &afterClose{ReadCloser: res.Body, then: func() { pr.CloseWithError(errResponseEnded) }}
+	return res, nil
+}
+
+// afterClose is a response body that, once closed, also ends its request's.
+type afterClose struct {
+	io.ReadCloser
+	then func()
+}
+
+func (b *afterClose) Close() error {
+	b.then()
+	return b.ReadCloser.Close()
+}
+
+// Server is the HTTP server of the gate's port: it gives each guest
+// connection its own connection to the Kopia server, and closes it with
+// the guest's. Serve it with TLS (serverpod.ServeTLS).
+func (g *Gate) Server() *http.Server {
+	return &http.Server{
+		Handler:           g,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			t := g.transport()
+			g.mu.Lock()
+			g.upstreams[c] = t
+			g.mu.Unlock()
+			return context.WithValue(ctx, connKey{}, t)
+		},
+		ConnState: func(c net.Conn, state http.ConnState) {
+			if state != http.StateClosed && state != http.StateHijacked {
+				return
+			}
+			g.mu.Lock()
+			t := g.upstreams[c]
+			delete(g.upstreams, c)
+			g.mu.Unlock()
+			if t != nil {
+				t.CloseIdleConnections()
+			}
+		},
+	}
+}
+
+// transport is a guest connection's way to the Kopia server: HTTP/2 over
+// TLS, on connections of its own.
+func (g *Gate) transport() *http.Transport {
+	protocols := new(http.Protocols)
+	protocols.SetHTTP2(true)
+	return &http.Transport{
+		TLSClientConfig:     g.tls.Clone(),
+		Protocols:           protocols,
+		DialContext:         (&net.Dialer{Timeout: dialTimeout}).DialContext,
+		TLSHandshakeTimeout: dialTimeout,
+		IdleConnTimeout:     idleTimeout,
+	}
+}
+
+// ServeHTTP forwards r to the Kopia server. A gRPC request is a session
+// (Kopia's one method, KopiaRepository.Session): it is kept, under the
+// user its metadata names, until it ends or End ends it. Any other request
+// (Kopia's /metrics, its control API) is passed on as it is, untracked:
+// Kopia checks each such request's credentials on its own.
+func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !isGRPC(r) {
+		g.proxy.ServeHTTP(w, r)
+		return
+	}
+	user, ok := sessionUser(r.Header)
+	if !ok {
+		// Kopia refuses it as well ("missing credentials"); nothing to keep.
+		writeGRPCError(w, grpcPermissionDenied, "missing credentials")
+		return
+	}
+	ctx, end := context.WithCancelCause(r.Context())
+	defer end(nil)
+	s := &session{end: end}
+	g.track(user, s)
+	// Untracked even when the proxy aborts the stream by a panic
+	// (http.ErrAbortHandler), as it does when End cuts it mid-response.
+	defer g.untrack(user, s)
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// End ends the open sessions of every user match accepts, and returns how
+// many it ended of each. Their clients see their streams reset, and
+// Kopia's reconnect, authenticating and being authorized again. An ended
+// session is no longer counted, even while its stream winds down.
+func (g *Gate) End(match func(user string) bool) map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	ended := map[string]int{}
+	for user, sessions := range g.sessions {
+		if !match(user) {
+			continue
+		}
+		for s := range sessions {
+			s.end(ErrSessionEnded)
+			OpenSessions.Dec()
+		}
+		ended[user] = len(sessions)
+		delete(g.sessions, user)
+	}
+	return ended
+}
+
+// Sessions returns how many sessions each user holds open now.
+func (g *Gate) Sessions() map[string]int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	open := make(map[string]int, len(g.sessions))
+	for user, sessions := range g.sessions {
+		open[user] = len(sessions)
+	}
+	return open
+}
+
+func (g *Gate) track(user string, s *session) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.sessions[user] == nil {
+		g.sessions[user] = map[*session]struct{}{}
+	}
+	g.sessions[user][s] = struct{}{}
+	OpenSessions.Inc()
+	SessionsStarted.Inc()
+}
+
+func (g *Gate) untrack(user string, s *session) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if _, ok := g.sessions[user][s]; !ok {
+		return // End took it
+	}
+	delete(g.sessions[user], s)
+	if len(g.sessions[user]) == 0 {
+		delete(g.sessions, user)
+	}
+	OpenSessions.Dec()
+}
+
+// proxyError answers a request the Kopia server did not: a guest's client
+// retries a gRPC Unavailable, as it does a server that restarts.
+func (g *Gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(context.Cause(r.Context()), ErrSessionEnded) {
+		writeGRPCError(w, grpcUnavailable, ErrSessionEnded.Error())
+		return
+	}
+	if r.Context().Err() != nil {
+		return // the guest went away
+	}
+	g.log.Error(err, "the Kopia server in this pod did not answer", "path", r.URL.Path)
+	if isGRPC(r) {
+		writeGRPCError(w, grpcUnavailable, "the Kopia server in this pod does not answer yet")
+		return
+	}
+	http.Error(w, "the Kopia server in this pod does not answer yet", http.StatusBadGateway)
+}
+
+// isGRPC is whether r is a gRPC call: HTTP/2 with a gRPC content type.
+func isGRPC(r *http.Request) bool {
+	return r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
+}
+
+// sessionUser is the Kopia user a session authenticates as: its metadata
+// kopia-username and kopia-hostname, one value each, as Kopia's server
+// requires (authenticateGRPCSession).
+func sessionUser(h http.Header) (string, bool) {
+	u, host := h.Values("Kopia-Username"), h.Values("Kopia-Hostname")
+	if len(u) != 1 || len(host) != 1 {
+		return "", false
+	}
+	return u[0] + "@" + host[0], true
+}
+
+// writeGRPCError answers a gRPC call with a status and no message
+// ("trailers only"), which every gRPC client reads as the call's error.
+func writeGRPCError(w http.ResponseWriter, code int, message string) {
+	w.Header().Set("Content-Type", "application/grpc")
+	w.Header().Set("Grpc-Status", strconv.Itoa(code))
+	w.Header().Set("Grpc-Message", url.PathEscape(message))
+	w.WriteHeader(http.StatusOK)
+}
