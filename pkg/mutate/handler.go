@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -87,27 +86,28 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
-	var head struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
+	// Read once, for what the handler gathers and for each decision.
+	read, err := readAdmitted(req.Object.Raw)
+	if err != nil {
+		admissionsTotal.WithLabelValues(OutcomeDenied).Inc()
+		return h.refuse(ctx, req, headOf(req.Object.Raw), fmt.Sprintf("guestbackup cannot read this VirtualMachine: %v", err))
 	}
-	if err := json.Unmarshal(req.Object.Raw, &head); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	name := head.Metadata.Name
+	head := read.vm.ObjectMeta
+	name := head.Name
 	if name == "" {
 		name = req.Name
 	}
-	if name == "" && head.Metadata.Annotations[v1alpha1.AnnotationServer] != "" {
-		return h.refuse(ctx, req, head.Metadata, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
+	if name == "" && head.Annotations[v1alpha1.AnnotationServer] != "" {
+		return h.refuse(ctx, req, head, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
 	}
 	first := h.Cache
 	if first == nil {
 		first = h.Reader
 	}
-	d, err := h.decide(ctx, req, name, first)
+	d, err := h.decide(ctx, req, read, name, first)
 	if err == nil && (d.Secret != nil || d.Denied != "") && h.Cache != nil {
 		// Writes and denials are decided on the API server's own state.
-		d, err = h.decide(ctx, req, name, h.Reader)
+		d, err = h.decide(ctx, req, read, name, h.Reader)
 	}
 	if err != nil {
 		admissionsTotal.WithLabelValues("error").Inc()
@@ -117,7 +117,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	dryRun := req.DryRun != nil && *req.DryRun
 	if d.Denied != "" {
 		if !dryRun {
-			h.record(req, head.Metadata, d.Events)
+			h.record(req, head, d.Events)
 		}
 		return admission.Denied(d.Denied)
 	}
@@ -127,7 +127,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		}
 	}
 	if !dryRun {
-		h.record(req, head.Metadata, d.Events)
+		h.record(req, head, d.Events)
 	}
 	if len(d.Patch) == 0 {
 		return admission.Allowed("")
@@ -135,19 +135,14 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	return admission.Patched("", d.Patch...)
 }
 
-// decide gathers Decide's input through r and decides.
-func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
-	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
+// decide gathers Decide's input through r and decides, on the object as
+// read.
+func (h *Handler) decide(ctx context.Context, req admission.Request, read *admittedVM, name string, r client.Reader) (Decision, error) {
+	in := Input{Object: req.Object.Raw, read: read, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
 	if req.Operation == admissionv1.Update {
 		in.OldObject = req.OldObject.Raw
 	}
-	var head struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
-	}
-	if err := json.Unmarshal(req.Object.Raw, &head); err != nil {
-		return Decision{}, err
-	}
-	if value, ok := head.Metadata.Annotations[v1alpha1.AnnotationServer]; ok {
+	if value, ok := read.vm.Annotations[v1alpha1.AnnotationServer]; ok {
 		if ref, err := ParseServerRef(value); err == nil {
 			server, err := serverFrom(ctx, r, ref, req.Namespace)
 			if err != nil {
@@ -166,7 +161,7 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
 		}
 	}
-	for _, name := range CopySources(req.Object.Raw) {
+	for _, name := range copySources(read.vm) {
 		// A copy of an injected VM reads another VM's Secret: Decide
 		// gives it its own, taking the owner's user-data from that one.
 		s := &corev1.Secret{}
