@@ -50,18 +50,17 @@ const heredocEnd = "GUESTBACKUP_EOF"
 // only at an instance's first: KubeVirt's instance-id is the VM's firmware
 // UUID, the same at every boot, so only a per-boot module reaches a VM that
 // opted in after its first boot, or whose credentials, paths, schedule,
-// server or CA changed since.
+// server or CA changed since. It fills in the template of b's shape (see
+// templates) when it can, which is the same document.
 func CloudConfig(b Bootstrap) ([]byte, error) {
-	key := b.key()
-	if rendered, ok := remembered(key); ok {
-		return rendered, nil
-	}
-	rendered, err := renderCloudConfig(b)
+	doc, err := rendered(v1alpha1.ModeCloudInit, b, func(b Bootstrap) (map[string][]byte, error) {
+		doc, err := renderCloudConfig(b)
+		return map[string][]byte{v1alpha1.SecretKeyUserData: doc}, err
+	})
 	if err != nil {
 		return nil, err
 	}
-	remember(key, rendered)
-	return rendered, nil
+	return doc[v1alpha1.SecretKeyUserData], nil
 }
 
 func renderCloudConfig(b Bootstrap) ([]byte, error) {
@@ -244,8 +243,14 @@ func Parts(data []byte) ([]Part, error) {
 
 // DiskFiles is the disk-mode payload: the bootstrap's files under flat
 // names (a Secret's keys), plus install.sh, which the guest's one-time
-// unit runs from the mounted disk to put each file in place.
+// unit runs from the mounted disk to put each file in place. It fills in
+// the template of b's shape (see templates) when it can, which is the same
+// payload.
 func DiskFiles(b Bootstrap) (map[string][]byte, error) {
+	return rendered(v1alpha1.ModeDisk, b, renderDiskFiles)
+}
+
+func renderDiskFiles(b Bootstrap) (map[string][]byte, error) {
 	files, err := b.Files()
 	if err != nil {
 		return nil, err
