@@ -25,6 +25,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/password"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // The webhook reads BSLSs, namespaces and guestbackup's Secrets from its
@@ -45,13 +46,18 @@ func init() {
 	metrics.Registry.MustRegister(admissionsTotal)
 }
 
-// CacheOptions keep the webhook's cache to the Secrets guestbackup
-// manages: the webhook reads no other Secret, and caching every Secret of
-// the cluster would cost memory and widen what a compromise exposes.
+// CacheOptions keep the webhook's cache to the VMs' credential Secrets
+// (vmsecret.Selector): the webhook reads no other Secret, and caching every
+// Secret of the cluster, or guestbackup's others (its servers' users,
+// repository passwords and keys), would cost memory and widen what a
+// compromise exposes. Which field manager wrote what is cached of nothing.
 func CacheOptions() cache.Options {
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
-	}}
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Label: vmsecret.Selector()},
+		},
+	}
 }
 
 // Path is where the webhook server serves the VirtualMachine mutation.
