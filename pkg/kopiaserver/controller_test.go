@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
@@ -40,8 +41,9 @@ const (
 )
 
 // runController starts the controller's reconcilers in-process against
-// api, as cmd/controller wires them; stop ends them.
+// api, as cmd/controller wires them and with its cache; stop ends them.
 func runController(api *testbed.APIServer, o testbed.ManagerOptions, configure ...func(*kopiaserver.Reconciler)) (stop func() error, err error) {
+	o.Cache = controller.Cache()
 	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace, ActivityInterval: time.Second}
 		for _, c := range configure {
