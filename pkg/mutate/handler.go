@@ -47,10 +47,11 @@ func init() {
 }
 
 // CacheOptions keep the webhook's cache to the VMs' credential Secrets
-// (vmsecret.Selector): the webhook reads no other Secret, and caching every
-// Secret of the cluster, or guestbackup's others (its servers' users,
-// repository passwords and keys), would cost memory and widen what a
-// compromise exposes. Which field manager wrote what is cached of nothing.
+// (vmsecret.Selector), of which NewHandler's Handler caches the metadata
+// alone: the webhook reads no other Secret, and caching every Secret of the
+// cluster, or guestbackup's others (its servers' users, repository
+// passwords and keys), would cost memory and widen what a compromise
+// exposes. Which field manager wrote what is cached of nothing.
 func CacheOptions() cache.Options {
 	return cache.Options{
 		DefaultTransform: cache.TransformStripManagedFields(),
@@ -271,15 +272,12 @@ func (h *Handler) record(req admission.Request, m metav1.ObjectMeta, events []vm
 	vmevent.Record(h.Recorder, m, events)
 }
 
-// SetupWithManager serves the Handler at Path on the manager's webhook
-// server, reading from the manager's cache and the API server, and
-// recording Events as guestbackup-webhook. The manager should cache only
-// guestbackup's Secrets (see CacheOptions).
+// SetupWithManager serves NewHandler's Handler at Path on the manager's
+// webhook server, reading from the manager's cache and the API server, and
+// recording Events as guestbackup-webhook. The manager's cache must be set
+// up with CacheOptions.
 func SetupWithManager(mgr ctrl.Manager) {
-	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: &Handler{
-		Cache:    mgr.GetClient(),
-		Reader:   mgr.GetAPIReader(),
-		Writer:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
-	}})
+	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: NewHandler(
+		mgr.GetClient(), mgr.GetAPIReader(), mgr.GetClient(), mgr.GetEventRecorderFor("guestbackup-webhook"),
+	)})
 }
