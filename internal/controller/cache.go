@@ -1,15 +1,24 @@
 package controller
 
 import (
+	"context"
 	"maps"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/pager"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -23,26 +32,124 @@ import (
 // Velero's credentials, cert-manager's serving Secret) it reads uncached
 // (kopiaserver.Reconciler.APIReader).
 //
-// Of what it caches, it keeps what its reconcilers read (see the
-// transforms): with 10,000 opted-in VMs, a credential Secret's payload, a
-// VM's kubectl last-applied copy and an instance's spec would be most of
-// its memory (make bench, BenchmarkTenThousandVMs).
+// Of what it caches, it keeps what its reconcilers read (transformFor), and
+// it lists in pages, each trimmed as it arrives (newInformer): with 10,000
+// opted-in VMs, the credential Secrets' payloads, the VMs' kubectl
+// last-applied copies and the instances' specs would otherwise be most of
+// its memory, and all of them at once while it starts (make bench,
+// BenchmarkOptedInVMs).
 func Cache() cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
 	return cache.Options{
-		// Which field manager wrote which field is read by nothing.
-		DefaultTransform: cache.TransformStripManagedFields(),
+		DefaultTransform: transformFor(schema.GroupKind{}),
+		NewInformer:      newInformer,
 		ByObject: map[client.Object]cache.ByObject{
 			&corev1.Pod{}:       {Label: managed},
 			&corev1.ConfigMap{}: {Label: managed},
-			&corev1.Secret{}:    {Label: managed, Transform: TrimSecret},
+			&corev1.Secret{}:    {Label: managed, Transform: transformFor(secretKind)},
 			// The reconcilers watch VMs as metadata only, and the audit an
 			// instance's metadata (builder.OnlyMetadata); the Hasher
 			// reads an instance's phase.
-			&kubevirtv1.VirtualMachine{}:         {Transform: TrimVM},
-			&kubevirtv1.VirtualMachineInstance{}: {Transform: TrimInstance},
+			&kubevirtv1.VirtualMachine{}:         {Transform: transformFor(vmKind)},
+			&kubevirtv1.VirtualMachineInstance{}: {Transform: transformFor(instanceKind)},
 		},
 	}
+}
+
+var (
+	secretKind   = schema.GroupKind{Kind: "Secret"}
+	vmKind       = kubevirtv1.VirtualMachineGroupVersionKind.GroupKind()
+	instanceKind = kubevirtv1.VirtualMachineInstanceGroupVersionKind.GroupKind()
+)
+
+// transformFor is what the cache keeps of objects of kind gk: its trim, or,
+// for every other kind, all but the managed fields (which field manager
+// wrote which field is read by nothing).
+func transformFor(gk schema.GroupKind) toolscache.TransformFunc {
+	switch gk {
+	case secretKind:
+		return TrimSecret
+	case vmKind:
+		return TrimVM
+	case instanceKind:
+		return TrimInstance
+	}
+	return cache.TransformStripManagedFields()
+}
+
+// listPage is how many objects a page of an informer's list holds: the
+// most it holds whole at once.
+const listPage = 500
+
+// newInformer is client-go's informer, listing through pagedList: without
+// it, an informer's first list (served whole from the API server's watch
+// cache) is held whole, every payload of it, until every object is in the
+// store, and only then trimmed.
+func newInformer(lw toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, indexers toolscache.Indexers) toolscache.SharedIndexInformer {
+	gvk := obj.GetObjectKind().GroupVersionKind()
+	if gvk.Empty() {
+		gvk, _ = apiutil.GVKForObject(obj, Scheme()) // the cache's scheme knows every type it caches
+	}
+	return toolscache.NewSharedIndexInformer(pagedList{ListerWatcherWithContext: toolscache.ToListerWatcherWithContext(lw), trim: transformFor(gvk.GroupKind())}, obj, resync, indexers)
+}
+
+// pagedList lists in pages of listPage objects, trims each object as its
+// page arrives, and returns them all as one list; it watches as it is.
+type pagedList struct {
+	toolscache.ListerWatcherWithContext
+	trim toolscache.TransformFunc
+}
+
+// ListWithContext lists what opts select, the latest version (a list in
+// pages is one consistent snapshot; the watch cache would serve an older
+// version whole).
+func (l pagedList) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+	opts.ResourceVersion, opts.ResourceVersionMatch, opts.Continue, opts.Limit = "", "", "", listPage
+	var (
+		// last is the last page listed: the list returned, of its kind
+		// and version (every page of a list is one snapshot's).
+		last  runtime.Object
+		items []runtime.Object
+	)
+	pages := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+		page, err := l.ListerWatcherWithContext.ListWithContext(ctx, opts)
+		if err == nil {
+			last = page
+		}
+		return page, err
+	})
+	pages.PageSize, pages.PageBufferSize = listPage, 0
+	err := pages.EachListItemWithAlloc(ctx, opts, func(o runtime.Object) error {
+		trimmed, err := l.trim(o)
+		if err != nil {
+			return err
+		}
+		items = append(items, trimmed.(runtime.Object))
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if err := meta.SetList(last, items); err != nil {
+		return nil, err
+	}
+	accessor, err := meta.ListAccessor(last)
+	if err != nil {
+		return nil, err
+	}
+	accessor.SetContinue("")
+	accessor.SetRemainingItemCount(nil)
+	return last, nil
+}
+
+// List is ListWithContext without one.
+func (l pagedList) List(opts metav1.ListOptions) (runtime.Object, error) {
+	return l.ListWithContext(context.Background(), opts)
+}
+
+// Watch is WatchWithContext without one.
+func (l pagedList) Watch(opts metav1.ListOptions) (watch.Interface, error) {
+	return l.WatchWithContext(context.Background(), opts)
 }
 
 // The trims below are the informers' transforms (toolscache.TransformFunc):

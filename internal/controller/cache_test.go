@@ -1,18 +1,23 @@
 package controller_test
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	toolscache "k8s.io/client-go/tools/cache"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -246,6 +251,73 @@ func TestTrimsLeaveOtherTypesAlone(t *testing.T) {
 	for name, f := range map[string]func(any) (any, error){"TrimSecret": controller.TrimSecret, "TrimVM": controller.TrimVM, "TrimInstance": controller.TrimInstance} {
 		if out := trim(t, f, cm.DeepCopy()); !equality.Semantic.DeepEqual(out, cm) {
 			t.Errorf("%s changed a ConfigMap: %+v", name, out)
+		}
+	}
+}
+
+// pages is a ListerWatcher that serves Secrets in pages, as an API server
+// does for Limit and Continue, and records what it was asked.
+type pages struct {
+	secrets []corev1.Secret
+	asked   []metav1.ListOptions
+}
+
+func (p *pages) List(opts metav1.ListOptions) (runtime.Object, error) {
+	p.asked = append(p.asked, opts)
+	from := 0
+	if opts.Continue != "" {
+		from, _ = strconv.Atoi(opts.Continue)
+	}
+	to := min(from+int(opts.Limit), len(p.secrets))
+	if opts.Limit == 0 {
+		to = len(p.secrets)
+	}
+	list := &corev1.SecretList{ListMeta: metav1.ListMeta{ResourceVersion: "77"}}
+	for _, s := range p.secrets[from:to] {
+		list.Items = append(list.Items, *s.DeepCopy())
+	}
+	if to < len(p.secrets) {
+		list.Continue = strconv.Itoa(to)
+	}
+	return list, nil
+}
+
+func (p *pages) Watch(metav1.ListOptions) (watch.Interface, error) { return watch.NewFake(), nil }
+
+// TestInformersListInTrimmedPages: an informer's list asks for pages of the
+// latest version and keeps each object as its kind's trim does, all of
+// them, as one list of the pages' version.
+func TestInformersListInTrimmedPages(t *testing.T) {
+	payloaded := credentialSecret(t, "web", v1alpha1.ModeCloudInit)
+	lw := &pages{}
+	for i := range 1234 {
+		s := payloaded.DeepCopy()
+		s.Name = vmsecret.Name(fmt.Sprintf("vm-%d", i))
+		s.Labels[vmsecret.LabelVM] = fmt.Sprintf("vm-%d", i)
+		lw.secrets = append(lw.secrets, *s)
+	}
+	informer := controller.NewInformer(lw, &corev1.Secret{}, 0, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go informer.RunWithContext(ctx)
+	if !toolscache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		t.Fatal("the informer did not sync")
+	}
+	stored := informer.GetStore().List()
+	if len(stored) != len(lw.secrets) {
+		t.Fatalf("%d Secrets stored of %d", len(stored), len(lw.secrets))
+	}
+	for _, o := range stored {
+		if s := o.(*corev1.Secret); s.Data[vmsecret.KeyUserData] != nil || vmsecret.Password(s) == "" {
+			t.Fatalf("Secret %s stored with its payload or without its password", s.Name)
+		}
+	}
+	if len(lw.asked) != 3 {
+		t.Errorf("listed in %d pages, want 3 of at most 500", len(lw.asked))
+	}
+	for i, opts := range lw.asked {
+		if opts.Limit != 500 || opts.ResourceVersion != "" || (i > 0) != (opts.Continue != "") {
+			t.Errorf("page %d asked with %+v", i, opts)
 		}
 	}
 }

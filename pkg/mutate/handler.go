@@ -68,8 +68,9 @@ const Path = "/mutate-kubevirt-io-v1-virtualmachine"
 // Decide needs, and applies its decision (the Secret, the Events, the patch).
 type Handler struct {
 	// Cache serves the reads of the steady state (a VM admitted again,
-	// nothing to change) without a request to the API server. Nil means
-	// every decision is taken on Reader alone.
+	// nothing to change), of a recently admitted VM without a request to
+	// the API server (NewHandler). Nil means every decision is taken on
+	// Reader alone.
 	Cache client.Reader
 	// Reader reads from the API server itself. Whenever a decision would
 	// write the Secret, it is taken again on a fresh read: a cached Secret
