@@ -100,24 +100,11 @@ type pagedList struct {
 	trim toolscache.TransformFunc
 }
 
-// ListWithContext lists what opts select in pages, at least as new as the
-// latest version. The API server serves a list of any version ("0", what
-// informers ask first) from its watch cache whole, whatever the limit, and
-// a list of the latest from etcd unless its etcd reports watch progress;
-// one not older than a version it names is paged from its watch cache
-// (Kubernetes 1.34). So the latest version is asked first, for one object
-// (served from etcd at worst), and the pages for what is not older.
+// ListWithContext lists what opts select, the latest version (a list in
+// pages is one consistent snapshot; the watch cache would serve an older
+// version whole).
 func (l pagedList) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	opts.ResourceVersion, opts.ResourceVersionMatch, opts.Continue, opts.Limit = "", "", "", 1
-	latest, err := l.ListerWatcherWithContext.ListWithContext(ctx, opts)
-	if err != nil {
-		return nil, err
-	}
-	version, err := meta.NewAccessor().ResourceVersion(latest)
-	if err != nil {
-		return nil, err
-	}
-	opts.ResourceVersion, opts.ResourceVersionMatch, opts.Limit = version, metav1.ResourceVersionMatchNotOlderThan, listPage
+	opts.ResourceVersion, opts.ResourceVersionMatch, opts.Continue, opts.Limit = "", "", "", listPage
 	var (
 		// last is the last page listed: the list returned, of its kind
 		// and version (every page of a list is one snapshot's).
@@ -125,11 +112,6 @@ func (l pagedList) ListWithContext(ctx context.Context, opts metav1.ListOptions)
 		items []runtime.Object
 	)
 	pages := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		if opts.Continue != "" {
-			// The continue token names the version; the API server
-			// refuses both.
-			opts.ResourceVersion, opts.ResourceVersionMatch = "", ""
-		}
 		page, err := l.ListerWatcherWithContext.ListWithContext(ctx, opts)
 		if err == nil {
 			last = page
@@ -137,7 +119,7 @@ func (l pagedList) ListWithContext(ctx context.Context, opts metav1.ListOptions)
 		return page, err
 	})
 	pages.PageSize, pages.PageBufferSize = listPage, 0
-	err = pages.EachListItemWithAlloc(ctx, opts, func(o runtime.Object) error {
+	err := pages.EachListItemWithAlloc(ctx, opts, func(o runtime.Object) error {
 		trimmed, err := l.trim(o)
 		if err != nil {
 			return err
