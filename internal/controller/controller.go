@@ -9,16 +9,11 @@ import (
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
@@ -57,22 +52,6 @@ func Scheme() *runtime.Scheme {
 	s := manager.NewScheme()
 	utilruntime.Must(certmanagerv1.AddToScheme(s))
 	return s
-}
-
-// Cache keeps the controller's cache to guestbackup's own Pods, ConfigMaps
-// and Secrets (app.kubernetes.io/managed-by=guestbackup): it reconciles no
-// others, and caching every Secret of the cluster would hold every
-// credential of every tenant in its memory. The few Secrets others own that
-// the controller reads (an admin's TLS, S3 or repository password Secret,
-// Velero's credentials, cert-manager's serving Secret) it reads uncached
-// (kopiaserver.Reconciler.APIReader).
-func Cache() cache.Options {
-	managed := labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Pod{}:       {Label: managed},
-		&corev1.ConfigMap{}: {Label: managed},
-		&corev1.Secret{}:    {Label: managed},
-	}}
 }
 
 // Setup registers the controller's reconcilers with mgr, which must run

@@ -112,6 +112,8 @@ type Reconciler struct {
 	NotConnectedAfter time.Duration
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
+
+	shards shards
 }
 
 // SetupWithManager registers the reconciler: VMs and their instances
@@ -284,9 +286,12 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 	cm := &corev1.ConfigMap{}
 	key := types.NamespacedName{Namespace: bsls.Namespace, Name: activity.ConfigMapName(bsls.Name, userset.ShardOf(user))}
 	if err := r.Client.Get(ctx, key, cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.shards.forget(key)
+		}
 		return nil, client.IgnoreNotFound(err)
 	}
-	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	guests, err := r.shards.decode(key, cm)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "activity ConfigMap unreadable", "configMap", key)
 		return nil, nil
@@ -295,6 +300,48 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 		return &g, nil
 	}
 	return nil, nil
+}
+
+// shards remembers each activity ConfigMap decoded, by its version: every
+// VM of a shard reads the same ConfigMap (a server's guests over 16), so
+// decoding it for each VM made a restart's audit quadratic in the guests
+// (88 ms a VM with 10,000 of them: make bench, BenchmarkOptedInVMs). A
+// server pod rewrites it once a scan at most.
+type shards struct {
+	mu      sync.Mutex
+	decoded map[types.NamespacedName]decodedShard
+}
+
+type decodedShard struct {
+	version string
+	guests  map[string]activity.Guest
+}
+
+// decode is the guests of activity ConfigMap cm, key: decoded when cm is
+// a version it has not decoded yet. The map returned is shared: read it
+// only.
+func (s *shards) decode(key types.NamespacedName, cm *corev1.ConfigMap) (map[string]activity.Guest, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.decoded[key]; ok && d.version == cm.ResourceVersion && cm.ResourceVersion != "" {
+		return d.guests, nil
+	}
+	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	if err != nil {
+		return nil, err
+	}
+	if s.decoded == nil {
+		s.decoded = map[types.NamespacedName]decodedShard{}
+	}
+	s.decoded[key] = decodedShard{version: cm.ResourceVersion, guests: guests}
+	return guests, nil
+}
+
+// forget drops what was decoded of a ConfigMap that is gone.
+func (s *shards) forget(key types.NamespacedName) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.decoded, key)
 }
 
 // exported is the BSLS each VM's series were last exported for.

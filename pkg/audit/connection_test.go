@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/audit"
@@ -63,7 +64,7 @@ var _ = Describe("A guest that never connects", Ordered, func() {
 		port, err := testbed.FreePort()
 		Expect(err).NotTo(HaveOccurred())
 		metricsAddr = "127.0.0.1:" + strconv.Itoa(port)
-		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
+		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr, Cache: controller.Cache()}, func(mgr ctrl.Manager) error {
 			return (&audit.Reconciler{NotConnectedAfter: after, Clock: clk}).SetupWithManager(mgr)
 		})
 		Expect(err).NotTo(HaveOccurred())

@@ -2,9 +2,14 @@ package audit
 
 import (
 	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
@@ -163,5 +168,47 @@ func TestGuestNotConnectedSaysWhy(t *testing.T) {
 		if !strings.Contains(d.Events[0].Message, want) {
 			t.Errorf("message %q lacks %q", d.Events[0].Message, want)
 		}
+	}
+}
+
+// TestShardsDecodeEachVersionOnce: the VMs of a shard share one decoding of
+// its ConfigMap per version; a new version is decoded again, a ConfigMap
+// that is gone is forgotten.
+func TestShardsDecodeEachVersionOnce(t *testing.T) {
+	key := types.NamespacedName{Namespace: "backup", Name: activity.ConfigMapName("main", 3)}
+	at := time.Date(2026, 11, 1, 10, 0, 0, 0, time.UTC)
+	cm := func(version string, users ...string) *corev1.ConfigMap {
+		guests := map[string]activity.Guest{}
+		for _, u := range users {
+			guests[u] = activity.Guest{User: u, Snapshots: 1, First: at, Last: activity.Snapshot{ID: "k1", End: at}}
+		}
+		return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace, ResourceVersion: version},
+			Data: map[string]string{activity.Key: string(activity.Encode(guests))}}
+	}
+	var s shards
+	decoded := func(c *corev1.ConfigMap) []string {
+		t.Helper()
+		guests, err := s.decode(key, c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return slices.Sorted(maps.Keys(guests))
+	}
+	if got := decoded(cm("1", "a@ns", "b@ns")); !slices.Equal(got, []string{"a@ns", "b@ns"}) {
+		t.Fatalf("version 1: %v", got)
+	}
+	// The same version is not decoded again (its data cannot differ).
+	if got := decoded(cm("1", "c@ns")); !slices.Equal(got, []string{"a@ns", "b@ns"}) {
+		t.Errorf("version 1 again: %v, want what was decoded of it", got)
+	}
+	if got := decoded(cm("2", "c@ns")); !slices.Equal(got, []string{"c@ns"}) {
+		t.Errorf("version 2: %v", got)
+	}
+	s.forget(key)
+	if _, held := s.decoded[key]; held {
+		t.Error("a ConfigMap that is gone is still held")
+	}
+	if _, err := s.decode(key, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{ResourceVersion: "3"}, Data: map[string]string{activity.Key: "not json\n"}}); err == nil {
+		t.Error("an unreadable ConfigMap decoded")
 	}
 }

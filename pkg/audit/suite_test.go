@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -17,6 +18,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -28,17 +30,19 @@ func TestAudit(t *testing.T) {
 }
 
 // startAuditBed starts an API server with the namespaces and the activity
-// ConfigMaps the BSLS reconciler creates.
+// ConfigMaps the BSLS reconciler creates, labelled as it labels them (the
+// controller caches only guestbackup's ConfigMaps).
 func startAuditBed(ctx context.Context) *testbed.APIServer {
 	GinkgoHelper()
 	api := testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
 	for _, ns := range []string{vmNamespace, bslsNamespace} {
 		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	}
+	bsls := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: bslsName, Namespace: bslsNamespace}}
 	for shard := range userset.Shards {
 		Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
-			Labels: map[string]string{activity.Label: bslsName},
+			Labels: labels.Merge(kopiaserver.Labels(bsls), map[string]string{activity.Label: bslsName}),
 		}})).To(Succeed())
 	}
 	return api

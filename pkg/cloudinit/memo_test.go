@@ -2,17 +2,27 @@ package cloudinit
 
 import (
 	"bytes"
+	"maps"
+	"math/rand/v2"
 	"reflect"
 	"strconv"
+	"strings"
 	"testing"
+	"time"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/password"
 )
 
-// TestBootstrapKeyCoversEveryField changes each field of a Bootstrap in turn
-// and expects a new key: a field added to Bootstrap but not to key() would
-// let CloudConfig return another Bootstrap's rendering.
-func TestBootstrapKeyCoversEveryField(t *testing.T) {
+// credentialFields are the fields of a Bootstrap a template's holes take.
+var credentialFields = map[string]bool{"Username": true, "Password": true, "Generation": true}
+
+// TestShapeKeyCoversEveryFieldButTheCredentials changes each field of a
+// Bootstrap in turn: every field but the credentials changes its shape's
+// key, so that a field added to Bootstrap but not to shapeKey() cannot
+// have CloudConfig fill another shape's template; the credentials change
+// nothing, so that every VM of a shape shares one.
+func TestShapeKeyCoversEveryFieldButTheCredentials(t *testing.T) {
 	base := testBootstrap(t)
 	base.Paths = []string{"/etc"}
 	base.Schedule = "daily"
@@ -41,15 +51,18 @@ func TestBootstrapKeyCoversEveryField(t *testing.T) {
 				c.Version += "x"
 				v.Set(reflect.ValueOf(&c))
 			default:
-				t.Fatalf("field %s has kind %s, which this test does not know how to change: teach it, and key()", f.Name, v.Kind())
+				t.Fatalf("field %s has kind %s, which this test does not know how to change: teach it, and shapeKey()", f.Name, v.Kind())
 			}
-			if changed.key() == base.key() {
-				t.Errorf("changing %s leaves the key unchanged: add it to Bootstrap.key", f.Name)
+			switch same := changed.shapeKey() == base.shapeKey(); {
+			case credentialFields[f.Name] && !same:
+				t.Errorf("changing credential %s changes the shape's key: every VM would have a template of its own", f.Name)
+			case !credentialFields[f.Name] && same:
+				t.Errorf("changing %s leaves the shape's key unchanged: add it to Bootstrap.shapeKey", f.Name)
 			}
 		})
 	}
 	// Every part of the client: a guest must never get another server's
-	// URL or SHA-256 from the memo.
+	// URL or SHA-256 from a template.
 	for name, change := range map[string]func(*v1alpha1.ClientStatus){
 		"no client": nil,
 		"URL":       func(c *v1alpha1.ClientStatus) { c.URL += "x" },
@@ -66,30 +79,116 @@ func TestBootstrapKeyCoversEveryField(t *testing.T) {
 			change(&c)
 			changed.Client = &c
 		}
-		if changed.key() == base.key() {
-			t.Errorf("changing the client's %s leaves the key unchanged: add it to Bootstrap.key", name)
+		if changed.shapeKey() == base.shapeKey() {
+			t.Errorf("changing the client's %s leaves the shape's key unchanged: add it to Bootstrap.shapeKey", name)
 		}
 	}
 	// Length prefixes: moving bytes between neighbouring fields changes
 	// the key too.
 	a, b := base, base
-	a.Username, a.Password = "ab", "c"
-	b.Username, b.Password = "a", "bc"
-	if a.key() == b.key() {
-		t.Error("fields are not delimited in the key")
+	a.ServerURL, a.CA = base.ServerURL+"-", base.CA[1:]
+	b.CA = append([]byte("-"), base.CA[1:]...)
+	if a.shapeKey() == b.shapeKey() {
+		t.Error("fields are not delimited in the shape's key")
 	}
 }
 
-// TestCloudConfigRemembersExactlyWhatItRenders: a remembered rendering is
-// byte for byte a fresh one, and a caller changing what it got does not
-// change the next caller's.
-func TestCloudConfigRemembersExactlyWhatItRenders(t *testing.T) {
-	b := testBootstrap(t)
-	b.Paths = []string{"/srv/memo-test"}
-	fresh, err := renderCloudConfig(b)
-	if err != nil {
-		t.Fatal(err)
+// TestTemplatesRenderExactlyWhatRenderingDoes fills the templates of
+// several shapes with many random credentials, of every length and
+// character a filled template takes, and compares each with the shape
+// rendered whole with them.
+func TestTemplatesRenderExactlyWhatRenderingDoes(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 20))
+	name := func(alphabet string, n int) string {
+		var s strings.Builder
+		for range n {
+			s.WriteByte(alphabet[rng.IntN(len(alphabet))])
+		}
+		return s.String()
 	}
+	const lower, fillableChars = "abcdefghijklmnopqrstuvwxyz0123456789-_.", "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_."
+	withPaths := testBootstrap(t)
+	withPaths.Paths = []string{"/etc", "/home/alice/my notes"}
+	withPaths.Schedule = "*-*-* 02:30:00"
+	withPaths.Spread = 7 * time.Minute
+	withClient := testBootstrap(t)
+	withClient.Client = &v1alpha1.ClientStatus{Version: "v0.23.1", URL: "https://10.0.2.2:51516", SHA256: map[string]string{"amd64": strings.Repeat("a", 64), "arm64": strings.Repeat("b", 64)}}
+	modes := map[string]struct {
+		payload, whole func(Bootstrap) (map[string][]byte, error)
+	}{
+		v1alpha1.ModeCloudInit: {
+			payload: func(b Bootstrap) (map[string][]byte, error) {
+				return Payload(b, Placement{Mode: v1alpha1.ModeCloudInit})
+			},
+			whole: func(b Bootstrap) (map[string][]byte, error) {
+				doc, err := renderCloudConfig(b)
+				return map[string][]byte{v1alpha1.SecretKeyUserData: doc}, err
+			},
+		},
+		v1alpha1.ModeDisk: {payload: DiskFiles, whole: renderDiskFiles},
+	}
+	for shape, base := range map[string]Bootstrap{"connect-only": testBootstrap(t), "paths and schedule": withPaths, "with a client": withClient} {
+		for mode, render := range modes {
+			t.Run(shape+"/"+mode, func(t *testing.T) {
+				if _, err := render.payload(base); err != nil {
+					t.Fatal(err)
+				}
+				if tpl, ok := templates.Get(templateKey(mode, base)); !ok || tpl.(payloadTemplate) == nil {
+					t.Fatal("the shape has no template: nothing here would be filled")
+				}
+				for i := range 200 {
+					b := base
+					b.Username = name(lower, 1+rng.IntN(62)) + "@" + name(lower, 1+rng.IntN(62))
+					b.Password = password.New()
+					if i%2 == 1 {
+						b.Password = name(fillableChars, 16+rng.IntN(200))
+					}
+					b.Generation = 1 + rng.Int64N(1<<62)
+					if !b.canFill() {
+						t.Fatalf("credentials %q %q cannot fill a template", b.Username, b.Password)
+					}
+					filled, err := render.payload(b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					whole, err := render.whole(b)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if !maps.EqualFunc(filled, whole, bytes.Equal) {
+						t.Fatalf("user %s, password %s, generation %d: the filled template differs from the rendering:\n%q\nwant:\n%q", b.Username, b.Password, b.Generation, filled, whole)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestCredentialsATemplateCannotTakeAreRenderedWhole: a password of other
+// characters than the stand-ins' is rendered whole, and what a caller
+// does to what it got changes no other rendering.
+func TestCredentialsATemplateCannotTakeAreRenderedWhole(t *testing.T) {
+	for _, pw := range []string{"a password with spaces", `quote'"and\backslash!`, "ünïcödé-password-long-enough"} {
+		b := testBootstrap(t)
+		b.Password = pw
+		if b.canFill() {
+			t.Errorf("password %q fills a template", pw)
+		}
+		got, err := CloudConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		whole, err := renderCloudConfig(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, whole) {
+			t.Errorf("password %q: CloudConfig differs from the rendering", pw)
+		}
+	}
+	b := testBootstrap(t)
 	first, err := CloudConfig(b)
 	if err != nil {
 		t.Fatal(err)
@@ -101,33 +200,43 @@ func TestCloudConfigRemembersExactlyWhatItRenders(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(second, fresh) {
-		t.Errorf("remembered rendering differs from a fresh one:\n%s\nwant:\n%s", second, fresh)
+	if whole, _ := renderCloudConfig(b); !bytes.Equal(second, whole) {
+		t.Error("changing a rendering changed the template")
 	}
 }
 
-// TestRenderingsStayBounded fills the memo past its size: it keeps memoSize
-// renderings, the most recently used among them.
-func TestRenderingsStayBounded(t *testing.T) {
-	t.Cleanup(renderings.Clear)
-	remember("first", []byte("v"))
-	for i := range memoSize + 100 {
-		remember(strconv.Itoa(i), []byte("v"))
-		if i%1000 == 0 {
-			remembered("first") // recently used: kept
+// TestTemplatesStayBounded fills the templates past their bound: they keep
+// templatesSize shapes, the most recently used among them.
+func TestTemplatesStayBounded(t *testing.T) {
+	t.Cleanup(templates.Clear)
+	base := testBootstrap(t)
+	shape := func(i int) Bootstrap {
+		b := base
+		b.Paths = []string{"/srv/" + strconv.Itoa(i)}
+		return b
+	}
+	first := base
+	first.Paths = []string{"/first"}
+	fill := func(b Bootstrap) {
+		t.Helper()
+		if _, err := CloudConfig(b); err != nil {
+			t.Fatal(err)
 		}
 	}
-	if n := renderings.Len(); n != memoSize {
-		t.Errorf("memo holds %d renderings, want %d", n, memoSize)
+	fill(first)
+	for i := range templatesSize + 20 {
+		fill(shape(i))
+		if i%100 == 0 {
+			fill(first) // recently used: kept
+		}
 	}
-	if _, ok := remembered("first"); !ok {
-		t.Error("a recently used rendering was dropped")
+	if n := templates.Len(); n != templatesSize {
+		t.Errorf("%d templates held, want %d", n, templatesSize)
 	}
-	if _, ok := remembered("0"); ok {
-		t.Error("the least recently used rendering is still held")
+	if _, ok := templates.Get(templateKey(v1alpha1.ModeCloudInit, first)); !ok {
+		t.Error("a recently used template was dropped")
 	}
-	remember("last", []byte("kept"))
-	if got, ok := remembered("last"); !ok || string(got) != "kept" {
-		t.Errorf("the newest rendering: got %q, %v", got, ok)
+	if _, ok := templates.Get(templateKey(v1alpha1.ModeCloudInit, shape(0))); ok {
+		t.Error("the least recently used template is still held")
 	}
 }

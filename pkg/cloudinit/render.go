@@ -54,18 +54,17 @@ const BootCmdMarker = "# guestbackup: install this boot's bootstrap"
 // only at an instance's first: KubeVirt's instance-id is the VM's firmware
 // UUID, the same at every boot, so only a per-boot module reaches a VM that
 // opted in after its first boot, or whose credentials, paths, schedule,
-// server or CA changed since.
+// server or CA changed since. It fills in the template of b's shape (see
+// templates) when it can, which is the same document.
 func CloudConfig(b Bootstrap) ([]byte, error) {
-	key := b.key()
-	if rendered, ok := remembered(key); ok {
-		return rendered, nil
-	}
-	rendered, err := renderCloudConfig(b)
+	doc, err := rendered(v1alpha1.ModeCloudInit, b, func(b Bootstrap) (map[string][]byte, error) {
+		doc, err := renderCloudConfig(b)
+		return map[string][]byte{v1alpha1.SecretKeyUserData: doc}, err
+	})
 	if err != nil {
 		return nil, err
 	}
-	remember(key, rendered)
-	return rendered, nil
+	return doc[v1alpha1.SecretKeyUserData], nil
 }
 
 func renderCloudConfig(b Bootstrap) ([]byte, error) {
@@ -138,6 +137,8 @@ func Merge(userData, ours []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s user-data cannot be combined with a second part; use disk mode", ErrCannotMerge, format)
 	}
 	var b bytes.Buffer
+	// Both parts in base64 lines, and room for the headers.
+	b.Grow((len(userData)+len(ours))*4/3*78/76 + 1024)
 	fmt.Fprintf(&b, "Content-Type: multipart/mixed; boundary=%q\nMIME-Version: 1.0\n\n", boundary)
 	w := multipart.NewWriter(&b)
 	if err := w.SetBoundary(boundary); err != nil {
@@ -163,7 +164,7 @@ func Merge(userData, ours []byte) ([]byte, error) {
 		if err != nil {
 			return nil, fmt.Errorf("write part %s: %w", p.name, err)
 		}
-		if _, err := pw.Write([]byte(wrap76(base64.StdEncoding.EncodeToString(p.data)))); err != nil {
+		if _, err := pw.Write(base64Lines(p.data)); err != nil {
 			return nil, err
 		}
 	}
@@ -174,15 +175,17 @@ func Merge(userData, ours []byte) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
-// wrap76 breaks base64 into MIME's 76-character lines.
-func wrap76(s string) string {
-	var b strings.Builder
-	for len(s) > 76 {
-		b.WriteString(s[:76] + "\r\n")
-		s = s[76:]
+// base64Lines is data in base64, in MIME's lines of 76 characters, each
+// ended by CRLF.
+func base64Lines(data []byte) []byte {
+	encoded := make([]byte, base64.StdEncoding.EncodedLen(len(data)))
+	base64.StdEncoding.Encode(encoded, data)
+	out := make([]byte, 0, len(encoded)+2*(len(encoded)/76+1))
+	for len(encoded) > 76 {
+		out = append(append(out, encoded[:76]...), '\r', '\n')
+		encoded = encoded[76:]
 	}
-	b.WriteString(s + "\r\n")
-	return b.String()
+	return append(append(out, encoded...), '\r', '\n')
 }
 
 // UserPart returns the VM's own user-data from a payload Merge wrote, byte
@@ -237,7 +240,7 @@ func Parts(data []byte) ([]Part, error) {
 			return nil, fmt.Errorf("read part %d: %w", len(parts)+1, err)
 		}
 		if strings.EqualFold(p.Header.Get("Content-Transfer-Encoding"), "base64") {
-			if raw, err = base64.StdEncoding.DecodeString(strings.Join(strings.Fields(string(raw)), "")); err != nil {
+			if raw, err = decodeBase64(raw); err != nil {
 				return nil, fmt.Errorf("part %d: %w", len(parts)+1, err)
 			}
 		}
@@ -246,10 +249,26 @@ func Parts(data []byte) ([]Part, error) {
 	}
 }
 
+// decodeBase64 decodes a MIME part's base64, whose lines break with CR and
+// LF (which the decoder skips) or, written by others, any white space.
+func decodeBase64(raw []byte) ([]byte, error) {
+	out := make([]byte, base64.StdEncoding.DecodedLen(len(raw)))
+	if n, err := base64.StdEncoding.Decode(out, raw); err == nil {
+		return out[:n], nil
+	}
+	return base64.StdEncoding.DecodeString(strings.Join(strings.Fields(string(raw)), ""))
+}
+
 // DiskFiles is the disk-mode payload: the bootstrap's files under flat
 // names (a Secret's keys), plus install.sh, which the guest's one-time
-// unit runs from the mounted disk to put each file in place.
+// unit runs from the mounted disk to put each file in place. It fills in
+// the template of b's shape (see templates) when it can, which is the same
+// payload.
 func DiskFiles(b Bootstrap) (map[string][]byte, error) {
+	return rendered(v1alpha1.ModeDisk, b, renderDiskFiles)
+}
+
+func renderDiskFiles(b Bootstrap) (map[string][]byte, error) {
 	files, err := b.Files()
 	if err != nil {
 		return nil, err

@@ -2,6 +2,7 @@ package cloudinit
 
 import (
 	"bytes"
+	"encoding/base64"
 	"os"
 	"path/filepath"
 	"strings"
@@ -124,6 +125,20 @@ func TestMergeKeepsTheUserPartByteForByte(t *testing.T) {
 				t.Fatalf("want the user's part then ours, got %d parts, %v", len(parts), err)
 			}
 		})
+	}
+}
+
+// TestPartsReadsBase64BrokenByAnyWhiteSpace: MIME asks decoders to skip
+// what is not base64; a payload someone else wrapped (spaces, tabs, bare
+// LF) still gives the VM's part back.
+func TestPartsReadsBase64BrokenByAnyWhiteSpace(t *testing.T) {
+	user := []byte(userCloudConfig)
+	encoded := base64.StdEncoding.EncodeToString(user)
+	wrapped := encoded[:10] + " \t" + encoded[10:40] + "\n " + encoded[40:]
+	merged := "Content-Type: multipart/mixed; boundary=\"b\"\nMIME-Version: 1.0\n\n--b\r\nContent-Type: text/cloud-config\r\nContent-Transfer-Encoding: base64\r\nContent-Disposition: attachment; filename=\"user-data\"\r\n\r\n" + wrapped + "\r\n--b--\r\n"
+	back, err := UserPart([]byte(merged))
+	if err != nil || !bytes.Equal(back, user) {
+		t.Errorf("the user's part: %q, %v; want %q", back, err, user)
 	}
 }
 

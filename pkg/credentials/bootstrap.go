@@ -124,20 +124,25 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 		return ctrl.Result{}, err
 	}
 	logger := log.FromContext(ctx).WithValues("secret", secretKey)
-	if rr := rerender(vm, secret, bsls); rr.secret == nil {
-		logger.V(2).Info("bootstrap left as it is", "why", rr.why)
+	if why, due := renderDue(vm, secret, bsls); !due {
+		logger.V(2).Info("bootstrap left as it is", "why", why)
 		return ctrl.Result{}, nil
 	}
 	// Paths and schedule come from the VM as stored: a cache behind it
-	// would render what the webhook just replaced.
+	// would render what the webhook just replaced. The payload comes from
+	// the Secret as stored too: the controller's cache holds none (see
+	// internal/controller's TrimSecret).
 	live, err := getVM(ctx, r.APIReader, req.NamespacedName)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if secret, err = getCredentialSecret(ctx, r.APIReader, req.NamespacedName); err != nil || secret == nil {
+		return ctrl.Result{}, err // gone: nothing to render
+	}
 	rr := rerender(live, secret, bsls)
 	if rr.secret == nil {
 		logger.V(1).Info("cache is behind the API server; bootstrap left as it is", "why", rr.why)
-		return ctrl.Result{}, nil // the VM's update brings us back
+		return ctrl.Result{}, nil // the VM's or the Secret's update brings us back
 	}
 	// Exactly the version decided on: a Secret the webhook rewrote since
 	// is decided again.
@@ -191,42 +196,21 @@ func leaveBootstrap(format string, args ...any) rendering {
 // rerender is the whole policy of the bootstrap reconciler: given a
 // credential Secret, its VM's metadata (nil when there is no such VM) and
 // the server the Secret is labelled for (nil when it does not exist), the
-// Secret with its payload rendered again, or nothing. It renders only
-// guestbackup's Secret of a VM that controls it and was injected with it,
-// only when the server publishes an endpoint and a CA and they are not what
-// the payload was rendered with; with the Secret's own credentials and
+// Secret with its payload rendered again, or nothing. It renders only what
+// renderDue says is due, of a VM that was injected with it; with the
+// Secret's own credentials and
 // generation, the placement the VM's status annotation records (the owner's
 // merged part taken from the Secret byte for byte), and the paths and
 // schedule of the VM's annotations.
 func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1alpha1.BackupStorageLocationServer) rendering {
-	server := vmsecret.Server(secret)
-	switch {
-	case !vmsecret.IsManaged(secret):
-		return leaveBootstrap("not labelled %s=%s", vmsecret.LabelManagedBy, vmsecret.ManagedByValue)
-	case !secret.DeletionTimestamp.IsZero():
-		return leaveBootstrap("being deleted")
-	case !vmsecret.IsNamedFor(secret):
-		return leaveBootstrap("label %s does not name the VM the Secret is named after", vmsecret.LabelVM)
-	case vm == nil:
-		return leaveBootstrap("no VirtualMachine %s", vmsecret.VM(secret))
-	case !vmsecret.ControlledBy(secret, vm.Name, vm.UID):
-		return leaveBootstrap("not controlled by VirtualMachine %s (yet)", vm.Name)
-	case !vm.DeletionTimestamp.IsZero():
-		return leaveBootstrap("the VirtualMachine is being deleted")
-	case vm.Annotations[v1alpha1.AnnotationServer] != server.String():
-		return leaveBootstrap("the VirtualMachine's annotation %s does not name %s", v1alpha1.AnnotationServer, server)
-	case bsls == nil || client.ObjectKeyFromObject(bsls) != server:
-		return leaveBootstrap("BackupStorageLocationServer %s does not exist", server)
-	case bsls.Status.Endpoint == "" || bsls.Status.TLSCA == "":
-		return leaveBootstrap("BackupStorageLocationServer %s publishes no endpoint or no CA", server)
+	if why, due := renderDue(vm, secret, bsls); !due {
+		return leaveBootstrap("%s", why)
 	}
 	endpoint, ca := bsls.Status.Endpoint, []byte(bsls.Status.TLSCA)
 	kopiaClient := cloudinit.UsableClient(bsls.Status.Client)
 	oldEndpoint, oldCA := vmsecret.Rendered(secret)
 	oldClient := vmsecret.RenderedClient(secret)
-	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) && oldClient == clientdist.Digest(kopiaClient) {
-		return leaveBootstrap("rendered with the server's endpoint, CA and client")
-	}
+	server := vmsecret.Server(secret)
 	generation, ok := vmsecret.GenerationNumber(secret)
 	if !ok || vmsecret.Password(secret) == "" {
 		return leaveBootstrap("holds no credentials")
@@ -297,4 +281,40 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	rr.event = fmt.Sprintf("BackupStorageLocationServer %s publishes %s: the bootstrap in Secret %s is rendered again with it (same credentials, generation %d, %s mode); the guest gets it at its next start",
 		server, what, secret.Name, generation, st.Mode)
 	return rr
+}
+
+// renderDue says whether a credential Secret's bootstrap is due to be
+// rendered again, and why not: from its metadata alone (the controller's
+// cache holds no payload), it must be guestbackup's Secret of a VM that
+// controls it and names its server, which publishes an endpoint and a CA
+// other than (or a client other than) those it was rendered with.
+func renderDue(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1alpha1.BackupStorageLocationServer) (why string, due bool) {
+	server := vmsecret.Server(secret)
+	leave := func(format string, args ...any) (string, bool) { return fmt.Sprintf(format, args...), false }
+	switch {
+	case !vmsecret.IsManaged(secret):
+		return leave("not labelled %s=%s", vmsecret.LabelManagedBy, vmsecret.ManagedByValue)
+	case !secret.DeletionTimestamp.IsZero():
+		return leave("being deleted")
+	case !vmsecret.IsNamedFor(secret):
+		return leave("label %s does not name the VM the Secret is named after", vmsecret.LabelVM)
+	case vm == nil:
+		return leave("no VirtualMachine %s", vmsecret.VM(secret))
+	case !vmsecret.ControlledBy(secret, vm.Name, vm.UID):
+		return leave("not controlled by VirtualMachine %s (yet)", vm.Name)
+	case !vm.DeletionTimestamp.IsZero():
+		return leave("the VirtualMachine is being deleted")
+	case vm.Annotations[v1alpha1.AnnotationServer] != server.String():
+		return leave("the VirtualMachine's annotation %s does not name %s", v1alpha1.AnnotationServer, server)
+	case bsls == nil || client.ObjectKeyFromObject(bsls) != server:
+		return leave("BackupStorageLocationServer %s does not exist", server)
+	case bsls.Status.Endpoint == "" || bsls.Status.TLSCA == "":
+		return leave("BackupStorageLocationServer %s publishes no endpoint or no CA", server)
+	}
+	endpoint, ca := bsls.Status.Endpoint, []byte(bsls.Status.TLSCA)
+	oldEndpoint, oldCA := vmsecret.Rendered(secret)
+	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) && vmsecret.RenderedClient(secret) == clientdist.Digest(cloudinit.UsableClient(bsls.Status.Client)) {
+		return leave("rendered with the server's endpoint, CA and client")
+	}
+	return "", true
 }

@@ -166,6 +166,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
 		}
+		observeHash(version)
 		vmsecret.SetPasswordHash(secret, hash.String())
 		switch {
 		case !keep.Keep:

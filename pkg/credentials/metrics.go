@@ -7,6 +7,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -19,8 +20,22 @@ var provisioningSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Buckets: []float64{0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300},
 }, []string{"namespace", "bsls"})
 
+// passwordHashes counts the passwords the Hasher hashed. Each
+// credentials generation is hashed once: a restart or a resync of the
+// controller adds none, so a rise without new VMs or rotations is a defect
+// (and costs a core and 64 MiB per scrypt hash).
+var passwordHashes = prometheus.NewCounterVec(prometheus.CounterOpts{
+	Name: "guestbackup_password_hashes_total",
+	Help: "Passwords the controller hashed, by algorithm (scrypt or pbkdf2): one per VM credentials generation; a restart or resync adds none.",
+}, []string{"algorithm"})
+
 func init() {
-	metrics.Registry.MustRegister(provisioningSeconds)
+	metrics.Registry.MustRegister(provisioningSeconds, passwordHashes)
+}
+
+// observeHash counts one password hashed with version.
+func observeHash(version identity.HashVersion) {
+	passwordHashes.WithLabelValues(version.String()).Inc()
 }
 
 // observeProvisioning records a provisioning, when the Secret says when

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -47,10 +48,12 @@ const (
 )
 
 // runController starts the Hasher, the VM and the bootstrap reconcilers
-// in-process against api, as cmd/controller wires them (the BSLS reconciler
-// aside: the specs play its part); stop ends them and waits, bounded.
+// in-process against api, as cmd/controller wires them and with its cache
+// (the BSLS reconciler aside: the specs play its part); stop ends them and
+// waits, bounded.
 func runController(api *testbed.APIServer, metricsAddr string) (stop func() error, err error) {
-	return testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr}, func(mgr ctrl.Manager) error {
+	o := testbed.ManagerOptions{Logger: GinkgoLogr, MetricsAddr: metricsAddr, Cache: controller.Cache()}
+	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		if err := (&credentials.Hasher{Client: mgr.GetClient(), Clock: hasherClock}).SetupWithManager(mgr, 2); err != nil {
 			return err
 		}

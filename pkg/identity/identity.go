@@ -35,6 +35,18 @@ const (
 	PBKDF2 HashVersion = 2
 )
 
+// String names the algorithm as a BSLS's spec.access.passwordHash does:
+// scrypt or pbkdf2.
+func (v HashVersion) String() string {
+	switch v {
+	case Scrypt:
+		return "scrypt"
+	case PBKDF2:
+		return "pbkdf2"
+	}
+	return fmt.Sprintf("version-%d", int(v))
+}
+
 const (
 	saltLength = 32
 	keyLength  = 32

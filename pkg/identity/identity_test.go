@@ -25,6 +25,16 @@ func TestValidateUsername(t *testing.T) {
 	}
 }
 
+// TestHashVersionNames: the names are the values of a BSLS's
+// spec.access.passwordHash, as the hash counter's label shows them.
+func TestHashVersionNames(t *testing.T) {
+	for v, want := range map[HashVersion]string{Scrypt: "scrypt", PBKDF2: "pbkdf2", 0: "version-0", 7: "version-7"} {
+		if got := v.String(); got != want {
+			t.Errorf("HashVersion(%d).String() = %q, want %q", int(v), got, want)
+		}
+	}
+}
+
 func TestHash(t *testing.T) {
 	for _, version := range []HashVersion{Scrypt, PBKDF2} {
 		h, err := NewHash("correct horse", version)

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/controller"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
@@ -42,14 +43,16 @@ const (
 )
 
 // runController starts the controller's reconcilers in-process against
-// api, as cmd/controller wires them, with the ClusterRole the chart would
-// have installed for them to bind; stop ends them.
+// api, as cmd/controller wires them and with its cache, with the
+// ClusterRole the chart would have installed for them to bind; stop ends
+// them.
 func runController(api *testbed.APIServer, o testbed.ManagerOptions, configure ...func(*kopiaserver.Reconciler)) (stop func() error, err error) {
 	// What the chart installs for the controller to bind to the server
 	// pods of BSLSs with several replicas.
 	if err := api.CreateServerMaintenanceRole(); err != nil {
 		return nil, err
 	}
+	o.Cache = controller.Cache()
 	return testbed.RunManager(api, o, func(mgr ctrl.Manager) error {
 		r := &kopiaserver.Reconciler{Image: "guestbackup:test", ControllerNamespace: controllerNamespace, ActivityInterval: time.Second}
 		for _, c := range configure {

@@ -10,14 +10,12 @@ import (
 	"strings"
 	"time"
 
-	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	"gomodules.xyz/jsonpatch/v2"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
-	sigsjson "sigs.k8s.io/json"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
@@ -92,6 +90,9 @@ type Input struct {
 	// exists: the API server refuses the request after admission, so
 	// admission must change nothing, least of all that VM's credentials.
 	AlreadyExists bool
+	// read is Object as readAdmitted read it, when the caller read it
+	// already; nil: Decide reads it.
+	read *admittedVM
 	// NewPassword returns a fresh random password; called only when new
 	// credentials are issued.
 	NewPassword func() (string, error)
@@ -143,12 +144,31 @@ func deny(format string, args ...any) Decision {
 // annotation. A copy of an injected VM is given an identity of its own
 // (adoptCopy).
 func Decide(in Input) (Decision, error) {
-	// Field names are case-sensitive, as the API server reads them and as
-	// the patch's paths are.
-	var vm kubevirtv1.VirtualMachine
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(in.Object, &vm); err != nil {
-		return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
+	r := in.read
+	vm := (*kubevirtv1.VirtualMachine)(nil)
+	if r != nil {
+		// decideOn changes the VM it is given (a copy's volumes, its
+		// namespace): the caller's read stays as it was.
+		vm = r.vm.DeepCopy()
+	} else {
+		var err error
+		if r, err = readAdmitted(in.Object); err != nil {
+			return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
+		}
+		vm = r.vm
 	}
+	d, err := decideOn(vm, r.shape, in)
+	if err != nil || len(d.Patch) == 0 {
+		return d, err
+	}
+	if refusal := twiceRefusal(r.twice); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	return d, nil
+}
+
+// decideOn is Decide on the VM as readVM read it, of shape s.
+func decideOn(vm *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error) {
 	if vm.Namespace == "" {
 		vm.Namespace = in.Namespace
 	}
@@ -178,9 +198,9 @@ func Decide(in Input) (Decision, error) {
 			return deny("VirtualMachine %s/%s carries annotation %s of another VM's injection: its cloud-init is in Secret %s of that VM, which guestbackup gives back to that VM only; opt this copy in (annotation %s) so that it gets credentials and a Secret of its own, or remove annotation %s and give volume %s cloud-init of its own",
 				vm.Namespace, vm.Name, v1alpha1.AnnotationStatus, pr.status.Secret, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus, pr.status.Volume), nil
 		}
-		return optOut(&vm, pr, in.Secret), nil
+		return optOut(vm, pr, in.Secret), nil
 	}
-	o, refusal := readOptions(&vm, value)
+	o, refusal := readOptions(vm, value)
 	if refusal != "" {
 		return deny("%s", refusal), nil
 	}
@@ -196,21 +216,21 @@ func Decide(in Input) (Decision, error) {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
 	var copyOps []jsonpatch.JsonPatchOperation
-	if pr, copyOps, refusal = adoptCopy(&vm, pr, in.Sources); refusal != "" {
+	if pr, copyOps, refusal = adoptCopy(vm, pr, in.Sources); refusal != "" {
 		return deny("%s", refusal), nil
 	}
-	if pr.injectedFor(&vm, o.server) {
+	if pr.injectedFor(vm, o.server) {
 		// The VM was given its bootstrap: its life (edits, start, stop,
 		// a GitOps tool applying its manifest again) never waits on its
 		// server's health. The Secret is rendered again only when the
 		// server can render it.
 		if !serves(in.Server) {
-			return keepInjection(&vm, o.server, pr, in), nil
+			return keepInjection(vm, o.server, pr, in), nil
 		}
-	} else if refusal := checkServer(&vm, o.server, in.Server); refusal != "" {
+	} else if refusal := checkServer(vm, o.server, in.Server); refusal != "" {
 		return deny("%s", refusal), nil
 	}
-	d, err := inject(&vm, o, pr, in)
+	d, err := inject(vm, s, o, pr, in)
 	if err != nil || d.Denied != "" {
 		return d, err
 	}
@@ -220,28 +240,7 @@ func Decide(in Input) (Decision, error) {
 			d.Outcome = OutcomeUpdated
 		}
 	}
-	return checkApplies(in.Object, d), nil
-}
-
-// checkApplies denies rather than send a patch the API server would fail
-// to apply: an object whose JSON differs from what its Go type reads
-// (field names in another case, which encoding/json forgives inside
-// KubeVirt's own decoders) must not get a half-applied injection.
-func checkApplies(obj []byte, d Decision) Decision {
-	if len(d.Patch) == 0 {
-		return d
-	}
-	ops, err := json.Marshal(d.Patch)
-	if err == nil {
-		var p jsonpatchapply.Patch
-		if p, err = jsonpatchapply.DecodePatch(ops); err == nil {
-			_, err = p.Apply(obj)
-		}
-	}
-	if err != nil {
-		return deny("guestbackup cannot patch this VirtualMachine (%v): is its JSON in the API's own field names?", err)
-	}
-	return d
+	return d, nil
 }
 
 // options are the VM's guestbackup annotations, parsed.
@@ -415,10 +414,15 @@ func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.Namespace
 // its cloud-init and secret volumes read, when named as a credential
 // Secret. The handler reads them for Decide (Input.Sources).
 func CopySources(object []byte) []string {
-	var vm kubevirtv1.VirtualMachine
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(object, &vm); err != nil {
+	r, err := readAdmitted(object)
+	if err != nil {
 		return nil
 	}
+	return copySources(r.vm)
+}
+
+// copySources is CopySources of a VM as readAdmitted read it.
+func copySources(vm *kubevirtv1.VirtualMachine) []string {
 	own := SecretName(vm.Name)
 	var names []string
 	add := func(name string) {
@@ -593,7 +597,7 @@ type placement struct {
 	diskWhy string
 }
 
-func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decision, error) {
+func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Input) (Decision, error) {
 	var d Decision
 	spec := &vm.Spec.Template.Spec
 	old, hasStatus := pr.status, pr.known
@@ -636,7 +640,7 @@ func inject(vm *kubevirtv1.VirtualMachine, o options, pr prior, in Input) (Decis
 		}
 	} else {
 		var refusal string
-		p, ops, refusal = place(vm, in.Object, o.mode)
+		p, ops, refusal = place(vm, s, o.mode)
 		if refusal != "" {
 			return deny("%s", refusal), nil
 		}
@@ -722,8 +726,8 @@ func stillInjected(spec *kubevirtv1.VirtualMachineInstanceSpec, st v1alpha1.Inje
 }
 
 // place chooses how the bootstrap reaches the guest and returns the patch
-// that puts it there, or why it cannot.
-func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
+// that puts it there, or why it cannot; s is the shape of the VM's object.
+func place(vm *kubevirtv1.VirtualMachine, s shape, mode string) (placement, []jsonpatch.JsonPatchOperation, string) {
 	spec := &vm.Spec.Template.Spec
 	secret := SecretName(vm.Name)
 	// Guests that read no NoCloud would be given a bootstrap they never
@@ -755,8 +759,7 @@ func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement
 		p := placement{mode: v1alpha1.ModeCloudInit, volume: CloudInitVolume, disk: CloudInitVolume}
 		vol := map[string]any{"name": CloudInitVolume, "cloudInitNoCloud": map[string]any{"secretRef": map[string]any{"name": secret}}}
 		disk := map[string]any{"name": CloudInitVolume, "disk": map[string]any{"bus": "virtio"}}
-		ops, refusal := addVolumeAndDisk(object, vol, disk)
-		return p, ops, refusal
+		return p, appendVolumeAndDisk(s, vol, disk), ""
 	case spec.Volumes[ci].CloudInitNoCloud != nil:
 		nc := spec.Volumes[ci].CloudInitNoCloud
 		var user []byte
@@ -804,40 +807,7 @@ func place(vm *kubevirtv1.VirtualMachine, object []byte, mode string) (placement
 	p := placement{mode: v1alpha1.ModeDisk, volume: DiskVolume, disk: DiskVolume, diskWhy: why}
 	vol := map[string]any{"name": DiskVolume, "secret": map[string]any{"secretName": secret, "volumeLabel": DiskLabel}}
 	disk := map[string]any{"name": DiskVolume, "serial": DiskSerial, "disk": map[string]any{"bus": "virtio"}}
-	ops, refusal := addVolumeAndDisk(object, vol, disk)
-	return p, ops, refusal
-}
-
-// addVolumeAndDisk appends to the template's volumes and disks, creating
-// the lists (or the objects above them) only where the VM's JSON, object,
-// has none. Only a first injection needs that, so only it pays for reading
-// the VM a second time, untyped.
-func addVolumeAndDisk(object []byte, vol, disk map[string]any) ([]jsonpatch.JsonPatchOperation, string) {
-	var raw map[string]any
-	if err := sigsjson.UnmarshalCaseSensitivePreserveInts(object, &raw); err != nil {
-		return nil, fmt.Sprintf("guestbackup cannot read this VirtualMachine: %v", err)
-	}
-	return []jsonpatch.JsonPatchOperation{
-		appendItem(raw, []string{"spec", "template", "spec", "volumes"}, vol),
-		appendItem(raw, []string{"spec", "template", "spec", "domain", "devices", "disks"}, disk),
-	}, ""
-}
-
-// appendItem appends item to the list at path, or adds the list, and any
-// missing object above it, at the first segment raw lacks.
-func appendItem(raw map[string]any, path []string, item any) jsonpatch.JsonPatchOperation {
-	if exists(raw, path...) {
-		return jsonpatch.NewOperation("add", "/"+strings.Join(path, "/")+"/-", item)
-	}
-	missing := len(path) - 1
-	for missing > 0 && !exists(raw, path[:missing]...) {
-		missing--
-	}
-	var value any = []any{item}
-	for i := len(path) - 1; i > missing; i-- {
-		value = map[string]any{path[i]: value}
-	}
-	return jsonpatch.NewOperation("add", "/"+strings.Join(path[:missing+1], "/"), value)
+	return p, appendVolumeAndDisk(s, vol, disk), ""
 }
 
 // render is the Secret's payload for a placement.
@@ -956,30 +926,6 @@ func secretData(s *corev1.Secret, key string) []byte {
 		return nil
 	}
 	return s.Data[key]
-}
-
-// exists reports whether raw has a value at path; a segment of a list is
-// its index.
-func exists(raw map[string]any, path ...string) bool {
-	var cur any = raw
-	for _, p := range path {
-		switch c := cur.(type) {
-		case map[string]any:
-			cur = c[p]
-		case []any:
-			i, err := strconv.Atoi(p)
-			if err != nil || i < 0 || i >= len(c) {
-				return false
-			}
-			cur = c[i]
-		default:
-			return false
-		}
-		if cur == nil {
-			return false
-		}
-	}
-	return true
 }
 
 // escape encodes a JSON pointer token.

@@ -483,7 +483,12 @@ func TestPlainVMIsLeftAlone(t *testing.T) {
 }
 
 // kubevirtFixture is kubevirt.io/api's fully populated VirtualMachine, read
-// from the module cache: every field the API has, set.
+// from the module cache: every field the API has, set, but for the two that
+// would keep guestbackup from injecting it at all: its deletionTimestamp (a
+// VM being deleted is admitted untouched) and the sysprep source of its one
+// volume (a Windows guest reads no cloud-init and is denied). With them, every
+// admission of it was "ignored", so neither the specs nor the benchmark
+// ever injected a fully populated VM.
 func kubevirtFixture(t testing.TB) []byte {
 	t.Helper()
 	dir, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "kubevirt.io/api").Output()
@@ -501,6 +506,12 @@ func kubevirtFixture(t testing.TB) []byte {
 	meta := m["metadata"].(map[string]any)
 	meta["name"], meta["namespace"] = "fixture", "team-a"
 	meta["annotations"].(map[string]any)[v1alpha1.AnnotationServer] = "backup/main"
+	delete(meta, "deletionTimestamp")
+	delete(meta, "deletionGracePeriodSeconds")
+	volumes := m["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"].([]any)
+	for _, v := range volumes {
+		delete(v.(map[string]any), "sysprep")
+	}
 	out, _ := json.Marshal(m)
 	return out
 }
@@ -511,6 +522,9 @@ func TestEveryFieldOfAFullyPopulatedVMSurvives(t *testing.T) {
 	d := decide(t, original, nil, pw)
 	if d.Denied != "" {
 		t.Fatalf("denied: %s", d.Denied)
+	}
+	if d.Outcome != OutcomeIssued || len(d.Patch) == 0 || d.Secret == nil {
+		t.Fatalf("the fully populated VM was not injected: outcome %s, %d patch operations, Secret %v", d.Outcome, len(d.Patch), d.Secret != nil)
 	}
 	for _, op := range d.Patch {
 		if op.Operation == "remove" || !(strings.HasPrefix(op.Path, "/spec/template/spec/volumes") || strings.HasPrefix(op.Path, "/spec/template/spec/domain/devices/disks") || op.Path == "/metadata/annotations/guestbackup.io~1status") {

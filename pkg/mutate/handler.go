@@ -2,7 +2,6 @@ package mutate
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -26,6 +25,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/password"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // The webhook reads BSLSs, namespaces and guestbackup's Secrets from its
@@ -46,13 +46,19 @@ func init() {
 	metrics.Registry.MustRegister(admissionsTotal)
 }
 
-// CacheOptions keep the webhook's cache to the Secrets guestbackup
-// manages: the webhook reads no other Secret, and caching every Secret of
-// the cluster would cost memory and widen what a compromise exposes.
+// CacheOptions keep the webhook's cache to the VMs' credential Secrets
+// (vmsecret.Selector), of which NewHandler's Handler caches the metadata
+// alone: the webhook reads no other Secret, and caching every Secret of the
+// cluster, or guestbackup's others (its servers' users, repository
+// passwords and keys), would cost memory and widen what a compromise
+// exposes. Which field manager wrote what is cached of nothing.
 func CacheOptions() cache.Options {
-	return cache.Options{ByObject: map[client.Object]cache.ByObject{
-		&corev1.Secret{}: {Label: labels.SelectorFromSet(labels.Set{v1alpha1.LabelManagedBy: v1alpha1.ManagedByValue})},
-	}}
+	return cache.Options{
+		DefaultTransform: cache.TransformStripManagedFields(),
+		ByObject: map[client.Object]cache.ByObject{
+			&corev1.Secret{}: {Label: vmsecret.Selector()},
+		},
+	}
 }
 
 // Path is where the webhook server serves the VirtualMachine mutation.
@@ -62,8 +68,9 @@ const Path = "/mutate-kubevirt-io-v1-virtualmachine"
 // Decide needs, and applies its decision (the Secret, the Events, the patch).
 type Handler struct {
 	// Cache serves the reads of the steady state (a VM admitted again,
-	// nothing to change) without a request to the API server. Nil means
-	// every decision is taken on Reader alone.
+	// nothing to change), of a recently admitted VM without a request to
+	// the API server (NewHandler). Nil means every decision is taken on
+	// Reader alone.
 	Cache client.Reader
 	// Reader reads from the API server itself. Whenever a decision would
 	// write the Secret, it is taken again on a fresh read: a cached Secret
@@ -87,27 +94,28 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	if req.Operation != admissionv1.Create && req.Operation != admissionv1.Update {
 		return admission.Allowed("")
 	}
-	var head struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
+	// Read once, for what the handler gathers and for each decision.
+	read, err := readAdmitted(req.Object.Raw)
+	if err != nil {
+		admissionsTotal.WithLabelValues(OutcomeDenied).Inc()
+		return h.refuse(ctx, req, headOf(req.Object.Raw), fmt.Sprintf("guestbackup cannot read this VirtualMachine: %v", err))
 	}
-	if err := json.Unmarshal(req.Object.Raw, &head); err != nil {
-		return admission.Errored(http.StatusBadRequest, err)
-	}
-	name := head.Metadata.Name
+	head := read.vm.ObjectMeta
+	name := head.Name
 	if name == "" {
 		name = req.Name
 	}
-	if name == "" && head.Metadata.Annotations[v1alpha1.AnnotationServer] != "" {
-		return h.refuse(ctx, req, head.Metadata, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
+	if name == "" && head.Annotations[v1alpha1.AnnotationServer] != "" {
+		return h.refuse(ctx, req, head, "guestbackup needs the VM's metadata.name to issue its identity: generateName names a VM only after admission")
 	}
 	first := h.Cache
 	if first == nil {
 		first = h.Reader
 	}
-	d, err := h.decide(ctx, req, name, first)
+	d, err := h.decide(ctx, req, read, name, first)
 	if err == nil && (d.Secret != nil || d.Denied != "") && h.Cache != nil {
 		// Writes and denials are decided on the API server's own state.
-		d, err = h.decide(ctx, req, name, h.Reader)
+		d, err = h.decide(ctx, req, read, name, h.Reader)
 	}
 	if err != nil {
 		admissionsTotal.WithLabelValues("error").Inc()
@@ -117,7 +125,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	dryRun := req.DryRun != nil && *req.DryRun
 	if d.Denied != "" {
 		if !dryRun {
-			h.record(req, head.Metadata, d.Events)
+			h.record(req, head, d.Events)
 		}
 		return admission.Denied(d.Denied)
 	}
@@ -127,7 +135,7 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		}
 	}
 	if !dryRun {
-		h.record(req, head.Metadata, d.Events)
+		h.record(req, head, d.Events)
 	}
 	if len(d.Patch) == 0 {
 		return admission.Allowed("")
@@ -135,19 +143,14 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	return admission.Patched("", d.Patch...)
 }
 
-// decide gathers Decide's input through r and decides.
-func (h *Handler) decide(ctx context.Context, req admission.Request, name string, r client.Reader) (Decision, error) {
-	in := Input{Object: req.Object.Raw, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
+// decide gathers Decide's input through r and decides, on the object as
+// read.
+func (h *Handler) decide(ctx context.Context, req admission.Request, read *admittedVM, name string, r client.Reader) (Decision, error) {
+	in := Input{Object: req.Object.Raw, read: read, Namespace: req.Namespace, NewPassword: NewPassword, Now: time.Now()}
 	if req.Operation == admissionv1.Update {
 		in.OldObject = req.OldObject.Raw
 	}
-	var head struct {
-		Metadata metav1.ObjectMeta `json:"metadata"`
-	}
-	if err := json.Unmarshal(req.Object.Raw, &head); err != nil {
-		return Decision{}, err
-	}
-	if value, ok := head.Metadata.Annotations[v1alpha1.AnnotationServer]; ok {
+	if value, ok := read.vm.Annotations[v1alpha1.AnnotationServer]; ok {
 		if ref, err := ParseServerRef(value); err == nil {
 			server, err := serverFrom(ctx, r, ref, req.Namespace)
 			if err != nil {
@@ -166,7 +169,7 @@ func (h *Handler) decide(ctx context.Context, req admission.Request, name string
 			return Decision{}, fmt.Errorf("read Secret %s: %w", SecretName(name), err)
 		}
 	}
-	for _, name := range CopySources(req.Object.Raw) {
+	for _, name := range copySources(read.vm) {
 		// A copy of an injected VM reads another VM's Secret: Decide
 		// gives it its own, taking the owner's user-data from that one.
 		s := &corev1.Secret{}
@@ -270,15 +273,12 @@ func (h *Handler) record(req admission.Request, m metav1.ObjectMeta, events []vm
 	vmevent.Record(h.Recorder, m, events)
 }
 
-// SetupWithManager serves the Handler at Path on the manager's webhook
-// server, reading from the manager's cache and the API server, and
-// recording Events as guestbackup-webhook. The manager should cache only
-// guestbackup's Secrets (see CacheOptions).
+// SetupWithManager serves NewHandler's Handler at Path on the manager's
+// webhook server, reading from the manager's cache and the API server, and
+// recording Events as guestbackup-webhook. The manager's cache must be set
+// up with CacheOptions.
 func SetupWithManager(mgr ctrl.Manager) {
-	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: &Handler{
-		Cache:    mgr.GetClient(),
-		Reader:   mgr.GetAPIReader(),
-		Writer:   mgr.GetClient(),
-		Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
-	}})
+	mgr.GetWebhookServer().Register(Path, &admission.Webhook{Handler: NewHandler(
+		mgr.GetClient(), mgr.GetAPIReader(), mgr.GetClient(), mgr.GetEventRecorderFor("guestbackup-webhook"),
+	)})
 }

@@ -92,7 +92,7 @@ func BenchmarkAdmissionHTTPS(b *testing.B) {
 	if !informers.WaitForCacheSync(ctx) {
 		b.Fatal("the cache did not sync")
 	}
-	url, roots := startWebhookServer(b, &Handler{Cache: informers, Reader: api.Client, Writer: api.Client})
+	url, roots := startWebhookServer(b, NewHandler(informers, api.Client, api.Client, nil))
 	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}, MaxIdleConnsPerHost: 64,
 	}}

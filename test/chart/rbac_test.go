@@ -207,7 +207,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		go func() { _ = informers.Start(cacheCtx) }()
 		Expect(informers.WaitForCacheSync(ctx)).To(BeTrue())
 		webhookClient := clientAs(webhookConfig)
-		h := &mutate.Handler{Cache: informers, Reader: webhookClient, Writer: webhookClient}
+		h := mutate.NewHandler(informers, webhookClient, webhookClient, nil)
 
 		vm := &kubevirtv1.VirtualMachine{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "kubevirt.io/v1", Kind: "VirtualMachine"},

@@ -61,9 +61,9 @@ func startWebhookBed(ctx context.Context, o webhookBedOptions) *webhookBed {
 	GinkgoHelper()
 	b := &webhookBed{}
 	b.platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr, Setup: func(mgr ctrl.Manager) error {
-		b.requests = &counting{next: &admission.Webhook{Handler: &mutate.Handler{
-			Cache: mgr.GetClient(), Reader: mgr.GetAPIReader(), Writer: mgr.GetClient(), Recorder: mgr.GetEventRecorderFor("guestbackup-webhook"),
-		}}}
+		b.requests = &counting{next: &admission.Webhook{Handler: mutate.NewHandler(
+			mgr.GetClient(), mgr.GetAPIReader(), mgr.GetClient(), mgr.GetEventRecorderFor("guestbackup-webhook"),
+		)}}
 		mgr.GetWebhookServer().Register(mutate.Path, b.requests)
 		if o.Setup != nil {
 			return o.Setup(mgr)
