@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/retry"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -74,33 +75,38 @@ type ConfigMapPublisher struct {
 	BSLS       string
 }
 
-// Publish updates the ConfigMap when the state changed.
+// Publish updates the ConfigMap when the state changed. The pod's client
+// server writes its own key into the same ConfigMap, so a write conflict
+// reads it again and retries.
 func (p ConfigMapPublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceStatus) error {
 	name := maintenancestate.ConfigMapName(p.BSLS)
-	cm, err := p.ConfigMaps.Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("get ConfigMap %s: %w", name, err)
-	}
-	// A restarted pod knows nothing of the runs before it: keep what the
-	// ConfigMap says of them until it runs again.
-	if old, err := maintenancestate.Decode(cm.Data[maintenancestate.Key]); err == nil && old != nil {
-		if s.LastRun == nil {
-			s.LastRun, s.LastCycle = old.LastRun, old.LastCycle
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := p.ConfigMaps.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return fmt.Errorf("get ConfigMap %s: %w", name, err)
 		}
-		if s.LastSuccess == nil {
-			s.LastSuccess = old.LastSuccess
+		merged := s
+		// A restarted pod knows nothing of the runs before it: keep what
+		// the ConfigMap says of them until it runs again.
+		if old, err := maintenancestate.Decode(cm.Data[maintenancestate.Key]); err == nil && old != nil {
+			if merged.LastRun == nil {
+				merged.LastRun, merged.LastCycle = old.LastRun, old.LastCycle
+			}
+			if merged.LastSuccess == nil {
+				merged.LastSuccess = old.LastSuccess
+			}
 		}
-	}
-	data := maintenancestate.Encode(s)
-	if cm.Data[maintenancestate.Key] == data {
+		data := maintenancestate.Encode(merged)
+		if cm.Data[maintenancestate.Key] == data {
+			return nil
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[maintenancestate.Key] = data
+		if _, err := p.ConfigMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			return fmt.Errorf("update ConfigMap %s: %w", name, err)
+		}
 		return nil
-	}
-	if cm.Data == nil {
-		cm.Data = map[string]string{}
-	}
-	cm.Data[maintenancestate.Key] = data
-	if _, err := p.ConfigMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-		return fmt.Errorf("update ConfigMap %s: %w", name, err)
-	}
-	return nil
+	})
 }
