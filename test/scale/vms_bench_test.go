@@ -634,11 +634,22 @@ var perVM = []string{"credential-hasher", "vm-credentials", "vm-bootstrap", "gue
 // long that took from its start.
 func (p *process) settle(b *testing.B, f *fleet) time.Duration {
 	b.Helper()
-	var last error
+	var (
+		last error
+		// seen is the last scrape, logged as the settling goes and
+		// when it fails: where the time went.
+		seen     map[string]*dto.MetricFamily
+		progress = time.Now()
+	)
 	err := p.waitFor(settled, 250*time.Millisecond, func() (bool, error) {
 		families, err := testbed.Scrape(p.metrics)
 		if err != nil {
 			return false, err
+		}
+		seen = families
+		if time.Since(progress) > 15*time.Second {
+			progress = time.Now()
+			b.Logf("%s after %s: %s", p.Spec.Name, time.Since(p.started).Round(time.Second), requests(families))
 		}
 		for _, c := range perVM {
 			if done := sum(families, "controller_runtime_reconcile_total", "controller", c); done < float64(f.n) {
@@ -658,9 +669,33 @@ func (p *process) settle(b *testing.B, f *fleet) time.Duration {
 		return f.usersComplete(context.Background())
 	})
 	if err != nil {
-		b.Fatalf("%s did not settle: %v (%v)", p.Spec.Name, err, last)
+		b.Fatalf("%s did not settle: %v (%v); %s", p.Spec.Name, err, last, requests(seen))
 	}
 	return time.Since(p.started)
+}
+
+// requests sums up a scrape of the controller: its requests to the API
+// server by method and code, and what its reconcilers did.
+func requests(families map[string]*dto.MetricFamily) string {
+	byCall := map[string]float64{}
+	for _, m := range families["rest_client_requests_total"].GetMetric() {
+		var method, code string
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "method":
+				method = l.GetValue()
+			case "code":
+				code = l.GetValue()
+			}
+		}
+		byCall[method+" "+code] += m.GetCounter().GetValue()
+	}
+	reconciled := map[string]float64{}
+	for _, c := range append([]string{"backupstoragelocationserver"}, perVM...) {
+		reconciled[c] = sum(families, "controller_runtime_reconcile_total", "controller", c)
+	}
+	return fmt.Sprintf("requests %v, reconciled %v, queued %v, heap %.0f MiB", byCall, reconciled,
+		sum(families, "workqueue_depth", "", ""), sum(families, "go_memstats_heap_inuse_bytes", "", "")/(1<<20))
 }
 
 // heap is the Go heap in use, in MiB: what RSS holds beyond the binary,
