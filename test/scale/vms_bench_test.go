@@ -7,7 +7,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -20,12 +19,10 @@ import (
 	"github.com/go-logr/logr"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
-	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
@@ -42,7 +39,6 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -764,31 +760,18 @@ func hasLabel(m *dto.Metric, name, value string) bool {
 // with a certificate of a fresh CA.
 func (f *fleet) startWebhook(b *testing.B) *process {
 	b.Helper()
-	ca, err := pki.NewCA("bench webhook CA", time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	leaf, err := ca.IssueServing(nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	key, err := leaf.KeyPEM()
-	if err != nil {
-		b.Fatal(err)
-	}
 	dir := b.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), leaf.ChainPEM(ca.Cert), 0o600); err != nil {
+	ca, err := testbed.WriteLoopbackServingCert(dir)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), key, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
 	p := f.start(b, "webhook", "webhook", []string{"--cert-dir=" + dir}, func(p *process) []string {
 		p.port = freePort(b)
 		return []string{"--port=" + strconv.Itoa(p.port)}
 	})
-	p.roots = x509.NewCertPool()
-	p.roots.AddCert(ca.Cert)
+	p.roots = roots
 	if err := p.waitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
 		conn, err := tls.Dial("tcp", "127.0.0.1:"+strconv.Itoa(p.port), &tls.Config{RootCAs: p.roots, MinVersion: tls.VersionTLS12})
 		if err != nil {
@@ -810,35 +793,13 @@ func (p *process) admissions(b *testing.B, f *fleet, count int) (p50, p99 time.D
 	if err := json.Unmarshal(f.sample, &vm); err != nil {
 		b.Fatal(err)
 	}
-	review, err := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-		Request: &admissionv1.AdmissionRequest{
-			UID: "bench", Kind: metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"},
-			Resource: metav1.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachines"},
-			Name:     vm.Name, Namespace: vm.Namespace, Operation: admissionv1.Update,
-			Object: k8sruntime.RawExtension{Raw: f.sample}, OldObject: k8sruntime.RawExtension{Raw: f.sample},
-		},
-	})
+	review, err := testbed.VMUpdateReview(vm.Namespace, vm.Name, f.sample, f.sample)
 	if err != nil {
 		b.Fatal(err)
 	}
 	httpc := &http.Client{Timeout: time.Minute, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: p.roots, MinVersion: tls.VersionTLS12}}}
 	url := "https://127.0.0.1:" + strconv.Itoa(p.port) + mutate.Path
-	admit := func() error {
-		resp, err := httpc.Post(url, "application/json", bytes.NewReader(review))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		var out admissionv1.AdmissionReview
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return err
-		}
-		if out.Response == nil || !out.Response.Allowed || len(out.Response.Patch) != 0 {
-			return fmt.Errorf("want an allowed admission without a patch, got %+v", out.Response)
-		}
-		return nil
-	}
+	admit := func() error { return testbed.AdmitUnchanged(httpc, url, review) }
 	if err := admit(); err != nil {
 		b.Fatalf("the first admission: %v", err)
 	}
