@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 
+	jsonpatch "github.com/evanphx/json-patch/v5"
 	admissionv1 "k8s.io/api/admission/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -46,4 +47,22 @@ func AdmitUnchanged(c *http.Client, url string, review []byte) error {
 		return fmt.Errorf("want an allowed admission without a patch, got %+v", out.Response)
 	}
 	return nil
+}
+
+// ApplyPatch applies patch (a JSON patch's operations, as a mutating
+// webhook answers them) to obj the way the API server does.
+func ApplyPatch(obj []byte, patch any) ([]byte, error) {
+	ops, err := json.Marshal(patch)
+	if err != nil {
+		return nil, fmt.Errorf("encode the patch: %w", err)
+	}
+	p, err := jsonpatch.DecodePatch(ops)
+	if err != nil {
+		return nil, fmt.Errorf("decode the patch %s: %w", ops, err)
+	}
+	out, err := p.Apply(obj)
+	if err != nil {
+		return nil, fmt.Errorf("the patch %s does not apply: %w", ops, err)
+	}
+	return out, nil
 }

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	"github.com/go-logr/logr"
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
@@ -425,15 +424,7 @@ func admit(b testing.TB, vm *kubevirtv1.VirtualMachine, bsls *v1alpha1.BackupSto
 	if err != nil || d.Denied != "" || d.Secret == nil {
 		b.Fatalf("the webhook did not inject %s: %v %s", vm.Name, err, d.Denied)
 	}
-	ops, err := json.Marshal(d.Patch)
-	if err != nil {
-		b.Fatal(err)
-	}
-	p, err := jsonpatchapply.DecodePatch(ops)
-	if err != nil {
-		b.Fatal(err)
-	}
-	admitted, err := p.Apply(raw)
+	admitted, err := testbed.ApplyPatch(raw, d.Patch)
 	if err != nil {
 		b.Fatal(err)
 	}
