@@ -1,26 +1,20 @@
 package controller
 
 import (
-	"context"
 	"maps"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	"k8s.io/apimachinery/pkg/watch"
 	toolscache "k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/tools/pager"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -77,80 +71,9 @@ func transformFor(gk schema.GroupKind) toolscache.TransformFunc {
 	return cache.TransformStripManagedFields()
 }
 
-// listPage is how many objects a page of an informer's list holds: the
-// most it holds whole at once.
-const listPage = 500
-
-// newInformer is client-go's informer, listing through pagedList: without
-// it, an informer's first list (served whole from the API server's watch
-// cache) is held whole, every payload of it, until every object is in the
-// store, and only then trimmed.
-func newInformer(lw toolscache.ListerWatcher, obj runtime.Object, resync time.Duration, indexers toolscache.Indexers) toolscache.SharedIndexInformer {
-	gvk := obj.GetObjectKind().GroupVersionKind()
-	if gvk.Empty() {
-		gvk, _ = apiutil.GVKForObject(obj, Scheme()) // the cache's scheme knows every type it caches
-	}
-	return toolscache.NewSharedIndexInformer(pagedList{ListerWatcherWithContext: toolscache.ToListerWatcherWithContext(lw), trim: transformFor(gvk.GroupKind())}, obj, resync, indexers)
-}
-
-// pagedList lists in pages of listPage objects, trims each object as its
-// page arrives, and returns them all as one list; it watches as it is.
-type pagedList struct {
-	toolscache.ListerWatcherWithContext
-	trim toolscache.TransformFunc
-}
-
-// ListWithContext lists what opts select, the latest version (a list in
-// pages is one consistent snapshot; the watch cache would serve an older
-// version whole).
-func (l pagedList) ListWithContext(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-	opts.ResourceVersion, opts.ResourceVersionMatch, opts.Continue, opts.Limit = "", "", "", listPage
-	var (
-		// last is the last page listed: the list returned, of its kind
-		// and version (every page of a list is one snapshot's).
-		last  runtime.Object
-		items []runtime.Object
-	)
-	pages := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
-		page, err := l.ListerWatcherWithContext.ListWithContext(ctx, opts)
-		if err == nil {
-			last = page
-		}
-		return page, err
-	})
-	pages.PageSize, pages.PageBufferSize = listPage, 0
-	err := pages.EachListItemWithAlloc(ctx, opts, func(o runtime.Object) error {
-		trimmed, err := l.trim(o)
-		if err != nil {
-			return err
-		}
-		items = append(items, trimmed.(runtime.Object))
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := meta.SetList(last, items); err != nil {
-		return nil, err
-	}
-	accessor, err := meta.ListAccessor(last)
-	if err != nil {
-		return nil, err
-	}
-	accessor.SetContinue("")
-	accessor.SetRemainingItemCount(nil)
-	return last, nil
-}
-
-// List is ListWithContext without one.
-func (l pagedList) List(opts metav1.ListOptions) (runtime.Object, error) {
-	return l.ListWithContext(context.Background(), opts)
-}
-
-// Watch is WatchWithContext without one.
-func (l pagedList) Watch(opts metav1.ListOptions) (watch.Interface, error) {
-	return l.WatchWithContext(context.Background(), opts)
-}
+// newInformer is an informer that lists in pages, each object trimmed as
+// its kind's transform does as its page arrives (manager.PagedInformers).
+var newInformer = manager.PagedInformers(Scheme(), transformFor)
 
 // The trims below are the informers' transforms (toolscache.TransformFunc):
 // each returns what the cache keeps of an object fresh from the API

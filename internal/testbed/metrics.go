@@ -6,27 +6,38 @@ import (
 	"net/http"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
+
+// Scrape scrapes http://addr/metrics, as Prometheus would, and returns
+// its metric families by name.
+func Scrape(addr string) (map[string]*dto.MetricFamily, error) {
+	client := &http.Client{Timeout: 10 * time.Second}
+	resp, err := client.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", addr, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics of %s: %w", addr, err)
+	}
+	return families, nil
+}
 
 // Metric scrapes http://addr/metrics, as Prometheus would, and returns the
 // value of the series name with exactly the given labels: a counter's or
 // gauge's value, or a histogram's sample count.
 func Metric(addr, name string, labels map[string]string) (float64, error) {
-	client := &http.Client{Timeout: 10 * time.Second}
-	resp, err := client.Get("http://" + addr + "/metrics")
+	families, err := Scrape(addr)
 	if err != nil {
-		return 0, fmt.Errorf("scrape %s: %w", addr, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("scrape %s: %s", addr, resp.Status)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := parser.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("parse metrics of %s: %w", addr, err)
+		return 0, err
 	}
 	family, ok := families[name]
 	if !ok {

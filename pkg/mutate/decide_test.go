@@ -11,7 +11,6 @@ import (
 	"strings"
 	"testing"
 
-	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,6 +21,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/golden"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -74,17 +74,9 @@ func apply(t testing.TB, obj []byte, d Decision) []byte {
 	if len(d.Patch) == 0 {
 		return obj
 	}
-	ops, err := json.Marshal(d.Patch)
+	out, err := testbed.ApplyPatch(obj, d.Patch)
 	if err != nil {
 		t.Fatal(err)
-	}
-	p, err := jsonpatchapply.DecodePatch(ops)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := p.Apply(obj)
-	if err != nil {
-		t.Fatalf("the patch does not apply: %v\n%s", err, ops)
 	}
 	return out
 }

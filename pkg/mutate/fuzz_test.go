@@ -1,13 +1,13 @@
 package mutate
 
 import (
-	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
 
-	jsonpatchapply "github.com/evanphx/json-patch/v5"
 	"sigs.k8s.io/yaml"
+
+	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
 // FuzzDecide admits arbitrary VirtualMachine JSON: Decide never panics,
@@ -36,16 +36,8 @@ func FuzzDecide(f *testing.F) {
 		if len(d.Patch) == 0 {
 			return
 		}
-		ops, err := json.Marshal(d.Patch)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, err := jsonpatchapply.DecodePatch(ops)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.Apply(obj); err != nil {
-			t.Fatalf("patch %s does not apply to %s: %v", ops, obj, err)
+		if _, err := testbed.ApplyPatch(obj, d.Patch); err != nil {
+			t.Fatalf("%v, to %s", err, obj)
 		}
 	})
 }

@@ -1,33 +1,24 @@
 package mutate
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
-	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // BenchmarkAdmissionHTTPS is the webhook as the API server uses it: HTTPS
@@ -67,15 +58,7 @@ func BenchmarkAdmissionHTTPS(b *testing.B) {
 	if err := api.Client.Create(ctx, first.Secret); err != nil {
 		b.Fatal(err)
 	}
-	review, err := json.Marshal(admissionv1.AdmissionReview{
-		TypeMeta: metav1.TypeMeta{APIVersion: "admission.k8s.io/v1", Kind: "AdmissionReview"},
-		Request: &admissionv1.AdmissionRequest{
-			UID: "bench", Kind: metav1.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"},
-			Resource: metav1.GroupVersionResource{Group: "kubevirt.io", Version: "v1", Resource: "virtualmachines"},
-			Name:     "web", Namespace: "team-a", Operation: admissionv1.Update,
-			Object: k8sruntime.RawExtension{Raw: apply(b, original, first)},
-		},
-	})
+	review, err := testbed.VMUpdateReview("team-a", "web", apply(b, original, first), nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -101,21 +84,7 @@ func BenchmarkAdmissionHTTPS(b *testing.B) {
 	// iteration is a batch of admissions from concurrent clients.
 	const batch = 64
 	clients := 2 * runtime.GOMAXPROCS(0)
-	admit := func() error {
-		resp, err := client.Post(url, "application/json", bytes.NewReader(review))
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		var out admissionv1.AdmissionReview
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
-			return err
-		}
-		if out.Response == nil || !out.Response.Allowed || len(out.Response.Patch) != 0 {
-			return fmt.Errorf("want an allowed admission without a patch, got %+v", out.Response)
-		}
-		return nil
-	}
+	admit := func() error { return testbed.AdmitUnchanged(client, url, review) }
 	var total int
 	var elapsed time.Duration
 	for b.Loop() {
@@ -151,25 +120,13 @@ func BenchmarkAdmissionHTTPS(b *testing.B) {
 // certificate of a fresh CA, until the benchmark ends.
 func startWebhookServer(b *testing.B, h admission.Handler) (string, *x509.CertPool) {
 	b.Helper()
-	ca, err := pki.NewCA("webhook bench CA", time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	leaf, err := ca.IssueServing(nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
-	if err != nil {
-		b.Fatal(err)
-	}
-	key, err := leaf.KeyPEM()
-	if err != nil {
-		b.Fatal(err)
-	}
 	dir := b.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, "tls.crt"), leaf.ChainPEM(ca.Cert), 0o600); err != nil {
+	ca, err := testbed.WriteLoopbackServingCert(dir)
+	if err != nil {
 		b.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "tls.key"), key, 0o600); err != nil {
-		b.Fatal(err)
-	}
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
 	port, err := testbed.FreePort()
 	if err != nil {
 		b.Fatal(err)
@@ -193,7 +150,5 @@ func startWebhookServer(b *testing.B, h admission.Handler) (string, *x509.CertPo
 	}); err != nil {
 		b.Fatal(err)
 	}
-	roots := x509.NewCertPool()
-	roots.AddCert(ca.Cert)
 	return "https://127.0.0.1:" + strconv.Itoa(port) + Path, roots
 }

@@ -3,7 +3,6 @@ package chart
 import (
 	"bytes"
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +30,6 @@ import (
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
-	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -235,23 +233,9 @@ func serveWebhook(ctx context.Context, api *testbed.APIServer, namespace string,
 	if err != nil {
 		return err
 	}
-	ca, err := pki.NewCA("test bed webhook", time.Hour)
-	if err != nil {
-		return err
-	}
-	leaf, err := ca.IssueServing(nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
-	if err != nil {
-		return err
-	}
 	certDir := GinkgoT().TempDir()
-	key, err := leaf.KeyPEM()
+	ca, err := testbed.WriteLoopbackServingCert(certDir)
 	if err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.crt"), leaf.ChainPEM(ca.Cert), 0o600); err != nil {
-		return err
-	}
-	if err := os.WriteFile(filepath.Join(certDir, "tls.key"), key, 0o600); err != nil {
 		return err
 	}
 	port, err := testbed.FreePort()

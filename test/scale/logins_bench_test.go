@@ -1,6 +1,8 @@
-// Package scale measures what limits a BSLS with many guests: logins per
-// second against real Kopia servers sharing one repository on MinIO, as a
-// BSLS's replicas do. Benchmarks only: `make test` runs none of it.
+// Package scale measures what limits guestbackup with many guests: logins
+// per second against real Kopia servers sharing one repository on MinIO, as
+// a BSLS's replicas do, and what the controller and the webhook cost, in
+// memory and in time to settle, with many opted-in VMs in a real API
+// server. Benchmarks only: `make test` runs none of it.
 package scale
 
 import (
