@@ -46,6 +46,11 @@ const (
 	idleTimeout = 30 * time.Second
 	// readHeaderTimeout bounds a guest's request headers.
 	readHeaderTimeout = 15 * time.Second
+	// upstreamStreamBuffer and upstreamConnectionBuffer bound what the
+	// gate holds of Kopia's answers a guest has not read yet, per stream
+	// and per guest connection; on loopback they cost Kopia no speed.
+	upstreamStreamBuffer     = 1 << 20
+	upstreamConnectionBuffer = 4 << 20
 )
 
 // gRPC status codes the gate answers with (google.golang.org/grpc/codes).
@@ -230,8 +235,15 @@ func (g *Gate) transport() *http.Transport {
 	protocols := new(http.Protocols)
 	protocols.SetHTTP2(true)
 	return &http.Transport{
-		TLSClientConfig:     g.tls.Clone(),
-		Protocols:           protocols,
+		TLSClientConfig: g.tls.Clone(),
+		Protocols:       protocols,
+		// What Kopia answers and the guest has not read waits here: Go's
+		// defaults (4 MiB a stream, 1 GiB a connection) let a guest that
+		// opens many streams and reads none hold the pod's memory.
+		HTTP2: &http.HTTP2Config{
+			MaxReceiveBufferPerStream:     upstreamStreamBuffer,
+			MaxReceiveBufferPerConnection: upstreamConnectionBuffer,
+		},
 		DialContext:         (&net.Dialer{Timeout: dialTimeout}).DialContext,
 		TLSHandshakeTimeout: dialTimeout,
 		IdleConnTimeout:     idleTimeout,
@@ -246,6 +258,14 @@ func (g *Gate) transport() *http.Transport {
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !isGRPC(r) {
 		g.proxy.ServeHTTP(w, r)
+		return
+	}
+	if r.ProtoMajor != 2 {
+		// gRPC needs HTTP/2, and Kopia refuses a session that is not.
+		// Passed on, this one would reach Kopia over the gate's own
+		// HTTP/2 connection as a session the gate never kept, which no
+		// revocation could end.
+		http.Error(w, "a Kopia session needs HTTP/2", http.StatusHTTPVersionNotSupported)
 		return
 	}
 	user, ok := sessionUser(r.Header)
@@ -339,9 +359,12 @@ func (g *Gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	http.Error(w, "the Kopia server in this pod does not answer yet", http.StatusBadGateway)
 }
 
-// isGRPC is whether r is a gRPC call: HTTP/2 with a gRPC content type.
+// isGRPC is whether Kopia's server would take r for a gRPC call, of any
+// protocol: it looks for a gRPC content type anywhere in the header
+// (internal/server's handler), and the gate's connection to it is HTTP/2
+// whatever the guest's is.
 func isGRPC(r *http.Request) bool {
-	return r.ProtoMajor == 2 && strings.HasPrefix(r.Header.Get("Content-Type"), "application/grpc")
+	return strings.Contains(r.Header.Get("Content-Type"), "application/grpc")
 }
 
 // sessionUser is the Kopia user a session authenticates as: its metadata

@@ -182,4 +182,37 @@ var _ = Describe("The session gate", Ordered, func() {
 		Expect(resp.StatusCode).To(Equal(http.StatusOK))
 		Expect(string(body)).To(ContainSubstring("kopia_"), "Kopia's own /metrics")
 	})
+
+	It("refuses a session sent over HTTP/1.1, which it could not end", func() {
+		// A hostile guest offers HTTP/1.1 alone and sends Kopia's session
+		// call by hand, its body held open as a session's is; the gate's
+		// own connection to Kopia is HTTP/2, where Kopia would take it.
+		tlsConfig := serverpod.TrustChain([]*x509.Certificate{server.CA.Cert})
+		tlsConfig.NextProtos = []string{"http/1.1"}
+		c := &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConfig, ForceAttemptHTTP2: false}}
+		body, hold := io.Pipe()
+		DeferCleanup(hold.Close)
+		ctx, cancel := context.WithTimeout(context.Background(), refusedWithin)
+		defer cancel()
+		// A request still sending gives up with its context only once its
+		// body ends.
+		context.AfterFunc(ctx, func() { hold.CloseWithError(ctx.Err()) })
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, gateURL+"/kopia_repository.KopiaRepository/Session", body)
+		Expect(err).NotTo(HaveOccurred())
+		req.Close = true
+		req.Header.Set("Content-Type", "application/grpc")
+		req.Header.Set("Te", "trailers")
+		req.Header.Set("Kopia-Username", "bob")
+		req.Header.Set("Kopia-Hostname", "team-a")
+		req.Header.Set("Kopia-Password", bobPassword)
+		before, open := sessionsStarted(bob), gate.Sessions()
+
+		resp, err := c.Do(req)
+		Expect(err).NotTo(HaveOccurred(), "the gate answers at once")
+		defer resp.Body.Close()
+		Expect(resp.ProtoMajor).To(Equal(1))
+		Expect(resp.StatusCode).To(Equal(http.StatusHTTPVersionNotSupported))
+		Expect(gate.Sessions()).To(Equal(open))
+		Expect(sessionsStarted(bob)).To(Equal(before), "Kopia started no session")
+	})
 })
