@@ -48,7 +48,7 @@ const (
 	readHeaderTimeout = 15 * time.Second
 	// upstreamStreamBuffer and upstreamConnectionBuffer bound what the
 	// gate holds of Kopia's answers a guest has not read yet, per stream
-	// and per guest connection; on loopback they cost Kopia no speed.
+	// and per guest connection (a guest that reads keeps them draining).
 	upstreamStreamBuffer     = 1 << 20
 	upstreamConnectionBuffer = 4 << 20
 )
