@@ -7,8 +7,14 @@
 package maintenancestate
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
@@ -42,3 +48,36 @@ func Decode(data string) (*v1alpha1.MaintenanceStatus, error) {
 // controller creates it (a pod's Role may get and update that name only,
 // never create Leases).
 func LeaseName(bslsName string) string { return bslsName + "-maintenance" }
+
+// SetKey writes one data key of the BSLS's state ConfigMap (ConfigMapName,
+// which the controller creates and the pod's Role lets it get and update),
+// keeping its other keys: the maintenance runner and the client server
+// each write their own. value computes the key's new value from its
+// current one (empty when unset); a write conflict reads the ConfigMap
+// again and retries, so neither writer waits for its next run.
+func SetKey(ctx context.Context, configMaps typedcorev1.ConfigMapInterface, bsls, key string, value func(current string) string) error {
+	name := ConfigMapName(bsls)
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		data := value(cm.Data[key])
+		if cm.Data[key] == data {
+			return nil
+		}
+		if cm.Data == nil {
+			cm.Data = map[string]string{}
+		}
+		cm.Data[key] = data
+		_, err = configMaps.Update(ctx, cm, metav1.UpdateOptions{})
+		return err
+	})
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("ConfigMap %s does not exist yet (the controller creates it): %w", name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("write %s into ConfigMap %s: %w", key, name, err)
+	}
+	return nil
+}

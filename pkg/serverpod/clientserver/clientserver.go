@@ -41,10 +41,7 @@ import (
 	"unicode"
 
 	"github.com/go-logr/logr"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/clock"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -288,32 +285,9 @@ func Serve(ctx context.Context, ln net.Listener, chainFile, keyFile string, h ht
 	return nil
 }
 
-// Publish writes st under clientdist.Key into the BSLS's state ConfigMap
-// (maintenancestate.ConfigMapName, which the controller creates and the
-// pod's Role lets it get and update), keeping its other keys.
+// Publish writes st under clientdist.Key into the BSLS's state ConfigMap,
+// keeping its other keys (maintenancestate.SetKey).
 func Publish(ctx context.Context, configMaps typedcorev1.ConfigMapInterface, bsls string, st v1alpha1.ClientStatus) error {
-	name := maintenancestate.ConfigMapName(bsls)
 	data := clientdist.Encode(st)
-	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		if cm.Data[clientdist.Key] == data {
-			return nil
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[clientdist.Key] = data
-		_, err = configMaps.Update(ctx, cm, metav1.UpdateOptions{})
-		return err
-	})
-	if err != nil {
-		if apierrors.IsNotFound(err) {
-			return fmt.Errorf("ConfigMap %s does not exist yet (the controller creates it): %w", name, err)
-		}
-		return fmt.Errorf("publish the client in ConfigMap %s: %w", name, err)
-	}
-	return nil
+	return maintenancestate.SetKey(ctx, configMaps, bsls, clientdist.Key, func(string) string { return data })
 }

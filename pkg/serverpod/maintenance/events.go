@@ -8,10 +8,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/kopia/kopia/repo"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/retry"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -75,20 +73,13 @@ type ConfigMapPublisher struct {
 	BSLS       string
 }
 
-// Publish updates the ConfigMap when the state changed. The pod's client
-// server writes its own key into the same ConfigMap, so a write conflict
-// reads it again and retries.
+// Publish updates the ConfigMap when the state changed.
 func (p ConfigMapPublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceStatus) error {
-	name := maintenancestate.ConfigMapName(p.BSLS)
-	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		cm, err := p.ConfigMaps.Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return fmt.Errorf("get ConfigMap %s: %w", name, err)
-		}
+	return maintenancestate.SetKey(ctx, p.ConfigMaps, p.BSLS, maintenancestate.Key, func(current string) string {
 		merged := s
 		// A restarted pod knows nothing of the runs before it: keep what
 		// the ConfigMap says of them until it runs again.
-		if old, err := maintenancestate.Decode(cm.Data[maintenancestate.Key]); err == nil && old != nil {
+		if old, err := maintenancestate.Decode(current); err == nil && old != nil {
 			if merged.LastRun == nil {
 				merged.LastRun, merged.LastCycle = old.LastRun, old.LastCycle
 			}
@@ -96,17 +87,6 @@ func (p ConfigMapPublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceS
 				merged.LastSuccess = old.LastSuccess
 			}
 		}
-		data := maintenancestate.Encode(merged)
-		if cm.Data[maintenancestate.Key] == data {
-			return nil
-		}
-		if cm.Data == nil {
-			cm.Data = map[string]string{}
-		}
-		cm.Data[maintenancestate.Key] = data
-		if _, err := p.ConfigMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-			return fmt.Errorf("update ConfigMap %s: %w", name, err)
-		}
-		return nil
+		return maintenancestate.Encode(merged)
 	})
 }
