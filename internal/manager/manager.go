@@ -33,13 +33,18 @@ func NewScheme() *runtime.Scheme {
 type Flags struct {
 	MetricsAddr string
 	ProbeAddr   string
-	Log         zap.Options
+	// PprofAddr serves Go's profiles (net/http/pprof), off by default:
+	// what an admin measuring the binary's memory or CPU turns on, on a
+	// port nothing else reaches.
+	PprofAddr string
+	Log       zap.Options
 }
 
 // Bind registers the flags on fs.
 func (f *Flags) Bind(fs *flag.FlagSet) {
 	fs.StringVar(&f.MetricsAddr, "metrics-bind-address", ":8080", "Address the Prometheus metrics endpoint binds to; 0 disables it.")
 	fs.StringVar(&f.ProbeAddr, "health-probe-bind-address", ":8081", "Address the liveness and readiness probes bind to.")
+	fs.StringVar(&f.PprofAddr, "pprof-bind-address", "", "Address Go's profiles (/debug/pprof/) bind to; empty disables them.")
 	f.Log.BindFlags(fs)
 }
 
@@ -59,6 +64,7 @@ func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 	opts = withCacheSyncTimeout(opts)
 	opts.Metrics = metricsserver.Options{BindAddress: f.MetricsAddr}
 	opts.HealthProbeBindAddress = f.ProbeAddr
+	opts.PprofBindAddress = f.PprofAddr
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
 		return nil, fmt.Errorf("create manager: %w", err)

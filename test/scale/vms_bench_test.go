@@ -7,6 +7,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -46,6 +47,12 @@ import (
 // server; the default keeps `make bench` to a couple of minutes, 10000 is
 // the figure docs/operations.md quotes (about 15 minutes on 2 cores).
 const VMsEnv = "GUESTBACKUP_BENCH_VMS"
+
+// ProfilesEnv names a directory BenchmarkOptedInVMs writes the settled
+// controller's and the webhook's heap profiles to (controller-heap.pprof,
+// webhook-heap.pprof; read them with `go tool pprof`): where their memory
+// goes. Unset, the binaries serve no profiles.
+const ProfilesEnv = "GUESTBACKUP_BENCH_PROFILES"
 
 const (
 	// controllerNamespace is where the binaries run, as the chart installs
@@ -127,10 +134,12 @@ func BenchmarkOptedInVMs(b *testing.B) {
 	}
 	rehashes := syncHashes + restart.hashes(b)
 	restart.logReconcileTimes(b)
+	restart.writeHeapProfile(b, "controller")
 
 	wh := f.startWebhook(b)
 	webhookIdle := mib(wh.rss(b))
 	p50, p99 := wh.admissions(b, f, 200)
+	wh.writeHeapProfile(b, "webhook")
 
 	b.ReportMetric(float64(n), "VMs")
 	b.ReportMetric(syncTime.Seconds(), "sync-s")
@@ -258,6 +267,8 @@ func (f *fleet) account(ctx context.Context, b *testing.B, component string) str
 type process struct {
 	*testbed.Process
 	metrics string
+	// pprof serves the binary's profiles, when ProfilesEnv asks for them.
+	pprof   string
 	started time.Time
 	// port is the webhook's HTTPS port, roots its CA.
 	port  int
@@ -286,6 +297,10 @@ func (f *fleet) start(b *testing.B, name, component string, args []string, ports
 	for attempt := 1; ; attempt++ {
 		p := &process{metrics: "127.0.0.1:" + strconv.Itoa(freePort(b)), started: time.Now()}
 		all := append([]string{"--metrics-bind-address=" + p.metrics, "--health-probe-bind-address=127.0.0.1:" + strconv.Itoa(freePort(b))}, args...)
+		if os.Getenv(ProfilesEnv) != "" {
+			p.pprof = "127.0.0.1:" + strconv.Itoa(freePort(b))
+			all = append(all, "--pprof-bind-address="+p.pprof)
+		}
 		if ports != nil {
 			all = append(all, ports(p)...)
 		}
@@ -334,6 +349,30 @@ func (f *fleet) startController(b *testing.B, name string) *process {
 }
 
 func (p *process) stop() { p.Stop() }
+
+// writeHeapProfile writes the process's heap profile, after a collection,
+// to ProfilesEnv's directory as name-heap.pprof, if it names one.
+func (p *process) writeHeapProfile(b *testing.B, name string) {
+	b.Helper()
+	dir := os.Getenv(ProfilesEnv)
+	if dir == "" {
+		return
+	}
+	resp, err := http.Get("http://" + p.pprof + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		b.Fatalf("profile %s: %v", name, err)
+	}
+	defer resp.Body.Close()
+	profile, err := io.ReadAll(resp.Body)
+	if err != nil || resp.StatusCode != http.StatusOK {
+		b.Fatalf("profile %s: %s %v", name, resp.Status, err)
+	}
+	path := filepath.Join(dir, name+"-heap.pprof")
+	if err := os.WriteFile(path, profile, 0o644); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%s's heap profile: %s", name, path)
+}
 
 func (p *process) rss(b *testing.B) int64 {
 	b.Helper()
