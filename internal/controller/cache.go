@@ -41,9 +41,10 @@ func Cache() cache.Options {
 			&corev1.Pod{}:       {Label: managed},
 			&corev1.ConfigMap{}: {Label: managed},
 			&corev1.Secret{}:    {Label: managed, Transform: transformFor(secretKind)},
-			// The reconcilers watch VMs as metadata only, and the audit an
-			// instance's metadata (builder.OnlyMetadata); the Hasher
-			// reads an instance's phase.
+			// The reconcilers watch VMs as metadata only
+			// (builder.OnlyMetadata), and instances whole, trimmed to
+			// their metadata and phase: the audit reads the one, the
+			// Hasher the other, from the one informer.
 			&kubevirtv1.VirtualMachine{}:         {Transform: transformFor(vmKind)},
 			&kubevirtv1.VirtualMachineInstance{}: {Transform: transformFor(instanceKind)},
 		},

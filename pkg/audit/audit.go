@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -26,7 +25,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -76,29 +74,6 @@ const DefaultStaleAfter = 48 * time.Hour
 // half an hour, backing off to a minute between attempts.
 const DefaultNotConnectedAfter = 15 * time.Minute
 
-var (
-	lastSnapshotTime = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "guestbackup_vm_last_snapshot_timestamp_seconds",
-		Help: "When a VM's newest snapshot ended (Unix time).",
-	}, []string{"namespace", "vm", "bsls"})
-	lastSnapshotBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "guestbackup_vm_last_snapshot_bytes",
-		Help: "Size of the files in a VM's newest snapshot.",
-	}, []string{"namespace", "vm", "bsls"})
-	snapshotsTotal = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "guestbackup_vm_snapshots",
-		Help: "Snapshots a VM has in its server's repository.",
-	}, []string{"namespace", "vm", "bsls"})
-	guestNotConnected = prometheus.NewGaugeVec(prometheus.GaugeOpts{
-		Name: "guestbackup_vm_guest_not_connected",
-		Help: "1 while a running VM's guest has not connected within the controller's --guest-not-connected-after of its start (the GuestNotConnected Event), else 0.",
-	}, []string{"namespace", "vm", "bsls"})
-)
-
-func init() {
-	metrics.Registry.MustRegister(lastSnapshotTime, lastSnapshotBytes, snapshotsTotal, guestNotConnected)
-}
-
 // Reconciler is keyed by VM. It reads the VM's guest from its server's
 // activity ConfigMap, and records on the VM what is new.
 type Reconciler struct {
@@ -116,10 +91,9 @@ type Reconciler struct {
 	shards shards
 }
 
-// SetupWithManager registers the reconciler: VMs and their instances
-// (metadata only: an instance's creation and deletion are its start and
-// stop) and the activity ConfigMaps, mapped to the VMs whose guests they
-// list.
+// SetupWithManager registers the reconciler: VMs (metadata only), their
+// instances (an instance's creation and deletion are its start and stop)
+// and the activity ConfigMaps, mapped to the VMs whose guests they list.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
@@ -138,7 +112,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 				return o.GetLabels()[activity.Label] != ""
 			}))).
 		// An instance bears its VM's name; its status updates pass none.
-		Watches(&kubevirtv1.VirtualMachineInstance{}, &handler.EnqueueRequestForObject{}, builder.OnlyMetadata,
+		// Watched whole, not as metadata: the credential hasher watches
+		// instances whole, and one informer (trimmed to what either
+		// reads, internal/controller.TrimInstance) holds them once
+		// where two would hold every instance's metadata twice.
+		Watches(&kubevirtv1.VirtualMachineInstance{}, &handler.EnqueueRequestForObject{},
 			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 		Complete(r)
 }
@@ -169,12 +147,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
 	if err := r.Client.Get(ctx, req.NamespacedName, vm); err != nil {
 		if apierrors.IsNotFound(err) {
-			forget(req.NamespacedName)
+			exported.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if vm.Annotations[v1alpha1.AnnotationServer] == "" {
-		forget(req.NamespacedName)
+		exported.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 	secret := &corev1.Secret{}
@@ -203,20 +181,8 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		Issued: vmsecret.IssuedAt(secret), User: user, Server: bsls.String(), Now: now, After: r.notConnectedAfter(),
 	})
 	d.merge(c)
-	exportFor(req.NamespacedName, bsls.String())
-	labels := prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": bsls.String()}
-	notConnected := 0.0
-	if inst != nil && announcedAfter(secret.Annotations, d.Annotations, AnnotationNotConnected) == string(inst.UID) {
-		notConnected = 1
-	}
-	guestNotConnected.With(labels).Set(notConnected)
-	if guest != nil {
-		snapshotsTotal.With(labels).Set(float64(guest.Snapshots))
-		if guest.Last.ID != "" {
-			lastSnapshotTime.With(labels).Set(float64(guest.Last.End.Unix()))
-			lastSnapshotBytes.With(labels).Set(float64(guest.Last.Bytes))
-		}
-	}
+	notConnected := inst != nil && announcedAfter(secret.Annotations, d.Annotations, AnnotationNotConnected) == string(inst.UID)
+	exported.set(req.NamespacedName, bsls.String(), notConnected, guest)
 	if len(d.Annotations) > 0 {
 		// Recorded before the Events are made: a lost process costs an
 		// Event, the other order would repeat one.
@@ -251,8 +217,7 @@ func (r *Reconciler) notConnectedAfter() time.Duration {
 
 // instance reads the VM's running instance; nil when it runs none.
 func (r *Reconciler) instance(ctx context.Context, key types.NamespacedName) (*Instance, error) {
-	vmi := &metav1.PartialObjectMetadata{}
-	vmi.SetGroupVersionKind(kubevirtv1.VirtualMachineInstanceGroupVersionKind)
+	vmi := &kubevirtv1.VirtualMachineInstance{}
 	if err := r.Client.Get(ctx, key, vmi); err != nil {
 		if apierrors.IsNotFound(err) {
 			return nil, nil //nolint:nilnil // a VM that runs no instance
@@ -342,39 +307,6 @@ func (s *shards) forget(key types.NamespacedName) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.decoded, key)
-}
-
-// exported is the BSLS each VM's series were last exported for.
-var exported = struct {
-	sync.Mutex
-	bsls map[types.NamespacedName]string
-}{bsls: map[types.NamespacedName]string{}}
-
-// exportFor records that vm's series are exported for bsls, and deletes
-// those of the server it was on before: the alerts match every series of
-// a VM, so a series kept for a server the VM left (a last snapshot ever
-// older, a guest never connected) would fire for as long as the
-// controller runs.
-func exportFor(vm types.NamespacedName, bsls string) {
-	exported.Lock()
-	defer exported.Unlock()
-	if before, ok := exported.bsls[vm]; ok && before != bsls {
-		deleteSeries(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name, "bsls": before})
-	}
-	exported.bsls[vm] = bsls
-}
-
-func forget(vm types.NamespacedName) {
-	exported.Lock()
-	defer exported.Unlock()
-	delete(exported.bsls, vm)
-	deleteSeries(prometheus.Labels{"namespace": vm.Namespace, "vm": vm.Name})
-}
-
-func deleteSeries(match prometheus.Labels) {
-	for _, g := range []*prometheus.GaugeVec{lastSnapshotTime, lastSnapshotBytes, snapshotsTotal, guestNotConnected} {
-		g.DeletePartialMatch(match)
-	}
 }
 
 // Decision is what is new about a VM's guest.
