@@ -43,6 +43,7 @@ func main() {
 	flag.DurationVar(&o.GuestNotConnectedAfter, "guest-not-connected-after", audit.DefaultNotConnectedAfter, "How long after its start a running VM's guest (one with guestbackup.io/paths) may go without connecting before the GuestNotConnected Event and metric.")
 	flag.Parse()
 
+	controller.SetGCPercent()
 	if err := run(flags, o, leaderElect, leaderElectNS); err != nil {
 		fmt.Fprintln(os.Stderr, "controller:", err)
 		os.Exit(1)
