@@ -89,11 +89,21 @@ func (s *vmSeries) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. It sends from a copy, so that
+// no reconcile waits while a scrape encodes every VM's series.
 func (s *vmSeries) Collect(ch chan<- prometheus.Metric) {
+	type entry struct {
+		vm types.NamespacedName
+		g  guestSeries
+	}
 	s.mu.RLock()
-	defer s.mu.RUnlock()
+	entries := make([]entry, 0, len(s.vms))
 	for vm, g := range s.vms {
+		entries = append(entries, entry{vm, g})
+	}
+	s.mu.RUnlock()
+	for _, e := range entries {
+		vm, g := e.vm, e.g
 		labels := []string{vm.Namespace, vm.Name, g.bsls}
 		gauge := func(d *prometheus.Desc, v float64) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)

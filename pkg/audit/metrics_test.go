@@ -27,6 +27,19 @@ func TestVMSeries(t *testing.T) {
 # HELP guestbackup_vm_guest_not_connected 1 while a running VM's guest has not connected within the controller's --guest-not-connected-after of its start (the GuestNotConnected Event), else 0.
 # TYPE guestbackup_vm_guest_not_connected gauge
 `
+	// snapshottedSeries is what is exported of web on backup/main once
+	// snapshotted.
+	snapshottedSeries := `guestbackup_vm_guest_not_connected{bsls="backup/main",namespace="team-a",vm="web"} 0
+# HELP guestbackup_vm_last_snapshot_bytes Size of the files in a VM's newest snapshot.
+# TYPE guestbackup_vm_last_snapshot_bytes gauge
+guestbackup_vm_last_snapshot_bytes{bsls="backup/main",namespace="team-a",vm="web"} 6000
+# HELP guestbackup_vm_last_snapshot_timestamp_seconds When a VM's newest snapshot ended (Unix time).
+# TYPE guestbackup_vm_last_snapshot_timestamp_seconds gauge
+guestbackup_vm_last_snapshot_timestamp_seconds{bsls="backup/main",namespace="team-a",vm="web"} 1.8e+09
+# HELP guestbackup_vm_snapshots Snapshots a VM has in its server's repository.
+# TYPE guestbackup_vm_snapshots gauge
+guestbackup_vm_snapshots{bsls="backup/main",namespace="team-a",vm="web"} 3
+`
 	tests := []struct {
 		name  string
 		steps []step
@@ -38,31 +51,11 @@ func TestVMSeries(t *testing.T) {
 	}, {
 		name:  "a guest that snapshotted",
 		steps: []step{{set: true, bsls: "backup/main", guest: snapshotted}},
-		want: header + `guestbackup_vm_guest_not_connected{bsls="backup/main",namespace="team-a",vm="web"} 0
-# HELP guestbackup_vm_last_snapshot_bytes Size of the files in a VM's newest snapshot.
-# TYPE guestbackup_vm_last_snapshot_bytes gauge
-guestbackup_vm_last_snapshot_bytes{bsls="backup/main",namespace="team-a",vm="web"} 6000
-# HELP guestbackup_vm_last_snapshot_timestamp_seconds When a VM's newest snapshot ended (Unix time).
-# TYPE guestbackup_vm_last_snapshot_timestamp_seconds gauge
-guestbackup_vm_last_snapshot_timestamp_seconds{bsls="backup/main",namespace="team-a",vm="web"} 1.8e+09
-# HELP guestbackup_vm_snapshots Snapshots a VM has in its server's repository.
-# TYPE guestbackup_vm_snapshots gauge
-guestbackup_vm_snapshots{bsls="backup/main",namespace="team-a",vm="web"} 3
-`,
+		want:  header + snapshottedSeries,
 	}, {
 		name:  "its server no longer publishes it: the last snapshot stays, so that staleness alerts",
 		steps: []step{{set: true, bsls: "backup/main", guest: snapshotted}, {set: true, bsls: "backup/main"}},
-		want: header + `guestbackup_vm_guest_not_connected{bsls="backup/main",namespace="team-a",vm="web"} 0
-# HELP guestbackup_vm_last_snapshot_bytes Size of the files in a VM's newest snapshot.
-# TYPE guestbackup_vm_last_snapshot_bytes gauge
-guestbackup_vm_last_snapshot_bytes{bsls="backup/main",namespace="team-a",vm="web"} 6000
-# HELP guestbackup_vm_last_snapshot_timestamp_seconds When a VM's newest snapshot ended (Unix time).
-# TYPE guestbackup_vm_last_snapshot_timestamp_seconds gauge
-guestbackup_vm_last_snapshot_timestamp_seconds{bsls="backup/main",namespace="team-a",vm="web"} 1.8e+09
-# HELP guestbackup_vm_snapshots Snapshots a VM has in its server's repository.
-# TYPE guestbackup_vm_snapshots gauge
-guestbackup_vm_snapshots{bsls="backup/main",namespace="team-a",vm="web"} 3
-`,
+		want:  header + snapshottedSeries,
 	}, {
 		name:  "moved to another server: the old server's series are gone",
 		steps: []step{{set: true, bsls: "backup/main", guest: snapshotted}, {set: true, bsls: "backup/other", notConnected: true}},
