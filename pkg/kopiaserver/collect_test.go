@@ -350,32 +350,3 @@ func TestCollectGrants(t *testing.T) {
 		})
 	}
 }
-
-// TestNewRefusals: a refused restore-from annotation is recorded once per
-// value, whatever the number of reconciles, and again when the same
-// mistake is made anew after it was mended.
-func TestNewRefusals(t *testing.T) {
-	server := types.NamespacedName{Namespace: "backup", Name: "main"}
-	other := types.NamespacedName{Namespace: "backup", Name: "other"}
-	web := types.NamespacedName{Namespace: "team-a", Name: "web"}
-	db := types.NamespacedName{Namespace: "team-a", Name: "db"}
-	r := &Reconciler{}
-	for _, step := range []struct {
-		name    string
-		server  types.NamespacedName
-		refused map[types.NamespacedName]string
-		want    []types.NamespacedName
-	}{
-		{"a refusal is recorded", server, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
-		{"a reconcile later: not again", server, map[types.NamespacedName]string{web: "names team-b/old"}, nil},
-		{"another VM's refusal is its own", server, map[types.NamespacedName]string{web: "names team-b/old", db: "names itself"}, []types.NamespacedName{db}},
-		{"another server", other, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
-		{"a new value is recorded", server, map[types.NamespacedName]string{web: "names old@team-b", db: "names itself"}, []types.NamespacedName{web}},
-		{"mended", server, map[types.NamespacedName]string{}, nil},
-		{"the same mistake anew is recorded again", server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
-	} {
-		if got := r.newRefusals(step.server, step.refused); !slices.Equal(got, step.want) {
-			t.Errorf("%s: recorded %v, want %v", step.name, got, step.want)
-		}
-	}
-}

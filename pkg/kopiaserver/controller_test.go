@@ -160,6 +160,18 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			return out
 		}
 	}
+	// eventCount is how many times the Event on BSLS name whose message
+	// starts with prefix was recorded (0: none).
+	eventCount := func(name, prefix string) int32 {
+		list := &corev1.EventList{}
+		Expect(api.Client.List(ctx, list, client.InNamespace(ns))).To(Succeed())
+		for _, e := range list.Items {
+			if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name && strings.HasPrefix(e.Message, prefix) {
+				return e.Count
+			}
+		}
+		return 0
+	}
 	filesystem := v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}
 
 	BeforeAll(func() {
@@ -362,6 +374,15 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(
 					"Warning UserRefused: Credential Secret team-b/db-guestbackup is not provisioned: namespace team-b is not selected by spec.access.namespaceSelector"))
 				Expect(connect("db@team-b", password)()).To(MatchError(ContainSubstring("access denied")))
+
+				By("saying it once, not at every reconcile, which would spend the Events' spam budget")
+				vault := credentialSecret("vault", "team-b", ns, name, testbed.RandomPassword(), "1")
+				Expect(createCredential(ctx, api, vault)).To(Succeed())
+				// The pass that refuses vault (sorted after db) also finds db refused.
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(
+					"Warning UserRefused: Credential Secret team-b/vault-guestbackup is not provisioned: namespace team-b is not selected by spec.access.namespaceSelector"))
+				Expect(eventCount(name, "Credential Secret team-b/db-guestbackup is not provisioned")).To(BeEquivalentTo(1))
+				Expect(api.Client.Delete(ctx, vault)).To(Succeed())
 
 				By("provisioning it once the namespace is selected")
 				nsObj := &corev1.Namespace{}

@@ -4,10 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"maps"
-	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
@@ -120,11 +117,10 @@ type Reconciler struct {
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
 
-	// refusals are, per BSLS, the RestoreAccessRefused message last
-	// recorded on each of its VMs: recorded once per value of the
-	// annotation, not at every reconcile.
-	refusalsMu sync.Mutex
-	refusals   map[types.NamespacedName]map[types.NamespacedName]string
+	// grantRefusals and userRefusals are the refusals already announced
+	// (RestoreAccessRefused on a VM, UserRefused on the BSLS).
+	grantRefusals announcements[types.NamespacedName]
+	userRefusals  announcements[string]
 }
 
 // SetupWithManager registers the reconciler and what it watches.
@@ -468,44 +464,15 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		}
 		r.recordGrantChanges(ctx, server, before, users.Grants[shard])
 	}
-	for _, vm := range r.newRefusals(server, users.GrantsRefused) {
+	for _, vm := range r.grantRefusals.news(r.Clock, server, users.GrantsRefused) {
 		if m := vms[vm]; m != nil {
 			vmevent.Record(r.Recorder, m.ObjectMeta, []vmevent.Event{vmevent.Warning(ReasonRestoreAccessRefused, users.GrantsRefused[vm])})
 		}
 	}
-	keys := make([]string, 0, len(users.Refused))
-	for k := range users.Refused {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		// Aggregated by the event recorder: a resync repeats, not floods.
+	for _, k := range r.userRefusals.news(r.Clock, server, users.Refused) {
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonUserRefused, "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
-}
-
-// newRefusals returns, sorted, the VMs of server whose refused annotation
-// was not recorded yet with this message, and remembers refused as what
-// was: a VM whose annotation is mended is forgotten, so the same mistake
-// made again is recorded again. A restarted controller records each once
-// more.
-func (r *Reconciler) newRefusals(server types.NamespacedName, refused map[types.NamespacedName]string) []types.NamespacedName {
-	r.refusalsMu.Lock()
-	defer r.refusalsMu.Unlock()
-	if r.refusals == nil {
-		r.refusals = map[types.NamespacedName]map[types.NamespacedName]string{}
-	}
-	recorded := r.refusals[server]
-	var out []types.NamespacedName
-	for vm, message := range refused {
-		if recorded[vm] != message {
-			out = append(out, vm)
-		}
-	}
-	r.refusals[server] = maps.Clone(refused)
-	slices.SortFunc(out, func(a, b types.NamespacedName) int { return strings.Compare(a.String(), b.String()) })
-	return out
 }
 
 // grantsWritten returns the grants the users Secret s holds now: from the
