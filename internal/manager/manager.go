@@ -3,6 +3,7 @@
 package manager
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"time"
@@ -10,13 +11,16 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	guestbackupv1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/eventrecord"
 )
 
 // NewScheme returns a scheme with the types guestbackup reads and writes:
@@ -65,12 +69,37 @@ func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 	opts.Metrics = metricsserver.Options{BindAddress: f.MetricsAddr}
 	opts.HealthProbeBindAddress = f.ProbeAddr
 	opts.PprofBindAddress = f.PprofAddr
-	mgr, err := ctrl.NewManager(cfg, opts)
+	mgr, err := NewManager(cfg, opts)
 	if err != nil {
-		return nil, fmt.Errorf("create manager: %w", err)
+		return nil, err
 	}
 	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
 		return nil, fmt.Errorf("add liveness check: %w", err)
+	}
+	return mgr, nil
+}
+
+// NewManager is ctrl.NewManager recording Events through
+// eventrecord.NewBroadcaster, whose spam filter keeps a budget per reason:
+// with controller-runtime's, one flapping Warning silences every other
+// Warning of its object. The manager shuts the broadcaster down when it
+// stops.
+func NewManager(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
+	events := eventrecord.NewBroadcaster()
+	// Deprecated because a broadcaster the manager does not own outlives it
+	// unless shut down: the runnable below does.
+	opts.EventBroadcaster = events //nolint:staticcheck
+	mgr, err := ctrl.NewManager(cfg, opts)
+	if err == nil {
+		err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+			<-ctx.Done()
+			events.Shutdown()
+			return nil
+		}))
+	}
+	if err != nil {
+		events.Shutdown()
+		return nil, fmt.Errorf("create manager: %w", err)
 	}
 	return mgr, nil
 }

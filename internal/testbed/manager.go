@@ -13,6 +13,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/config"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
+
+	"github.com/guestbackup/guestbackup/internal/manager"
 )
 
 // ManagerOptions adjust RunManager.
@@ -37,7 +39,7 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 	if metricsAddr == "" {
 		metricsAddr = "0"
 	}
-	mgr, err := ctrl.NewManager(api.Config, ctrl.Options{
+	mgr, err := manager.NewManager(api.Config, ctrl.Options{
 		Scheme:                 api.Scheme,
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: "0",
@@ -47,7 +49,7 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 		Cache:                  o.Cache,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("create manager: %w", err)
+		return nil, err
 	}
 	if err := setup(mgr); err != nil {
 		return nil, err

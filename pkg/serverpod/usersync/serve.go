@@ -17,11 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/tools/record"
 	certutil "k8s.io/client-go/util/cert"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/eventrecord"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
@@ -95,7 +95,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 		return fmt.Errorf("CA %s: %w", o.CAFile, err)
 	}
 	// Events on the BSLS (create and patch in its namespace, as the Role allows).
-	broadcaster := record.NewBroadcaster()
+	broadcaster := eventrecord.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
 	defer broadcaster.Shutdown()
 	o.Events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"})
