@@ -35,9 +35,9 @@ type announced struct {
 	at      time.Time
 }
 
-// news returns, sorted by their text, the keys of refused to announce now, and remembers
-// refused as what is in force for server: a refusal mended and later made
-// anew is announced again.
+// news returns, sorted by their text, the keys of refused to announce
+// now, and remembers refused as what is in force for server: a refusal
+// mended and later made anew is announced again.
 func (a *announcements[K]) news(c clock.PassiveClock, server types.NamespacedName, refused map[K]string) []K {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -60,6 +60,6 @@ func (a *announcements[K]) news(c clock.PassiveClock, server types.NamespacedNam
 	} else {
 		a.last[server] = now
 	}
-	slices.SortFunc(out, func(a, b K) int { return strings.Compare(fmt.Sprint(a), fmt.Sprint(b)) })
+	slices.SortFunc(out, func(x, y K) int { return strings.Compare(fmt.Sprint(x), fmt.Sprint(y)) })
 	return out
 }
