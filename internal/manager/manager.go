@@ -12,11 +12,11 @@ import (
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
-	"sigs.k8s.io/controller-runtime/pkg/manager"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	guestbackupv1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -82,26 +82,33 @@ func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 // NewManager is ctrl.NewManager recording Events through
 // eventrecord.NewBroadcaster, whose spam filter keeps a budget per reason:
 // with controller-runtime's, one flapping Warning silences every other
-// Warning of its object. The manager shuts the broadcaster down when it
-// stops.
+// Warning of its object. The broadcaster is shut down when the manager's
+// Start returns.
 func NewManager(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
 	events := eventrecord.NewBroadcaster()
-	// Deprecated because a broadcaster the manager does not own outlives it
-	// unless shut down: the runnable below does.
+	// Deprecated because a broadcaster the manager does not own outlives
+	// it: withEvents.Start shuts it down.
 	opts.EventBroadcaster = events //nolint:staticcheck
 	mgr, err := ctrl.NewManager(cfg, opts)
-	if err == nil {
-		err = mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-			<-ctx.Done()
-			events.Shutdown()
-			return nil
-		}))
-	}
 	if err != nil {
 		events.Shutdown()
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	return mgr, nil
+	return &withEvents{Manager: mgr, events: events}, nil
+}
+
+// withEvents is a manager that owns an Event broadcaster it was given.
+type withEvents struct {
+	ctrl.Manager
+	events record.EventBroadcaster
+}
+
+// Start runs the manager until ctx ends, then shuts the broadcaster down:
+// only once Start has returned, because the manager records Events while
+// it stops, until its recorder provider itself has stopped.
+func (m *withEvents) Start(ctx context.Context) error {
+	defer m.events.Shutdown()
+	return m.Manager.Start(ctx)
 }
 
 // CacheSyncTimeout is how long a controller waits for its caches' first
