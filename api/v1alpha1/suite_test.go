@@ -14,6 +14,7 @@ var apiServer *testbed.APIServer
 
 func TestCRD(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	RunSpecs(t, "BackupStorageLocationServer CRD")
 }
 

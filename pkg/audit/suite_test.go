@@ -24,6 +24,7 @@ import (
 
 func TestAudit(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	// controller-runtime's informers log through its global logger.
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "Guest activity audit, from a real Kopia server to Events on VMs")

@@ -254,8 +254,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 	// object's status have a resolution of a second.
 	nextSecond := func() {
 		GinkgoHelper()
-		now := time.Now().Truncate(time.Second)
-		Eventually(func() bool { return time.Now().Truncate(time.Second).After(now) }).Should(BeTrue())
+		testbed.SleepPastSecondOf(time.Now())
 	}
 	// events lists "Reason: message" of each Event recorded on the VM of
 	// that UID, once per occurrence: the recorder counts a repeated Event

@@ -35,6 +35,7 @@ var (
 
 func TestChart(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	RunSpecs(t, "guestbackup's Helm chart")
 }
 

@@ -232,7 +232,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 			// Phase transition times have a resolution of a second: rotate
 			// in a later one, so that the rotation is after the launcher's
 			// start at that resolution too.
-			Eventually(func() bool { return time.Now().Truncate(time.Second).After(started) }).Should(BeTrue())
+			testbed.SleepPastSecondOf(started)
 			annotate(map[string]*string{v1alpha1.AnnotationRotate: ptrTo("1"), v1alpha1.AnnotationPaths: ptrTo("/srv/data,/srv/more")})
 			second, _ := hashedGeneration()
 			Expect(second).NotTo(Equal(first))
@@ -260,7 +260,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 			By("rotating again while the instance exists but its launcher pod is Pending, in a later second than the instance's creation")
 			vmi := &kubevirtv1.VirtualMachineInstance{}
 			Expect(api.Client.Get(ctx, key, vmi)).To(Succeed())
-			Eventually(func() bool { return time.Now().Truncate(time.Second).After(vmi.CreationTimestamp.Time) }).Should(BeTrue())
+			testbed.SleepPastSecondOf(vmi.CreationTimestamp.Time)
 			annotate(map[string]*string{v1alpha1.AnnotationRotate: ptrTo("2")})
 			Eventually(func() (string, error) {
 				s, err := secret()

@@ -12,10 +12,13 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
 func TestKubeVirt(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	// controller-runtime's informers log through its global logger.
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines")

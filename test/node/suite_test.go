@@ -47,6 +47,7 @@ var (
 
 func TestNode(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "guestbackup installed by helm on a real node")
 }

@@ -50,6 +50,7 @@ var ctx context.Context
 
 func TestOperations(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "guestbackup over the years: metrics, alerts, disaster recovery")
 }

@@ -53,6 +53,7 @@ var (
 
 func TestSecurity(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	// controller-runtime's informers log through its global logger.
 	ctrl.SetLogger(GinkgoLogr)
 	RunSpecs(t, "Hostile guests and tenants against guestbackup")

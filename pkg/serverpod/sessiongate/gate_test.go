@@ -24,6 +24,7 @@ import (
 
 func TestSessionGate(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	RunSpecs(t, "The session gate in front of a real Kopia server")
 }
 

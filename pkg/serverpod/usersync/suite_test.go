@@ -41,6 +41,7 @@ var (
 
 func TestUserSync(t *testing.T) {
 	RegisterFailHandler(Fail)
+	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	RunSpecs(t, "User sync into a real Kopia server")
 }
 
