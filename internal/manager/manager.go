@@ -6,11 +6,14 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/record"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -79,36 +82,58 @@ func New(f Flags, opts ctrl.Options) (ctrl.Manager, error) {
 	return mgr, nil
 }
 
-// NewManager is ctrl.NewManager recording Events through
-// eventrecord.NewBroadcaster, whose spam filter keeps a budget per reason:
-// with controller-runtime's, one flapping Warning silences every other
-// Warning of its object. The broadcaster is shut down when the manager's
-// Start returns.
+// NewManager is ctrl.NewManager whose recorders (GetEventRecorderFor)
+// record through eventrecord.NewBroadcaster, whose spam filter keeps a
+// budget per reason: with controller-runtime's, one flapping Warning
+// silences every other Warning of its object. controller-runtime's own
+// recorders (leader election's) are left as they are.
 func NewManager(cfg *rest.Config, opts ctrl.Options) (ctrl.Manager, error) {
-	events := eventrecord.NewBroadcaster()
-	// Deprecated because a broadcaster the manager does not own outlives
-	// it: withEvents.Start shuts it down.
-	opts.EventBroadcaster = events //nolint:staticcheck
 	mgr, err := ctrl.NewManager(cfg, opts)
 	if err != nil {
-		events.Shutdown()
 		return nil, fmt.Errorf("create manager: %w", err)
 	}
-	return &withEvents{Manager: mgr, events: events}, nil
+	events, err := typedcorev1.NewForConfigAndClient(cfg, mgr.GetHTTPClient())
+	if err != nil {
+		return nil, fmt.Errorf("create the Events client: %w", err)
+	}
+	return &withEvents{Manager: mgr, sink: &typedcorev1.EventSinkImpl{Interface: events.Events("")}}, nil
 }
 
-// withEvents is a manager that owns an Event broadcaster it was given.
+// withEvents is a manager whose recorders share one broadcaster of
+// eventrecord's, started by the first recorder asked for, with one sink.
+// (controller-runtime's Options.EventBroadcaster would give one
+// broadcaster to two recorder providers, each starting a sink on it: with
+// leader election, every Event was written twice.)
 type withEvents struct {
 	ctrl.Manager
-	events record.EventBroadcaster
+	sink record.EventSink
+
+	once        sync.Once
+	broadcaster record.EventBroadcaster
 }
 
-// Start runs the manager until ctx ends, then shuts the broadcaster down:
-// only once Start has returned, because the manager records Events while
-// it stops, until its recorder provider itself has stopped.
+// GetEventRecorderFor returns a recorder of Events from name.
+func (m *withEvents) GetEventRecorderFor(name string) record.EventRecorder {
+	m.once.Do(func() {
+		m.broadcaster = eventrecord.NewBroadcaster()
+		m.broadcaster.StartRecordingToSink(m.sink)
+		log := m.GetLogger().WithName("events")
+		m.broadcaster.StartEventWatcher(func(e *corev1.Event) {
+			log.V(1).Info(e.Message, "type", e.Type, "object", e.InvolvedObject, "reason", e.Reason)
+		})
+	})
+	return m.broadcaster.NewRecorder(m.GetScheme(), corev1.EventSource{Component: name})
+}
+
+// Start runs the manager until ctx ends and it has stopped, then shuts
+// the broadcaster down, once nothing records any more.
 func (m *withEvents) Start(ctx context.Context) error {
-	defer m.events.Shutdown()
-	return m.Manager.Start(ctx)
+	err := m.Manager.Start(ctx)
+	m.once.Do(func() {}) // from now on no recorder starts one
+	if m.broadcaster != nil {
+		m.broadcaster.Shutdown()
+	}
+	return err
 }
 
 // CacheSyncTimeout is how long a controller waits for its caches' first

@@ -20,8 +20,8 @@ import (
 // UserRefused was dropped without a trace. Per reason, a flapping
 // condition still cannot flood the API server, and spends only its own
 // budget.
-func NewBroadcaster(opts ...record.BroadcasterOption) record.EventBroadcaster {
-	return record.NewBroadcaster(append([]record.BroadcasterOption{record.WithCorrelatorOptions(correlator(clock.RealClock{}))}, opts...)...)
+func NewBroadcaster() record.EventBroadcaster {
+	return record.NewBroadcaster(record.WithCorrelatorOptions(correlator(clock.RealClock{})))
 }
 
 // correlator is the correlator NewBroadcaster uses, telling time by c.

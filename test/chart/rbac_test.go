@@ -31,6 +31,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/controller"
+	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
@@ -104,7 +105,7 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 	})
 
 	It("lets the controller, as its ServiceAccount, run a BSLS's server and take a VM's credentials", func() {
-		mgr, err := ctrl.NewManager(controllerConfig, ctrl.Options{
+		mgr, err := manager.NewManager(controllerConfig, ctrl.Options{
 			Scheme: apiServer.Scheme, Logger: GinkgoLogr,
 			Metrics: metricsserver.Options{BindAddress: "0"}, HealthProbeBindAddress: "0",
 			// As the chart runs it: electing a leader through a Lease in its namespace.
