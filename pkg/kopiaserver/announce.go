@@ -63,3 +63,10 @@ func (a *announcements[K]) news(c clock.PassiveClock, server types.NamespacedNam
 	slices.SortFunc(out, func(x, y K) int { return strings.Compare(fmt.Sprint(x), fmt.Sprint(y)) })
 	return out
 }
+
+// forget drops what was announced for server.
+func (a *announcements[K]) forget(server types.NamespacedName) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.last, server)
+}

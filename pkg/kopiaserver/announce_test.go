@@ -22,22 +22,27 @@ func TestAnnouncements(t *testing.T) {
 	for _, step := range []struct {
 		name    string
 		after   time.Duration
+		forget  bool // the server deleted first
 		server  types.NamespacedName
 		refused map[types.NamespacedName]string
 		want    []types.NamespacedName
 	}{
-		{"a refusal is announced", 0, server, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
-		{"a reconcile later: not again", time.Minute, server, map[types.NamespacedName]string{web: "names team-b/old"}, nil},
-		{"another VM's refusal is its own", 0, server, map[types.NamespacedName]string{web: "names team-b/old", db: "names itself"}, []types.NamespacedName{db}},
-		{"another server", 0, other, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
-		{"a new value is announced", 0, server, map[types.NamespacedName]string{web: "names old@team-b", db: "names itself"}, []types.NamespacedName{web}},
-		{"mended", 0, server, map[types.NamespacedName]string{}, nil},
-		{"the same mistake anew is announced again", 0, server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
-		{"just before its Event expires: not again", Reannounce - time.Second, server, map[types.NamespacedName]string{web: "names old@team-b"}, nil},
-		{"once its Event has expired: again", time.Second, server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
-		{"the other server's, expired too, sorted", 0, other, map[types.NamespacedName]string{web: "names team-b/old", db: "names itself"}, []types.NamespacedName{db, web}},
+		{"a refusal is announced", 0, false, server, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
+		{"a reconcile later: not again", time.Minute, false, server, map[types.NamespacedName]string{web: "names team-b/old"}, nil},
+		{"another VM's refusal is its own", 0, false, server, map[types.NamespacedName]string{web: "names team-b/old", db: "names itself"}, []types.NamespacedName{db}},
+		{"another server", 0, false, other, map[types.NamespacedName]string{web: "names team-b/old"}, []types.NamespacedName{web}},
+		{"a new value is announced", 0, false, server, map[types.NamespacedName]string{web: "names old@team-b", db: "names itself"}, []types.NamespacedName{web}},
+		{"mended", 0, false, server, map[types.NamespacedName]string{}, nil},
+		{"the same mistake anew is announced again", 0, false, server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
+		{"just before its Event expires: not again", Reannounce - time.Second, false, server, map[types.NamespacedName]string{web: "names old@team-b"}, nil},
+		{"once its Event has expired: again", time.Second, false, server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
+		{"the other server's, expired too, sorted", 0, false, other, map[types.NamespacedName]string{web: "names team-b/old", db: "names itself"}, []types.NamespacedName{db, web}},
+		{"a server deleted and created again: anew", 0, true, server, map[types.NamespacedName]string{web: "names old@team-b"}, []types.NamespacedName{web}},
 	} {
 		clk.SetTime(clk.Now().Add(step.after))
+		if step.forget {
+			a.forget(step.server)
+		}
 		if got := a.news(clk, step.server, step.refused); !slices.Equal(got, step.want) {
 			t.Errorf("%s: announced %v, want %v", step.name, got, step.want)
 		}

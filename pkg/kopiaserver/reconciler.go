@@ -277,12 +277,12 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	b := &v1alpha1.BackupStorageLocationServer{}
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
-			forgetMetrics(req.Namespace, req.Name)
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !b.DeletionTimestamp.IsZero() {
-		forgetMetrics(b.Namespace, b.Name)
+		r.forget(req.NamespacedName)
 		// Owned objects go with it; the repository, its password and the
 		// CA stay (see AnnotationKeep).
 		return ctrl.Result{}, r.finalize(ctx, b)
@@ -470,9 +470,22 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		}
 	}
 	for _, k := range r.userRefusals.news(r.Clock, server, users.Refused) {
+		// Logged too: the Event may be aggregated with similar ones or
+		// dropped once its reason's budget is spent (Secrets refused by
+		// the dozen), the log line is the record that names each.
+		log.FromContext(ctx).Info("credential Secret refused", "secret", k, "why", users.Refused[k])
 		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonUserRefused, "Credential Secret %s is not provisioned: %s", k, users.Refused[k])
 	}
 	return users, nil
+}
+
+// forget drops what the reconciler keeps about a BSLS that is gone or
+// going: its metrics and the refusals it announced (a BSLS created again
+// under the name is a new object, whose Events announce them anew).
+func (r *Reconciler) forget(server types.NamespacedName) {
+	forgetMetrics(server.Namespace, server.Name)
+	r.userRefusals.forget(server)
+	r.grantRefusals.forget(server)
 }
 
 // grantsWritten returns the grants the users Secret s holds now: from the
