@@ -18,3 +18,19 @@ func SleepPastSecondOf(t time.Time) {
 	// Truncate drops the monotonic reading: time.Until compares wall clocks.
 	time.Sleep(time.Until(t.Truncate(time.Second).Add(time.Second)))
 }
+
+// SuiteTimeout is how long a Ginkgo suite run by t may take: until shortly
+// before go test's -timeout would end the binary (a minute, or a tenth of
+// the time left when that is less), so that go test's flag is the one
+// clock, and Ginkgo, not a panic, reports the spec that ran out and runs
+// its cleanups. Ginkgo's own default of an hour ended test/kubevirt, whose
+// boots are serial, on a busy machine while go test allowed 75 minutes.
+// Without a deadline: Ginkgo's default.
+func SuiteTimeout(t interface{ Deadline() (time.Time, bool) }) time.Duration {
+	deadline, ok := t.Deadline()
+	if !ok {
+		return time.Hour
+	}
+	left := time.Until(deadline)
+	return left - min(time.Minute, left/10)
+}

@@ -21,5 +21,7 @@ func TestKubeVirt(t *testing.T) {
 	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
 	// controller-runtime's informers log through its global logger.
 	ctrl.SetLogger(GinkgoLogr)
-	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines")
+	suite, reporter := GinkgoConfiguration()
+	suite.Timeout = testbed.SuiteTimeout(t)
+	RunSpecs(t, "guestbackup with KubeVirt VirtualMachines", suite, reporter)
 }
