@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -223,6 +226,40 @@ func TestGuestBudgets(t *testing.T) {
 			if tc.timeout == time.Second && res.CPU < time.Second {
 				t.Errorf("killed after %v of CPU, want its budget of 1s", res.CPU)
 			}
+			if tc.wall == time.Second && res.CPU > res.Elapsed/2 {
+				t.Errorf("a sleeping guest used %v of CPU in %v", res.CPU, res.Elapsed)
+			}
 		})
+	}
+}
+
+// TestProcessCPU: a running process's CPU time, read from /proc, is what
+// the kernel accounts it (getrusage), not its age: this test's own
+// process, which spends CPU in two threads, and has lived longer than that.
+func TestProcessCPU(t *testing.T) {
+	spin := func() {
+		defer runtime.UnlockOSThread()
+		runtime.LockOSThread()
+		for start := ThreadCPU(); ThreadCPU()-start < 300*time.Millisecond; {
+		}
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(spin)
+	}
+	wg.Wait()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	kernel := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	got, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /proc counts in 10 ms ticks, and the test keeps running between the
+	// two reads.
+	if got < 600*time.Millisecond || got < kernel-50*time.Millisecond || got > kernel+200*time.Millisecond {
+		t.Errorf("processCPU = %v, getrusage says %v (both threads spun 300ms each)", got, kernel)
 	}
 }

@@ -134,6 +134,9 @@ func (p *Process) CPU() (time.Duration, error) {
 	select {
 	case <-p.done:
 		state := p.cmd.ProcessState
+		if state == nil {
+			return 0, fmt.Errorf("%s: no exit status: %w", p.Spec.Name, p.err)
+		}
 		return state.UserTime() + state.SystemTime(), nil
 	default:
 	}
