@@ -228,8 +228,8 @@ func demo(ctx context.Context, r *run, bootGuest, stock bool) error {
 	if err != nil {
 		return err
 	}
-	r.say("the guest booted, connected, took its first snapshot and powered off after %v; the VM is stopped (runStrategy Halted) and virt-controller deleted its instance",
-		res.Elapsed.Round(time.Second))
+	r.say("the guest booted, connected, took its first snapshot and powered off after %v (%v of qemu's CPU); the VM is stopped (runStrategy Halted) and virt-controller deleted its instance",
+		res.Elapsed.Round(time.Second), res.CPU.Round(time.Second))
 	r.done()
 
 	r.step("The guest's own words, from its console: where its kopia came from, its status and its snapshot list (guestbackup-kopia snapshot list --all, inside the guest)")

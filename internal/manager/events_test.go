@@ -12,9 +12,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
@@ -64,7 +62,20 @@ func TestEvents(t *testing.T) {
 				if err := api.Client.Create(t.Context(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
 					t.Fatal(err)
 				}
-				mgr := startManager(t, api, ctrl.Options{LeaderElection: leaderElection, LeaderElectionNamespace: ns, LeaderElectionID: "events-test"})
+				o := testbed.ManagerOptions{}
+				if leaderElection {
+					o.LeaderElectionID, o.LeaderElectionNamespace = "events-test", ns
+				}
+				var mgr ctrl.Manager
+				stop, err := testbed.RunManager(api, o, func(m ctrl.Manager) error { mgr = m; return nil })
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() {
+					if err := stop(); err != nil {
+						t.Errorf("the manager stopped with %v", err)
+					}
+				})
 				object := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "object"}}
 				if err := api.Client.Create(t.Context(), object); err != nil {
 					t.Fatal(err)
@@ -89,40 +100,6 @@ func TestEvents(t *testing.T) {
 	}
 }
 
-// startManager starts a manager from NewManager with opts, which it stops
-// when t ends.
-func startManager(t *testing.T, api *testbed.APIServer, opts ctrl.Options) ctrl.Manager {
-	t.Helper()
-	opts.Scheme = api.Scheme
-	opts.Metrics = metricsserver.Options{BindAddress: "0"}
-	opts.HealthProbeBindAddress = "0"
-	mgr, err := manager.NewManager(api.Config, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- mgr.Start(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("the manager stopped with %v", err)
-			}
-		case <-time.After(time.Minute):
-			t.Error("the manager did not stop within a minute")
-		}
-	})
-	if opts.LeaderElection {
-		select {
-		case <-mgr.Elected():
-		case <-time.After(2 * time.Minute):
-			t.Fatal("the manager was not elected within 2 minutes")
-		}
-	}
-	return mgr
-}
 
 // eventCount is the count of the Events of reason on object, summed.
 func eventCount(ctx context.Context, api *testbed.APIServer, object client.Object, reason string) (int32, error) {

@@ -17,10 +17,18 @@ import (
 )
 
 const (
-	// DefaultGuestTimeout bounds a guest's life when GuestOptions sets none:
-	// under software emulation on 2 busy cores, boot to cloud-init's end
-	// takes 40-90 s.
+	// DefaultGuestTimeout is a guest's CPU budget when GuestOptions sets
+	// none: under software emulation, boot to cloud-init's end takes 40-90 s
+	// of qemu's CPU.
 	DefaultGuestTimeout = 8 * time.Minute
+	// guestWallFactor bounds a guest's wall-clock life at this many times
+	// its CPU budget: a guest that waits (on a server that never answers,
+	// say) uses little CPU and would otherwise never be killed. The wall
+	// clock is the scheduler's: on a busy machine qemu gets a fraction of a
+	// core, and the same boot takes that much longer.
+	guestWallFactor = 3
+	// guestCPUCheck is how often Wait reads qemu's CPU time.
+	guestCPUCheck = time.Second
 	// guestMemoryMiB is the guest's RAM.
 	guestMemoryMiB = 1024
 	// guestToolTimeout bounds building a seed ISO or an overlay.
@@ -77,8 +85,9 @@ type GuestOptions struct {
 	RootDisk string
 	// ExtraDisks are attached after the root disk and the seed, in order.
 	ExtraDisks []GuestDisk
-	// Timeout bounds the guest's life; it is killed when it passes.
-	// Default DefaultGuestTimeout.
+	// Timeout is the guest's CPU budget: qemu is killed once it used that
+	// much CPU time, or lived guestWallFactor times as long, without the
+	// guest powering off. Default DefaultGuestTimeout.
 	Timeout time.Duration
 	// Stock boots the stock-like image (hack/guest-image.sh build stock):
 	// cloud-init, curl and python3, no kopia, nothing of guestbackup's.
@@ -96,16 +105,22 @@ type Guest struct {
 	// Process is qemu.
 	Process *Process
 
-	timeout time.Duration
-	dir     string
+	// timeout is qemu's CPU budget, wall its wall-clock one.
+	timeout, wall time.Duration
+	dir           string
 }
 
 // GuestResult is how a guest's boot ended.
 type GuestResult struct {
 	// Console is everything the guest wrote to its serial console.
 	Console string
-	// Elapsed is qemu's whole life, boot to power off.
+	// Elapsed is the guest's wall-clock time, from qemu's start to when
+	// Wait saw it end.
 	Elapsed time.Duration
+	// CPU is the CPU time qemu's threads used, user and system. It grows
+	// with the guest's work and does not with the machine's load, which
+	// only stretches Elapsed; an idle guest adds little to it.
+	CPU time.Duration
 }
 
 var (
@@ -113,9 +128,10 @@ var (
 	volumeIDPattern   = regexp.MustCompile(`^[A-Za-z0-9_.+ -]{1,32}$`)
 )
 
-// BootGuest boots the test bed's Linux guest with opts and waits, at most
-// opts.Timeout, for it to power itself off. It fails the test when qemu
-// cannot start, the guest does not power off in time (it is then killed),
+// BootGuest boots the test bed's Linux guest with opts and waits for it to
+// power itself off, within its CPU budget (opts.Timeout). It fails the test
+// when qemu cannot start, the guest does not power off in time (it is then
+// killed),
 // or qemu exits any other way. The test's cleanup always stops qemu and,
 // when the test failed, keeps the console log and prints its tail.
 func BootGuest(tb TB, opts GuestOptions) GuestResult {
@@ -147,6 +163,7 @@ func StartGuest(tb TB, opts GuestOptions) *Guest {
 	if g.timeout <= 0 {
 		g.timeout = DefaultGuestTimeout
 	}
+	g.wall = guestWallFactor * g.timeout
 	g.ConsoleLog = filepath.Join(g.dir, "console.log")
 	args, err := g.prepare(image, opts)
 	if err != nil {
@@ -169,16 +186,30 @@ func StartGuest(tb TB, opts GuestOptions) *Guest {
 	return g
 }
 
-// Wait waits, at most the guest's timeout from its start, for the guest to
-// power itself off; past it, qemu is killed and Wait fails.
+// Wait waits for the guest to power itself off. qemu is killed, and Wait
+// fails, once it has used the guest's CPU budget or lived its wall-clock
+// one without that.
 func (g *Guest) Wait() (GuestResult, error) {
-	deadline := time.NewTimer(time.Until(g.Started.Add(g.timeout)))
-	defer deadline.Stop()
-	select {
-	case <-g.Process.done:
-	case <-deadline.C:
-		g.Process.Stop()
-		return g.result(), fmt.Errorf("did not power off within %v; killed", g.timeout)
+	wall := time.NewTimer(time.Until(g.Started.Add(g.wall)))
+	defer wall.Stop()
+	check := time.NewTicker(guestCPUCheck)
+	defer check.Stop()
+	for exited := false; !exited; {
+		select {
+		case <-g.Process.done:
+			exited = true
+		case <-wall.C:
+			if exited = g.exited(); !exited {
+				return g.kill(fmt.Sprintf("within %v", g.wall))
+			}
+		case <-check.C:
+			// A read that fails means qemu just exited: done says so next.
+			if cpu, err := g.Process.CPU(); err == nil && cpu >= g.timeout {
+				if exited = g.exited(); !exited {
+					return g.kill(fmt.Sprintf("within %v of CPU", g.timeout))
+				}
+			}
+		}
 	}
 	res := g.result()
 	if g.Process.err != nil {
@@ -192,9 +223,31 @@ func (g *Guest) Wait() (GuestResult, error) {
 	return res, nil
 }
 
+// exited reports whether qemu has exited: select picks at random among
+// ready cases, and a guest that powered off as a budget ran out is not
+// killed for it.
+func (g *Guest) exited() bool {
+	select {
+	case <-g.Process.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// kill stops qemu, whose guest did not power off within the budget
+// named, and says so with both clocks.
+func (g *Guest) kill(budget string) (GuestResult, error) {
+	g.Process.Stop()
+	res := g.result()
+	return res, fmt.Errorf("did not power off %s (it ran %v, %v of CPU); killed", budget,
+		res.Elapsed.Round(time.Second), res.CPU.Round(time.Second))
+}
+
 func (g *Guest) result() GuestResult {
 	console, _ := os.ReadFile(g.ConsoleLog)
-	return GuestResult{Console: string(console), Elapsed: time.Since(g.Started)}
+	cpu, _ := g.Process.CPU()
+	return GuestResult{Console: string(console), Elapsed: time.Since(g.Started), CPU: cpu}
 }
 
 // keepConsole copies the console log out of the test's temporary folder,

@@ -6,7 +6,10 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -180,6 +183,8 @@ func TestGuestIsKilledAtItsTimeout(t *testing.T) {
 	// No stopwatch on Wait: without its timeout it would never return for
 	// a guest that never powers off, and the error says it was the timeout.
 	res, err := g.Wait()
+	// Either budget may end it: a busy machine may give qemu less than a
+	// third of a core, and then its wall-clock budget runs out first.
 	if err == nil || !strings.Contains(err.Error(), "did not power off") {
 		t.Fatalf("Wait: got %v, want a timeout", err)
 	}
@@ -188,5 +193,73 @@ func TestGuestIsKilledAtItsTimeout(t *testing.T) {
 	}
 	if !strings.Contains(res.Console, "Linux version") {
 		t.Errorf("console holds no kernel boot: %q", tail(g.ConsoleLog, 5))
+	}
+}
+
+// A guest's budget is qemu's CPU time, not the wall clock's: a guest that
+// keeps qemu busy without powering off is killed once it used its budget,
+// however long a busy machine took to give it that much; one that waits,
+// using little CPU, is killed at guestWallFactor times its budget of wall
+// time. Stand-ins for qemu (a busy loop, a sleep) make each budget the
+// only one that can end its case.
+func TestGuestBudgets(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		args          []string
+		timeout, wall time.Duration
+		want          string
+	}{
+		{"a busy guest spends its CPU", []string{"-c", "while :; do :; done"}, time.Second, 10 * time.Minute, "within 1s of CPU"},
+		{"a waiting guest spends its wall time", []string{"-c", "exec sleep 600"}, time.Hour, time.Second, "within 1s (it ran"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := &Guest{timeout: tc.timeout, wall: tc.wall, dir: t.TempDir(), Started: time.Now()}
+			g.ConsoleLog = filepath.Join(g.dir, "console.log")
+			g.Process = StartProcess(t, ProcessSpec{Name: "guest", Path: "/bin/sh", Args: tc.args})
+			res, err := g.Wait()
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Wait: %v, want killed %q", err, tc.want)
+			}
+			if exited, _ := g.Process.Exited(); !exited {
+				t.Error("the guest still runs")
+			}
+			if tc.timeout == time.Second && res.CPU < time.Second {
+				t.Errorf("killed after %v of CPU, want its budget of 1s", res.CPU)
+			}
+			if tc.wall == time.Second && res.CPU > res.Elapsed/2 {
+				t.Errorf("a sleeping guest used %v of CPU in %v", res.CPU, res.Elapsed)
+			}
+		})
+	}
+}
+
+// TestProcessCPU: a running process's CPU time, read from /proc, is what
+// the kernel accounts it (getrusage), not its age: this test's own
+// process, which spends CPU in two threads, and has lived longer than that.
+func TestProcessCPU(t *testing.T) {
+	spin := func() {
+		defer runtime.UnlockOSThread()
+		runtime.LockOSThread()
+		for start := ThreadCPU(); ThreadCPU()-start < 300*time.Millisecond; {
+		}
+	}
+	var wg sync.WaitGroup
+	for range 2 {
+		wg.Go(spin)
+	}
+	wg.Wait()
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	kernel := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	got, err := processCPU(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// /proc counts in 10 ms ticks, and the test keeps running between the
+	// two reads.
+	if got < 600*time.Millisecond || got < kernel-50*time.Millisecond || got > kernel+200*time.Millisecond {
+		t.Errorf("processCPU = %v, getrusage says %v (both threads spun 300ms each)", got, kernel)
 	}
 }

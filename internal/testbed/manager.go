@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -28,10 +29,18 @@ type ManagerOptions struct {
 	// Cache adjusts the manager's cache (its Scheme is always the API
 	// server's).
 	Cache cache.Options
+	// LeaderElectionID, when set, runs the manager with leader election on
+	// a Lease of that name in LeaderElectionNamespace, as the chart's
+	// replicas run; RunManager returns once it is elected.
+	LeaderElectionID, LeaderElectionNamespace string
 }
 
-// RunManager starts a controller-runtime manager against api, listening on
-// no port unless asked, after setup has registered its controllers; stop
+// electionTimeout bounds a manager's election when no other holds the
+// Lease.
+const electionTimeout = 2 * time.Minute
+
+// RunManager starts a controller-runtime manager from manager.NewManager
+// against api, listening on no port unless asked, after setup has registered its controllers; stop
 // ends it and waits, at most 30 s. Several managers may run one after
 // another in one process (controller names are not checked for uniqueness).
 func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error) (stop func() error, err error) {
@@ -40,13 +49,16 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 		metricsAddr = "0"
 	}
 	mgr, err := manager.NewManager(api.Config, ctrl.Options{
-		Scheme:                 api.Scheme,
-		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
-		HealthProbeBindAddress: "0",
-		Logger:                 o.Logger,
-		Controller:             config.Controller{SkipNameValidation: ptr.To(true)},
-		WebhookServer:          o.WebhookServer,
-		Cache:                  o.Cache,
+		Scheme:                  api.Scheme,
+		Metrics:                 metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress:  "0",
+		Logger:                  o.Logger,
+		Controller:              config.Controller{SkipNameValidation: ptr.To(true)},
+		WebhookServer:           o.WebhookServer,
+		Cache:                   o.Cache,
+		LeaderElection:          o.LeaderElectionID != "",
+		LeaderElectionID:        o.LeaderElectionID,
+		LeaderElectionNamespace: o.LeaderElectionNamespace,
 	})
 	if err != nil {
 		return nil, err
@@ -57,7 +69,7 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(ctx) }()
-	return func() error {
+	stop = func() error {
 		cancel()
 		select {
 		case err := <-done:
@@ -65,7 +77,15 @@ func RunManager(api *APIServer, o ManagerOptions, setup func(ctrl.Manager) error
 		case <-time.After(30 * time.Second):
 			return fmt.Errorf("the manager did not stop within 30s")
 		}
-	}, nil
+	}
+	if o.LeaderElectionID != "" {
+		select {
+		case <-mgr.Elected():
+		case <-time.After(electionTimeout):
+			return nil, errors.Join(fmt.Errorf("the manager was not elected within %v", electionTimeout), stop())
+		}
+	}
+	return stop, nil
 }
 
 // Percentile returns the p-th percentile (nearest rank) of durations; it

@@ -1,12 +1,14 @@
 package testbed
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -124,6 +126,50 @@ func (p *Process) Stop() {
 		// Anything of the group that outlived its leader goes now.
 		_ = syscall.Kill(pgid, syscall.SIGKILL)
 	})
+}
+
+// CPU is the CPU time the process has used so far, all its threads, user
+// and system; once it exited, its whole life's.
+func (p *Process) CPU() (time.Duration, error) {
+	select {
+	case <-p.done:
+		state := p.cmd.ProcessState
+		if state == nil {
+			return 0, fmt.Errorf("%s: no exit status: %w", p.Spec.Name, p.err)
+		}
+		return state.UserTime() + state.SystemTime(), nil
+	default:
+	}
+	return processCPU(p.cmd.Process.Pid)
+}
+
+// processCPU is a running process's CPU time from /proc/PID/stat, whose
+// utime and stime (the 14th and 15th fields) count USER_HZ ticks, 100 a
+// second on Linux whatever the kernel's own tick.
+func processCPU(pid int) (time.Duration, error) {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	end := bytes.LastIndexByte(stat, ')')
+	if end < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+	}
+	fields := strings.Fields(string(stat[end+1:]))
+	if len(fields) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %q", pid, stat)
+	}
+	var ticks int64
+	for _, f := range fields[11:13] {
+		n, err := strconv.ParseInt(f, 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+		}
+		ticks += n
+	}
+	const userHZ = 100
+	return time.Duration(ticks) * time.Second / userHZ, nil
 }
 
 // Log returns what the process wrote so far.

@@ -187,7 +187,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		res, err := instance.Wait(ctx)
 		Expect(err).NotTo(HaveOccurred(), "console %s:\n%s", instance.Guest.ConsoleLog, res.Console)
 		m := e2eMarkers(res.Console)
-		GinkgoWriter.Printf("boot of VM %s: power on to off %v; markers %q\nguest services:\n%s\n", vmName, res.Elapsed.Round(time.Second), m, e2eLogs(res.Console))
+		GinkgoWriter.Printf("boot of VM %s: power on to off %v (%v of qemu's CPU); markers %q\nguest services:\n%s\n", vmName, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second), m, e2eLogs(res.Console))
 		return m
 	}
 	sum := func(s string) string {

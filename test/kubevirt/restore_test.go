@@ -104,7 +104,7 @@ var _ = Describe("Restore on their own, and a guest that does not connect", Orde
 		}
 		res, err := inst.Wait(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		GinkgoWriter.Printf("guest of VM %s: boot to power off %v\n", vm.Name, res.Elapsed.Round(time.Second))
+		GinkgoWriter.Printf("guest of VM %s: boot to power off %v (%v of qemu's CPU)\n", vm.Name, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second))
 		m := e2eMarkers(res.Console)
 		m["logs"] = e2eLogs(res.Console)
 		return m

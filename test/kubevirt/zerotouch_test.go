@@ -155,8 +155,8 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		opts, err := platform.Realise(ctx, vm)
 		Expect(err).NotTo(HaveOccurred())
 		res := testbed.BootGuest(GinkgoT(), opts)
-		GinkgoWriter.Printf("guest of VM %s: boot to power off %v; first snapshot attempted at %ss of uptime\n",
-			vm.Name, res.Elapsed.Round(time.Second), e2eMarkers(res.Console)["uptime"])
+		GinkgoWriter.Printf("guest of VM %s: boot to power off %v (%v of qemu's CPU); first snapshot attempted at %ss of uptime\n",
+			vm.Name, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second), e2eMarkers(res.Console)["uptime"])
 		return res
 	}
 
