@@ -100,7 +100,6 @@ func TestEvents(t *testing.T) {
 	}
 }
 
-
 // eventCount is the count of the Events of reason on object, summed.
 func eventCount(ctx context.Context, api *testbed.APIServer, object client.Object, reason string) (int32, error) {
 	list := &corev1.EventList{}
