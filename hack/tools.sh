@@ -67,7 +67,7 @@ VIRT_CONTROLLER="$CACHE/kubevirt/$KUBEVIRT_VERSION/virt-controller"
 KUBELET="$CACHE/kubelet/$KUBERNETES_VERSION/kubelet"
 KUBE_SCHEDULER="$CACHE/kube-scheduler/$KUBERNETES_VERSION/kube-scheduler"
 KUBE_CONTROLLER_MANAGER="$CACHE/kube-controller-manager/$KUBERNETES_VERSION/kube-controller-manager"
-NODE_DEBS=(containerd runc containernetworking-plugins)
+NODE_DEBS=(containerd runc containernetworking-plugins tini)
 PAUSE_IMAGE="$CACHE/pause/$(cat "$ROOT/hack/pause/main.go" "$ROOT/hack/image/main.go" "$ROOT/hack/image/go.sum" | sha256sum | cut -c1-16)/pause.tar"
 # envtest looks for kube-apiserver and etcd side by side in one folder.
 ASSETS="$CACHE/envtest/$KUBERNETES_VERSION"
