@@ -5,14 +5,21 @@
 //	    -file /usr/local/bin/controller=../../bin/image/controller ... \
 //	    -entrypoint /usr/local/bin/controller
 //
-// The image is one layer on an empty base: the static binaries, and the
-// CA bundle that kopia needs to reach S3 over TLS. It runs as a non-root
+// guestbackup's image is one layer on an empty base: the static binaries, and
+// the CA bundle that kopia needs to reach S3 over TLS. It runs as a non-root
 // numeric user and fixes no other UID, so OpenShift may assign its own.
+//
+// The cluster backend's KubeVirt images (hack/kubevirt-images.sh) start from
+// prebuilt tar layers (-layer): a Debian root made by debootstrap, and
+// KubeVirt's binaries with the file capabilities KubeVirt's own images give
+// them, which only a tar written with --xattrs carries. -env replaces the
+// default environment.
 package main
 
 import (
 	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"flag"
 	"fmt"
 	"io"
@@ -22,6 +29,7 @@ import (
 	"strings"
 	"time"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
@@ -43,36 +51,67 @@ func (f files) Set(v string) error {
 	return nil
 }
 
+// list is a repeatable flag of values in order.
+type list []string
+
+func (l *list) String() string { return strings.Join(*l, ",") }
+
+func (l *list) Set(v string) error {
+	*l = append(*l, v)
+	return nil
+}
+
+// defaultEnv is guestbackup's image's environment.
+var defaultEnv = []string{"PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "HOME=/tmp"}
+
 func main() {
 	fs := files{}
+	var layers, env list
 	out := flag.String("out", "", "Where to write the OCI image layout tarball.")
 	tag := flag.String("tag", "guestbackup:dev", "The image's name in the layout's index (org.opencontainers.image.ref.name).")
 	entrypoint := flag.String("entrypoint", "/usr/local/bin/controller", "The image's entrypoint.")
 	user := flag.String("user", "65532:65532", "The numeric user the image runs as.")
 	flag.Var(fs, "file", "A file of the image, /path/in/image=local/file; repeatable. Files under a bin/ folder are executable.")
+	flag.Var(&layers, "layer", "A tar file to add as a layer before the -file layer, as it is (ownership, modes, xattrs); repeatable, in order.")
+	flag.Var(&env, "env", "An environment variable of the image, NAME=value; repeatable. When given, replaces the default environment.")
 	flag.Parse()
-	if err := run(*out, *tag, *entrypoint, *user, fs); err != nil {
+	if len(env) == 0 {
+		env = defaultEnv
+	}
+	if err := run(*out, *tag, *entrypoint, *user, layers, env, fs); err != nil {
 		fmt.Fprintln(os.Stderr, "image:", err)
 		os.Exit(1)
 	}
 }
 
-func run(out, tag, entrypoint, user string, fs files) error {
-	if out == "" || len(fs) == 0 {
-		return fmt.Errorf("-out and at least one -file are required")
+func run(out, tag, entrypoint, user string, layerFiles, env []string, fs files) error {
+	if out == "" || len(fs)+len(layerFiles) == 0 {
+		return fmt.Errorf("-out and at least one -file or -layer are required")
 	}
-	layerTar, err := layerOf(fs)
-	if err != nil {
-		return err
+	var layers []v1.Layer
+	for _, f := range layerFiles {
+		// Fastest gzip: the images only travel to the node's containerd.
+		layer, err := tarball.LayerFromFile(f, tarball.WithMediaType(types.OCILayer), tarball.WithCompressionLevel(gzip.BestSpeed))
+		if err != nil {
+			return fmt.Errorf("layer %s: %w", f, err)
+		}
+		layers = append(layers, layer)
 	}
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil },
-		tarball.WithMediaType(types.OCILayer))
-	if err != nil {
-		return fmt.Errorf("layer: %w", err)
+	if len(fs) > 0 {
+		layerTar, err := layerOf(fs)
+		if err != nil {
+			return err
+		}
+		layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layerTar)), nil },
+			tarball.WithMediaType(types.OCILayer))
+		if err != nil {
+			return fmt.Errorf("layer: %w", err)
+		}
+		layers = append(layers, layer)
 	}
-	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layers...)
 	if err != nil {
-		return fmt.Errorf("append layer: %w", err)
+		return fmt.Errorf("append layers: %w", err)
 	}
 	img = mutate.ConfigMediaType(img, types.OCIConfigJSON)
 	cfg, err := img.ConfigFile()
@@ -83,7 +122,7 @@ func run(out, tag, entrypoint, user string, fs files) error {
 	cfg.OS, cfg.Architecture = "linux", "amd64"
 	cfg.Config.Entrypoint = []string{entrypoint}
 	cfg.Config.User = user
-	cfg.Config.Env = []string{"PATH=/usr/local/bin", "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "HOME=/tmp"}
+	cfg.Config.Env = env
 	cfg.Config.Labels = map[string]string{"org.opencontainers.image.source": "https://github.com/guestbackup/guestbackup"}
 	if img, err = mutate.ConfigFile(img, cfg); err != nil {
 		return err
