@@ -2,8 +2,9 @@
 # Installs the test bed's tools into a cache outside the work tree, keyed by
 # version, so every clone on a machine shares one build of each.
 #
-#   hack/tools.sh install   build or install whatever is missing (prints timings)
-#   hack/tools.sh env       print the environment the tests read (shell syntax)
+#   hack/tools.sh install          build or install whatever is missing (prints timings)
+#   hack/tools.sh install-cluster  also KubeVirt's images for the cluster backend
+#   hack/tools.sh env              print the environment the tests read (shell syntax)
 #
 # Go tools are built from the small modules under hack/tools/, which pin their
 # versions (the module proxy lists no versions of kopia or kubevirt, so
@@ -80,6 +81,14 @@ GUEST_IMAGE_ENV=(GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_KOPIA="$KOPIA" GUEST
 GUEST_IMAGE="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir)"
 # The stock-like variant: no kopia, nothing of guestbackup's.
 GUEST_IMAGE_STOCK="$(env "${GUEST_IMAGE_ENV[@]}" "$ROOT/hack/guest-image.sh" dir stock)"
+
+# KubeVirt itself on the real node (the cluster backend): its images and the
+# operator's manifest, built by hack/kubevirt-images.sh from the release
+# hack/tools/kubevirt-cluster pins, into a folder keyed by a hash of the recipe.
+KUBEVIRT_IMAGES="$(GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_GUEST_IMAGE="$GUEST_IMAGE" "$ROOT/hack/kubevirt-images.sh" dir)"
+# virt-handler and virt-launcher link libvirt (cgo); KubeVirt's containerDisk
+# helper is static C; the images carry file capabilities.
+KUBEVIRT_IMAGES_DEBS=(gcc libc6-dev libvirt-dev pkg-config libcap2-bin)
 
 SUDO=()
 if [[ $(id -u) -ne 0 ]]; then
@@ -310,6 +319,11 @@ install_node() {
 	log "built the pause image $PAUSE_IMAGE"
 }
 
+install_kubevirt_images() {
+	apt_install "${GUEST_DEBS[@]}" "${KUBEVIRT_IMAGES_DEBS[@]}"
+	GUESTBACKUP_CACHE_DIR="$CACHE" GUESTBACKUP_GUEST_IMAGE="$GUEST_IMAGE" "$ROOT/hack/kubevirt-images.sh" build
+}
+
 print_env() {
 	local ci=""
 	[[ -s "$CLOUD_INIT_STAMP" ]] && ci="$(cat "$CLOUD_INIT_STAMP")/cloud-init-schema"
@@ -334,6 +348,7 @@ export GUESTBACKUP_KUBELET=$KUBELET
 export GUESTBACKUP_KUBE_SCHEDULER=$KUBE_SCHEDULER
 export GUESTBACKUP_KUBE_CONTROLLER_MANAGER=$KUBE_CONTROLLER_MANAGER
 export GUESTBACKUP_PAUSE_IMAGE=$PAUSE_IMAGE
+export GUESTBACKUP_KUBEVIRT_IMAGES=$KUBEVIRT_IMAGES
 EOF
 }
 
@@ -351,6 +366,11 @@ install)
 	install_node
 	log "tools ready in $CACHE ($((SECONDS - start))s)"
 	;;
+install-cluster)
+	start=$SECONDS
+	install_kubevirt_images
+	log "KubeVirt's images ready in $KUBEVIRT_IMAGES ($((SECONDS - start))s)"
+	;;
 env) print_env ;;
-*) die "usage: $0 [install|env]" ;;
+*) die "usage: $0 [install|install-cluster|env]" ;;
 esac
