@@ -29,12 +29,16 @@ import (
 // Deployments and ReplicaSets make pods, EndpointSlices and Endpoints let the
 // API server route to a webhook pod, service accounts and the root CA
 // ConfigMap give pods their API credentials, the binder binds claims to
-// volumes, and the garbage collector deletes what owners leave behind.
+// volumes, and the garbage collector deletes what owners leave behind. The
+// TTL controller annotates the node with node.alpha.kubernetes.io/ttl, as on
+// any cluster: KubeVirt's node-restriction ValidatingAdmissionPolicy
+// (kubevirt-node-restriction-policy, which virt-operator installs) expects
+// a node to carry it.
 var nodeControllers = []string{
 	"node-lifecycle-controller", "deployment-controller", "replicaset-controller",
 	"endpointslice-controller", "endpoints-controller", "serviceaccount-controller",
 	"root-ca-certificate-publisher-controller", "persistentvolume-binder-controller",
-	"garbage-collector-controller", "pod-garbage-collector-controller",
+	"garbage-collector-controller", "pod-garbage-collector-controller", "ttl-controller",
 }
 
 // NodeOptions adjust StartNode.
@@ -44,6 +48,11 @@ type NodeOptions struct {
 	// Images are OCI image tarballs (as `make image` writes them) to import
 	// into the node, under the names their layout gives plus Tags.
 	Images []string
+	// AllowPrivileged lets pods run privileged containers (the API server's
+	// --allow-privileged), as KubeVirt's virt-handler DaemonSet needs. Off,
+	// the API server refuses them: the suites that install guestbackup's
+	// chart keep proving it runs unprivileged.
+	AllowPrivileged bool
 }
 
 // Node is a one-node Kubernetes cluster on this machine: the test bed's API
@@ -125,7 +134,7 @@ func StartNode(tb TB, opts NodeOptions) *Node {
 		// runs no controller manager; this cluster runs one, and pods get
 		// their service account's token as on any cluster.
 		args.Set("disable-admission-plugins", "StorageObjectInUseProtection")
-		args.Set("allow-privileged", "false")
+		args.Set("allow-privileged", strconv.FormatBool(opts.AllowPrivileged))
 		return nil
 	}
 	n.API = StartAPIServer(tb, apiOpts)
