@@ -100,9 +100,10 @@ build_binaries() {
 configure_root() {
 	local r=$1
 	# Users: KubeVirt runs QEMU and virt-launcher as qemu (107). Debian's
-	# libvirt resolves its built-in user, libvirt-qemu, before it reads
-	# KubeVirt's qemu.conf, and fails without it.
+	# libvirt resolves its built-in user and group, libvirt-qemu, before it
+	# reads KubeVirt's qemu.conf, and its QEMU driver fails without them.
 	echo 'qemu:x:107:' >>"$r/etc/group"
+	echo 'libvirt-qemu:x:64055:' >>"$r/etc/group"
 	echo 'qemu:x:107:107:qemu:/home/qemu:/bin/bash' >>"$r/etc/passwd"
 	echo 'libvirt-qemu:x:64055:107:libvirt qemu:/var/lib/libvirt:/usr/sbin/nologin' >>"$r/etc/passwd"
 	# KubeVirt's libvirt configuration and hook, and its name service order.

@@ -2,7 +2,13 @@ package testbed
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
 	"slices"
@@ -87,6 +93,10 @@ type APIServerOptions struct {
 	// WithoutGuestbackupCRDs leaves guestbackup's own CRDs out: a fresh
 	// cluster, where `helm install` of the chart creates them.
 	WithoutGuestbackupCRDs bool
+	// WithoutKubeVirtCRDs leaves KubeVirt's CRDs out: a cluster where
+	// virt-operator installs them (InstallKubeVirt); it refuses to adopt
+	// CRDs it did not create.
+	WithoutKubeVirtCRDs bool
 	// Configure adjusts the API server's flags and serving address before it
 	// starts (StartNode serves it on its node's network).
 	Configure func(*envtest.Environment) error
@@ -107,6 +117,9 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	}
 	if opts.WithoutGuestbackupCRDs {
 		paths = slices.DeleteFunc(paths, func(p string) bool { return p == guestbackupCRDPath(root) })
+	}
+	if opts.WithoutKubeVirtCRDs {
+		paths = slices.DeleteFunc(paths, func(p string) bool { return filepath.Dir(p) == kubevirtCRDPath(root) })
 	}
 	scheme := NewScheme()
 	env := &envtest.Environment{
@@ -177,10 +190,12 @@ func (a *APIServer) CreateServerMaintenanceRole() error {
 
 // configureRequestHeader gives the API server what a cluster's has for
 // aggregated API servers: a front proxy's client CA and the headers it
-// names users in. kube-apiserver then publishes them in ConfigMap
+// names users in, and the front proxy's client certificate, which the API
+// server presents when it proxies a request to an aggregated API (KubeVirt's
+// subresources.kubevirt.io: a VM's console, start and stop). kube-apiserver
+// publishes the CA and headers in ConfigMap
 // kube-system/extension-apiserver-authentication, which KubeVirt's virt-api
-// reads at start (it panics without a requestheader CA). No front proxy
-// runs: the CA's key is thrown away.
+// reads at start (it panics without a requestheader CA).
 func configureRequestHeader(env *envtest.Environment, dir string) error {
 	ca, err := pki.NewCA("test bed front proxy", 24*time.Hour)
 	if err != nil {
@@ -190,11 +205,56 @@ func configureRequestHeader(env *envtest.Environment, dir string) error {
 	if err := os.WriteFile(caFile, ca.CertPEM(), 0o600); err != nil {
 		return err
 	}
+	const proxyName = "front-proxy-client"
+	certPEM, keyPEM, err := clientCert(ca, proxyName, 24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("front proxy client certificate: %w", err)
+	}
+	certFile, keyFile := filepath.Join(dir, "front-proxy-client.crt"), filepath.Join(dir, "front-proxy-client.key")
+	if err := os.WriteFile(certFile, certPEM, 0o600); err != nil {
+		return err
+	}
+	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
+		return err
+	}
 	args := env.ControlPlane.GetAPIServer().Configure()
 	args.Set("requestheader-client-ca-file", caFile)
 	args.Set("requestheader-username-headers", "X-Remote-User")
 	args.Set("requestheader-group-headers", "X-Remote-Group")
 	args.Set("requestheader-extra-headers-prefix", "X-Remote-Extra-")
-	args.Set("requestheader-allowed-names", "front-proxy-client")
+	args.Set("requestheader-allowed-names", proxyName)
+	args.Set("proxy-client-cert-file", certFile)
+	args.Set("proxy-client-key-file", keyFile)
 	return nil
+}
+
+// clientCert issues a client certificate for commonName from ca, as PEM.
+func clientCert(ca *pki.CA, commonName string, validFor time.Duration) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 128))
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: commonName},
+		NotBefore:    now.Add(-time.Minute),
+		NotAfter:     now.Add(validFor),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, &key.PublicKey, ca.Key)
+	if err != nil {
+		return nil, nil, err
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, nil, err
+	}
+	keyPEM, err = pki.EncodeKey(key)
+	return pki.EncodeCert(cert), keyPEM, err
 }

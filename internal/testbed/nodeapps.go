@@ -135,6 +135,10 @@ func (n *Node) LocalVolume(tb TB, name, storageClass, size string) string {
 type ChartInstall struct {
 	Repository, Tag    string
 	Release, Namespace string
+	// KubeVirt, when set, installs KubeVirt from these images on the node
+	// before the chart (InstallKubeVirt), as an admin installs KubeVirt
+	// before what extends it; the node then allows privileged pods.
+	KubeVirt *KubeVirtImages
 }
 
 // InstallChart is guestbackup installed the way an admin installs it, on a
@@ -153,9 +157,16 @@ func InstallChart(tb TB, o ChartInstall) *Node {
 		tb.Fatalf("%v", err)
 	}
 	image := BuildImage(tb, o.Repository+":"+o.Tag)
-	node := StartNode(tb, NodeOptions{Images: []string{image}, APIServer: APIServerOptions{WithoutGuestbackupCRDs: true}})
+	node := StartNode(tb, NodeOptions{Images: []string{image},
+		APIServer:       APIServerOptions{WithoutGuestbackupCRDs: true, WithoutKubeVirtCRDs: o.KubeVirt != nil},
+		AllowPrivileged: o.KubeVirt != nil})
 	StartCertManager(tb, node.API, CertManagerOptions{})
 	StartCAInjector(tb, node.API)
+	if o.KubeVirt != nil {
+		if err := InstallKubeVirt(tb, node, *o.KubeVirt); err != nil {
+			tb.Fatalf("%v", err)
+		}
+	}
 	if _, err := node.Helm(tb, "install", o.Release, filepath.Join(root, "charts", "guestbackup"), "--namespace", o.Namespace, "--create-namespace",
 		"--set", "image.repository="+o.Repository, "--set", "image.tag="+o.Tag, "--set", "image.pullPolicy=Never"); err != nil {
 		tb.Fatalf("%v", err)

@@ -201,7 +201,8 @@ func Run(ctx context.Context, timeout time.Duration, dir string, env []string, p
 
 // WaitFor polls cond every interval until it returns true or timeout
 // passes. An error from cond does not end the wait (a server that is not
-// up yet refuses connections); the last one explains a timeout.
+// up yet refuses connections); the last one explains a timeout. An error
+// made by Permanent ends it at once: waiting longer cannot help.
 func WaitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
 	var last error
 	err := wait.PollUntilContextTimeout(context.Background(), interval, timeout, true, func(context.Context) (bool, error) {
@@ -209,16 +210,30 @@ func WaitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
 		if err != nil {
 			last = err
 		}
+		var permanent permanentError
+		if errors.As(err, &permanent) {
+			return false, permanent.error
+		}
 		return ok, nil
 	})
+	var permanent permanentError
 	switch {
 	case err == nil:
 		return nil
+	case errors.As(last, &permanent):
+		return permanent.error
 	case last != nil:
 		return fmt.Errorf("not ready after %v: %w", timeout, last)
 	}
 	return fmt.Errorf("not ready after %v", timeout)
 }
+
+// permanentError is an error that ends a WaitFor.
+type permanentError struct{ error }
+
+// Permanent marks err, returned by a WaitFor condition, as one that ends
+// the wait at once (an instance that failed will not run).
+func Permanent(err error) error { return permanentError{err} }
 
 func tail(path string, lines int) string {
 	data, err := os.ReadFile(path)

@@ -50,6 +50,10 @@ type Tools struct {
 	// tarball) make the real node; only the suites that start one need them
 	// built (see StartNode).
 	Kubelet, KubeScheduler, KubeControllerManager, PauseImage string
+	// KubeVirtImages is the folder of KubeVirt's images and virt-operator's
+	// manifest (hack/kubevirt-images.sh); only the cluster backend needs it
+	// built (see InstallKubeVirt).
+	KubeVirtImages string
 }
 
 var toolEnv = map[string]func(*Tools) *string{
@@ -71,12 +75,14 @@ var toolEnv = map[string]func(*Tools) *string{
 	"GUESTBACKUP_KUBE_SCHEDULER":          func(t *Tools) *string { return &t.KubeScheduler },
 	"GUESTBACKUP_KUBE_CONTROLLER_MANAGER": func(t *Tools) *string { return &t.KubeControllerManager },
 	"GUESTBACKUP_PAUSE_IMAGE":             func(t *Tools) *string { return &t.PauseImage },
+	"GUESTBACKUP_KUBEVIRT_IMAGES":         func(t *Tools) *string { return &t.KubeVirtImages },
 }
 
 // optionalTools are checked by the functions that use them, not by
 // LoadTools, so a missing guest image fails only the guest tests.
 var optionalTools = map[string]bool{"GUESTBACKUP_GUEST_IMAGE": true, "GUESTBACKUP_GUEST_IMAGE_STOCK": true, "GUESTBACKUP_FAKE_GCS": true, "GUESTBACKUP_AZURITE": true, "GUESTBACKUP_VIRT_API": true, "GUESTBACKUP_VIRT_CONTROLLER": true,
-	"GUESTBACKUP_KUBELET": true, "GUESTBACKUP_KUBE_SCHEDULER": true, "GUESTBACKUP_KUBE_CONTROLLER_MANAGER": true, "GUESTBACKUP_PAUSE_IMAGE": true}
+	"GUESTBACKUP_KUBELET": true, "GUESTBACKUP_KUBE_SCHEDULER": true, "GUESTBACKUP_KUBE_CONTROLLER_MANAGER": true, "GUESTBACKUP_PAUSE_IMAGE": true,
+	"GUESTBACKUP_KUBEVIRT_IMAGES": true}
 
 var (
 	toolsOnce sync.Once

@@ -19,6 +19,7 @@ go 1.26
 require (
 	k8s.io/api v0.33.5
 	k8s.io/apimachinery v0.33.5
+	k8s.io/utils v0.0.0-20241210054802-24370beab758
 	kubevirt.io/kubevirt v1.7.0
 	sigs.k8s.io/yaml v1.4.0
 )
@@ -125,7 +126,6 @@ require (
 	k8s.io/kube-aggregator v0.28.2 // indirect
 	k8s.io/kube-openapi v0.31.0 // indirect
 	k8s.io/kubectl v0.0.0-00010101000000-000000000000 // indirect
-	k8s.io/utils v0.0.0-20241210054802-24370beab758 // indirect
 	kubevirt.io/api v0.0.0-20251127123821-a94c0a4337ec // indirect
 	kubevirt.io/client-go v0.0.0-00010101000000-000000000000 // indirect
 	kubevirt.io/containerized-data-importer-api v1.63.1 // indirect

@@ -20,6 +20,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
 	"kubevirt.io/kubevirt/pkg/virt-operator/resource/generate/components"
 	"kubevirt.io/kubevirt/pkg/virt-operator/resource/generate/rbac"
 	"sigs.k8s.io/yaml"
@@ -30,18 +31,19 @@ func main() {
 	registry := flag.String("registry", "guestbackup.local/kubevirt", "Where the images are named from: <registry>/virt-operator:<tag>.")
 	tag := flag.String("tag", "", "The images' tag: the KubeVirt release.")
 	pullPolicy := flag.String("pull-policy", string(corev1.PullNever), "virt-operator's imagePullPolicy.")
+	operatorReplicas := flag.Int("replicas", 1, "virt-operator's replicas.")
 	flag.Parse()
 	if *tag == "" {
 		fmt.Fprintln(os.Stderr, "kubevirt-operator-manifests: -tag is required")
 		os.Exit(2)
 	}
-	if err := write(os.Stdout, *namespace, *registry, *tag, corev1.PullPolicy(*pullPolicy)); err != nil {
+	if err := write(os.Stdout, *namespace, *registry, *tag, corev1.PullPolicy(*pullPolicy), int32(*operatorReplicas)); err != nil {
 		fmt.Fprintln(os.Stderr, "kubevirt-operator-manifests:", err)
 		os.Exit(1)
 	}
 }
 
-func write(w io.Writer, namespace, registry, tag string, pullPolicy corev1.PullPolicy) error {
+func write(w io.Writer, namespace, registry, tag string, pullPolicy corev1.PullPolicy, replicas int32) error {
 	crd, err := components.NewKubeVirtCrd()
 	if err != nil {
 		return fmt.Errorf("KubeVirt CRD: %w", err)
@@ -70,8 +72,12 @@ func write(w io.Writer, namespace, registry, tag string, pullPolicy corev1.PullP
 		},
 	}
 	objects = append(objects, rbac.GetAllOperator(namespace)...)
-	objects = append(objects, components.NewOperatorDeployment(namespace, registry, "", tag, "2", "", "",
-		"", "", "", "", "", "", "", "", "", "", "", pullPolicy))
+	operator := components.NewOperatorDeployment(namespace, registry, "", tag, "2", "", "",
+		"", "", "", "", "", "", "", "", "", "", "", pullPolicy)
+	// One replica by default: the test bed's cluster has one node, and a
+	// second operator there would only wait for the first's lease.
+	operator.Spec.Replicas = ptr.To[int32](replicas)
+	objects = append(objects, operator)
 	for _, o := range objects {
 		data, err := manifest(o)
 		if err != nil {

@@ -1,0 +1,98 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+)
+
+// ClusterBackendOptions name what StartClusterBackend creates.
+type ClusterBackendOptions struct {
+	// Tag names guestbackup's image in the node (guestbackup:<Tag>).
+	Tag string
+	// BSLSNamespace holds the admin's BSLS, <BSLSNamespace>/main; Namespaces
+	// are the VMs'. All are created with NamespaceLabels, which the BSLS
+	// selects.
+	BSLSNamespace   string
+	Namespaces      []string
+	NamespaceLabels map[string]string
+}
+
+// ClusterBackend is guestbackup on real KubeVirt on the test bed's real
+// node, with an admin's filesystem BSLS Ready.
+type ClusterBackend struct {
+	Node   *Node
+	Images KubeVirtImages
+	BSLS   *v1alpha1.BackupStorageLocationServer
+	// ServerURL is the BSLS's clientURL: the address on the node's bridge
+	// where guests, behind their launcher pods, and this machine reach its
+	// server (ServiceProxy).
+	ServerURL string
+	// Elapsed is how long StartClusterBackend took.
+	Elapsed time.Duration
+}
+
+// clusterStorageClass is the class of the BSLS's local volume.
+const clusterStorageClass = "node-local"
+
+// StartClusterBackend installs, on a fresh one-node cluster, KubeVirt from
+// its operator (InstallKubeVirt) and guestbackup with `helm install` of its
+// chart (InstallChart), as an admin does; then creates the namespaces, a
+// local volume for the BSLS's claim, and the BSLS, whose clientURL is a
+// proxy to its Service (no cluster DNS or kube-proxy runs here), and waits
+// until the BSLS is Ready.
+func StartClusterBackend(tb TB, o ClusterBackendOptions) (*ClusterBackend, error) {
+	tb.Helper()
+	start := time.Now()
+	images, err := LoadKubeVirtImages()
+	if err != nil {
+		return nil, err
+	}
+	node := InstallChart(tb, ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system", KubeVirt: &images})
+	b := &ClusterBackend{Node: node, Images: images}
+	ctx := context.Background()
+	c := node.API.Client
+	for _, ns := range append([]string{o.BSLSNamespace}, o.Namespaces...) {
+		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: o.NamespaceLabels}}); err != nil {
+			return nil, fmt.Errorf("create namespace %s: %w", ns, err)
+		}
+	}
+	node.LocalVolume(tb, "repository", clusterStorageClass, "10Gi")
+	b.BSLS = &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: o.BSLSNamespace},
+		Spec: v1alpha1.BackupStorageLocationServerSpec{
+			Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{
+				Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To(clusterStorageClass)}},
+			Access: v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: o.NamespaceLabels}},
+		},
+	}
+	proxy, err := node.ServiceProxy(tb, o.BSLSNamespace, kopiaserver.ServiceName(b.BSLS), v1alpha1.DefaultServerPort)
+	if err != nil {
+		return nil, err
+	}
+	b.ServerURL = "https://" + proxy
+	b.BSLS.Spec.ClientURL = b.ServerURL
+	if err := c.Create(ctx, b.BSLS); err != nil {
+		return nil, fmt.Errorf("create the BSLS: %w", err)
+	}
+	if err := WaitFor(6*time.Minute, 2*time.Second, func() (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(b.BSLS), b.BSLS); err != nil {
+			return false, err
+		}
+		return meta.IsStatusConditionTrue(b.BSLS.Status.Conditions, v1alpha1.ConditionReady), fmt.Errorf("conditions %v", b.BSLS.Status.Conditions)
+	}); err != nil {
+		return nil, fmt.Errorf("BSLS %s/main did not become Ready: %w\n%s", o.BSLSNamespace, err, describePods(ctx, c, o.BSLSNamespace))
+	}
+	b.Elapsed = time.Since(start)
+	return b, nil
+}
