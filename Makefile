@@ -19,6 +19,10 @@ help: ## Show the targets.
 tools: ## Build or install the test bed's tools into the cache (~/.cache/guestbackup).
 	hack/tools.sh install
 
+.PHONY: tools-cluster
+tools-cluster: tools ## Also build KubeVirt's images for the cluster backend (hack/kubevirt-images.sh).
+	hack/tools.sh install-cluster
+
 .PHONY: generate
 generate: tools ## Regenerate deepcopy, CRDs, RBAC and the test bed's third-party CRDs.
 	hack/generate.sh
@@ -51,9 +55,18 @@ lint-chart: tools ## Lint the Helm chart strictly.
 test: tools verify-generated vet lint-chart ## Run every test against the real test bed (what CI runs).
 	$(TOOLS_ENV); go test $(GO_TEST_FLAGS) ./...
 
+.PHONY: test-cluster
+test-cluster: tools-cluster ## Run test/kubevirt's cluster-backend specs: real KubeVirt on the test bed's real node.
+	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) ./test/kubevirt -ginkgo.label-filter=cluster -ginkgo.v
+
+# MODE=cluster runs the demo on real KubeVirt on the test bed's real node.
+MODE ?= local
+DEMO_TOOLS = $(if $(filter cluster,$(MODE)),tools-cluster,tools)
+DEMO_ARGS = $(if $(filter cluster,$(MODE)),-cluster)
+
 .PHONY: demo
-demo: tools ## Run the whole product locally (API server, controller, webhook, Kopia server, a qemu guest) and narrate it.
-	$(TOOLS_ENV); go run ./hack/demo $(ARGS)
+demo: $(DEMO_TOOLS) ## Run the whole product locally and narrate it; MODE=cluster: on real KubeVirt on the test bed's node.
+	$(TOOLS_ENV); go run ./hack/demo $(DEMO_ARGS) $(ARGS)
 
 .PHONY: bench
 bench: tools ## Run the benchmarks and print their figures.

@@ -80,6 +80,7 @@ func main() {
 	guest := flag.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
 	image := flag.String("image", imageStock, "the guest's image: "+imageStock+" (a stock-like cloud image without kopia: the guest fetches it from its server) or "+imageKopia+" (the test image, which carries kopia)")
 	onNode := flag.Bool("node", false, "install the chart with helm on the test bed's real node (kubelet, containerd): controller, webhook and server run as real pods")
+	onCluster := flag.Bool("cluster", false, "also install KubeVirt on that node from its operator: KubeVirt's virt-handler and virt-launcher boot the VM's guest (make tools-cluster builds its images)")
 	flag.Parse()
 	r := newRun(os.Stdout, *verbose)
 	// Every process the test bed starts dies with this one (its parent
@@ -97,6 +98,9 @@ func main() {
 		os.Exit(2)
 	}
 	err := r.guard(func() error {
+		if *onCluster {
+			return demoCluster(context.Background(), r)
+		}
 		if *onNode {
 			return demoNode(context.Background(), r)
 		}

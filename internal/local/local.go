@@ -551,8 +551,14 @@ func setRunStrategy(ctx context.Context, c client.Client, key types.NamespacedNa
 // Events returns the Events about the object kind/name in namespace, oldest
 // first, as "Type Reason: message".
 func (p *Platform) Events(ctx context.Context, namespace, kind, name string) ([]string, error) {
+	return EventsOf(ctx, p.API.Client, namespace, kind, name)
+}
+
+// EventsOf returns the Events c reads about the object kind/name in
+// namespace, oldest first, as "Type Reason: message", on any cluster.
+func EventsOf(ctx context.Context, c client.Client, namespace, kind, name string) ([]string, error) {
 	list := &corev1.EventList{}
-	if err := p.API.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+	if err := c.List(ctx, list, client.InNamespace(namespace)); err != nil {
 		return nil, fmt.Errorf("list Events in %s: %w", namespace, err)
 	}
 	// Events are named after their object and a timestamp, but the time

@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 	"time"
 
@@ -20,7 +18,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -121,24 +118,41 @@ func e2eMarkers(console string) map[string]string {
 }
 
 var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, func() {
+	zeroTouch(func(ctx context.Context, bslsNS string, namespaces ...string) guestBed {
+		return startLocalBed(ctx, bslsNS, namespaces...)
+	})
+})
+
+var _ = Describe("Zero touch on real KubeVirt: an opted-in VM's guest backs itself up", Ordered, Label(clusterBackend), func() {
+	zeroTouch(func(ctx context.Context, bslsNS string, namespaces ...string) guestBed {
+		skipUnlessClusterBackend()
+		return startClusterBed(ctx, bslsNS, namespaces...)
+	})
+})
+
+// zeroTouch is the zero-touch story, on the bed start makes: an admin's
+// BSLS, two owners' VMs whose guests connect and snapshot with only what
+// was injected, their isolation, and a deleted VM's revocation.
+func zeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...string) guestBed) {
 	const (
 		bslsNS = "backup"
 		vmNS   = "team-a"
 	)
 	var (
-		ctx       context.Context
-		platform  *local.Platform
-		api       *testbed.APIServer
-		bsls      *v1alpha1.BackupStorageLocationServer
-		localPort int
+		ctx  context.Context
+		bed  guestBed
+		c    client.Client
+		bsls *v1alpha1.BackupStorageLocationServer
 	)
-	vmEvents := func(name string) func() ([]string, error) { return eventsOfVM(ctx, platform, vmNS, name) }
+	vmEvents := func(name string) func() ([]string, error) {
+		return func() ([]string, error) { return bed.Events(ctx, vmNS, "VirtualMachine", name) }
+	}
 
 	// usersOfShard reads the users Secret of the shard that holds user.
 	usersOfShard := func(user string) func() string {
 		return func() string {
 			s := &corev1.Secret{}
-			_ = api.Client.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf(user))}, s)
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf(user))}, s)
 			return string(s.Data[userset.Key])
 		}
 	}
@@ -148,27 +162,19 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 		Eventually(usersOfShard(user)).WithTimeout(30 * time.Second).Should(ContainSubstring(user))
 	}
 	// serverURL is the server as the host's kopia reaches it.
-	serverURL := func() string { return fmt.Sprintf("https://127.0.0.1:%d", localPort) }
-	// boot realises vm and boots its guest until it powers itself off.
-	boot := func(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
-		GinkgoHelper()
-		opts, err := platform.Realise(ctx, vm)
-		Expect(err).NotTo(HaveOccurred())
-		res := testbed.BootGuest(GinkgoT(), opts)
-		GinkgoWriter.Printf("guest of VM %s: boot to power off %v (%v of qemu's CPU); first snapshot attempted at %ss of uptime\n",
-			vm.Name, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second), e2eMarkers(res.Console)["uptime"])
-		return res
-	}
+	serverURL := func() string { return bed.ServerURL() }
+	// connected is what the guest says once it connected as user.
+	connected := func(user string) string { return "connected to " + bsls.Status.Endpoint + " as " + user }
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		bp := startBackupPlatform(ctx, bslsNS, vmNS)
-		platform, api, bsls, localPort = bp.Platform, bp.API, bp.bsls, bp.port
+		bed = start(ctx, bslsNS, vmNS)
+		c, bsls = bed.Client(), bed.BSLS()
 	})
 
 	It("runs the admin's BSLS from the Deployment it writes: Ready, with endpoint and pin", func() {
 		Eventually(func() bool {
-			_ = api.Client.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
+			_ = c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
 			return meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)
 		}).WithTimeout(30 * time.Second).Should(BeTrue())
 		Expect(bsls.Status.Endpoint).To(Equal(bsls.Spec.ClientURL))
@@ -182,18 +188,18 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 	}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
-		stored := createStored(ctx, api.Client, ownersVM(vmNS, "web", bslsNS+"/main", "/srv/data", webConfig))
+		stored := createStored(ctx, c, bed.Guest(ownersVM(vmNS, "web", bslsNS+"/main", "/srv/data", webConfig)))
 		waitForUser("web@team-a")
 
-		res := boot(stored)
+		res := bed.Boot(stored)
 		web.console = res.Console
 		m := e2eMarkers(res.Console)
-		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as web@team-a"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["status"]).To(ContainSubstring(connected("web@team-a")), "the guest's services said:\n%s", e2eLogs(res.Console))
 		Expect(m["snapshots"]).To(Equal("1"))
 
 		By("finding the snapshot on the server as the VM's user")
 		s := &corev1.Secret{}
-		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)).To(Succeed())
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)).To(Succeed())
 		web.password = string(s.Data[v1alpha1.SecretKeyPassword])
 		kopia := testbed.NewKopiaClient(GinkgoT())
 		out, err := kopia.ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
@@ -228,28 +234,28 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 	It("gives a VM that brings its own cloud-init Secret the secret disk; its guest connects from the disk", func() {
 		Expect(web.snapshot).NotTo(BeEmpty(), "the first VM's snapshot")
 		userData := dbConfig(web.snapshot)
-		Expect(api.Client.Create(ctx, &corev1.Secret{
+		Expect(c.Create(ctx, &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: "db-userdata", Namespace: vmNS},
 			Data:       map[string][]byte{"userdata": []byte(userData)},
 		})).To(Succeed())
-		vm := typicalVM("db")
+		vm := bed.Guest(typicalVM("db"))
 		vm.Namespace = vmNS
 		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/db"}
 		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserDataSecretRef.Name = "db-userdata"
-		Expect(api.Client.Create(ctx, vm)).To(Succeed())
+		Expect(c.Create(ctx, vm)).To(Succeed())
 		stored := &kubevirtv1.VirtualMachine{}
-		Expect(api.Client.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+		Expect(c.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
 		Expect(stored.Spec.Template.Spec.Volumes[1]).To(Equal(vm.Spec.Template.Spec.Volumes[1]), "the owner's cloud-init volume is kept")
 		Expect(stored.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", mutate.DiskVolume)))
 		owners := &corev1.Secret{}
-		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "db-userdata"}, owners)).To(Succeed())
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "db-userdata"}, owners)).To(Succeed())
 		Expect(string(owners.Data["userdata"])).To(Equal(userData), "the owner's cloud-init Secret is untouched")
 		waitForUser("db@team-a")
 
-		res := boot(stored)
+		res := bed.Boot(stored)
 		dbConsole = res.Console
 		m := e2eMarkers(res.Console)
-		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(localPort)+" as db@team-a"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["status"]).To(ContainSubstring(connected("db@team-a")), "the guest's services said:\n%s", e2eLogs(res.Console))
 		Expect(m["snapshots"]).To(Equal("1"))
 		Eventually(vmEvents("db")).WithTimeout(30 * time.Second).Should(ContainElement(
 			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/db: 25 bytes in 1 files"))))
@@ -266,7 +272,7 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 
 	It("revokes a deleted VM's user: its old credentials are refused, and other VMs keep theirs", func() {
 		Expect(web.password).NotTo(BeEmpty(), "the first VM's password")
-		Expect(api.Client.Delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNS}})).To(Succeed())
+		Expect(c.Delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNS}})).To(Succeed())
 		Eventually(usersOfShard("web@team-a")).WithTimeout(30 * time.Second).ShouldNot(ContainSubstring("web@team-a"))
 		Eventually(func() string {
 			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
@@ -278,8 +284,8 @@ var _ = Describe("Zero touch: an opted-in VM's guest backs itself up", Ordered, 
 			"the server's answer to the deleted VM's credentials")
 
 		s := &corev1.Secret{}
-		Expect(api.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, s)).To(Succeed())
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, s)).To(Succeed())
 		out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "db@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
 		Expect(err).NotTo(HaveOccurred(), out)
 	})
-})
+}
