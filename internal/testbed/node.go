@@ -1,7 +1,6 @@
 package testbed
 
 import (
-	"bufio"
 	"context"
 	"crypto/rand"
 	"encoding/json"
@@ -14,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -70,6 +68,14 @@ type NodeOptions struct {
 // reaches pod IPs through the bridge. The API server calls webhooks and
 // other Services at their endpoints (--enable-aggregator-routing), so no
 // kube-proxy rewrites the machine's firewall. No cluster DNS runs.
+//
+// Namespaces: containerd and the kubelet run in PID and mount namespaces of
+// the node's own, under tini as PID 1, as on a real (or kind) node whose
+// PID 1 is the node's init: hostPID pods see the node's processes, and
+// KubeVirt's virt-handler can enter /proc/1/ns/mnt. The kubelet's root is
+// /var/lib/kubelet there, and the machine's paths a kubelet, containerd or
+// KubeVirt hard-code are the node's own folders (nodePrivatePaths). The
+// network namespace is the host's. See startInit.
 type Node struct {
 	// Name is the Node object's name.
 	Name string
@@ -82,7 +88,11 @@ type Node struct {
 	dir, socket string
 	bridge      string
 	cgroup      string
-	netns       map[string]bool // the node's sandboxes' /var/run/netns files
+	// init is the host PID of the node's init (tini), PID 1 of the node's
+	// PID namespace, in its mount namespace; initProcess is the unshare
+	// that started it (see startInit).
+	init        int
+	initProcess *Process
 	// control are the scheduler and controller manager: stopped first at
 	// cleanup, so that no pod is made again while the node drains.
 	control []*Process
@@ -98,18 +108,16 @@ type nodeNetwork struct {
 }
 
 // StartNode starts a cluster with one real node and waits until the node is
-// Ready and untainted. Everything it starts is stopped, and everything it
-// wrote outside the test's folders (the bridge, network namespaces, cgroups,
-// mounts) removed, by the test's cleanup.
+// Ready and untainted. Everything it starts is stopped by the test's
+// cleanup: the pods drained through the kubelet, then the node's init,
+// whose end takes every process of the node's PID namespace and every
+// mount of its mount namespace (pods' volumes, network namespaces) with it;
+// then its cgroups and its bridge are removed.
 func StartNode(tb TB, opts NodeOptions) *Node {
 	tb.Helper()
 	tools := MustTools(tb)
-	for name, path := range map[string]string{"kubelet": tools.Kubelet, "kube-scheduler": tools.KubeScheduler,
-		"kube-controller-manager": tools.KubeControllerManager, "pause image": tools.PauseImage,
-		"containerd": "/usr/bin/containerd", "ctr": "/usr/bin/ctr", "runc": "/usr/sbin/runc", "CNI bridge plugin": "/usr/lib/cni/bridge"} {
-		if _, err := os.Stat(path); path == "" || err != nil {
-			tb.Fatalf("the real node's %s is not installed (%q): run `make tools`", name, path)
-		}
+	if err := nodeTools(tools); err != nil {
+		tb.Fatalf("%v", err)
 	}
 	dir := tb.TempDir()
 	// Unix socket paths are limited to 108 bytes; the test's folder is short.
@@ -118,7 +126,7 @@ func StartNode(tb TB, opts NodeOptions) *Node {
 		tb.Fatalf("node network: %v", err)
 	}
 	n := &Node{Name: "node-" + netw.bridge, PodCIDR: netw.pods, Gateway: netw.gateway, dir: dir,
-		socket: filepath.Join(dir, "containerd.sock"), bridge: netw.bridge, cgroup: "/guestbackup-" + netw.bridge, netns: map[string]bool{}}
+		socket: filepath.Join(dir, "containerd.sock"), bridge: netw.bridge, cgroup: "/guestbackup-" + netw.bridge}
 
 	apiOpts := opts.APIServer
 	apiOpts.Configure = func(env *envtest.Environment) error {
@@ -215,6 +223,19 @@ func (n *Node) start(tb TB, tools Tools, opts NodeOptions) error {
 	return n.waitReady()
 }
 
+// nodeTools fails when one of the programs the real node runs is missing.
+func nodeTools(tools Tools) error {
+	for name, path := range map[string]string{"kubelet": tools.Kubelet, "kube-scheduler": tools.KubeScheduler,
+		"kube-controller-manager": tools.KubeControllerManager, "pause image": tools.PauseImage,
+		"containerd": "/usr/bin/containerd", "ctr": "/usr/bin/ctr", "runc": "/usr/sbin/runc", "CNI bridge plugin": "/usr/lib/cni/bridge",
+		"tini": "/usr/bin/tini", "unshare": "/usr/bin/unshare", "nsenter": "/usr/bin/nsenter"} {
+		if _, err := os.Stat(path); path == "" || err != nil {
+			return fmt.Errorf("the real node's %s is not installed (%q): run `make tools`", name, path)
+		}
+	}
+	return nil
+}
+
 // claimNetwork picks two free /24s (Services, pods) and claims them by
 // creating the bridge named after them: `ip link add` fails when another
 // test bed holds it.
@@ -288,8 +309,9 @@ func routedNets() ([]*net.IPNet, error) {
 }
 
 // containerdConfig is containerd's configuration: everything it keeps lives
-// in the node's folder, but for what containerd 1.6 fixes (shim sockets in
-// /run/containerd/s, network namespaces in /var/run/netns).
+// in the node's folder. What containerd 1.6 fixes (shim sockets in
+// /run/containerd/s, network namespaces in /var/run/netns, libcni's cache in
+// /var/lib/cni) is the node's own too: see nodePrivatePaths.
 const containerdConfig = `version = 2
 root = %[1]q
 state = %[2]q
@@ -352,17 +374,202 @@ func (n *Node) startContainerd(tb TB, tools Tools) error {
 		n.socket, n.socket+".ttrpc", sandboxImage, filepath.Join(n.dir, "runc"), cniDir), 0o600); err != nil {
 		return err
 	}
-	p := StartProcess(tb, ProcessSpec{Name: "containerd", Path: "/usr/bin/containerd", Args: []string{"--config", config}})
-	// Registered after containerd's own cleanup, so it runs before it: the
-	// node's containers go while containerd can still tell which they are.
-	tb.Cleanup(func() { n.removeContainers(tb) })
+	// The cgroups go once the node's init is gone, and with it every
+	// process of the node: registered before the init starts, this cleanup
+	// runs after the init's.
+	if err := n.makeCgroups(); err != nil {
+		return err
+	}
+	tb.Cleanup(n.removeCgroups)
+	if err := n.startInit(tb, "/usr/bin/containerd", "--config", config); err != nil {
+		return err
+	}
 	return WaitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
-		if exited, err := p.Exited(); exited {
-			return false, fmt.Errorf("containerd exited: %v\n%s", err, tail(p.LogPath, 20))
+		if exited, err := n.initProcess.Exited(); exited {
+			return false, fmt.Errorf("containerd exited: %v\n%s", err, tail(n.initProcess.LogPath, 20))
 		}
 		_, err := n.ctr("version")
 		return err == nil, err
 	})
+}
+
+// nodePrivatePaths are the machine's paths a node keeps its own copy of:
+// inside the node's mount namespace each is a bind mount of a folder of the
+// node's (<node folder>/root/<path>), so that two nodes on one machine (two
+// suites in parallel) never share one, nothing a node writes there reaches
+// the machine's real folder, and nothing is left behind when the node's
+// namespaces go. Each is spelled as the program that hard-codes it spells
+// it. A missing mount point is created on the host, empty, and left there
+// (removing it could detach another node's bind mount on it); the host's
+// contents are never touched.
+var nodePrivatePaths = []string{
+	// The kubelet's root (--root-dir). KubeVirt's virt-handler registers
+	// its device plugins (devices.kubevirt.io/kvm, tun, vhost-net) in the
+	// hard-coded /var/lib/kubelet/device-plugins, where the kubelet's
+	// device manager also puts its own socket whatever --root-dir says, and
+	// its DaemonSet mounts /var/lib/kubelet and /var/lib/kubelet/pods
+	// (kubevirt.io/kubevirt@v1.7.0
+	// pkg/virt-operator/resource/generate/components/daemonsets.go).
+	"/var/lib/kubelet",
+	// The kubelet's links to its containers' logs (kuberuntime's fixed
+	// ContainerLogsDir); the logs themselves are in podLogsDir, the node's.
+	"/var/log/containers",
+	// containerd 1.6's fixed paths: its pods' network namespaces (the
+	// bind mounts that keep them exist only in the node's mount
+	// namespace, so they go with it), its shims' sockets, and libcni's
+	// cache of the bridge plugin's results.
+	"/var/run/netns", "/run/containerd", "/var/lib/cni",
+	// The host paths of KubeVirt's DaemonSet (daemonsets.go above:
+	// virt-handler's share, private and libvirt runtimes folders, the node
+	// labeller's output, pr-helper's /etc/multipath), and two more a node
+	// running KubeVirt must not write to the machine (v1.7.0's DaemonSet
+	// does not mount them).
+	"/var/run/kubevirt", "/var/run/kubevirt-private", "/var/run/kubevirt-libvirt-runtimes",
+	"/var/lib/kubevirt-node-labeller", "/etc/multipath",
+	"/var/lib/kubevirt", "/var/run/kubevirt-containerdisks",
+}
+
+// nodeInitScript runs as the node's first process after tini: it binds
+// each pair of arguments (source, mount point) until "--", makes every mount
+// shared within the node's namespace, as a kind node's entrypoint does
+// (`mount --make-rshared /`: the kubelet and runc refuse a Bidirectional
+// volume, such as virt-handler's /var/lib/kubelet and /var/run/kubevirt,
+// whose source is not a shared mount), and execs the rest. Making a slave
+// mount shared gives it a new peer group of the node's: what is mounted
+// under it still never reaches the host.
+const nodeInitScript = `set -e
+while [ "$1" != -- ]; do mount --bind "$1" "$2"; shift 2; done
+shift
+mount --make-rshared /
+exec "$@"`
+
+// startInit starts the node's own PID and mount namespaces, with tini as
+// their PID 1 and the command (containerd) as tini's child, once
+// nodePrivatePaths are bound.
+//
+// Why namespaces of its own: virt-handler, a privileged hostPID pod, runs
+// `virt-chroot --mount /proc/1/ns/mnt ...` (kubevirt.io/kubevirt@v1.7.0
+// pkg/virt-handler/virt-chroot/virt-chroot.go) and reads the node's files
+// through /proc/1/root; this machine's PID 1 (the VM's process_api) lets no
+// one read its namespaces, and virt-handler panicked ("failed to detect the
+// presence of selinux"). In the node's PID namespace PID 1 is tini, whose
+// namespaces are the node's. tini reaps the orphans (shims, containers)
+// as an init must, and forwards SIGTERM to containerd.
+//
+// Propagation: the node's mounts are slaves of the host's (unshare
+// --propagation slave): what the host mounts reaches the node, what the
+// node mounts (its private paths, the kubelet's volumes, containerd's
+// rootfs and network namespace mounts) never reaches the host, even on a
+// host whose / is shared. The node's network namespace is the host's:
+// containerd and the CNI bridge plugin work on the host's bridge, and the
+// test reaches pod IPs through it. The host still reaches everything the
+// tests use: containerd's socket and the pods' logs are files in the node's
+// folder, and ContainerPID maps a container's PID to the host's.
+//
+// Stopping: the init's Process is unshare's; --kill-child kills tini when
+// unshare dies, and when tini exits the kernel kills every process left in
+// the node's PID namespace (the kubelet, shims, containers) and, with the
+// last of them, the node's mount namespace with all its mounts.
+func (n *Node) startInit(tb TB, command ...string) error {
+	args := []string{"--pid", "--fork", "--kill-child=SIGKILL", "--mount", "--propagation=slave", "--mount-proc",
+		"--", "/usr/bin/tini", "--", "/bin/sh", "-c", nodeInitScript, "node-init"}
+	for _, path := range nodePrivatePaths {
+		own := filepath.Join(n.dir, "root", path)
+		if err := os.MkdirAll(own, 0o755); err != nil {
+			return err
+		}
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			return fmt.Errorf("mount point %s: %w", path, err)
+		}
+		args = append(args, own, path)
+	}
+	args = append(append(args, "--"), command...)
+	n.initProcess = StartProcess(tb, ProcessSpec{Name: "containerd", Path: "/usr/bin/unshare", Args: args})
+	// unshare's one child is tini.
+	unshare := n.initProcess.cmd.Process.Pid
+	return WaitFor(30*time.Second, 20*time.Millisecond, func() (bool, error) {
+		if exited, err := n.initProcess.Exited(); exited {
+			return false, fmt.Errorf("the node's init exited: %v\n%s", err, tail(n.initProcess.LogPath, 20))
+		}
+		procs, err := processes()
+		if err != nil {
+			return false, err
+		}
+		for pid, p := range procs {
+			if p.ppid == unshare {
+				n.init = pid
+				return true, nil
+			}
+		}
+		return false, errors.New("unshare has not started tini")
+	})
+}
+
+// procInfo is what /proc/PID/status tells of a process: its parent, and
+// its PID in each PID namespace from this one's down to its own (NSpid).
+type procInfo struct {
+	ppid  int
+	nspid []int
+}
+
+// processes are the machine's processes, by PID.
+func processes() (map[int]procInfo, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	procs := map[int]procInfo{}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		status, err := os.ReadFile(filepath.Join("/proc", e.Name(), "status"))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		var p procInfo
+		for _, line := range strings.Split(string(status), "\n") {
+			key, value, _ := strings.Cut(line, ":")
+			switch key {
+			case "PPid":
+				p.ppid, _ = strconv.Atoi(strings.TrimSpace(value))
+			case "NSpid":
+				for _, f := range strings.Fields(value) {
+					id, _ := strconv.Atoi(f)
+					p.nspid = append(p.nspid, id)
+				}
+			}
+		}
+		procs[pid] = p
+	}
+	return procs, nil
+}
+
+// hostPID is the host's PID of the node's process whose PID in the node's
+// PID namespace is pid (what containerd reports). Another node's process
+// may have the same PID in its own namespace: the one descending from this
+// node's init is this node's.
+func (n *Node) hostPID(pid int) (int, error) {
+	procs, err := processes()
+	if err != nil {
+		return 0, err
+	}
+	level := len(procs[n.init].nspid) - 1 // the node's namespace in NSpid
+	if level < 1 {
+		return 0, fmt.Errorf("the node's init %d is gone", n.init)
+	}
+	for host, p := range procs {
+		if len(p.nspid) <= level || p.nspid[level] != pid {
+			continue
+		}
+		for a, seen := host, 0; a > 1 && seen < len(procs); a, seen = procs[a].ppid, seen+1 {
+			if a == n.init {
+				return host, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("no process of node %s has PID %d in its namespace", n.Name, pid)
 }
 
 // ctr runs containerd's client against the node's containerd, in the
@@ -442,17 +649,22 @@ nodeStatusUpdateFrequency: 5s
 enableControllerAttachDetach: false
 `
 
+// kubeletRoot is the kubelet's root in the node's mount namespace, a bind
+// of the node's own folder (nodePrivatePaths): the path a real node's
+// kubelet, and KubeVirt's hostPaths, assume.
+const kubeletRoot = "/var/lib/kubelet"
+
+// startKubelet starts the kubelet in the node's PID and mount namespaces
+// (nsenter into the init's), beside containerd: what it mounts for pods
+// stays in the node's mount namespace, and it dies with the node's init.
 func (n *Node) startKubelet(tb TB, tools Tools, kubeconfig string) error {
-	if err := n.makeCgroups(); err != nil {
-		return err
-	}
 	config := filepath.Join(n.dir, "kubelet.yaml")
 	if err := os.WriteFile(config, fmt.Appendf(nil, kubeletConfig, n.cgroup, n.Gateway, filepath.Join(n.dir, "pod-logs")), 0o600); err != nil {
 		return err
 	}
-	root := filepath.Join(n.dir, "kubelet")
-	StartProcess(tb, ProcessSpec{Name: "kubelet", Path: tools.Kubelet, Args: []string{
-		"--config=" + config, "--kubeconfig=" + kubeconfig, "--root-dir=" + root, "--cert-dir=" + filepath.Join(root, "pki"),
+	StartProcess(tb, ProcessSpec{Name: "kubelet", Path: "/usr/bin/nsenter", Args: []string{
+		"--target", strconv.Itoa(n.init), "--pid", "--mount", "--", tools.Kubelet,
+		"--config=" + config, "--kubeconfig=" + kubeconfig, "--root-dir=" + kubeletRoot, "--cert-dir=" + filepath.Join(kubeletRoot, "pki"),
 		"--container-runtime-endpoint=unix://" + n.socket, "--hostname-override=" + n.Name, "--node-ip=" + n.Gateway.String(), "--v=2",
 	}})
 	// Runs before the kubelet stops: its pods go the way they go on a
@@ -505,7 +717,6 @@ func (n *Node) drain(tb TB) {
 		if err != nil {
 			return false, err
 		}
-		n.rememberNetns()
 		return strings.TrimSpace(out) == "", fmt.Errorf("tasks still running: %s", strings.Join(strings.Fields(out), " "))
 	}); err != nil {
 		tb.Logf("drain node %s: %v", n.Name, err)
@@ -519,87 +730,6 @@ func (n *Node) LogContainers(tb TB, lines int) {
 	for _, l := range logs {
 		rel, _ := filepath.Rel(filepath.Join(n.dir, "pod-logs"), l)
 		tb.Logf("container log %s:\n%s", rel, tail(l, lines))
-	}
-}
-
-// rememberNetns records the network namespaces of the node's running
-// sandboxes, so that cleanup removes exactly those when the CRI did not.
-func (n *Node) rememberNetns() {
-	out, err := n.ctr("tasks", "list")
-	if err != nil {
-		return
-	}
-	inodes := map[uint64]bool{}
-	for _, line := range strings.Split(out, "\n")[1:] {
-		f := strings.Fields(line)
-		if len(f) < 2 {
-			continue
-		}
-		var st syscall.Stat_t
-		if syscall.Stat("/proc/"+f[1]+"/ns/net", &st) == nil {
-			inodes[st.Ino] = true
-		}
-	}
-	entries, _ := os.ReadDir("/var/run/netns")
-	for _, e := range entries {
-		var st syscall.Stat_t
-		path := filepath.Join("/var/run/netns", e.Name())
-		if syscall.Stat(path, &st) == nil && inodes[st.Ino] {
-			n.netns[path] = true
-		}
-	}
-}
-
-// removeContainers kills and deletes whatever the kubelet left running,
-// then removes the node's network namespaces and mounts.
-func (n *Node) removeContainers(tb TB) {
-	n.rememberNetns()
-	if out, err := n.ctr("tasks", "list", "--quiet"); err == nil {
-		for _, id := range strings.Fields(out) {
-			_, _ = n.ctr("tasks", "kill", "--signal", "SIGKILL", id)
-			_ = WaitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
-				_, err := n.ctr("tasks", "delete", id)
-				return err == nil, err
-			})
-		}
-	}
-	if out, err := n.ctr("containers", "list", "--quiet"); err == nil {
-		for _, id := range strings.Fields(out) {
-			_, _ = n.ctr("containers", "delete", id)
-		}
-	}
-	for path := range n.netns {
-		_ = syscall.Unmount(path, syscall.MNT_DETACH)
-		if err := os.Remove(path); err != nil && !os.IsNotExist(err) {
-			tb.Logf("remove network namespace %s: %v", path, err)
-		}
-	}
-	n.unmountAll(tb)
-	n.removeCgroups()
-}
-
-// unmountAll unmounts everything mounted under the node's folder, deepest
-// first, so the test's folder can be removed.
-func (n *Node) unmountAll(tb TB) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		tb.Logf("mounts: %v", err)
-		return
-	}
-	defer f.Close()
-	var mounts []string
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		fields := strings.Fields(sc.Text())
-		if len(fields) > 4 && (fields[4] == n.dir || strings.HasPrefix(fields[4], n.dir+"/")) {
-			mounts = append(mounts, fields[4])
-		}
-	}
-	slices.SortFunc(mounts, func(a, b string) int { return len(b) - len(a) })
-	for _, m := range mounts {
-		if err := syscall.Unmount(m, syscall.MNT_DETACH); err != nil && !errors.Is(err, syscall.EINVAL) {
-			tb.Logf("unmount %s: %v", m, err)
-		}
 	}
 }
 
@@ -685,8 +815,9 @@ func (n *Node) PodIP(namespace string, labels map[string]string) (string, error)
 // Addr is host:port of a pod IP and port, for dialing from this machine.
 func Addr(ip string, port int32) string { return net.JoinHostPort(ip, strconv.Itoa(int(port))) }
 
-// ContainerPID is the host PID of a pod's running container's process:
-// /proc/PID/status shows the user and groups the kubelet gave it.
+// ContainerPID is the host PID of a pod's running container's process
+// (not the node's PID namespace's): /proc/PID/status shows the user and
+// groups the kubelet gave it.
 func (n *Node) ContainerPID(pod *corev1.Pod, container string) (int, error) {
 	id := ""
 	for _, status := range pod.Status.ContainerStatuses {
@@ -703,7 +834,12 @@ func (n *Node) ContainerPID(pod *corev1.Pod, container string) (int, error) {
 	}
 	for _, line := range strings.Split(out, "\n") {
 		if f := strings.Fields(line); len(f) >= 2 && f[0] == id {
-			return strconv.Atoi(f[1])
+			// containerd's PIDs are the node's PID namespace's.
+			pid, err := strconv.Atoi(f[1])
+			if err != nil {
+				return 0, err
+			}
+			return n.hostPID(pid)
 		}
 	}
 	return 0, fmt.Errorf("container %s of pod %s/%s has no task", container, pod.Namespace, pod.Name)
