@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/cluster"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
@@ -31,7 +32,7 @@ func demoCluster(ctx context.Context, r *run) error {
 	r.step("Building guestbackup's image, starting a cluster with one real node (kube-apiserver, kube-scheduler, kube-controller-manager, a kubelet and containerd), " +
 		"cert-manager's controllers in this process; then, as an admin: KubeVirt's operator manifest and a KubeVirt CR (useEmulation: no KVM here), " +
 		"`helm install guestbackup charts/guestbackup`, and BackupStorageLocationServer " + bslsNamespace + "/main on a local volume")
-	cb, err := testbed.StartClusterBackend(r, testbed.ClusterBackendOptions{
+	cb, err := cluster.Start(r, cluster.Options{
 		Tag: "demo", BSLSNamespace: bslsNamespace, Namespaces: []string{vmNamespace},
 		NamespaceLabels: map[string]string{"guestbackup.io/allowed": "true"},
 	})

@@ -146,7 +146,7 @@ func InstallKubeVirt(tb TB, n *Node, images KubeVirtImages) error {
 		return kubeVirtAvailable(ctx, n.API.Client)
 	}); err != nil {
 		return fmt.Errorf("KubeVirt %s did not become Available in %v: %w\n%s", images.Version, KubeVirtInstallTimeout, err,
-			describePods(ctx, n.API.Client, KubeVirtNamespace))
+			DescribePods(ctx, n.API.Client, KubeVirtNamespace))
 	}
 	tb.Logf("KubeVirt %s installed on node %s in %v (images imported in %v)", images.Version, n.Name,
 		time.Since(start).Round(time.Second), imported.Round(time.Second))
@@ -170,9 +170,9 @@ func kubeVirtAvailable(ctx context.Context, c client.Client) (bool, error) {
 	return false, fmt.Errorf("KubeVirt is %q: %s", kv.Status.Phase, strings.Join(said, "; "))
 }
 
-// describePods says, for every pod in namespace, what `kubectl describe`
+// DescribePods says, for every pod in namespace, what `kubectl describe`
 // would say first: phase, unmet conditions, containers that do not run.
-func describePods(ctx context.Context, c client.Client, namespace string) string {
+func DescribePods(ctx context.Context, c client.Client, namespace string) string {
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods, client.InNamespace(namespace)); err != nil {
 		return fmt.Sprintf("list pods in %s: %v", namespace, err)

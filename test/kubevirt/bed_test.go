@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/cluster"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
@@ -82,9 +83,9 @@ func (b *localBed) Boot(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
 // clusterBed is real KubeVirt on the test bed's real node: guestbackup
 // installed with `helm install` of its chart, KubeVirt from virt-operator,
 // and VMs started by their runStrategy, which KubeVirt's virt-handler and
-// virt-launcher boot under QEMU (TCG) in pods (testbed.StartClusterBackend).
+// virt-launcher boot under QEMU (TCG) in pods (cluster.Start).
 type clusterBed struct {
-	*testbed.ClusterBackend
+	*cluster.Backend
 }
 
 // clusterBootTimeout bounds a guest's boot to power-off on the cluster:
@@ -103,7 +104,7 @@ func skipUnlessClusterBackend() {
 // BSLS's first) labelled as the BSLS admits them, and its BSLS Ready.
 func startClusterBed(ctx context.Context, bslsNamespace string, namespaces ...string) guestBed {
 	GinkgoHelper()
-	cb, err := testbed.StartClusterBackend(GinkgoT(), testbed.ClusterBackendOptions{
+	cb, err := cluster.Start(GinkgoT(), cluster.Options{
 		Tag: "cluster-e2e", BSLSNamespace: bslsNamespace, Namespaces: namespaces, NamespaceLabels: map[string]string{"backup": "allowed"},
 	})
 	Expect(err).NotTo(HaveOccurred())
@@ -113,8 +114,8 @@ func startClusterBed(ctx context.Context, bslsNamespace string, namespaces ...st
 }
 
 func (b *clusterBed) Client() client.Client                       { return b.Node.API.Client }
-func (b *clusterBed) BSLS() *v1alpha1.BackupStorageLocationServer { return b.ClusterBackend.BSLS }
-func (b *clusterBed) ServerURL() string                           { return b.ClusterBackend.ServerURL }
+func (b *clusterBed) BSLS() *v1alpha1.BackupStorageLocationServer { return b.Backend.BSLS }
+func (b *clusterBed) ServerURL() string                           { return b.Backend.ServerURL }
 func (b *clusterBed) Guest(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
 	testbed.ClusterGuest(vm, b.Images)
 	return vm

@@ -1,4 +1,8 @@
-package testbed
+// Package cluster is guestbackup on real KubeVirt on the test bed's real
+// node: KubeVirt installed from its operator, guestbackup by `helm install`
+// of its chart, and an admin's BSLS Ready, for test/kubevirt's cluster
+// backend and `make demo MODE=cluster`.
+package cluster
 
 import (
 	"context"
@@ -13,11 +17,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
-// ClusterBackendOptions name what StartClusterBackend creates.
-type ClusterBackendOptions struct {
+// Options name what Start creates.
+type Options struct {
 	// Tag names guestbackup's image in the node (guestbackup:<Tag>).
 	Tag string
 	// BSLSNamespace holds the admin's BSLS, <BSLSNamespace>/main; Namespaces
@@ -28,38 +33,38 @@ type ClusterBackendOptions struct {
 	NamespaceLabels map[string]string
 }
 
-// ClusterBackend is guestbackup on real KubeVirt on the test bed's real
-// node, with an admin's filesystem BSLS Ready.
-type ClusterBackend struct {
-	Node   *Node
-	Images KubeVirtImages
+// Backend is guestbackup on real KubeVirt on the test bed's real node, with
+// an admin's filesystem BSLS Ready.
+type Backend struct {
+	Node   *testbed.Node
+	Images testbed.KubeVirtImages
 	BSLS   *v1alpha1.BackupStorageLocationServer
 	// ServerURL is the BSLS's clientURL: the address on the node's bridge
 	// where guests, behind their launcher pods, and this machine reach its
 	// server (ServiceProxy).
 	ServerURL string
-	// Elapsed is how long StartClusterBackend took.
+	// Elapsed is how long Start took.
 	Elapsed time.Duration
 }
 
-// clusterStorageClass is the class of the BSLS's local volume.
-const clusterStorageClass = "node-local"
+// storageClass is the class of the BSLS's local volume.
+const storageClass = "node-local"
 
-// StartClusterBackend installs, on a fresh one-node cluster, KubeVirt from
-// its operator (InstallKubeVirt) and guestbackup with `helm install` of its
-// chart (InstallChart), as an admin does; then creates the namespaces, a
+// Start installs, on a fresh one-node cluster, KubeVirt from its operator
+// (testbed.InstallKubeVirt) and guestbackup with `helm install` of its
+// chart (testbed.InstallChart), as an admin does; then creates the namespaces, a
 // local volume for the BSLS's claim, and the BSLS, whose clientURL is a
 // proxy to its Service (no cluster DNS or kube-proxy runs here), and waits
 // until the BSLS is Ready.
-func StartClusterBackend(tb TB, o ClusterBackendOptions) (*ClusterBackend, error) {
+func Start(tb testbed.TB, o Options) (*Backend, error) {
 	tb.Helper()
 	start := time.Now()
-	images, err := LoadKubeVirtImages()
+	images, err := testbed.LoadKubeVirtImages()
 	if err != nil {
 		return nil, err
 	}
-	node := InstallChart(tb, ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system", KubeVirt: &images})
-	b := &ClusterBackend{Node: node, Images: images}
+	node := testbed.InstallChart(tb, testbed.ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system", KubeVirt: &images})
+	b := &Backend{Node: node, Images: images}
 	ctx := context.Background()
 	c := node.API.Client
 	for _, ns := range append([]string{o.BSLSNamespace}, o.Namespaces...) {
@@ -67,12 +72,12 @@ func StartClusterBackend(tb TB, o ClusterBackendOptions) (*ClusterBackend, error
 			return nil, fmt.Errorf("create namespace %s: %w", ns, err)
 		}
 	}
-	node.LocalVolume(tb, "repository", clusterStorageClass, "10Gi")
+	node.LocalVolume(tb, "repository", storageClass, "10Gi")
 	b.BSLS = &v1alpha1.BackupStorageLocationServer{
 		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: o.BSLSNamespace},
 		Spec: v1alpha1.BackupStorageLocationServerSpec{
 			Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{
-				Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To(clusterStorageClass)}},
+				Size: ptr.To(resource.MustParse("1Gi")), StorageClassName: ptr.To(storageClass)}},
 			Access: v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: o.NamespaceLabels}},
 		},
 	}
@@ -85,13 +90,13 @@ func StartClusterBackend(tb TB, o ClusterBackendOptions) (*ClusterBackend, error
 	if err := c.Create(ctx, b.BSLS); err != nil {
 		return nil, fmt.Errorf("create the BSLS: %w", err)
 	}
-	if err := WaitFor(6*time.Minute, 2*time.Second, func() (bool, error) {
+	if err := testbed.WaitFor(6*time.Minute, 2*time.Second, func() (bool, error) {
 		if err := c.Get(ctx, client.ObjectKeyFromObject(b.BSLS), b.BSLS); err != nil {
 			return false, err
 		}
 		return meta.IsStatusConditionTrue(b.BSLS.Status.Conditions, v1alpha1.ConditionReady), fmt.Errorf("conditions %v", b.BSLS.Status.Conditions)
 	}); err != nil {
-		return nil, fmt.Errorf("BSLS %s/main did not become Ready: %w\n%s", o.BSLSNamespace, err, describePods(ctx, c, o.BSLSNamespace))
+		return nil, fmt.Errorf("BSLS %s/main did not become Ready: %w\n%s", o.BSLSNamespace, err, testbed.DescribePods(ctx, c, o.BSLSNamespace))
 	}
 	b.Elapsed = time.Since(start)
 	return b, nil
