@@ -31,12 +31,15 @@ import (
 // TTL controller annotates the node with node.alpha.kubernetes.io/ttl, as on
 // any cluster: KubeVirt's node-restriction ValidatingAdmissionPolicy
 // (kubevirt-node-restriction-policy, which virt-operator installs) expects
-// a node to carry it.
+// a node to carry it. Jobs and DaemonSets are how virt-operator installs
+// KubeVirt: a Job posts its install strategy, and virt-handler is a
+// DaemonSet.
 var nodeControllers = []string{
 	"node-lifecycle-controller", "deployment-controller", "replicaset-controller",
 	"endpointslice-controller", "endpoints-controller", "serviceaccount-controller",
 	"root-ca-certificate-publisher-controller", "persistentvolume-binder-controller",
 	"garbage-collector-controller", "pod-garbage-collector-controller", "ttl-controller",
+	"job-controller", "daemonset-controller",
 }
 
 // NodeOptions adjust StartNode.
