@@ -110,10 +110,20 @@ configure_root() {
 	install -m 0644 "$SRC/cmd/virt-launcher/qemu.conf" "$SRC/cmd/virt-launcher/virtqemud.conf" "$r/etc/libvirt/"
 	install -D -m 0755 "$SRC/cmd/virt-launcher/qemu" "$r/etc/libvirt/hooks/qemu"
 	install -m 0644 "$SRC/cmd/virt-launcher/nsswitch.conf" "$r/etc/nsswitch.conf"
-	# virt-launcher starts virtqemud, the modular daemon of CentOS's libvirt.
-	# Debian 12 ships the monolithic libvirtd, which takes the same
-	# configuration file.
-	printf '#!/bin/sh\nexec /usr/sbin/libvirtd "$@"\n' >"$r/usr/sbin/virtqemud"
+	# virt-launcher starts virtqemud, the modular daemon of CentOS's libvirt,
+	# and dials its socket, virtqemud-sock (as user 107: in the session
+	# folder, $XDG_RUNTIME_DIR/libvirt). Debian 12 ships the monolithic
+	# libvirtd, which takes the same configuration file and serves the same
+	# API on libvirt-sock in the same folder.
+	cat >"$r/usr/sbin/virtqemud" <<'SHIM'
+#!/bin/sh
+# virtqemud for KubeVirt on Debian: libvirtd, reachable by virtqemud's socket name.
+dir=/run/libvirt
+[ "$(id -u)" = 0 ] || dir="${XDG_RUNTIME_DIR:-/run/user/$(id -u)}/libvirt"
+mkdir -p "$dir"
+ln -sfn libvirt-sock "$dir/virtqemud-sock"
+exec /usr/sbin/libvirtd "$@"
+SHIM
 	chmod 0755 "$r/usr/sbin/virtqemud"
 	# virt-launcher starts virtlogd with -f /etc/libvirt/virtlogd.conf, which
 	# Debian ships only in libvirt-daemon-system: libvirt's defaults.

@@ -63,7 +63,10 @@ func Start(tb testbed.TB, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
-	node := testbed.InstallChart(tb, testbed.ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system", KubeVirt: &images})
+	node := testbed.InstallChart(tb, testbed.ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system",
+		// The audit's interval as the local bed's (local.ControllerOptions):
+		// a guest's snapshot becomes an Event on its VM within seconds.
+		Values: []string{"controller.guestActivityInterval=2s"}, KubeVirt: &images})
 	b := &Backend{Node: node, Images: images}
 	ctx := context.Background()
 	c := node.API.Client

@@ -100,13 +100,16 @@ func BootVM(ctx context.Context, n *Node, key types.NamespacedName, timeout time
 	watched.Go(func() { boot.Processes = watchKubeVirtProcesses(bootCtx) })
 	var console bytes.Buffer
 	err := SerialConsole(bootCtx, n.API.Config, key, &console)
+	// The console ends by itself when the domain stops; only the timeout
+	// ends it early.
+	timedOut := errors.Is(bootCtx.Err(), context.DeadlineExceeded)
 	cancel()
 	watched.Wait()
 	boot.Console, boot.Elapsed = console.String(), time.Since(start)
 	if err != nil {
 		return boot, fmt.Errorf("console of %s: %w", key, err)
 	}
-	if bootCtx.Err() != nil && ctx.Err() == nil && !consoleEnded(ctx, c, key) {
+	if timedOut && !consoleEnded(ctx, c, key) {
 		return boot, fmt.Errorf("the guest of %s did not power off within %v", key, timeout)
 	}
 	// The console ends when the domain stops; the instance follows.

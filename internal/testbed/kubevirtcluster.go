@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -148,6 +149,15 @@ func InstallKubeVirt(tb TB, n *Node, images KubeVirtImages) error {
 		return fmt.Errorf("KubeVirt %s did not become Available in %v: %w\n%s", images.Version, KubeVirtInstallTimeout, err,
 			DescribePods(ctx, n.API.Client, KubeVirtNamespace))
 	}
+	// Available says virt-api runs, not that its webhooks answer in time:
+	// its first admissions wait for its informers. A dry-run VM goes
+	// through them as an owner's would.
+	if err := WaitFor(3*time.Minute, 2*time.Second, func() (bool, error) {
+		err := n.API.Client.Create(ctx, probeVM(), client.DryRunAll)
+		return err == nil, err
+	}); err != nil {
+		return fmt.Errorf("KubeVirt %s is Available but does not admit a VirtualMachine: %w", images.Version, err)
+	}
 	tb.Logf("KubeVirt %s installed on node %s in %v (images imported in %v)", images.Version, n.Name,
 		time.Since(start).Round(time.Second), imported.Round(time.Second))
 	return nil
@@ -204,4 +214,19 @@ func describePod(p *corev1.Pod) string {
 		}
 	}
 	return strings.Join(parts, "; ")
+}
+
+// probeVM is the smallest VirtualMachine KubeVirt's webhooks admit.
+func probeVM() *kubevirtv1.VirtualMachine {
+	return &kubevirtv1.VirtualMachine{
+		ObjectMeta: metav1.ObjectMeta{Name: "admission-probe", Namespace: KubeVirtNamespace},
+		Spec: kubevirtv1.VirtualMachineSpec{
+			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
+			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{Spec: kubevirtv1.VirtualMachineInstanceSpec{
+				Domain: kubevirtv1.DomainSpec{Resources: kubevirtv1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("64Mi")},
+				}},
+			}},
+		},
+	}
 }

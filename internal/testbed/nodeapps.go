@@ -135,6 +135,8 @@ func (n *Node) LocalVolume(tb TB, name, storageClass, size string) string {
 type ChartInstall struct {
 	Repository, Tag    string
 	Release, Namespace string
+	// Values are more `--set` values, as an admin tunes an install.
+	Values []string
 	// KubeVirt, when set, installs KubeVirt from these images on the node
 	// before the chart (InstallKubeVirt), as an admin installs KubeVirt
 	// before what extends it; the node then allows privileged pods.
@@ -167,8 +169,12 @@ func InstallChart(tb TB, o ChartInstall) *Node {
 			tb.Fatalf("%v", err)
 		}
 	}
-	if _, err := node.Helm(tb, "install", o.Release, filepath.Join(root, "charts", "guestbackup"), "--namespace", o.Namespace, "--create-namespace",
-		"--set", "image.repository="+o.Repository, "--set", "image.tag="+o.Tag, "--set", "image.pullPolicy=Never"); err != nil {
+	args := []string{"install", o.Release, filepath.Join(root, "charts", "guestbackup"), "--namespace", o.Namespace, "--create-namespace",
+		"--set", "image.repository=" + o.Repository, "--set", "image.tag=" + o.Tag, "--set", "image.pullPolicy=Never"}
+	for _, v := range o.Values {
+		args = append(args, "--set", v)
+	}
+	if _, err := node.Helm(tb, args...); err != nil {
 		tb.Fatalf("%v", err)
 	}
 	return node

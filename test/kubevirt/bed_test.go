@@ -104,10 +104,19 @@ func skipUnlessClusterBackend() {
 // BSLS's first) labelled as the BSLS admits them, and its BSLS Ready.
 func startClusterBed(ctx context.Context, bslsNamespace string, namespaces ...string) guestBed {
 	GinkgoHelper()
+	// virt-handler's node labeller runs `chmod o+rw /dev/kvm` in its
+	// privileged container: that must be the container's device node, never
+	// the shared machine's.
+	kvmBefore, kvmErr := os.Stat("/dev/kvm")
 	cb, err := cluster.Start(GinkgoT(), cluster.Options{
 		Tag: "cluster-e2e", BSLSNamespace: bslsNamespace, Namespaces: namespaces, NamespaceLabels: map[string]string{"backup": "allowed"},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	if kvmErr == nil {
+		kvmAfter, err := os.Stat("/dev/kvm")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(kvmAfter.Mode()).To(Equal(kvmBefore.Mode()), "the machine's /dev/kvm, after KubeVirt's node labeller ran")
+	}
 	GinkgoWriter.Printf("cluster backend ready in %v: KubeVirt %s, guestbackup by helm, BSLS Ready at %s\n",
 		cb.Elapsed.Round(time.Second), cb.Images.Version, cb.ServerURL)
 	return &clusterBed{cb}
