@@ -56,8 +56,8 @@ test: tools verify-generated vet lint-chart ## Run every test against the real t
 	$(TOOLS_ENV); go test $(GO_TEST_FLAGS) ./...
 
 .PHONY: test-cluster
-test-cluster: tools-cluster ## Run test/kubevirt's cluster-backend specs: real KubeVirt on the test bed's real node.
-	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) ./test/kubevirt -ginkgo.label-filter=cluster -ginkgo.v
+test-cluster: tools-cluster ## Run test/cluster: the end-to-end stories on real KubeVirt on the test bed's real node.
+	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) ./test/cluster -ginkgo.v
 
 # MODE=cluster runs the demo on real KubeVirt on the test bed's real node.
 MODE ?= local

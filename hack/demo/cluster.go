@@ -13,7 +13,6 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/cluster"
-	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
@@ -83,19 +82,9 @@ func demoCluster(ctx context.Context, r *run) error {
 	}
 	r.done()
 
-	r.step("The VM's Events (what `kubectl describe vm %s -n %s` shows an admin)", vmName, vmNamespace)
-	var events []string
-	_ = testbed.WaitFor(eventsTimeout, time.Second, func() (bool, error) {
-		events, err = local.EventsOf(ctx, c, vmNamespace, "VirtualMachine", vmName)
-		return err == nil && hasReason(events, "SnapshotCreated"), nil
-	})
-	if err != nil {
+	if err := sayEvents(ctx, r, c); err != nil {
 		return err
 	}
-	for _, e := range events {
-		r.say("%s", e)
-	}
-	r.done()
 	fmt.Fprintf(r.out, "\nReal: KubeVirt's operator, virt-api, virt-controller, virt-handler, virt-launcher, libvirt and QEMU in pods; guestbackup's controller, webhook and server in pods. "+
 		"In this process: cert-manager. The whole demo took %v; stopping everything.\n", time.Since(start).Round(time.Second))
 	return nil

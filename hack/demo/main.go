@@ -257,10 +257,21 @@ func demo(ctx context.Context, r *run, bootGuest, stock bool) error {
 	}
 	r.done()
 
+	if err := sayEvents(ctx, r, c); err != nil {
+		return err
+	}
+	fmt.Fprintf(r.out, "\nThe whole demo took %v; stopping everything.\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// sayEvents narrates the VM's Events, once the first snapshot's is among
+// them or eventsTimeout passed.
+func sayEvents(ctx context.Context, r *run, c client.Client) error {
 	r.step("The VM's Events (what `kubectl describe vm %s -n %s` shows an admin)", vmName, vmNamespace)
 	var events []string
+	var err error
 	_ = testbed.WaitFor(eventsTimeout, time.Second, func() (bool, error) {
-		events, err = p.Events(ctx, vmNamespace, "VirtualMachine", vmName)
+		events, err = local.EventsOf(ctx, c, vmNamespace, "VirtualMachine", vmName)
 		return err == nil && hasReason(events, "SnapshotCreated"), nil
 	})
 	if err != nil {
@@ -270,7 +281,6 @@ func demo(ctx context.Context, r *run, bootGuest, stock bool) error {
 		r.say("%s", e)
 	}
 	r.done()
-	fmt.Fprintf(r.out, "\nThe whole demo took %v; stopping everything.\n", time.Since(start).Round(time.Second))
 	return nil
 }
 

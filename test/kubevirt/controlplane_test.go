@@ -24,6 +24,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/webhook"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup's webhook", Ordered, func() {
@@ -43,7 +44,7 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 	// optedIn is a VM whose owner asked for backups and wrote no
 	// cloud-init: guestbackup's webhook adds the cloud-init volume and disk.
 	optedIn := func(name string) *kubevirtv1.VirtualMachine {
-		vm := typicalVM(name)
+		vm := story.TypicalVM(name)
 		vm.Namespace = ns
 		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main", v1alpha1.AnnotationPaths: "/etc"}
 		vm.Spec.Template.Spec.Volumes = vm.Spec.Template.Spec.Volumes[:1]

@@ -16,6 +16,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 // lastApplied is the annotation kubectl apply keeps the applied manifest in.
@@ -127,8 +128,8 @@ var _ = Describe("Re-applying the owner's manifest, as GitOps tools do", Ordered
 		vm           func(string) *kubevirtv1.VirtualMachine
 		own          string
 	}{
-		{"without cloud-init", "plain", func(name string) *kubevirtv1.VirtualMachine { return optIn(typicalVM(name)) }, ""},
-		{"with its own inline cloud-config", "own", func(name string) *kubevirtv1.VirtualMachine { return withOwnCloudInit(optIn(typicalVM(name))) }, ownCloudConfig},
+		{"without cloud-init", "plain", func(name string) *kubevirtv1.VirtualMachine { return optIn(story.TypicalVM(name)) }, ""},
+		{"with its own inline cloud-config", "own", func(name string) *kubevirtv1.VirtualMachine { return withOwnCloudInit(optIn(story.TypicalVM(name))) }, ownCloudConfig},
 	} {
 		// applied applies the manifest of VM name three times with apply,
 		// checking each time that it converged.

@@ -22,6 +22,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 // lifeConfig is the VM owner's own cloud-config, from the VM's first boot:
@@ -186,8 +187,8 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		}
 		res, err := instance.Wait(ctx)
 		Expect(err).NotTo(HaveOccurred(), "console %s:\n%s", instance.Guest.ConsoleLog, res.Console)
-		m := e2eMarkers(res.Console)
-		GinkgoWriter.Printf("boot of VM %s: power on to off %v (%v of qemu's CPU); markers %q\nguest services:\n%s\n", vmName, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second), m, e2eLogs(res.Console))
+		m := story.Markers(res.Console)
+		GinkgoWriter.Printf("boot of VM %s: power on to off %v (%v of qemu's CPU); markers %q\nguest services:\n%s\n", vmName, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second), m, story.Logs(res.Console))
 		return m
 	}
 	sum := func(s string) string {
@@ -206,7 +207,7 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 	})
 
 	It("boots a VM without guestbackup: only its own cloud-config runs", func() {
-		vm := typicalVM(vmName)
+		vm := story.TypicalVM(vmName)
 		vm.Namespace, vm.Annotations = vmNS, nil
 		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: lifeConfig}
 		Expect(api.Client.Create(ctx, vm)).To(Succeed())

@@ -17,6 +17,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 // The webhook never stands in a VM's life (DESIGN.md decision 16): only
@@ -74,7 +75,7 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 	})
 
 	It("never sends start, stop, labels, finalizers, status or a deletion of an opted-in VM to the webhook", func() {
-		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("quiet")))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("quiet")))).To(Succeed())
 		seen := bed.requests.n.Load()
 		everyDayEdits("quiet")
 		deleteThroughFinalizer("quiet")
@@ -88,13 +89,13 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 		DeferCleanup(func() { bed.setServerStatus(ctx, metav1.ConditionTrue, "Ready", "ready") })
 		for i := range 20 {
 			name := "pool-" + strconv.Itoa(i)
-			Expect(bed.api.Client.Create(ctx, optIn(typicalVM(name)))).To(Succeed(), name)
+			Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM(name)))).To(Succeed(), name)
 			Expect(bed.getVM(ctx, name).Annotations).To(HaveKey(v1alpha1.AnnotationStatus), name)
 		}
 	})
 
 	It("lets an injected VM start, stop, change and go while its server is not Ready, and after it is deleted", func() {
-		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("steady")))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("steady")))).To(Succeed())
 		addDisk := func(name string) func(*kubevirtv1.VirtualMachine) {
 			return func(vm *kubevirtv1.VirtualMachine) {
 				vm.Spec.Template.Spec.Volumes = append(vm.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
@@ -141,7 +142,7 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 	})
 
 	It("admits an update of a VM being deleted unchanged, issuing nothing", func() {
-		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("leaving")))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("leaving")))).To(Succeed())
 		Expect(update("leaving", func(vm *kubevirtv1.VirtualMachine) { vm.Finalizers = []string{finalizer} })).To(Succeed())
 		Expect(bed.api.Client.Delete(ctx, bed.getVM(ctx, "leaving"))).To(Succeed())
 		before := generation("leaving")
@@ -153,8 +154,8 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 	})
 
 	It("while the webhook is down, lets opted-in VMs start, stop, change and go; refuses only opt-ins and changes to guestbackup's annotations", func() {
-		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("outage")))).To(Succeed())
-		plain := typicalVM("plain")
+		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("outage")))).To(Succeed())
+		plain := story.TypicalVM("plain")
 		plain.Namespace, plain.Annotations = "team-a", nil
 		Expect(bed.api.Client.Create(ctx, plain)).To(Succeed())
 		bed.requests.down.Store(true)
@@ -165,7 +166,7 @@ var _ = Describe("A VM's life with the webhook in the way", Ordered, func() {
 		Expect(update("plain", func(vm *kubevirtv1.VirtualMachine) { vm.Spec.RunStrategy = ptr.To(kubevirtv1.RunStrategyAlways) })).To(Succeed())
 
 		refused := MatchError(ContainSubstring(fmt.Sprintf("failed calling webhook %q", mutate.WebhookName)))
-		Expect(bed.api.Client.Create(ctx, optIn(typicalVM("newcomer")))).To(refused, "a new opt-in")
+		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("newcomer")))).To(refused, "a new opt-in")
 		Expect(update("plain", func(vm *kubevirtv1.VirtualMachine) {
 			vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main"}
 		})).To(refused, "an opt-in of a running VM")

@@ -9,8 +9,6 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	kubevirtv1 "kubevirt.io/api/core/v1"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
@@ -90,27 +88,6 @@ func readyBSLS(ctx context.Context, api *testbed.APIServer, bslsNamespace string
 	}
 	Expect(api.Client.Status().Update(ctx, bsls)).To(Succeed())
 	return bsls
-}
-
-// ownersVM is VM namespace/name as its owner writes it: the containerDisk,
-// their own inline cloud-config userData, and the opt-in to the BSLS
-// server ("<namespace>/<name>") with paths.
-func ownersVM(namespace, name, server, paths, userData string) *kubevirtv1.VirtualMachine {
-	vm := typicalVM(name)
-	vm.Namespace = namespace
-	vm.Annotations = map[string]string{v1alpha1.AnnotationServer: server, v1alpha1.AnnotationPaths: paths}
-	vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: userData}
-	return vm
-}
-
-// createStored creates vm and returns it as the API server stored it:
-// injected by guestbackup's webhook, defaulted by KubeVirt's.
-func createStored(ctx context.Context, c client.Client, vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
-	GinkgoHelper()
-	Expect(c.Create(ctx, vm)).To(Succeed())
-	stored := &kubevirtv1.VirtualMachine{}
-	Expect(c.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
-	return stored
 }
 
 // eventsOfVM returns the Events about VM namespace/name on p, as

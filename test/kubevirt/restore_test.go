@@ -16,6 +16,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 // docBlock is one shell block of docs/guest.md that runs in a guest: its
@@ -89,9 +90,9 @@ var _ = Describe("Restore on their own, and a guest that does not connect", Orde
 	// inline cloud-config, and annotations besides.
 	newVM := func(name, cloudConfig string, annotations map[string]string) *kubevirtv1.VirtualMachine {
 		GinkgoHelper()
-		vm := ownersVM(vmNS, name, bslsNS+"/main", "/srv/data", cloudConfig)
+		vm := story.OwnersVM(vmNS, name, bslsNS+"/main", "/srv/data", cloudConfig)
 		maps.Copy(vm.Annotations, annotations)
-		return createStored(ctx, platform.API.Client, vm)
+		return story.CreateStored(ctx, platform.API.Client, vm)
 	}
 	// run starts vm, waits while it runs for what during says, then for
 	// its guest to power off, and returns its markers.
@@ -105,8 +106,8 @@ var _ = Describe("Restore on their own, and a guest that does not connect", Orde
 		res, err := inst.Wait(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		GinkgoWriter.Printf("guest of VM %s: boot to power off %v (%v of qemu's CPU)\n", vm.Name, res.Elapsed.Round(time.Second), res.CPU.Round(time.Second))
-		m := e2eMarkers(res.Console)
-		m["logs"] = e2eLogs(res.Console)
+		m := story.Markers(res.Console)
+		m["logs"] = story.Logs(res.Console)
 		return m
 	}
 	// blocksOK expects every block of the runner to have run.

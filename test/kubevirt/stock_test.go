@@ -16,6 +16,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 // stockConfig is an owner's cloud-config for a stock cloud image: a file to
@@ -23,7 +24,7 @@ import (
 // refused its client never attempts a snapshot: the report waits, bounded,
 // for its status instead.
 func stockConfig(waitFor string) string {
-	prelude := reportPrelude
+	prelude := story.ReportPrelude
 	if waitFor != "" {
 		prelude = strings.Replace(prelude, "! [ -e /var/lib/guestbackup/last-snapshot-attempt ]",
 			"! grep -q '"+waitFor+"' /var/lib/guestbackup/status 2>/dev/null", 1)
@@ -57,7 +58,7 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 	// stored.
 	create := func(name, userData string) *kubevirtv1.VirtualMachine {
 		GinkgoHelper()
-		return createStored(ctx, bp.API.Client, ownersVM(vmNS, name, bslsNS+"/main", "/srv/app", userData))
+		return story.CreateStored(ctx, bp.API.Client, story.OwnersVM(vmNS, name, bslsNS+"/main", "/srv/app", userData))
 	}
 	bootStock := func(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
 		GinkgoHelper()
@@ -90,12 +91,12 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 	It("boots a guest without kopia that fetches it, verifies it, connects and snapshots with zero touch", func() {
 		vm := create("app", stockConfig(""))
 		res := bootStock(vm)
-		m := e2eMarkers(res.Console)
+		m := story.Markers(res.Console)
 		Expect(m["kopia"]).To(Equal("none"), "the stock image has no kopia of its own")
-		Expect(m["client"]).To(Equal(bp.bsls.Status.Client.SHA256["amd64"]), "the guest's services said:\n%s", e2eLogs(res.Console))
-		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(bp.port)+" as app@team-s"), "the guest's services said:\n%s", e2eLogs(res.Console))
+		Expect(m["client"]).To(Equal(bp.bsls.Status.Client.SHA256["amd64"]), "the guest's services said:\n%s", story.Logs(res.Console))
+		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"+strconv.Itoa(bp.port)+" as app@team-s"), "the guest's services said:\n%s", story.Logs(res.Console))
 		Expect(m["snapshots"]).To(Equal("1"))
-		Expect(e2eLogs(res.Console)).To(ContainSubstring("fetching kopia " + bp.bsls.Status.Client.Version + " for amd64"))
+		Expect(story.Logs(res.Console)).To(ContainSubstring("fetching kopia " + bp.bsls.Status.Client.Version + " for amd64"))
 		Eventually(eventsOfVM(ctx, bp.Platform, vmNS, "app")).WithTimeout(60 * time.Second).Should(ContainElement(HavePrefix("Normal GuestConnected: Guest backs up as app@team-s")))
 	})
 
@@ -124,9 +125,9 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 		}).WithTimeout(30 * time.Second).Should(Succeed())
 
 		res := bootStock(vm)
-		m := e2eMarkers(res.Console)
+		m := story.Markers(res.Console)
 		Expect(m["status"]).To(And(ContainSubstring("error: refused the kopia client"), ContainSubstring("not "+forged), ContainSubstring("it was not run")),
-			"the guest's services said:\n%s", e2eLogs(res.Console))
+			"the guest's services said:\n%s", story.Logs(res.Console))
 		Expect(m["client"]).To(BeEmpty(), "nothing was installed")
 		Eventually(eventsOfVM(ctx, bp.Platform, vmNS, "tampered")).WithTimeout(3 * time.Minute).Should(ContainElement(
 			And(HavePrefix("Warning ClientChecksumMismatch: Guest refused the kopia client"), ContainSubstring("not "+forged))))

@@ -9,56 +9,14 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	gtypes "github.com/onsi/gomega/types"
-	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/test/story"
 )
-
-// typicalVM is an opted-in VM the way the webhook leaves it: a containerDisk,
-// a NoCloud volume reading its user-data from a Secret, and a pod network.
-func typicalVM(name string) *kubevirtv1.VirtualMachine {
-	return &kubevirtv1.VirtualMachine{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: "default",
-			Annotations: map[string]string{v1alpha1.AnnotationServer: "backup/default"},
-		},
-		Spec: kubevirtv1.VirtualMachineSpec{
-			RunStrategy: ptr.To(kubevirtv1.RunStrategyHalted),
-			Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"kubevirt.io/vm": name}},
-				Spec: kubevirtv1.VirtualMachineInstanceSpec{
-					Domain: kubevirtv1.DomainSpec{
-						Resources: kubevirtv1.ResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}},
-						Devices: kubevirtv1.Devices{
-							Disks: []kubevirtv1.Disk{
-								{Name: "root", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
-								{Name: "cloudinit", DiskDevice: kubevirtv1.DiskDevice{Disk: &kubevirtv1.DiskTarget{Bus: kubevirtv1.DiskBusVirtio}}},
-							},
-							Interfaces: []kubevirtv1.Interface{{
-								Name:                   "default",
-								InterfaceBindingMethod: kubevirtv1.InterfaceBindingMethod{Masquerade: &kubevirtv1.InterfaceMasquerade{}},
-							}},
-						},
-					},
-					Networks: []kubevirtv1.Network{{Name: "default", NetworkSource: kubevirtv1.NetworkSource{Pod: &kubevirtv1.PodNetwork{}}}},
-					Volumes: []kubevirtv1.Volume{
-						{Name: "root", VolumeSource: kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "quay.io/containerdisks/debian:12"}}},
-						{Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{
-							UserDataSecretRef: &corev1.LocalObjectReference{Name: name + "-guestbackup"},
-						}}},
-					},
-				},
-			},
-		},
-	}
-}
 
 // The API server of these specs runs KubeVirt's control plane and no
 // guestbackup: virt-api admits every VM as on a cluster (it adds its
@@ -75,7 +33,7 @@ var _ = Describe("The VirtualMachine CRD of the test bed", Ordered, func() {
 	})
 
 	It("stores an opted-in VM with containerDisk, cloudInitNoCloud secretRef and interfaces, every field as written", func() {
-		vm := typicalVM("typical")
+		vm := story.TypicalVM("typical")
 		want := vm.Spec.DeepCopy()
 		Expect(apiServer.Client.Create(ctx, vm)).To(Succeed())
 
@@ -86,7 +44,7 @@ var _ = Describe("The VirtualMachine CRD of the test bed", Ordered, func() {
 	})
 
 	It("stores a disk-mode VM, a secret volume on a disk with a serial, every field as written", func() {
-		vm := typicalVM("disk-mode")
+		vm := story.TypicalVM("disk-mode")
 		spec := &vm.Spec.Template.Spec
 		// The VM keeps its own cloud-init; the bootstrap arrives on a second disk.
 		spec.Volumes[1].CloudInitNoCloud = &kubevirtv1.CloudInitNoCloudSource{UserData: "#cloud-config\nhostname: disk-mode\n"}

@@ -17,6 +17,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
+	"github.com/guestbackup/guestbackup/test/story"
 )
 
 var _ = Describe("The admission webhook, registered in a real API server", Ordered, func() {
@@ -38,7 +39,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 	})
 
 	It("stores an opted-in VM mutated, with its credentials in a Secret and cloud-init reading them", func() {
-		Expect(api.Client.Create(ctx, optIn(typicalVM("web")))).To(Succeed())
+		Expect(api.Client.Create(ctx, optIn(story.TypicalVM("web")))).To(Succeed())
 		vm := getVM("web")
 		Expect(vm.Spec.Template.Spec.Volumes).To(ContainElement(And(
 			HaveField("Name", mutate.CloudInitVolume),
@@ -85,7 +86,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 
 	It("never sees a VM that did not opt in", func() {
 		seen := requests.n.Load()
-		plain := typicalVM("plain")
+		plain := story.TypicalVM("plain")
 		plain.Namespace, plain.Annotations = "team-a", nil
 		Expect(api.Client.Create(ctx, plain)).To(Succeed())
 		Expect(getVM("plain").Spec).To(Equal(plain.Spec))
@@ -95,7 +96,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 	})
 
 	It("writes no Secret on a dry run, yet shows the mutation", func() {
-		vm := optIn(typicalVM("dry"))
+		vm := optIn(story.TypicalVM("dry"))
 		Expect(api.Client.Create(ctx, vm, client.DryRunAll)).To(Succeed())
 		Expect(vm.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", mutate.CloudInitVolume)))
 		Consistently(func() bool {
@@ -105,7 +106,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 	})
 
 	It("denies a VM that names a server that does not exist, saying so", func() {
-		vm := optIn(typicalVM("lost"))
+		vm := optIn(story.TypicalVM("lost"))
 		vm.Annotations[v1alpha1.AnnotationServer] = "backup/nope"
 		err := api.Client.Create(ctx, vm)
 		Expect(err).To(MatchError(ContainSubstring("BackupStorageLocationServer backup/nope named by annotation guestbackup.io/server does not exist")))
@@ -114,7 +115,7 @@ var _ = Describe("The admission webhook, registered in a real API server", Order
 
 	It("moves a VM's inline cloud-config into the Secret, byte for byte", func() {
 		own := "#cloud-config\nwrite_files:\n  - path: /var/tmp/owner-marker\n    content: \"mine\\n\"\n"
-		vm := optIn(typicalVM("db"))
+		vm := optIn(story.TypicalVM("db"))
 		vm.Spec.Template.Spec.Volumes = append(vm.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
 			Name: "cloudinit", VolumeSource: kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: own}},
 		})

@@ -1,0 +1,101 @@
+package story
+
+import (
+	"regexp"
+	"strings"
+)
+
+// ReportPrelude starts the owner's report script: the test bed's stand-in
+// for someone logging in. It waits, bounded, for the guest's first
+// snapshot attempt, and defines say, which writes a marker line to the
+// console.
+const ReportPrelude = `#!/bin/sh
+    export HOME=/root KOPIA_CHECK_FOR_UPDATES=false
+    say() { echo "GB-E2E $*" >/dev/console; }
+    snapshot_id() { guestbackup-kopia snapshot list --json "$1" | sed -n 's/.*"id": *"\([^"]*\)".*/\1/p' | head -n 1; }
+    i=0
+    while [ $i -lt 300 ] && ! [ -e /var/lib/guestbackup/last-snapshot-attempt ]; do sleep 2; i=$((i+2)); done
+    say "uptime $(cut -d' ' -f1 /proc/uptime)"
+    say "status $(cat /var/lib/guestbackup/status 2>/dev/null)"
+    journalctl --no-pager -u guestbackup-connect -u guestbackup-disk | tail -n 12 | sed 's/^/GB-E2E-LOG /' >/dev/console
+`
+
+// WebConfig is the first VM owner's own inline cloud-config: a file to back
+// up, a marker, and a report that restores the file from the guest's first
+// snapshot after deleting it, then powers the guest off.
+const WebConfig = `#cloud-config
+write_files:
+- path: /srv/data/hello.txt
+  content: "hello from the guest\n"
+- path: /var/tmp/owner-marker
+  content: "the owner's own cloud-config ran\n"
+- path: /usr/local/sbin/report
+  permissions: '0755'
+  content: |
+    ` + ReportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
+    say "snapshots $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"')"
+    id=$(snapshot_id /srv/data)
+    cp /srv/data/hello.txt /var/tmp/hello.orig
+    rm /srv/data/hello.txt
+    if guestbackup-kopia restore "$id/hello.txt" /srv/data/hello.txt >/var/tmp/restore.log 2>&1 && cmp -s /var/tmp/hello.orig /srv/data/hello.txt; then
+      say "restore identical $(sha256sum </srv/data/hello.txt | cut -d' ' -f1)"
+    else
+      say "restore failed $(tail -n 3 /var/tmp/restore.log | tr '\n' ' ')"
+    fi
+    systemctl poweroff
+runcmd:
+- [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
+`
+
+// DBConfig is the second VM owner's cloud-config, in a Secret of their own:
+// a file to back up, and a report that tries to see and restore the first
+// VM's snapshot (whose ID it is given), then powers the guest off.
+func DBConfig(webSnapshot string) string {
+	return `#cloud-config
+write_files:
+- path: /srv/db/dump.sql
+  content: "CREATE TABLE t (id int);\n"
+- path: /usr/local/sbin/report
+  permissions: '0755'
+  content: |
+    ` + ReportPrelude + `    say "snapshots $(guestbackup-kopia snapshot list --json /srv/db | grep -c '"id"')"
+    say "visible $(guestbackup-kopia snapshot list --all --json | grep -c '"id"')"
+    say "mine $(guestbackup-kopia snapshot list --json db@team-a:/srv/db 2>/dev/null | grep -c '"id"')"
+    say "others $(guestbackup-kopia snapshot list --json web@team-a:/srv/data 2>/dev/null | grep -c '"id"')"
+    if guestbackup-kopia restore "$(snapshot_id /srv/db)/dump.sql" /var/tmp/own.sql >/var/tmp/own.log 2>&1 && cmp -s /srv/db/dump.sql /var/tmp/own.sql; then
+      say "own restored"
+    else
+      say "own failed $(tail -n 3 /var/tmp/own.log | tr '\n' ' ')"
+    fi
+    if guestbackup-kopia restore ` + webSnapshot + `/hello.txt /var/tmp/stolen.txt >/var/tmp/steal.log 2>&1; then
+      say "steal restored $(cat /var/tmp/stolen.txt)"
+    else
+      say "steal refused $(grep -i -m 1 -e error -e denied /var/tmp/steal.log)"
+    fi
+    systemctl poweroff
+runcmd:
+- [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
+`
+}
+
+// Logs returns the journal lines the report printed on the console.
+func Logs(console string) string {
+	var logs []string
+	for _, line := range strings.Split(console, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), "GB-E2E-LOG "); ok {
+			logs = append(logs, rest)
+		}
+	}
+	return strings.Join(logs, "\n")
+}
+
+var marker = regexp.MustCompile(`(?m)^GB-E2E (\S+) ?(.*?)\r?$`)
+
+// Markers are the report's "GB-E2E <marker> <value>" lines, by marker.
+func Markers(console string) map[string]string {
+	m := map[string]string{}
+	for _, match := range marker.FindAllStringSubmatch(console, -1) {
+		m[match[1]] = match[2]
+	}
+	return m
+}

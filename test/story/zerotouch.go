@@ -1,0 +1,202 @@
+package story
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// Bed is where a story with real guests runs: guestbackup with an
+// admin's BSLS <bslsNamespace>/main, and a way to boot a VM's guest until it
+// powers itself off.
+type Bed interface {
+	// Client is the cluster's admin client.
+	Client() client.Client
+	// BSLS is the admin's BSLS.
+	BSLS() *v1alpha1.BackupStorageLocationServer
+	// ServerURL is the BSLS's server as a kopia client on this machine
+	// reaches it.
+	ServerURL() string
+	// Guest makes vm's first volume the test guest as this bed runs it.
+	Guest(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine
+	// Boot starts stored VM vm and returns its guest's console once the
+	// guest powered itself off.
+	Boot(vm *kubevirtv1.VirtualMachine) testbed.GuestResult
+	// Events are the Events about an object, as "Type Reason: message".
+	Events(ctx context.Context, namespace, kind, name string) ([]string, error)
+}
+
+// ZeroTouch is the zero-touch story, on the bed start makes: an admin's
+// BSLS, two owners' VMs whose guests connect and snapshot with only what
+// was injected, their isolation, and a deleted VM's revocation.
+func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...string) Bed) {
+	const (
+		bslsNS = "backup"
+		vmNS   = "team-a"
+	)
+	var (
+		ctx  context.Context
+		bed  Bed
+		c    client.Client
+		bsls *v1alpha1.BackupStorageLocationServer
+	)
+	vmEvents := func(name string) func() ([]string, error) {
+		return func() ([]string, error) { return bed.Events(ctx, vmNS, "VirtualMachine", name) }
+	}
+
+	// usersOfShard reads the users Secret of the shard that holds user.
+	usersOfShard := func(user string) func() string {
+		return func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf(user))}, s)
+			return string(s.Data[userset.Key])
+		}
+	}
+	// waitForUser waits until the controller has given user to the server.
+	waitForUser := func(user string) {
+		GinkgoHelper()
+		Eventually(usersOfShard(user)).WithTimeout(30 * time.Second).Should(ContainSubstring(user))
+	}
+	// serverURL is the server as the host's kopia reaches it.
+	serverURL := func() string { return bed.ServerURL() }
+	// connected is what the guest says once it connected as user.
+	connected := func(user string) string { return "connected to " + bsls.Status.Endpoint + " as " + user }
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		bed = start(ctx, bslsNS, vmNS)
+		c, bsls = bed.Client(), bed.BSLS()
+	})
+
+	It("runs the admin's BSLS from the Deployment it writes: Ready, with endpoint and pin", func() {
+		Eventually(func() bool {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
+			return meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)
+		}).WithTimeout(30 * time.Second).Should(BeTrue())
+		Expect(bsls.Status.Endpoint).To(Equal(bsls.Spec.ClientURL))
+		Expect(bsls.Status.TLSFingerprint).To(HaveLen(64))
+	})
+
+	// web is the first VM's story: its guest's console and, from the host,
+	// its first snapshot's ID and its password.
+	var web struct {
+		console, snapshot, password string
+	}
+
+	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
+		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
+		waitForUser("web@team-a")
+
+		res := bed.Boot(stored)
+		web.console = res.Console
+		m := Markers(res.Console)
+		Expect(m["status"]).To(ContainSubstring(connected("web@team-a")), "the guest's services said:\n%s", Logs(res.Console))
+		Expect(m["snapshots"]).To(Equal("1"))
+
+		By("finding the snapshot on the server as the VM's user")
+		s := &corev1.Secret{}
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)).To(Succeed())
+		web.password = string(s.Data[v1alpha1.SecretKeyPassword])
+		kopia := testbed.NewKopiaClient(GinkgoT())
+		out, err := kopia.ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		ids, err := kopia.SnapshotIDs(ctx, "/srv/data")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		web.snapshot = ids[0]
+
+		By("recording the whole story on the VM")
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
+			HavePrefix("Normal CredentialsIssued: Issued Kopia credentials for web@team-a"),
+			HavePrefix("Normal UserProvisioned: User web@team-a provisioned"),
+			HavePrefix("Normal GuestConnected: Guest backs up as web@team-a"),
+			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/data: 21 bytes in 1 files")),
+		))
+		Expect(vmEvents("web")()).NotTo(ContainElement(ContainSubstring(web.password)))
+	})
+
+	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
+		Expect(Markers(web.console)).To(HaveKeyWithValue("marker", "the owner's own cloud-config ran"))
+	})
+
+	It("restores, inside the guest, a deleted file from its snapshot, byte-identical", func() {
+		sum := sha256.Sum256([]byte("hello from the guest\n"))
+		Expect(Markers(web.console)).To(HaveKeyWithValue("restore", "identical "+hex.EncodeToString(sum[:])))
+	})
+
+	// db is the second VM's guest console.
+	var dbConsole string
+
+	It("gives a VM that brings its own cloud-init Secret the secret disk; its guest connects from the disk", func() {
+		Expect(web.snapshot).NotTo(BeEmpty(), "the first VM's snapshot")
+		userData := DBConfig(web.snapshot)
+		Expect(c.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: "db-userdata", Namespace: vmNS},
+			Data:       map[string][]byte{"userdata": []byte(userData)},
+		})).To(Succeed())
+		vm := bed.Guest(TypicalVM("db"))
+		vm.Namespace = vmNS
+		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: bslsNS + "/main", v1alpha1.AnnotationPaths: "/srv/db"}
+		vm.Spec.Template.Spec.Volumes[1].CloudInitNoCloud.UserDataSecretRef.Name = "db-userdata"
+		Expect(c.Create(ctx, vm)).To(Succeed())
+		stored := &kubevirtv1.VirtualMachine{}
+		Expect(c.Get(ctx, client.ObjectKeyFromObject(vm), stored)).To(Succeed())
+		Expect(stored.Spec.Template.Spec.Volumes[1]).To(Equal(vm.Spec.Template.Spec.Volumes[1]), "the owner's cloud-init volume is kept")
+		Expect(stored.Spec.Template.Spec.Volumes).To(ContainElement(HaveField("Name", mutate.DiskVolume)))
+		owners := &corev1.Secret{}
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "db-userdata"}, owners)).To(Succeed())
+		Expect(string(owners.Data["userdata"])).To(Equal(userData), "the owner's cloud-init Secret is untouched")
+		waitForUser("db@team-a")
+
+		res := bed.Boot(stored)
+		dbConsole = res.Console
+		m := Markers(res.Console)
+		Expect(m["status"]).To(ContainSubstring(connected("db@team-a")), "the guest's services said:\n%s", Logs(res.Console))
+		Expect(m["snapshots"]).To(Equal("1"))
+		Eventually(vmEvents("db")).WithTimeout(30 * time.Second).Should(ContainElement(
+			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/db: 25 bytes in 1 files"))))
+	})
+
+	It("keeps one VM's snapshots from another: the second guest can neither list nor restore the first's", func() {
+		m := Markers(dbConsole)
+		Expect(m).To(HaveKeyWithValue("visible", "1"), "all the snapshots the second guest can list: its own")
+		Expect(m).To(HaveKeyWithValue("mine", "1"), "its own snapshots, listed by source")
+		Expect(m).To(HaveKeyWithValue("others", "0"), "the first VM's snapshots, listed by source the same way")
+		Expect(m).To(HaveKeyWithValue("own", "restored"), "restoring its own snapshot the same way, by ID and path")
+		Expect(m["steal"]).To(HavePrefix("refused"), "restoring the first VM's snapshot by its ID and path")
+	})
+
+	It("revokes a deleted VM's user: its old credentials are refused, and other VMs keep theirs", func() {
+		Expect(web.password).NotTo(BeEmpty(), "the first VM's password")
+		Expect(c.Delete(ctx, &kubevirtv1.VirtualMachine{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: vmNS}})).To(Succeed())
+		Eventually(usersOfShard("web@team-a")).WithTimeout(30 * time.Second).ShouldNot(ContainSubstring("web@team-a"))
+		Eventually(func() string {
+			out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+			if err == nil {
+				return "accepted"
+			}
+			return out
+		}).WithTimeout(30*time.Second).WithPolling(time.Second).Should(Or(ContainSubstring("access denied"), ContainSubstring("Unauthenticated")),
+			"the server's answer to the deleted VM's credentials")
+
+		s := &corev1.Secret{}
+		Expect(c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("db")}, s)).To(Succeed())
+		out, err := testbed.NewKopiaClient(GinkgoT()).ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "db@team-a", string(s.Data[v1alpha1.SecretKeyPassword]))
+		Expect(err).NotTo(HaveOccurred(), out)
+	})
+}
