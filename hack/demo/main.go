@@ -76,12 +76,16 @@ runcmd:
 var demoLine = regexp.MustCompile(`(?m)^DEMO (.*?)\r?$`)
 
 func main() {
-	verbose := flag.Bool("v", false, "print the components' logs")
-	guest := flag.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
-	image := flag.String("image", imageStock, "the guest's image: "+imageStock+" (a stock-like cloud image without kopia: the guest fetches it from its server) or "+imageKopia+" (the test image, which carries kopia)")
-	onNode := flag.Bool("node", false, "install the chart with helm on the test bed's real node (kubelet, containerd): controller, webhook and server run as real pods")
-	onCluster := flag.Bool("cluster", false, "also install KubeVirt on that node from its operator: KubeVirt's virt-handler and virt-launcher boot the VM's guest (make tools-cluster builds its images)")
-	flag.Parse()
+	// A flag set of the demo's own: KubeVirt's client library, which the
+	// test bed links for VM consoles, defines its own -v on the global set
+	// at init.
+	flags := flag.NewFlagSet("demo", flag.ExitOnError)
+	verbose := flags.Bool("v", false, "print the components' logs")
+	guest := flags.Bool("guest", true, "boot the VM's guest; false stops once the server is Ready")
+	image := flags.String("image", imageStock, "the guest's image: "+imageStock+" (a stock-like cloud image without kopia: the guest fetches it from its server) or "+imageKopia+" (the test image, which carries kopia)")
+	onNode := flags.Bool("node", false, "install the chart with helm on the test bed's real node (kubelet, containerd): controller, webhook and server run as real pods")
+	onCluster := flags.Bool("cluster", false, "also install KubeVirt on that node from its operator: KubeVirt's virt-handler and virt-launcher boot the VM's guest (make tools-cluster builds its images)")
+	_ = flags.Parse(os.Args[1:]) // ExitOnError: never returns an error
 	r := newRun(os.Stdout, *verbose)
 	// Every process the test bed starts dies with this one (its parent
 	// death signal); the cleanups also remove the demo's folders.

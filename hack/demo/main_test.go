@@ -3,12 +3,46 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"os/exec"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
+
+// runMainEnv makes this test binary run the demo's main instead of its
+// tests (TestMain), so a test can run the demo as `make demo` does.
+const runMainEnv = "GUESTBACKUP_DEMO_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		os.Args = append([]string{"demo"}, strings.Fields(os.Getenv(runMainEnv+"_ARGS"))...)
+		main()
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+// TestDemoTakesItsFlags runs the demo's main with -h and every flag the
+// README names: it prints its usage and exits 0. A flag that another
+// linked package defined on the global set first (KubeVirt's client
+// library defines -v) would panic here.
+func TestDemoTakesItsFlags(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", runMainEnv+"_ARGS=-v -guest=false -image=stock -node=false -cluster=false -h")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("demo -h: %v\n%s", err, out)
+	}
+	for _, flag := range []string{"-v", "-guest", "-image", "-node", "-cluster"} {
+		if !regexp.MustCompile(`(?m)^\s+` + flag + `\b`).Match(out) {
+			t.Errorf("the usage does not name %s:\n%s", flag, out)
+		}
+	}
+}
 
 // TestDemoNarratesUpToAReadyServer runs the demo without its guest (the
 // end-to-end suite boots one on the same path, internal/local): every step
