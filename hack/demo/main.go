@@ -143,7 +143,7 @@ func demo(ctx context.Context, r *run, bootGuest, stock bool) error {
 	}
 	r.done()
 
-	port, err := testbed.FreePort()
+	port, err := testbed.FreePorts(2) // the server's port and its client port, the next
 	if err != nil {
 		return err
 	}

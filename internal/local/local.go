@@ -211,8 +211,8 @@ func runManager(tb testbed.TB, api *testbed.APIServer, o testbed.ManagerOptions,
 // controller writes for it, as the kubelet would, with its server port on
 // the host's loopback port (a node port, in effect: a guest reaches it as
 // https://10.0.2.2:<port>), its repository claim in a folder of tb's (or
-// the one UseClaim gave), its client port on the next one, and
-// waits until it is ready; it then records on the Deployment what the
+// the one UseClaim gave), its client port on the next one (pick both with
+// testbed.FreePorts(2)), and waits until it is ready; it then records on the Deployment what the
 // deployment controller would. tb's cleanup stops the pod.
 func (p *Platform) ServeBSLS(ctx context.Context, tb testbed.TB, bsls *v1alpha1.BackupStorageLocationServer, port int) (*testbed.Pod, error) {
 	tb.Helper()

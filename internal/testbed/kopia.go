@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -373,12 +374,52 @@ func (c *KopiaClient) SnapshotIDs(ctx context.Context, path string) ([]string, e
 // RandomPassword returns a new password, as the product generates them.
 func RandomPassword() string { return password.New() }
 
-// FreePort returns a TCP port free on 127.0.0.1 at the time of the call.
-func FreePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free loopback port: %w", err)
+// FreePort returns a TCP port free on 127.0.0.1 at the time of the call
+// (FreePorts).
+func FreePort() (int, error) { return FreePorts(1) }
+
+// FreePorts returns the first of n consecutive TCP ports free on 127.0.0.1
+// at the time of the call: a BSLS's server takes two, its client port being
+// the next one (clientdist.Port). They are chosen below the kernel's
+// ephemeral range, where no outgoing connection's local port can take one
+// between this call and the server's bind: on a busy machine one did
+// ("listen tcp 127.0.0.1:45072: bind: address already in use").
+func FreePorts(n int) (int, error) {
+	const low = 10000
+	high := ephemeralLow() - n
+	if high <= low {
+		return 0, fmt.Errorf("no room for %d ports below the ephemeral range", n)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	for range 200 {
+		first := low + rand.IntN(high-low)
+		if portsFree(first, n) {
+			return first, nil
+		}
+	}
+	return 0, fmt.Errorf("find %d free consecutive loopback ports below %d: none in 200 tries", n, high+n)
+}
+
+// portsFree tells whether ports first to first+n-1 can all be listened on.
+func portsFree(first, n int) bool {
+	for i := range n {
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(first+i)))
+		if err != nil {
+			return false
+		}
+		defer l.Close()
+	}
+	return true
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range.
+func ephemeralLow() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil {
+				return low
+			}
+		}
+	}
+	return 32768 // Linux's default
 }

@@ -63,3 +63,21 @@ func TestRunKeepsTheEnvironmentMinimal(t *testing.T) {
 		t.Fatalf("environment leaked or lost:\n%s", out)
 	}
 }
+
+// TestFreePortsBelowTheEphemeralRange: a server's port and its client port
+// (the next) are free together and below the kernel's ephemeral range, so
+// no outgoing connection takes one before the server binds it.
+func TestFreePortsBelowTheEphemeralRange(t *testing.T) {
+	for _, n := range []int{1, 2} {
+		first, err := FreePorts(n)
+		if err != nil {
+			t.Fatalf("FreePorts(%d): %v", n, err)
+		}
+		if last := first + n - 1; last >= ephemeralLow() {
+			t.Errorf("FreePorts(%d) = %d..%d, not below the ephemeral range (%d)", n, first, last, ephemeralLow())
+		}
+		if !portsFree(first, n) {
+			t.Errorf("FreePorts(%d) = %d: not all %d free", n, first, n)
+		}
+	}
+}

@@ -42,7 +42,7 @@ func startBackupPlatform(ctx context.Context, bslsNamespace string, namespaces .
 // options, e.g. another controller configuration.
 func startBackupPlatformWith(ctx context.Context, o local.Options, bslsNamespace string, namespaces ...string) backupPlatform {
 	GinkgoHelper()
-	port, err := testbed.FreePort()
+	port, err := testbed.FreePorts(2)
 	Expect(err).NotTo(HaveOccurred())
 	p := local.Start(GinkgoT(), o)
 	for _, ns := range append([]string{bslsNamespace}, namespaces...) {

@@ -34,7 +34,7 @@ var _ = Describe("A pool of VMs created back to back against a real server", Ord
 
 	BeforeAll(func() {
 		ctx = context.Background()
-		port, err := testbed.FreePort()
+		port, err := testbed.FreePorts(2)
 		Expect(err).NotTo(HaveOccurred())
 		platform = local.Start(GinkgoT(), local.Options{Logger: GinkgoLogr})
 		for _, ns := range []string{"backup", "team-a"} {

@@ -55,7 +55,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		DeferCleanup(first.lose)
 		first.createNamespaces()
 		var err error
-		port, err = testbed.FreePort()
+		port, err = testbed.FreePorts(2)
 		Expect(err).NotTo(HaveOccurred())
 		pod, bsls = first.serve(newBSLS(port), port)
 		claim = first.Claim(bsls)

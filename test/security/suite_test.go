@@ -138,7 +138,7 @@ type Server struct {
 // server's certificate names it, and guests check that it does.
 func serveBSLS(b *v1alpha1.BackupStorageLocationServer) Server {
 	GinkgoHelper()
-	port, err := testbed.FreePort()
+	port, err := testbed.FreePorts(2)
 	Expect(err).NotTo(HaveOccurred())
 	url := fmt.Sprintf("https://127.0.0.1:%d", port)
 	b.Spec.ClientURL = url
