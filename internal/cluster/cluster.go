@@ -1,7 +1,7 @@
 // Package cluster is guestbackup on real KubeVirt on the test bed's real
 // node: KubeVirt installed from its operator, guestbackup by `helm install`
-// of its chart, and an admin's BSLS Ready, for test/kubevirt's cluster
-// backend and `make demo MODE=cluster`.
+// of its chart, and an admin's BSLS Ready, for test/cluster and `make demo
+// MODE=cluster`.
 package cluster
 
 import (

@@ -135,8 +135,11 @@ func SerialConsole(ctx context.Context, config *rest.Config, key types.Namespace
 	if err := WaitFor(2*time.Minute, time.Second, func() (bool, error) {
 		var err error
 		stream, err = kvcorev1.AsyncSubresourceHelper(config, "virtualmachineinstances", key.Namespace, key.Name, "console", nil)
+		// 400: the instance does not run yet. Only a refusal that waiting
+		// cannot change ends the wait; a dial error or a 5xx while virt-api
+		// is briefly unavailable is retried.
 		var async *kvcorev1.AsyncSubresourceError
-		if errors.As(err, &async) && async.GetStatusCode() != http.StatusBadRequest {
+		if errors.As(err, &async) && slices.Contains([]int{http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound}, async.GetStatusCode()) {
 			return false, Permanent(err)
 		}
 		return err == nil, err

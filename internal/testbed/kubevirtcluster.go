@@ -10,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -82,7 +83,9 @@ func readRecipe(path string) (map[string]string, error) {
 //     ("both maximum memory size and memory slot count must be specified");
 //   - one replica of virt-api and virt-controller (two on one node only
 //     cost CPU);
-//   - imagePullPolicy Never: the images were imported, there is no registry.
+//   - imagePullPolicy Never, for KubeVirt's components and for launcher
+//     pods (spec.configuration's): the images were imported, there is no
+//     registry to pull from.
 func KubeVirtCR() *kubevirtv1.KubeVirt {
 	return &kubevirtv1.KubeVirt{
 		TypeMeta:   metav1.TypeMeta{APIVersion: kubevirtv1.GroupVersion.String(), Kind: "KubeVirt"},
@@ -92,6 +95,7 @@ func KubeVirtCR() *kubevirtv1.KubeVirt {
 			Infra:           &kubevirtv1.ComponentConfig{Replicas: ptr.To[uint8](1)},
 			Configuration: kubevirtv1.KubeVirtConfiguration{
 				DeveloperConfiguration: &kubevirtv1.DeveloperConfiguration{UseEmulation: true},
+				ImagePullPolicy:        corev1.PullNever,
 				VMRolloutStrategy:      ptr.To(kubevirtv1.VMRolloutStrategyStage),
 			},
 		},
@@ -139,7 +143,8 @@ func InstallKubeVirt(tb TB, n *Node, images KubeVirtImages) error {
 	// The CRD must be served before its first object.
 	if err := WaitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
 		err := n.API.Client.Create(ctx, KubeVirtCR())
-		return err == nil, err
+		// A create that reached the server before its answer was lost.
+		return err == nil || apierrors.IsAlreadyExists(err), err
 	}); err != nil {
 		return fmt.Errorf("create the KubeVirt CR: %w", err)
 	}

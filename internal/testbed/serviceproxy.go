@@ -75,6 +75,15 @@ func (p *serviceProxy) track(conns ...net.Conn) bool {
 	return true
 }
 
+// untrack forgets conns, which their forward is done with.
+func (p *serviceProxy) untrack(conns ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range conns {
+		delete(p.conns, c)
+	}
+}
+
 func (p *serviceProxy) closeAll() {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -100,6 +109,7 @@ func (p *serviceProxy) forward(in net.Conn) {
 	if !p.track(in, out) {
 		return
 	}
+	defer p.untrack(in, out)
 	var copies sync.WaitGroup
 	copies.Go(func() { copyHalf(out, in) })
 	copyHalf(in, out)

@@ -74,8 +74,9 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 	}
 	// serverURL is the server as the host's kopia reaches it.
 	serverURL := func() string { return bed.ServerURL() }
-	// connected is what the guest says once it connected as user.
-	connected := func(user string) string { return "connected to " + bsls.Status.Endpoint + " as " + user }
+	// connected is what the guest says once it connected as user, to the
+	// admin's clientURL (the endpoint the BSLS's status shows, spec 1).
+	connected := func(user string) string { return "connected to " + bsls.Spec.ClientURL + " as " + user }
 
 	BeforeAll(func() {
 		ctx = context.Background()

@@ -1,5 +1,5 @@
 // Module kubevirt-cluster pins the KubeVirt release that the cluster backend
-// (test/kubevirt with GUESTBACKUP_E2E=cluster, make demo MODE=cluster) installs
+// (test/cluster with GUESTBACKUP_E2E=cluster, make demo MODE=cluster) installs
 // on the test bed's real node: virt-operator, virt-api, virt-controller,
 // virt-handler and virt-launcher with its helpers, built here and packed into
 // images by hack/kubevirt-images.sh.
