@@ -87,6 +87,9 @@ type Node struct {
 	// PodCIDR is the pods' subnet; Gateway is the bridge's address in it.
 	PodCIDR *net.IPNet
 	Gateway net.IP
+	// serviceCIDR is the Services' subnet, whose first address (the API
+	// server's) is on the bridge too.
+	serviceCIDR *net.IPNet
 
 	dir, socket string
 	bridge      string
@@ -128,7 +131,7 @@ func StartNode(tb TB, opts NodeOptions) *Node {
 	if err != nil {
 		tb.Fatalf("node network: %v", err)
 	}
-	n := &Node{Name: "node-" + netw.bridge, PodCIDR: netw.pods, Gateway: netw.gateway, dir: dir,
+	n := &Node{Name: "node-" + netw.bridge, PodCIDR: netw.pods, Gateway: netw.gateway, serviceCIDR: netw.service, dir: dir,
 		socket: filepath.Join(dir, "containerd.sock"), bridge: netw.bridge, cgroup: "/guestbackup-" + netw.bridge}
 
 	apiOpts := opts.APIServer
@@ -358,9 +361,15 @@ func (n *Node) startContainerd(tb TB, tools Tools) error {
 			// machine's firewall stays untouched.
 			"ipMasq": false,
 			"ipam": map[string]any{
-				"type":    "host-local",
-				"ranges":  [][]map[string]string{{{"subnet": n.PodCIDR.String(), "gateway": n.Gateway.String()}}},
-				"routes":  []map[string]string{{"dst": "0.0.0.0/0"}},
+				"type":   "host-local",
+				"ranges": [][]map[string]string{{{"subnet": n.PodCIDR.String(), "gateway": n.Gateway.String()}}},
+				// No default route: a pod (or a VM's guest behind its
+				// launcher pod) reaches this machine's bridge (its pod
+				// subnet, on-link) and the Service range the API server
+				// is on, nothing else. With the machine forwarding, a
+				// default route would carry a lookup to its resolver, or
+				// anywhere, off the machine with a pod's address.
+				"routes":  []map[string]string{{"dst": n.serviceCIDR.String()}},
 				"dataDir": filepath.Join(n.dir, "ipam"),
 			},
 		}},
