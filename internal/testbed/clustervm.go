@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -239,25 +238,22 @@ func watchKubeVirtProcesses(ctx context.Context) []MachineProcess {
 }
 
 // MachineProcesses lists this machine's processes whose command (argv[0]'s
-// base name) is one of commands, with who started them.
+// base name) is one of commands, with who started them, from one reading
+// of the process table (processes).
 func MachineProcesses(commands ...string) ([]MachineProcess, error) {
-	entries, err := os.ReadDir("/proc")
+	procs, err := processes()
 	if err != nil {
 		return nil, err
 	}
 	self := os.Getpid()
 	var out []MachineProcess
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
+	for pid := range procs {
 		cmd := processCommand(pid)
 		if !slices.Contains(commands, cmd) {
 			continue
 		}
 		p := MachineProcess{PID: pid, Command: cmd}
-		for ancestor := parentPID(pid); ancestor > 1; ancestor = parentPID(ancestor) {
+		for ancestor := procs[pid].ppid; ancestor > 1; ancestor = procs[ancestor].ppid {
 			if strings.HasPrefix(processCommand(ancestor), "containerd-shim") {
 				p.UnderShim = true
 				break
@@ -280,23 +276,4 @@ func processCommand(pid int) string {
 	}
 	argv0, _, _ := bytes.Cut(data, []byte{0})
 	return filepath.Base(string(argv0))
-}
-
-// parentPID is pid's parent, 0 when gone.
-func parentPID(pid int) int {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0
-	}
-	// The command in parentheses may hold spaces: fields follow the last ')'.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0
-	}
-	fields := strings.Fields(string(data[i+1:]))
-	if len(fields) < 2 {
-		return 0
-	}
-	ppid, _ := strconv.Atoi(fields[1])
-	return ppid
 }

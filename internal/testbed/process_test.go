@@ -2,7 +2,9 @@ package testbed
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -79,5 +81,26 @@ func TestFreePortsBelowTheEphemeralRange(t *testing.T) {
 		if !portsFree(first, n) {
 			t.Errorf("FreePorts(%d) = %d: not all %d free", n, first, n)
 		}
+	}
+}
+
+// TestMachineProcessesTellsWhoStartedThem: a process this test starts is
+// the test bed's, with no containerd shim among its ancestors.
+func TestMachineProcessesTellsWhoStartedThem(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	procs, err := MachineProcesses("sleep")
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(procs, func(p MachineProcess) bool { return p.PID == cmd.Process.Pid })
+	if i < 0 {
+		t.Fatalf("sleep[%d] not among %v", cmd.Process.Pid, procs)
+	}
+	if got := procs[i]; !got.OfTestBed || got.UnderShim {
+		t.Errorf("sleep started by this test: %+v, want OfTestBed and not UnderShim", got)
 	}
 }
