@@ -38,7 +38,7 @@ func demoCluster(ctx context.Context, r *run) error {
 	if err != nil {
 		return err
 	}
-	c := cb.Node.API.Client
+	c := cb.Client
 	var pods corev1.PodList
 	if err := c.List(ctx, &pods); err != nil {
 		return err
@@ -63,7 +63,7 @@ func demoCluster(ctx context.Context, r *run) error {
 		return fmt.Errorf("create the VirtualMachine: %w", err)
 	}
 	r.say("KubeVirt's virt-handler and virt-launcher boot its guest under QEMU (software emulation: several minutes); its serial console is read through virt-api")
-	boot, err := testbed.BootVM(ctx, cb.Node, client.ObjectKeyFromObject(vm), clusterBootTimeout)
+	boot, err := testbed.BootVM(ctx, c, cb.Node, client.ObjectKeyFromObject(vm), clusterBootTimeout)
 	if err != nil {
 		return err
 	}

@@ -36,7 +36,10 @@ type Options struct {
 // Backend is guestbackup on real KubeVirt on the test bed's real node, with
 // an admin's filesystem BSLS Ready.
 type Backend struct {
-	Node   *testbed.Node
+	Node *testbed.Node
+	// Client is the node's admin client, retrying its writes while the API
+	// server cannot call KubeVirt's webhooks (testbed.RetryKubeVirtWebhooks).
+	Client client.Client
 	Images testbed.KubeVirtImages
 	BSLS   *v1alpha1.BackupStorageLocationServer
 	// ServerURL is the BSLS's clientURL: the address on the node's bridge
@@ -67,9 +70,9 @@ func Start(tb testbed.TB, o Options) (*Backend, error) {
 		// The audit's interval as the local bed's (local.ControllerOptions):
 		// a guest's snapshot becomes an Event on its VM within seconds.
 		Values: []string{"controller.guestActivityInterval=2s"}, KubeVirt: &images})
-	b := &Backend{Node: node, Images: images}
+	b := &Backend{Node: node, Images: images, Client: testbed.RetryKubeVirtWebhooks(node.API.Client, tb.Logf)}
 	ctx := context.Background()
-	c := node.API.Client
+	c := b.Client
 	for _, ns := range append([]string{o.BSLSNamespace}, o.Namespaces...) {
 		if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: o.NamespaceLabels}}); err != nil {
 			return nil, fmt.Errorf("create namespace %s: %w", ns, err)

@@ -58,14 +58,13 @@ type ClusterBoot struct {
 	Processes []MachineProcess
 }
 
-// BootVM starts VirtualMachine key on node n the way its owner does (its
-// runStrategy becomes Once: the guest's power-off ends it), and reads the
-// guest's serial console through KubeVirt's own path (the API server, the
+// BootVM starts VirtualMachine key on node n with client c the way its
+// owner does (its runStrategy becomes Once: the guest's power-off ends it),
+// and reads the guest's serial console through KubeVirt's own path (the API server, the
 // aggregated virt-api, virt-handler, the launcher's console socket) until
 // the guest powers itself off, within timeout. It fails with what `kubectl
 // describe` would say when the instance does not reach Running.
-func BootVM(ctx context.Context, n *Node, key types.NamespacedName, timeout time.Duration) (ClusterBoot, error) {
-	c := n.API.Client
+func BootVM(ctx context.Context, c client.Client, n *Node, key types.NamespacedName, timeout time.Duration) (ClusterBoot, error) {
 	vm := &kubevirtv1.VirtualMachine{}
 	if err := c.Get(ctx, key, vm); err != nil {
 		return ClusterBoot{}, err
@@ -96,7 +95,7 @@ func BootVM(ctx context.Context, n *Node, key types.NamespacedName, timeout time
 	defer cancel()
 	var boot ClusterBoot
 	var watched sync.WaitGroup
-	watched.Go(func() { boot.Processes = watchKubeVirtProcesses(bootCtx) })
+	watched.Go(func() { boot.Processes = watchKubeVirtProcesses(bootCtx, n) })
 	var console bytes.Buffer
 	err := SerialConsole(bootCtx, n.API.Config, key, &console)
 	// The console ends by itself when the domain stops; only the timeout
@@ -204,8 +203,8 @@ func describeInstance(ctx context.Context, c client.Client, key types.Namespaced
 type MachineProcess struct {
 	PID     int
 	Command string // argv[0]'s base name
-	// UnderShim: a containerd shim is among its ancestors: the node's
-	// containerd started it, for a pod.
+	// UnderShim: a containerd shim is among its ancestors, and the node's
+	// init among the shim's: the node's containerd started it, for a pod.
 	UnderShim bool
 	// OfTestBed: this test process is among its ancestors with no
 	// containerd shim in between: the test bed started it itself.
@@ -216,11 +215,11 @@ type MachineProcess struct {
 var kubeVirtCommands = []string{"virt-handler", "virt-launcher", "virt-launcher-monitor", "libvirtd", "virtqemud", "qemu-system-x86_64"}
 
 // watchKubeVirtProcesses samples the machine's KubeVirt processes every few
-// seconds until ctx ends, and returns every one it saw.
-func watchKubeVirtProcesses(ctx context.Context) []MachineProcess {
+// seconds until ctx ends, and returns every one it saw, as node n's.
+func watchKubeVirtProcesses(ctx context.Context, n *Node) []MachineProcess {
 	seen := map[int]MachineProcess{}
 	for {
-		procs, _ := MachineProcesses(kubeVirtCommands...)
+		procs, _ := MachineProcesses(n.init, kubeVirtCommands...)
 		for _, p := range procs {
 			seen[p.PID] = p
 		}
@@ -239,13 +238,24 @@ func watchKubeVirtProcesses(ctx context.Context) []MachineProcess {
 
 // MachineProcesses lists this machine's processes whose command (argv[0]'s
 // base name) is one of commands, with who started them, from one reading
-// of the process table (processes).
-func MachineProcesses(commands ...string) ([]MachineProcess, error) {
+// of the process table (processes). nodeInit is the host PID of a node's
+// init: only a shim that descends from it is that node's containerd's, so
+// a shim of any other containerd on the machine does not count.
+func MachineProcesses(nodeInit int, commands ...string) ([]MachineProcess, error) {
 	procs, err := processes()
 	if err != nil {
 		return nil, err
 	}
 	self := os.Getpid()
+	// descends tells whether ancestor is among pid's ancestors.
+	descends := func(pid, ancestor int) bool {
+		for p := procs[pid].ppid; p > 1; p = procs[p].ppid {
+			if p == ancestor {
+				return true
+			}
+		}
+		return false
+	}
 	var out []MachineProcess
 	for pid := range procs {
 		cmd := processCommand(pid)
@@ -255,7 +265,7 @@ func MachineProcesses(commands ...string) ([]MachineProcess, error) {
 		p := MachineProcess{PID: pid, Command: cmd}
 		for ancestor := procs[pid].ppid; ancestor > 1; ancestor = procs[ancestor].ppid {
 			if strings.HasPrefix(processCommand(ancestor), "containerd-shim") {
-				p.UnderShim = true
+				p.UnderShim = descends(ancestor, nodeInit)
 				break
 			}
 			if ancestor == self {

@@ -2,7 +2,6 @@ package testbed
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -85,22 +84,67 @@ func TestFreePortsBelowTheEphemeralRange(t *testing.T) {
 }
 
 // TestMachineProcessesTellsWhoStartedThem: a process this test starts is
-// the test bed's, with no containerd shim among its ancestors.
+// the test bed's; one a containerd shim starts is the node's only when the
+// node's init is among the shim's ancestors.
 func TestMachineProcessesTellsWhoStartedThem(t *testing.T) {
-	cmd := exec.Command("sleep", "30")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
+	// start runs a copy of sh named name with script and returns its PID.
+	start := func(name, script string) int {
+		t.Helper()
+		sh := filepath.Join(t.TempDir(), name)
+		data, err := os.ReadFile("/bin/sh")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(sh, data, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return StartProcess(t, ProcessSpec{Name: name, Path: sh, Args: []string{"-c", script}}).cmd.Process.Pid
 	}
-	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
-	procs, err := MachineProcesses("sleep")
-	if err != nil {
-		t.Fatal(err)
+	// sleepUnder is the sleep child of parent.
+	sleepUnder := func(parent int) int {
+		t.Helper()
+		var child int
+		if err := WaitFor(10*time.Second, 50*time.Millisecond, func() (bool, error) {
+			procs, err := processes()
+			for pid, p := range procs {
+				if p.ppid == parent && processCommand(pid) == "sleep" {
+					child = pid
+				}
+			}
+			return child != 0, err
+		}); err != nil {
+			t.Fatalf("no sleep under %d: %v", parent, err)
+		}
+		return child
 	}
-	i := slices.IndexFunc(procs, func(p MachineProcess) bool { return p.PID == cmd.Process.Pid })
-	if i < 0 {
-		t.Fatalf("sleep[%d] not among %v", cmd.Process.Pid, procs)
-	}
-	if got := procs[i]; !got.OfTestBed || got.UnderShim {
-		t.Errorf("sleep started by this test: %+v, want OfTestBed and not UnderShim", got)
+	shim := start("containerd-shim-runc-v2", "sleep 30 & wait")
+	byShim := sleepUnder(shim)
+	plain := start("sh", "sleep 30 & wait")
+	byTest := sleepUnder(plain)
+
+	for _, tc := range []struct {
+		name     string
+		pid      int
+		nodeInit int
+		want     MachineProcess
+	}{
+		{"started by this test", byTest, os.Getpid(), MachineProcess{OfTestBed: true}},
+		{"started by a shim under the node's init", byShim, os.Getpid(), MachineProcess{UnderShim: true}},
+		{"started by a shim of another node", byShim, plain, MachineProcess{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			procs, err := MachineProcesses(tc.nodeInit, "sleep")
+			if err != nil {
+				t.Fatal(err)
+			}
+			i := slices.IndexFunc(procs, func(p MachineProcess) bool { return p.PID == tc.pid })
+			if i < 0 {
+				t.Fatalf("sleep[%d] not among %v", tc.pid, procs)
+			}
+			tc.want.PID, tc.want.Command = tc.pid, "sleep"
+			if procs[i] != tc.want {
+				t.Errorf("got %+v, want %+v", procs[i], tc.want)
+			}
+		})
 	}
 }

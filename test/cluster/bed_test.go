@@ -53,7 +53,7 @@ func startClusterBed(ctx context.Context, bslsNamespace string, namespaces ...st
 	return &clusterBed{cb}
 }
 
-func (b *clusterBed) Client() client.Client                       { return b.Node.API.Client }
+func (b *clusterBed) Client() client.Client                       { return b.Backend.Client }
 func (b *clusterBed) BSLS() *v1alpha1.BackupStorageLocationServer { return b.Backend.BSLS }
 func (b *clusterBed) ServerURL() string                           { return b.Backend.ServerURL }
 func (b *clusterBed) Guest(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine {
@@ -71,7 +71,7 @@ func (b *clusterBed) Events(ctx context.Context, namespace, kind, name string) (
 // containerd's shim for a pod, and no QEMU of the test bed's.
 func (b *clusterBed) Boot(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
 	GinkgoHelper()
-	boot, err := testbed.BootVM(context.Background(), b.Node, client.ObjectKeyFromObject(vm), clusterBootTimeout)
+	boot, err := testbed.BootVM(context.Background(), b.Backend.Client, b.Node, client.ObjectKeyFromObject(vm), clusterBootTimeout)
 	if err != nil {
 		b.Node.LogContainers(GinkgoT(), 40)
 	}
