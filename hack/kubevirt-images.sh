@@ -141,6 +141,10 @@ SHIM
 	setcap cap_net_bind_service+ep "$r/usr/bin/qemu-system-x86_64"
 	rm -rf "$r"/var/cache/apt/archives/*.deb "$r"/var/lib/apt/lists/* "$r"/var/log/*.log "$r"/tmp/*
 	: >"$r/etc/machine-id"
+	# debootstrap copied this machine's name and resolvers into the root: an
+	# image carries neither (the kubelet gives each container its own).
+	rm -f "$r/etc/hostname"
+	: >"$r/etc/resolv.conf"
 }
 
 # tarlayer DIR OUT writes DIR as a layer, keeping ownership and the file

@@ -490,6 +490,9 @@ func (n *Node) startInit(tb TB, command ...string) error {
 		if err := os.MkdirAll(own, 0o755); err != nil {
 			return err
 		}
+		// The mount point stays on the host after the node: since Linux
+		// 3.18, removing it would detach what is mounted on it in every
+		// other mount namespace, another package's node's included.
 		if err := os.MkdirAll(path, 0o755); err != nil {
 			return fmt.Errorf("mount point %s: %w", path, err)
 		}
