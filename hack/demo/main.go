@@ -97,8 +97,10 @@ func main() {
 		_ = r.close()
 		os.Exit(130)
 	}()
-	if *image != imageStock && *image != imageKopia {
-		fmt.Fprintf(os.Stderr, "demo: -image=%s: want %s or %s\n", *image, imageStock, imageKopia)
+	set := map[string]bool{}
+	flags.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if err := checkFlags(set, *image, *onNode || *onCluster); err != nil {
+		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(2)
 	}
 	err := r.guard(func() error {
@@ -117,6 +119,23 @@ func main() {
 		fmt.Fprintf(os.Stderr, "demo: %v\n", err)
 		os.Exit(1)
 	}
+}
+
+// checkFlags refuses what the demo would otherwise ignore: an unknown
+// -image, and -image or -guest (set names the flags given) with -node or
+// -cluster, whose demos run their own guest (or none).
+func checkFlags(set map[string]bool, image string, onNode bool) error {
+	if image != imageStock && image != imageKopia {
+		return fmt.Errorf("-image=%s: want %s or %s", image, imageStock, imageKopia)
+	}
+	if onNode {
+		for _, name := range []string{"image", "guest"} {
+			if set[name] {
+				return fmt.Errorf("-%s applies to the local demo only: -node stops once the server is Ready, and -cluster boots the test guest's containerDisk", name)
+			}
+		}
+	}
+	return nil
 }
 
 // The guest images -image chooses from.

@@ -44,6 +44,35 @@ func TestDemoTakesItsFlags(t *testing.T) {
 	}
 }
 
+func TestCheckFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		set     []string
+		image   string
+		onNode  bool
+		wantErr string
+	}{
+		{"the local demo with the stock guest", nil, imageStock, false, ""},
+		{"the local demo with the test image", []string{"image"}, imageKopia, false, ""},
+		{"the local demo without its guest", []string{"guest"}, imageStock, false, ""},
+		{"an unknown image", []string{"image"}, "ubuntu", false, "-image=ubuntu: want stock or kopia"},
+		{"the node demo", []string{"node"}, imageStock, true, ""},
+		{"the node demo with an image", []string{"node", "image"}, imageKopia, true, "-image applies to the local demo only"},
+		{"the cluster demo without its guest", []string{"cluster", "guest"}, imageStock, true, "-guest applies to the local demo only"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			set := map[string]bool{}
+			for _, name := range tc.set {
+				set[name] = true
+			}
+			err := checkFlags(set, tc.image, tc.onNode)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("checkFlags = %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+}
+
 // TestDemoNarratesUpToAReadyServer runs the demo without its guest (the
 // end-to-end suite boots one on the same path, internal/local): every step
 // up to a Ready server is narrated, and everything it started is stopped.
