@@ -184,7 +184,7 @@ func describeInstance(ctx context.Context, c client.Client, key types.Namespaced
 	if err := c.List(ctx, &pods, client.InNamespace(key.Namespace)); err == nil {
 		for _, p := range pods.Items {
 			if strings.HasPrefix(p.Name, "virt-launcher-"+key.Name+"-") {
-				fmt.Fprintf(&b, "pod %s: %s\n", p.Name, describePod(&p))
+				fmt.Fprintf(&b, "pod %s: %s\n", p.Name, DescribePod(&p))
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -194,7 +195,7 @@ func DescribePods(ctx context.Context, c client.Client, namespace string) string
 	}
 	var b strings.Builder
 	for _, p := range pods.Items {
-		fmt.Fprintf(&b, "pod %s/%s: %s\n", p.Namespace, p.Name, describePod(&p))
+		fmt.Fprintf(&b, "pod %s/%s: %s\n", p.Namespace, p.Name, DescribePod(&p))
 	}
 	if len(pods.Items) == 0 {
 		fmt.Fprintf(&b, "no pods in %s\n", namespace)
@@ -202,21 +203,28 @@ func DescribePods(ctx context.Context, c client.Client, namespace string) string
 	return b.String()
 }
 
-// describePod is one pod's phase and what keeps it from running.
-func describePod(p *corev1.Pod) string {
+// DescribePod says what `kubectl describe pod` shows of a pod that does
+// not run: its phase, unmet conditions, and each container's readiness,
+// restarts, wait and last exit.
+func DescribePod(p *corev1.Pod) string {
 	parts := []string{string(p.Status.Phase)}
 	for _, cond := range p.Status.Conditions {
 		if cond.Status != corev1.ConditionTrue {
 			parts = append(parts, fmt.Sprintf("%s=%s %s %s", cond.Type, cond.Status, cond.Reason, cond.Message))
 		}
 	}
-	for _, s := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
-		switch {
-		case s.State.Waiting != nil:
-			parts = append(parts, fmt.Sprintf("container %s waiting: %s %s", s.Name, s.State.Waiting.Reason, s.State.Waiting.Message))
-		case s.State.Terminated != nil && s.State.Terminated.ExitCode != 0:
-			parts = append(parts, fmt.Sprintf("container %s exited %d: %s %s", s.Name, s.State.Terminated.ExitCode, s.State.Terminated.Reason, s.State.Terminated.Message))
+	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
+		part := fmt.Sprintf("container %s ready=%v restarts=%d", s.Name, s.Ready, s.RestartCount)
+		if w := s.State.Waiting; w != nil {
+			part += fmt.Sprintf(" waiting %s: %s", w.Reason, w.Message)
 		}
+		if t := s.State.Terminated; t != nil && t.ExitCode != 0 {
+			part += fmt.Sprintf(" exited %d %s: %s", t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+		}
+		if t := s.LastTerminationState.Terminated; t != nil {
+			part += fmt.Sprintf(" last exit %d %s: %s", t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, "; ")
 }

@@ -134,7 +134,7 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 			g.Expect(pods).To(HaveLen(3), "one controller and two webhook pods")
 			for _, p := range pods {
 				g.Expect(p.Spec.NodeName).To(Equal(node.Name))
-				g.Expect(isPodReady(p)).To(BeTrue(), "pod %s Ready: %s", p.Name, describe(p))
+				g.Expect(isPodReady(p)).To(BeTrue(), "pod %s Ready: %s", p.Name, testbed.DescribePod(&p))
 			}
 		}).WithTimeout(podTimeout).WithPolling(2 * time.Second).Should(Succeed())
 	})
@@ -165,7 +165,7 @@ var _ = Describe("guestbackup on a real node", Ordered, func() {
 			g.Expect(c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)).To(Succeed())
 			var pods []string
 			for _, p := range podsOf(g, bslsNamespace, serverLabels) {
-				pods = append(pods, describe(p))
+				pods = append(pods, p.Name+" "+testbed.DescribePod(&p))
 			}
 			g.Expect(meta.IsStatusConditionTrue(bsls.Status.Conditions, v1alpha1.ConditionReady)).To(BeTrue(),
 				"BSLS Ready; conditions %v; server pods: %s", bsls.Status.Conditions, strings.Join(pods, "; "))
@@ -342,23 +342,6 @@ func isPodReady(p corev1.Pod) bool {
 		}
 	}
 	return false
-}
-
-// describe says what the kubelet reports of a pod's containers: what a
-// human reads in `kubectl describe pod` when it does not start.
-func describe(p corev1.Pod) string {
-	var parts []string
-	for _, s := range slices.Concat(p.Status.InitContainerStatuses, p.Status.ContainerStatuses) {
-		part := fmt.Sprintf("%s ready=%v restarts=%d", s.Name, s.Ready, s.RestartCount)
-		if w := s.State.Waiting; w != nil {
-			part += fmt.Sprintf(" waiting %s: %s", w.Reason, w.Message)
-		}
-		if t := s.LastTerminationState.Terminated; t != nil {
-			part += fmt.Sprintf(" last exit %d %s: %s", t.ExitCode, t.Reason, strings.TrimSpace(t.Message))
-		}
-		parts = append(parts, part)
-	}
-	return fmt.Sprintf("%s (%s) [%s]", p.Name, p.Status.Phase, strings.Join(parts, "; "))
 }
 
 // statusField is a field of /proc/PID/status, split into its values.
