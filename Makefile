@@ -55,8 +55,14 @@ lint-chart: tools ## Lint the Helm chart strictly.
 # test/cluster (real KubeVirt on the real node) runs in make test; a plain
 # `go test ./...` skips it unless GUESTBACKUP_E2E=cluster selects it, because
 # it needs tools-cluster's images.
+#
+# go test builds and runs packages in the order they are named, -p (the
+# number of cores) at a time. The two suites that boot guests are the longest
+# by far, so they are named first: the rest then fills the slot test/cluster
+# frees while test/kubevirt runs, instead of test/kubevirt starting last.
+LONG_TEST_PACKAGES = ./test/kubevirt ./test/cluster
 test: tools-cluster verify-generated vet lint-chart ## Run every test against the real test bed, the cluster backend included (what CI runs).
-	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) ./...
+	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) $(LONG_TEST_PACKAGES) ./...
 
 .PHONY: test-cluster
 test-cluster: tools-cluster ## Run test/cluster: the end-to-end stories on real KubeVirt on the test bed's real node.
