@@ -188,7 +188,7 @@ build() {
 		die "cannot download kubevirt.io/kubevirt $VERSION (is the Go module proxy reachable?)"
 	SRC=$(cd "$MODULE" && GOFLAGS=-mod=readonly go list -m -f '{{.Dir}}' kubevirt.io/kubevirt)
 	[[ -d "$SRC/cmd" ]] || die "kubevirt.io/kubevirt $VERSION is not in the module cache ($SRC)"
-	log "building KubeVirt $VERSION's images in $dir (about 7 minutes on 2 cores after make tools, about 2 when Go's build cache has KubeVirt; needs $MIRROR)"
+	log "building KubeVirt $VERSION's images in $dir (7-9 minutes on 2 cores after make tools, about 2 when Go's build cache has KubeVirt; needs $MIRROR)"
 	tmp=$(mktemp -d "$dir.tmp.XXXXXX")
 	chmod 0755 "$tmp"
 	trap 'for m in proc sys dev/pts dev; do umount -l "'"$tmp"'/root/$m" 2>/dev/null || true; done; rm -rf --one-file-system "'"$tmp"'"' EXIT
