@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
 // runMainEnv makes this test binary run the demo's main instead of its
@@ -77,6 +78,7 @@ func TestCheckFlags(t *testing.T) {
 // end-to-end suite boots one on the same path, internal/local): every step
 // up to a Ready server is narrated, and everything it started is stopped.
 func TestDemoNarratesUpToAReadyServer(t *testing.T) {
+	testbed.RequireTestBed(t)
 	var out bytes.Buffer
 	r := newRun(&out, testing.Verbose())
 	err := r.guard(func() error { return demo(context.Background(), r, false, true) })

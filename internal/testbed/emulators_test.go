@@ -12,6 +12,7 @@ import (
 // Azurite's account key is neither in its arguments nor in its log, and
 // that their cleanup leaves nothing running.
 func TestStorageEmulators(t *testing.T) {
+	RequireTestBed(t)
 	var gcs *FakeGCS
 	var azurite *Azurite
 	t.Run("fake-gcs-server", func(t *testing.T) {

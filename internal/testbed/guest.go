@@ -148,6 +148,7 @@ func BootGuest(tb TB, opts GuestOptions) GuestResult {
 // for it to power off.
 func StartGuest(tb TB, opts GuestOptions) *Guest {
 	tb.Helper()
+	RequireTestBed(tb)
 	load := LoadGuestImage
 	if opts.Stock {
 		load = LoadStockGuestImage

@@ -42,6 +42,7 @@ func isoVolumeID(t *testing.T, iso string) string {
 }
 
 func TestGuestPrepareBuildsSeedAndDisksAsKubeVirtDoes(t *testing.T) {
+	RequireTestBed(t) // qemu-img and xorriso
 	g := &Guest{dir: t.TempDir()}
 	g.ConsoleLog = filepath.Join(g.dir, "console.log")
 	args, err := g.prepare(fakeImage(t), GuestOptions{
@@ -82,6 +83,7 @@ func TestGuestPrepareBuildsSeedAndDisksAsKubeVirtDoes(t *testing.T) {
 }
 
 func TestGuestPrepareRejectsWhatKubeVirtRejects(t *testing.T) {
+	RequireTestBed(t) // qemu-img and xorriso
 	for name, tc := range map[string]struct {
 		disk GuestDisk
 		want string
@@ -104,6 +106,7 @@ func TestGuestPrepareRejectsWhatKubeVirtRejects(t *testing.T) {
 // A VM's boots share its disk and its instance-id, as KubeVirt's do: the
 // overlay is made once and never replaced, and no boot makes up an id.
 func TestGuestPrepareKeepsTheVMsDiskAndInstanceID(t *testing.T) {
+	RequireTestBed(t) // qemu-img and xorriso
 	image := fakeImage(t)
 	disk := filepath.Join(t.TempDir(), "vms", "web.qcow2")
 	prepare := func(opts GuestOptions) ([]string, error) {
@@ -164,6 +167,7 @@ func (f *failedTB) Logf(format string, args ...any) {
 // A guest that never powers off is killed at its timeout, Wait says so, and
 // the failed test keeps its console.
 func TestGuestIsKilledAtItsTimeout(t *testing.T) {
+	RequireTestBed(t)
 	tb := &failedTB{T: t}
 	defer func() {
 		for i := len(tb.cleanups) - 1; i >= 0; i-- {

@@ -14,6 +14,7 @@ import (
 // credentials are neither in its arguments nor in its log, and that its
 // cleanup leaves nothing listening.
 func TestMinIO(t *testing.T) {
+	RequireTestBed(t)
 	var m *MinIO
 	t.Run("serve", func(t *testing.T) {
 		m = StartMinIO(t)

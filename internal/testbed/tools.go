@@ -101,6 +101,7 @@ func LoadTools() (Tools, error) {
 // MustTools is LoadTools that fails the test when a tool is missing.
 func MustTools(tb TB) Tools {
 	tb.Helper()
+	RequireTestBed(tb)
 	t, err := LoadTools()
 	if err != nil {
 		tb.Fatalf("%v", err)

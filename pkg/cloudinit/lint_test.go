@@ -62,6 +62,7 @@ func guestScripts(t *testing.T) map[string][]byte {
 // find nothing in any of them. Both tools come from hack/tools.sh; a
 // missing one fails the test rather than skipping it.
 func TestGuestScriptsArePortable(t *testing.T) {
+	testbed.RequireTestBed(t)
 	linters := map[string][]string{
 		"GUESTBACKUP_SHELLCHECK":    {"--shell=sh", "--severity=style", "--norc"},
 		"GUESTBACKUP_CHECKBASHISMS": {"--posix", "--extra"},
@@ -93,6 +94,7 @@ func TestGuestScriptsArePortable(t *testing.T) {
 // The linters find what they are there to find: a sample with a bashism
 // fails both.
 func TestGuestScriptLintersCatchBashisms(t *testing.T) {
+	testbed.RequireTestBed(t)
 	dir := t.TempDir()
 	bad := filepath.Join(dir, "bad")
 	if err := os.WriteFile(bad, []byte("#!/bin/sh\nif [[ $RANDOM == 1 ]]; then echo $'x'; fi\n"), 0o755); err != nil {

@@ -52,6 +52,7 @@ func blob(t *testing.T, archive []byte, d descriptor) []byte {
 }
 
 func TestMakeImageBuildsARunnableOCIImage(t *testing.T) {
+	testbed.RequireTestBed(t)
 	root, err := testbed.RepoRoot()
 	if err != nil {
 		t.Fatal(err)

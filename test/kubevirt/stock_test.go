@@ -71,6 +71,7 @@ var _ = Describe("Zero touch on a stock cloud image: the server hands the guest 
 	}
 
 	BeforeAll(func() {
+		testbed.RequireTestBed(GinkgoT())
 		if _, err := testbed.LoadStockGuestImage(); err != nil {
 			Fail(err.Error())
 		}

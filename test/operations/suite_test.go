@@ -72,6 +72,8 @@ type cluster struct {
 // guestbackup.
 func startCluster() *cluster {
 	GinkgoHelper()
+	// cluster cannot skip: GinkgoT() can.
+	testbed.RequireTestBed(GinkgoT())
 	c := &cluster{TB: GinkgoT()}
 	c.Platform = local.Start(c, local.Options{Logger: GinkgoLogr})
 	return c
