@@ -5,30 +5,29 @@ SHELL := /usr/bin/env bash
 
 # The tests find the test bed's binaries through the environment this prints.
 TOOLS_ENV = eval "$$(hack/tools.sh env)"
-# Packages that start API servers and Kopia servers take minutes on 2 cores;
-# test/kubevirt, which boots guests under software emulation, took 43 min on
-# a loaded 2-core machine. The timeout catches a hang (with every goroutine's
-# stack), within CI's own 90-minute limit; it is not a speed target.
-GO_TEST_FLAGS ?= -count=1 -timeout=75m
+# make test WHAT=./pkg/mutate/... (or PKG=) runs those packages only.
+WHAT ?= $(PKG)
 
 .PHONY: help
 help: ## Show the targets.
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: tools
-tools: ## Build or install the test bed's tools into the cache (~/.cache/guestbackup).
-	hack/tools.sh install
+tools: ## Build or install every tool of the test bed into the cache (~/.cache/guestbackup); TOOLS= names some (hack/tools.sh list).
+	hack/tools.sh install $(or $(TOOLS),all)
 
 .PHONY: tools-cluster
-tools-cluster: tools ## Also build KubeVirt's images for the cluster backend (hack/kubevirt-images.sh).
-	hack/tools.sh install-cluster
+tools-cluster: ## Also build KubeVirt's images for the cluster backend (hack/kubevirt-images.sh).
+	hack/tools.sh install all cluster
 
 .PHONY: generate
-generate: tools ## Regenerate deepcopy, CRDs, RBAC and the test bed's third-party CRDs.
+generate: ## Regenerate deepcopy, CRDs, RBAC and the test bed's third-party CRDs.
+	hack/tools.sh install controller-gen
 	hack/generate.sh
 
 .PHONY: verify-generated
-verify-generated: tools ## Fail when a generated file is stale or was edited by hand.
+verify-generated: ## Fail when a generated file is stale or was edited by hand.
+	hack/tools.sh install controller-gen
 	hack/verify-generated.sh
 
 .PHONY: build
@@ -38,7 +37,8 @@ build: ## Build every package and both binaries into bin/.
 	go build -o bin/webhook ./cmd/webhook
 
 .PHONY: image
-image: tools ## Build the image as an OCI layout tarball (bin/guestbackup-image.tar), without a container engine.
+image: ## Build the image as an OCI layout tarball (bin/guestbackup-image.tar), without a container engine.
+	hack/tools.sh install kopia kopia-arm64
 	hack/image.sh
 
 .PHONY: vet
@@ -48,34 +48,35 @@ vet: ## Run go vet and check formatting.
 	if [[ -n "$$unformatted" ]]; then echo "gofmt needed: $$unformatted" >&2; exit 1; fi
 
 .PHONY: lint-chart
-lint-chart: tools ## Lint the Helm chart strictly.
+lint-chart: ## Lint the Helm chart strictly.
+	hack/tools.sh install helm
 	$(TOOLS_ENV); "$$GUESTBACKUP_HELM" lint --strict charts/guestbackup
 
+.PHONY: unit
+unit: ## Run every test that needs no tool of the test bed (go test -short): no API server, no Kopia, no guest, no build of one.
+	go test -short -count=1 ./...
+
 .PHONY: test
-# test/cluster (real KubeVirt on the real node) runs in make test; a plain
-# `go test ./...` skips it unless GUESTBACKUP_E2E=cluster selects it, because
-# it needs tools-cluster's images.
-#
-# go test builds and runs packages in the order they are named, -p (the
-# number of cores) at a time. The two suites that boot guests are the longest
-# by far, so they are named first: the rest then fills the slot test/cluster
-# frees while test/kubevirt runs, instead of test/kubevirt starting last.
-LONG_TEST_PACKAGES = ./test/kubevirt ./test/cluster
-test: tools-cluster verify-generated vet lint-chart ## Run every test against the real test bed, the cluster backend included (what CI runs).
-	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) $(LONG_TEST_PACKAGES) ./...
+test: ## Run every test against the real test bed, the cluster backend included (what CI runs); WHAT=./pkg/mutate/... runs those packages only, building only their tools.
+	hack/test.sh $(WHAT)
 
 .PHONY: test-cluster
-test-cluster: tools-cluster ## Run test/cluster: the end-to-end stories on real KubeVirt on the test bed's real node.
-	$(TOOLS_ENV); GUESTBACKUP_E2E=cluster go test $(GO_TEST_FLAGS) ./test/cluster -ginkgo.v
+test-cluster: ## Run test/cluster: the end-to-end stories on real KubeVirt on the test bed's real node.
+	GO_TEST_FLAGS="-count=1 -timeout=75m -ginkgo.v" hack/test.sh ./test/cluster
 
 # MODE=cluster runs the demo on real KubeVirt on the test bed's real node.
+# The demo builds only the tools it runs (hack/tools.sh's demo sets);
+# -image=kopia boots the test guest, which carries kopia.
 MODE ?= local
-DEMO_TOOLS = $(if $(filter cluster,$(MODE)),tools-cluster,tools)
+DEMO_TOOLS = $(if $(filter cluster,$(MODE)),demo-cluster,demo $(if $(findstring kopia,$(ARGS)),guest))
 DEMO_ARGS = $(if $(filter cluster,$(MODE)),-cluster)
 
 .PHONY: demo
-demo: $(DEMO_TOOLS) ## Run the whole product locally and narrate it; MODE=cluster: on real KubeVirt on the test bed's node.
-	$(TOOLS_ENV); go run ./hack/demo $(DEMO_ARGS) $(ARGS)
+demo: ## Run the whole product locally and narrate it; MODE=cluster: on real KubeVirt on the test bed's node.
+	hack/tools.sh install $(DEMO_TOOLS)
+	@# The server pod's binary too: the demo builds it as a test does, from Go's build cache.
+	hack/tools.sh step demo 150 go build -o bin/ ./hack/demo ./cmd/server
+	$(TOOLS_ENV); bin/demo $(DEMO_ARGS) $(ARGS)
 
 .PHONY: bench
 bench: tools ## Run the benchmarks and print their figures.

@@ -107,6 +107,7 @@ type APIServerOptions struct {
 func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 	tb.Helper()
 	tools := MustTools(tb)
+	mustBeGranted(tools.Assets) // envtest runs them
 	paths, err := CRDPaths()
 	if err != nil {
 		tb.Fatalf("%v", err)

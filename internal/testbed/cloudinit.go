@@ -57,6 +57,8 @@ type CloudInitPart struct {
 func CloudInitProcess(tb TB, userData []byte) (cloudConfig []byte, others []CloudInitPart, err error) {
 	tb.Helper()
 	tools := MustTools(tb)
+	// Run checks the tools it runs; this one only lends its modules.
+	mustBeGranted(tools.CloudInitSchema)
 	dir := tb.TempDir()
 	in, script := filepath.Join(dir, "user-data"), filepath.Join(dir, "process.py")
 	if err := os.WriteFile(in, userData, 0o600); err != nil {

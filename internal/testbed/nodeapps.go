@@ -69,7 +69,9 @@ func (n *Node) Helm(tb TB, args ...string) (string, error) {
 		n.helmHome = tb.TempDir()
 		n.kubeconfig = n.Kubeconfig(tb)
 	}
-	cmd := exec.Command(MustTools(tb).Helm, append(args, "--kubeconfig", n.kubeconfig)...)
+	helm := MustTools(tb).Helm
+	mustBeGranted(helm)
+	cmd := exec.Command(helm, append(args, "--kubeconfig", n.kubeconfig)...)
 	cmd.Env = append(baseEnv(n.helmHome),
 		"HELM_CACHE_HOME="+filepath.Join(n.helmHome, "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(n.helmHome, "config"),

@@ -64,6 +64,7 @@ func StartProcess(tb TB, spec ProcessSpec) *Process {
 }
 
 func startProcess(tmp string, spec ProcessSpec) (*Process, error) {
+	mustBeGranted(spec.Path)
 	if spec.Dir == "" {
 		spec.Dir = filepath.Join(tmp, spec.Name)
 	}
@@ -181,6 +182,7 @@ func (p *Process) Log() string {
 // Run runs a short-lived command to completion within timeout and returns its
 // combined output. Secrets go in env, never in args.
 func Run(ctx context.Context, timeout time.Duration, dir string, env []string, path string, args ...string) (string, error) {
+	mustBeGranted(path)
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, path, args...)

@@ -9,6 +9,7 @@ import (
 	"bufio"
 	"bytes"
 	"io/fs"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -177,5 +178,75 @@ func TestPackageMapMatchesGoList(t *testing.T) {
 	}
 	for name := range rows {
 		t.Errorf("the package map lists %s, which go list does not know", name)
+	}
+}
+
+// testToolsFile is where `make test WHAT=...` reads the tools each test
+// package needs (hack/test.sh); hack/test-exec.sh grants each package only
+// those, so a line that misses a tool fails in make test.
+const testToolsFile = "hack/test-tools.txt"
+
+// Every package whose tests link the test bed has its line in
+// hack/test-tools.txt, and every line names a package with tests and tools
+// hack/tools.sh knows: a package left out would be granted no tool at all.
+func TestEveryTestBedPackageListsItsTools(t *testing.T) {
+	root := goList(t, "-m", "-f", "{{.Dir}}")[0]
+	data, err := os.ReadFile(filepath.Join(root, testToolsFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := map[string][]string{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) == 0 || strings.HasPrefix(fields[0], "#") {
+			continue
+		}
+		if _, dup := listed[fields[0]]; dup {
+			t.Errorf("%s lists %s twice", testToolsFile, fields[0])
+		}
+		if len(fields) == 1 {
+			t.Errorf("%s: %s lists no tool: remove its line", testToolsFile, fields[0])
+		}
+		listed[fields[0]] = fields[1:]
+	}
+	// go list -test names each package's test binary <pkg>.test, and its
+	// Deps are everything that binary links.
+	const testbed = module + "/internal/testbed"
+	names := map[string]bool{}
+	// Test variants' import paths have a space ("p [p.test]"): one line
+	// per package, not one field.
+	sourcesTracked.Do(func() { trackSources(t) })
+	list := exec.Command("go", "list", "-test", "-f", `{{.ImportPath}}|{{join .Deps "|"}}`, "./...")
+	list.Dir = root
+	out, err := list.Output()
+	if err != nil {
+		t.Fatalf("go list -test: %v", err)
+	}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		deps := strings.Split(line, "|")
+		if !strings.HasSuffix(deps[0], ".test") {
+			continue
+		}
+		pkg := strings.TrimPrefix(strings.TrimPrefix(strings.TrimSuffix(deps[0], ".test"), module), "/")
+		links := slices.Contains(deps[1:], testbed)
+		tools, ok := listed[pkg]
+		delete(listed, pkg)
+		switch {
+		case links && !ok:
+			t.Errorf("%s's tests link internal/testbed but %s has no line for it: list the tools they use", pkg, testToolsFile)
+		case ok:
+			for _, tool := range tools {
+				names[tool] = true
+			}
+		}
+	}
+	for pkg := range listed {
+		t.Errorf("%s lists %s, which has no tests", testToolsFile, pkg)
+	}
+	// hack/tools.sh refuses a name it does not know, and says which.
+	cmd := exec.Command(filepath.Join(root, "hack", "tools.sh"), append([]string{"expand"}, slices.Sorted(maps.Keys(names))...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("%s names a tool hack/tools.sh does not know: %v\n%s", testToolsFile, err, out)
 	}
 }

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Runs the tests against the real test bed, and says where the time went.
+#
+#   hack/test.sh               every tool, every check, every package: `make test`, what CI runs
+#   hack/test.sh PATTERN...    those packages only (`make test WHAT=./pkg/mutate/...`),
+#                              building only the tools hack/test-tools.txt lists for them
+#
+# Each test binary runs through hack/test-exec.sh, which grants its package
+# only the tools hack/test-tools.txt lists. GO_TEST_FLAGS adds go test flags.
+# Whatever the outcome, it ends with a breakdown: the wall time of each tool
+# built, of each check, and of each test package's run.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+# Packages that start API servers and Kopia servers take minutes on 2 cores;
+# the guest suites boot guests under software emulation. The timeout catches
+# a hang (with every goroutine's stack) within CI's own 90-minute limit; it is
+# not a speed target.
+read -r -a flags <<<"${GO_TEST_FLAGS:--count=1 -timeout=75m}"
+# go test builds and runs packages in the order they are named, -p (the
+# number of cores) at a time. The two suites that boot guests are the longest
+# by far, so they are named first: the rest then fills the slot test/cluster
+# frees while test/kubevirt runs, instead of test/kubevirt starting last.
+LONG_TEST_PACKAGES=(./test/kubevirt ./test/cluster)
+
+TIMINGS=$(mktemp)
+OUT=$(mktemp)
+START=$SECONDS
+export GUESTBACKUP_TIMINGS=$TIMINGS
+trap 'breakdown; rm -f "$TIMINGS" "$OUT"' EXIT
+
+log() { printf 'test: %s\n' "$*" >&2; }
+
+# phase NAME CMD... runs CMD and records its wall time under NAME.
+phase() {
+	local name=$1 start=$SECONDS rc=0
+	shift
+	log "$name"
+	"$@" || rc=$?
+	echo "$name $((SECONDS - start))" >>"$TIMINGS"
+	return "$rc"
+}
+
+# breakdown prints where the time went: the tools built, the checks, and
+# each test package's run (go test runs -p of them at a time, so they add up
+# to more than the wall time).
+breakdown() {
+	local rc=$?
+	{
+		echo
+		echo "==> where the time went ($((SECONDS - START)) s in all, exit status $rc)"
+		if grep -q '^tools/' "$TIMINGS"; then
+			echo "tools built (two lanes at once, so they add up to more than the tools step):"
+			grep '^tools/' "$TIMINGS" | sort -k2 -nr | awk '{ printf "  %-28s %6d s\n", substr($1, 7), $2 }'
+		fi
+		echo "steps:"
+		grep -v '^tools/' "$TIMINGS" | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
+		if grep -qE '^(ok|FAIL)[[:space:]]+[^[:space:]]+[[:space:]]+[0-9.]+s' "$OUT"; then
+			echo "test packages (run time of each, $(nproc) at a time):"
+			awk '$1 ~ /^(ok|FAIL)$/ && $3 ~ /^[0-9.]+s$/ { sub(/^github.com\/guestbackup\/guestbackup\/?/, "./", $2); t = $3; sub(/s$/, "", t); printf "  %-28s %6d s  %s\n", $2, t + 0.5, ($1 == "ok" ? "" : "FAILED") }' "$OUT" | sort -k2 -nr
+		fi
+	} >&2
+}
+
+# tools_for PATTERN... prints the tools hack/test-tools.txt lists for the
+# packages the patterns match.
+tools_for() {
+	local dirs
+	dirs=$(go list -f '{{.Dir}}' "$@") || exit 1
+	local d rel
+	for d in $dirs; do
+		rel=$(realpath --relative-to="$ROOT" "$d")
+		awk -v p="$rel" '$1 == p { $1 = ""; print; exit }' hack/test-tools.txt
+	done | tr ' ' '\n' | sort -u | tr '\n' ' '
+}
+
+vet() {
+	go vet ./...
+	local unformatted files
+	mapfile -t files < <(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
+	unformatted="$(gofmt -l "${files[@]}")"
+	[[ -z "$unformatted" ]] || { echo "gofmt needed: $unformatted" >&2; return 1; }
+}
+
+lint_chart() {
+	eval "$(hack/tools.sh env)"
+	"$GUESTBACKUP_HELM" lint --strict charts/guestbackup
+}
+
+if (($# == 0)); then
+	# What CI runs: every tool, KubeVirt's images for the cluster backend
+	# included, the checks, then every package, test/cluster too (a plain
+	# `go test ./...` skips it unless GUESTBACKUP_E2E=cluster selects it).
+	phase tools hack/tools.sh install all cluster
+	phase verify-generated hack/verify-generated.sh
+	phase vet vet
+	phase lint-chart lint_chart
+	phase "go-test" env GUESTBACKUP_E2E=cluster go test "${flags[@]}" -exec "$ROOT/hack/test-exec.sh" \
+		"${LONG_TEST_PACKAGES[@]}" ./... 2>&1 | tee "$OUT"
+else
+	tools=$(tools_for "$@")
+	log "packages: $*; tools: ${tools:-none}"
+	# shellcheck disable=SC2086 # the tools are words
+	[[ -z "$tools" ]] || phase tools hack/tools.sh install $tools
+	e2e=""
+	# test/cluster runs only when selected, as in make test.
+	[[ " $(go list "$@" | tr '\n' ' ') " == *"/test/cluster "* ]] && e2e=cluster
+	phase "go-test" env GUESTBACKUP_E2E=$e2e go test "${flags[@]}" -exec "$ROOT/hack/test-exec.sh" "$@" 2>&1 | tee "$OUT"
+fi
