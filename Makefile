@@ -62,14 +62,16 @@ test: ## Run every test against the real test bed, the cluster backend included 
 
 .PHONY: test-cluster
 test-cluster: ## Run test/cluster: the end-to-end stories on real KubeVirt on the test bed's real node.
-	GO_TEST_FLAGS="-count=1 -timeout=75m -ginkgo.v" hack/test.sh ./test/cluster
+	GO_TEST_FLAGS="-timeout=75m -ginkgo.v" hack/test.sh ./test/cluster
 
 # MODE=cluster runs the demo on real KubeVirt on the test bed's real node.
-# The demo builds only the tools it runs (hack/tools.sh's demo sets);
-# -image=kopia boots the test guest, which carries kopia.
+# The demo builds only the tools it runs (hack/tools.sh's demo sets), as its
+# mode and ARGS select: -cluster, -node, or -image=kopia (the test guest).
 MODE ?= local
-DEMO_TOOLS = $(if $(filter cluster,$(MODE)),demo-cluster,demo $(if $(findstring kopia,$(ARGS)),guest))
 DEMO_ARGS = $(if $(filter cluster,$(MODE)),-cluster)
+DEMO_TOOLS = $(strip $(if $(findstring -cluster,$(DEMO_ARGS) $(ARGS)),demo-cluster,\
+	$(if $(findstring -node,$(ARGS)),demo-node,\
+	demo $(if $(findstring kopia,$(ARGS)),guest))))
 
 .PHONY: demo
 demo: ## Run the whole product locally and narrate it; MODE=cluster: on real KubeVirt on the test bed's node.

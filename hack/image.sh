@@ -14,7 +14,9 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 OUT="${1:-$ROOT/bin/guestbackup-image.tar}"
 TAG="${IMAGE_TAG:-guestbackup:dev}"
 cd "$ROOT"
-eval "$(hack/tools.sh env)"
+# The caller's tools when it names them (make test grants each package its
+# own: hack/test-exec.sh), else the cache's.
+[[ -n "${GUESTBACKUP_KOPIA:-}" ]] || eval "$(hack/tools.sh env)"
 [[ -x "$GUESTBACKUP_KOPIA" ]] || { echo "image: kopia is not built: run make tools" >&2; exit 1; }
 # The arm64 client server pods hand to arm64 guests (the amd64 one is kopia itself).
 [[ -s "$GUESTBACKUP_KOPIA_ARM64" ]] || { echo "image: kopia for linux/arm64 is not built: run make tools" >&2; exit 1; }

@@ -17,7 +17,9 @@ cd "$ROOT"
 # the guest suites boot guests under software emulation. The timeout catches
 # a hang (with every goroutine's stack) within CI's own 90-minute limit; it is
 # not a speed target.
-read -r -a flags <<<"${GO_TEST_FLAGS:--count=1 -timeout=75m}"
+# -count=1 always: the tools a package is granted come from hack/test-exec.sh,
+# which go test's result cache does not see.
+read -r -a flags <<<"-count=1 ${GO_TEST_FLAGS:--timeout=75m}"
 # go test builds and runs packages in the order they are named, -p (the
 # number of cores) at a time. The two suites that boot guests are the longest
 # by far, so they are named first: the rest then fills the slot test/cluster
@@ -37,7 +39,10 @@ phase() {
 	local name=$1 start=$SECONDS rc=0
 	shift
 	log "$name"
-	"$@" || rc=$?
+	# In the background, so that errexit holds inside a function CMD (one
+	# called where its status is tested runs without it).
+	"$@" &
+	wait $! || rc=$?
 	echo "$name $((SECONDS - start))" >>"$TIMINGS"
 	return "$rc"
 }
@@ -55,7 +60,7 @@ breakdown() {
 			grep '^tools/' "$TIMINGS" | sort -k2 -nr | awk '{ printf "  %-28s %6d s\n", substr($1, 7), $2 }'
 		fi
 		echo "steps:"
-		grep -v '^tools/' "$TIMINGS" | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
+		{ grep -v '^tools/' "$TIMINGS" || true; } | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
 		if grep -qE '^(ok|FAIL)[[:space:]]+[^[:space:]]+[[:space:]]+[0-9.]+s' "$OUT"; then
 			echo "test packages (run time of each, $(nproc) at a time):"
 			awk '$1 ~ /^(ok|FAIL)$/ && $3 ~ /^[0-9.]+s$/ { sub(/^github.com\/guestbackup\/guestbackup\/?/, "./", $2); t = $3; sub(/s$/, "", t); printf "  %-28s %6d s  %s\n", $2, t + 0.5, ($1 == "ok" ? "" : "FAILED") }' "$OUT" | sort -k2 -nr
@@ -96,8 +101,10 @@ if (($# == 0)); then
 	phase verify-generated hack/verify-generated.sh
 	phase vet vet
 	phase lint-chart lint_chart
-	phase "go-test" env GUESTBACKUP_E2E=cluster go test "${flags[@]}" -exec "$ROOT/hack/test-exec.sh" \
-		"${LONG_TEST_PACKAGES[@]}" ./... 2>&1 | tee "$OUT"
+	# The packages before the flags: go test takes a flag it does not know
+	# (-ginkgo.v) as the end of the package list.
+	phase "go-test" env GUESTBACKUP_E2E=cluster go test -exec "$ROOT/hack/test-exec.sh" \
+		"${LONG_TEST_PACKAGES[@]}" ./... "${flags[@]}" 2>&1 | tee "$OUT"
 else
 	tools=$(tools_for "$@")
 	log "packages: $*; tools: ${tools:-none}"
@@ -106,5 +113,5 @@ else
 	e2e=""
 	# test/cluster runs only when selected, as in make test.
 	[[ " $(go list "$@" | tr '\n' ' ') " == *"/test/cluster "* ]] && e2e=cluster
-	phase "go-test" env GUESTBACKUP_E2E=$e2e go test "${flags[@]}" -exec "$ROOT/hack/test-exec.sh" "$@" 2>&1 | tee "$OUT"
+	phase "go-test" env GUESTBACKUP_E2E=$e2e go test -exec "$ROOT/hack/test-exec.sh" "$@" "${flags[@]}" 2>&1 | tee "$OUT"
 fi

@@ -15,7 +15,7 @@
 # Tools: apiserver kopia kopia-arm64 controller-gen helm kubectl minio
 # fake-gcs azurite kubevirt cloud-init linters guest guest-stock node cluster.
 # Sets: all (every tool but cluster), demo (what `make demo` runs),
-# demo-cluster (what `make demo MODE=cluster` runs), none.
+# demo-node and demo-cluster (what its -node and -cluster modes run), none.
 #
 # Go tools are built from the small modules under hack/tools/, which pin their
 # versions (the module proxy lists no versions of kopia or kubevirt, so
@@ -185,6 +185,9 @@ expand_tools() {
 		# hack/demo's local mode: the API server, KubeVirt's control plane,
 		# the server pod (kopia for both architectures) and the stock guest.
 		demo) for t in apiserver kubevirt kopia kopia-arm64 guest-stock; do want[$t]=1; done ;;
+		# hack/demo -node: helm installs the chart on the real node, whose
+		# image carries kopia for both architectures.
+		demo-node) for t in apiserver kopia kopia-arm64 helm node; do want[$t]=1; done ;;
 		# hack/demo -cluster: helm installs the chart on the real node, the
 		# product's image carries kopia for both architectures, and KubeVirt's
 		# images pack the test guest.
@@ -257,7 +260,7 @@ apt_update_once() {
 	# The lanes are subshells: the state folder tells them too.
 	[[ -n "$STATE" && -e "$STATE/apt-updated" ]] && return
 	echo "apt-get update"
-	"${SUDO[@]}" apt-get update -qq
+	"${SUDO[@]}" apt-get update -qq || die "apt-get update failed: is Debian's archive reachable?"
 	APT_UPDATED=1
 	[[ -z "$STATE" ]] || touch "$STATE/apt-updated"
 }
@@ -451,7 +454,11 @@ check_prerequisites() {
 	fi
 	for t in "$@"; do
 		for p in $(debs "$t"); do deb_installed "$p" || needs_root=1; done
-		case $t in guest | guest-stock | cluster) images+=" $t" ;; esac
+		case $t in
+		guest | guest-stock | cluster) images+=" $t" ;;
+		# apt-get update and download, for the .debs they unpack.
+		cloud-init | linters) needs_root=1 ;;
+		esac
 		need_mb=$((need_mb + $(disk_mb "$t")))
 	done
 	# hack/guest-image.sh and hack/kubevirt-images.sh run debootstrap and
@@ -497,11 +504,18 @@ minutes() {
 STATE=""
 LOGS=""
 
-# kill_tree PID stops PID and every process it started.
+# children PID prints PID's child processes (procps' pgrep may be missing).
+children() { cat /proc/"$1"/task/*/children 2>/dev/null || true; }
+
+# kill_tree PID stops PID and every process it started, parents first so
+# that none starts another meanwhile.
 kill_tree() {
-	local c
-	for c in $(pgrep -P "$1" 2>/dev/null); do kill_tree "$c"; done
-	kill "$1" 2>/dev/null || true
+	local c kids
+	kids=$(children "$1")
+	kill -STOP "$1" 2>/dev/null || true
+	for c in $kids; do kill_tree "$c"; done
+	kill -TERM "$1" 2>/dev/null || true
+	kill -CONT "$1" 2>/dev/null || true
 }
 
 # run_logged NAME WHAT SECONDS CMD... runs CMD with its output in NAME's log,
@@ -519,6 +533,11 @@ run_logged() {
 	local next=$((SECONDS + 60))
 	while kill -0 "$pid" 2>/dev/null; do
 		sleep 1
+		if [[ -n "$STATE" && -e "$STATE/failed" ]]; then
+			kill_tree "$pid"
+			wait "$pid" 2>/dev/null || true
+			die "stopped building $name: a build of the other lane failed (above)"
+		fi
 		if ((SECONDS >= next)); then
 			log "  still building $name: $((SECONDS - start)) s so far (log: $logf)"
 			next=$((SECONDS + 60))
@@ -551,10 +570,20 @@ run_step() {
 	fi
 }
 
+# on_exit, when install_tools ends with an error or a signal, tells the
+# other lane and stops every process this script started.
+on_exit() {
+	local rc=$? c
+	((rc == 0)) && return
+	touch "$STATE/failed"
+	for c in $(children $$); do kill_tree "$c"; done
+}
+
 # install_tools TOOL|SET... builds what is missing of the tools named.
 install_tools() {
 	local t todo=() wanted
-	wanted=$(expand_tools "${@:-all}" | tr '\n' ' ')
+	wanted=$(expand_tools "${@:-all}") || exit 1
+	wanted=${wanted//$'\n'/ }
 	for t in $wanted; do
 		built "$t" || todo+=("$t")
 	done
@@ -567,6 +596,10 @@ install_tools() {
 	LOGS="$CACHE/logs/$(date -u +%Y%m%dT%H%M%SZ)-$$"
 	STATE="$LOGS/state"
 	mkdir -p "$STATE/pending"
+	# However this ends before its last step, nothing it started goes on:
+	# the other lane sees "failed" and stops, and every build is killed.
+	trap 'on_exit' EXIT
+	trap 'exit 130' INT TERM
 	for t in "${todo[@]}"; do
 		total=$((total + $(estimate "$t")))
 		touch "$STATE/pending/$t"
@@ -604,6 +637,7 @@ install_tools() {
 	done
 	if ((${#io[@]})); then
 		(
+			trap '(($? == 0)) || touch "$STATE/failed"' EXIT
 			for t in "${io[@]}"; do
 				if [[ $t == guest ]]; then
 					while [[ ! -x "$KOPIA" ]]; do
@@ -615,16 +649,12 @@ install_tools() {
 			done
 		) &
 		iopid=$!
-		# Whatever ends this shell first ends the io lane too.
-		trap 'touch "$STATE/failed"; [[ -z "$iopid" ]] || kill_tree "$iopid"' EXIT
 	fi
 	for t in "${go[@]}"; do
 		run_step "$t"
 	done
 	if [[ -n "$iopid" ]]; then
 		wait "$iopid" || die "a build of the io lane failed (see above)"
-		iopid=""
-		trap - EXIT
 	fi
 	[[ " ${todo[*]} " == *" cluster "* ]] && run_step cluster
 	log "ready in $CACHE after $((SECONDS - start)) s: $wanted"
@@ -632,8 +662,9 @@ install_tools() {
 
 # plan_tools TOOL|SET... prints what install would build.
 plan_tools() {
-	local t total=0 todo=()
-	for t in $(expand_tools "${@:-all}"); do
+	local t total=0 todo=() names
+	names=$(expand_tools "${@:-all}") || exit 1
+	for t in $names; do
 		built "$t" && continue
 		todo+=("$t")
 		total=$((total + $(estimate "$t")))
@@ -655,6 +686,7 @@ list_tools() {
 	done
 	echo "sets: all = ${ALL_TOOLS[*]}"
 	echo "      demo = $(expand_tools demo | tr '\n' ' ')"
+	echo "      demo-node = $(expand_tools demo-node | tr '\n' ' ')"
 	echo "      demo-cluster = $(expand_tools demo-cluster | tr '\n' ' ')"
 }
 

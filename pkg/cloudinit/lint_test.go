@@ -105,6 +105,10 @@ func TestGuestScriptLintersCatchBashisms(t *testing.T) {
 		if tool == "" {
 			t.Fatalf("%s is not set: run make tools", env)
 		}
+		// A missing linter must not pass for one that found the bashism.
+		if _, err := exec.LookPath(tool); err != nil {
+			t.Fatalf("%s=%s: %v (run make tools)", env, tool, err)
+		}
 		if out, err := testbed.Run(t.Context(), time.Minute, dir, nil, tool, bad); err == nil {
 			t.Errorf("%s finds nothing wrong with a bashism:\n%s", filepath.Base(tool), out)
 		}
