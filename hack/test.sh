@@ -21,10 +21,13 @@ cd "$ROOT"
 # which go test's result cache does not see.
 read -r -a flags <<<"-count=1 ${GO_TEST_FLAGS:--timeout=75m}"
 # go test builds and runs packages in the order they are named, -p (the
-# number of cores) at a time. The two suites that boot guests are the longest
-# by far, so they are named first: the rest then fills the slot test/cluster
-# frees while test/kubevirt runs, instead of test/kubevirt starting last.
+# number of cores) at a time. Naming the longest first keeps the last
+# minutes from running one long package on one core while the other idles
+# (longest first, as a scheduler would): make test records each package's
+# run time in DURATIONS and orders the next run by it. Without a record, the
+# two suites that boot guests, the longest by far, come first.
 LONG_TEST_PACKAGES=(./test/kubevirt ./test/cluster)
+DURATIONS="${GUESTBACKUP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/guestbackup}/test-durations.txt"
 
 TIMINGS=$(mktemp)
 OUT=$(mktemp)
@@ -61,11 +64,31 @@ breakdown() {
 		fi
 		echo "steps:"
 		{ grep -v '^tools/' "$TIMINGS" || true; } | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
-		if grep -qE '^(ok|FAIL)[[:space:]]+[^[:space:]]+[[:space:]]+[0-9.]+s' "$OUT"; then
+		if [[ -n "$(package_times)" ]]; then
 			echo "test packages (run time of each, $(nproc) at a time):"
-			awk '$1 ~ /^(ok|FAIL)$/ && $3 ~ /^[0-9.]+s$/ { sub(/^github.com\/guestbackup\/guestbackup\/?/, "./", $2); t = $3; sub(/s$/, "", t); printf "  %-28s %6d s  %s\n", $2, t + 0.5, ($1 == "ok" ? "" : "FAILED") }' "$OUT" | sort -k2 -nr
+			package_times | sort -k2 -nr | awk '{ printf "  %-28s %6d s  %s\n", $1, $2, ($3 == "ok" ? "" : "FAILED") }'
 		fi
 	} >&2
+}
+
+# package_times prints "<./package> <seconds>" for each package go test
+# reported in OUT.
+package_times() {
+	awk '$1 ~ /^(ok|FAIL)$/ && $3 ~ /^[0-9.]+s$/ { sub(/^github.com\/guestbackup\/guestbackup\/?/, "./", $2); t = $3; sub(/s$/, "", t); printf "%s %d %s\n", $2, t + 0.5, $1 }' "$OUT"
+}
+
+# longest_first prints the packages of the last recorded run that still
+# exist, longest first; without a record, LONG_TEST_PACKAGES.
+longest_first() {
+	if [[ ! -s "$DURATIONS" ]]; then
+		printf '%s\n' "${LONG_TEST_PACKAGES[@]}"
+		return
+	fi
+	local pkg
+	sort -k2 -nr "$DURATIONS" | while read -r pkg _; do
+		[[ -d "$pkg" ]] && echo "$pkg"
+	done
+	return 0
 }
 
 # tools_for PATTERN... prints the tools hack/test-tools.txt lists for the
@@ -101,10 +124,19 @@ if (($# == 0)); then
 	phase verify-generated hack/verify-generated.sh
 	phase vet vet
 	phase lint-chart lint_chart
+	mapfile -t order < <(longest_first)
+	log "longest first: ${order[*]:0:6} ..."
 	# The packages before the flags: go test takes a flag it does not know
 	# (-ginkgo.v) as the end of the package list.
+	rc=0
 	phase "go-test" env GUESTBACKUP_E2E=cluster go test -exec "$ROOT/hack/test-exec.sh" \
-		"${LONG_TEST_PACKAGES[@]}" ./... "${flags[@]}" 2>&1 | tee "$OUT"
+		"${order[@]}" ./... "${flags[@]}" 2>&1 | tee "$OUT" || rc=$?
+	# Only a whole run's times order the next one.
+	if [[ -n "$(package_times)" ]]; then
+		mkdir -p "$(dirname "$DURATIONS")"
+		package_times | awk '{ print $1, $2 }' >"$DURATIONS.tmp" && mv -f "$DURATIONS.tmp" "$DURATIONS"
+	fi
+	exit "$rc"
 else
 	tools=$(tools_for "$@")
 	log "packages: $*; tools: ${tools:-none}"
