@@ -141,25 +141,26 @@ describe() {
 
 # estimate TOOL prints the seconds TOOL took to build on a 2-core machine
 # with empty caches (Go's module and build caches included), measured with
-# this script's own timings; a warm Go build cache makes most much shorter.
+# this script's own timings on 2026-12-06 (kopia includes the downloads the
+# later Go builds share); a warm Go build cache makes most much shorter.
 estimate() {
 	case $1 in
-	apiserver) echo 480 ;;
-	kopia) echo 100 ;;
-	kopia-arm64) echo 90 ;;
-	controller-gen) echo 60 ;;
-	helm) echo 150 ;;
-	kubectl) echo 60 ;;
-	minio) echo 240 ;;
-	fake-gcs) echo 60 ;;
-	azurite) echo 30 ;;
-	kubevirt) echo 200 ;;
+	apiserver) echo 420 ;;
+	kopia) echo 240 ;;
+	kopia-arm64) echo 150 ;;
+	controller-gen) echo 70 ;;
+	helm) echo 260 ;;
+	kubectl) echo 200 ;;
+	minio) echo 350 ;;
+	fake-gcs) echo 100 ;;
+	azurite) echo 50 ;;
+	kubevirt) echo 250 ;;
 	cloud-init) echo 15 ;;
 	linters) echo 10 ;;
 	guest) echo 200 ;;
-	guest-stock) echo 200 ;;
-	node) echo 200 ;;
-	cluster) echo 900 ;;
+	guest-stock) echo 290 ;;
+	node) echo 400 ;;
+	cluster) echo 770 ;;
 	*) echo 60 ;;
 	esac
 }
