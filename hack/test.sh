@@ -103,27 +103,15 @@ tools_for() {
 	done | tr ' ' '\n' | sort -u | tr '\n' ' '
 }
 
-vet() {
-	go vet ./...
-	local unformatted files
-	mapfile -t files < <(git ls-files '*.go' 2>/dev/null || find . -name '*.go')
-	unformatted="$(gofmt -l "${files[@]}")"
-	[[ -z "$unformatted" ]] || { echo "gofmt needed: $unformatted" >&2; return 1; }
-}
-
-lint_chart() {
-	eval "$(hack/tools.sh env)"
-	"$GUESTBACKUP_HELM" lint --strict charts/guestbackup
-}
-
 if (($# == 0)); then
 	# What CI runs: every tool, KubeVirt's images for the cluster backend
 	# included, the checks, then every package, test/cluster too (a plain
 	# `go test ./...` skips it unless GUESTBACKUP_E2E=cluster selects it).
 	phase tools hack/tools.sh install all cluster
-	phase verify-generated hack/verify-generated.sh
-	phase vet vet
-	phase lint-chart lint_chart
+	# The Makefile's own targets, which also run alone.
+	phase verify-generated make --no-print-directory verify-generated
+	phase vet make --no-print-directory vet
+	phase lint-chart make --no-print-directory lint-chart
 	mapfile -t order < <(longest_first)
 	log "longest first: ${order[*]:0:6} ..."
 	# The packages before the flags: go test takes a flag it does not know

@@ -313,8 +313,8 @@ build_kube() {
 
 # The build of each tool; each runs with its output in the step's log.
 build_apiserver() {
+	# etcd-server came with the Debian packages installed before the lanes.
 	build_kube kube-apiserver
-	apt_install etcd-server
 	mkdir -p "$ASSETS"
 	ln -sfn "$KUBE_APISERVER" "$ASSETS/kube-apiserver"
 	ln -sfn "$(command -v etcd || echo /usr/bin/etcd)" "$ASSETS/etcd"
