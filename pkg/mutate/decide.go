@@ -215,6 +215,11 @@ func decideOn(vm *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error
 	if vm.Spec.Template == nil {
 		return deny("VirtualMachine %s/%s has no spec.template to inject into", vm.Namespace, vm.Name), nil
 	}
+	if in.Secret != nil {
+		// in.Secret is ours for this VM (NotOurs above): it is evidence
+		// the annotation is not.
+		pr = pr.withOwnSecret(vm, in.Secret)
+	}
 	var copyOps []jsonpatch.JsonPatchOperation
 	if pr, copyOps, refusal = adoptCopy(vm, pr, in.Sources); refusal != "" {
 		return deny("%s", refusal), nil
@@ -387,26 +392,86 @@ type prior struct {
 	// is that VM's Secret, nil when it is gone.
 	copied bool
 	source *corev1.Secret
+	// proven: something a tenant cannot write shows that the webhook
+	// injected status: the stored object carries it (every write of it
+	// passed the webhook), or the VM's own credential Secret, which
+	// only guestbackup writes, names the same server. A status only the
+	// admitted object carries is the tenant's word, and is never taken
+	// as leave to skip the server's checks.
+	proven bool
 }
 
 func priorInjection(annotations map[string]string, oldObject []byte) (prior, error) {
 	st, ok, err := parseStatus(annotations)
 	if err != nil || ok {
-		return prior{status: st, known: ok, written: ok}, err
+		p := prior{status: st, known: ok, written: ok}
+		if ok && oldObject != nil {
+			stored, found := headOf(oldObject).Annotations[v1alpha1.AnnotationStatus]
+			p.proven = found && stored == annotations[v1alpha1.AnnotationStatus]
+		}
+		return p, err
 	}
 	if oldObject != nil {
 		if st, ok, err := parseStatus(headOf(oldObject).Annotations); err == nil && ok {
-			return prior{status: st, known: true}, nil
+			return prior{status: st, known: true, proven: true}, nil
 		}
 	}
 	return prior{}, nil
 }
 
-// injectedFor is whether the status says vm was given its bootstrap, on
-// server; the template may have lost it since (an update that dropped
-// the volume).
+// withOwnSecret is p in the light of the VM's own credential Secret
+// (ours for vm, which the caller checked). A status that names the server
+// the Secret was written for is proven. A VM with no status whose
+// template reads that Secret was injected before and has lost the record
+// of it: deleted and created again from a manifest that kept the
+// volume, while the Secret outlived it (kubectl delete --cascade=orphan,
+// the garbage collector's window). What was injected is then what the
+// volume and the Secret show, so that the owner's own user-data the
+// Secret holds is carried over, never rendered away.
+func (p prior) withOwnSecret(vm *kubevirtv1.VirtualMachine, secret *corev1.Secret) prior {
+	server := vmsecret.Server(secret).String()
+	if p.known {
+		p.proven = p.proven || p.status.Server == server
+		return p
+	}
+	own := SecretName(vm.Name)
+	spec := &vm.Spec.Template.Spec
+	for _, v := range spec.Volumes {
+		if readsSecret(v) == own {
+			st := injectedThrough(spec, v, secret)
+			st.Secret = own
+			return prior{status: st, known: true, proven: true}
+		}
+	}
+	return p
+}
+
+// injectedFor is whether the status says, provably, that vm was given its
+// bootstrap on server; the template may have lost it since (an update
+// that dropped the volume).
 func (p prior) injectedFor(vm *kubevirtv1.VirtualMachine, server types.NamespacedName) bool {
-	return p.known && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name)
+	return p.known && p.proven && !p.copied && p.status.Server == server.String() && p.status.Secret == SecretName(vm.Name)
+}
+
+// injectedThrough is what was injected, as far as volume v of spec (which
+// reads credential Secret src) and src show, when no status records it:
+// disk mode for a secret volume; the owner's own cloud-init merged when
+// src's user-data carries a part of the owner's; else guestbackup's own
+// cloud-init volume (and its disk, when there is one of the name). The
+// field the owner's user-data was merged from is recorded nowhere else,
+// so it is taken as userData. The Secret field is left to the caller.
+func injectedThrough(spec *kubevirtv1.VirtualMachineInstanceSpec, v kubevirtv1.Volume, src *corev1.Secret) v1alpha1.InjectionStatus {
+	st := v1alpha1.InjectionStatus{Mode: v1alpha1.ModeCloudInit, Server: vmsecret.Server(src).String(), Volume: v.Name}
+	_, err := cloudinit.UserPart(secretData(src, vmsecret.KeyUserData))
+	switch {
+	case v.Secret != nil:
+		st.Mode, st.Disk = v1alpha1.ModeDisk, v.Name
+	case err == nil:
+		st.MergedFrom = "userData"
+	case diskIndex(spec, v.Name) >= 0:
+		st.Disk = v.Name
+	}
+	return st
 }
 
 // CopySources names the Secrets, other than its own, that the VM object
@@ -520,16 +585,7 @@ func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*core
 	if !pr.known {
 		// The status was not copied: what was injected is what the
 		// volume shows.
-		st = v1alpha1.InjectionStatus{Mode: v1alpha1.ModeCloudInit, Server: vmsecret.Server(src).String(), Volume: v.Name}
-		_, err := cloudinit.UserPart(src.Data[vmsecret.KeyUserData])
-		switch {
-		case v.Secret != nil:
-			st.Mode, st.Disk = v1alpha1.ModeDisk, v.Name
-		case err == nil:
-			st.MergedFrom = "userData" // the field it came from is not recorded anywhere else
-		case diskIndex(spec, v.Name) >= 0:
-			st.Disk = v.Name
-		}
+		st = injectedThrough(spec, v, src)
 	}
 	if st.MergedFrom != "" && src == nil {
 		return pr, nil, fmt.Sprintf("VirtualMachine %s/%s is a copy of a VM guestbackup injected: its volume %s reads Secret %s, which does not exist any more, and only it held the owner's own user-data; put the VM's own cloud-init back into volume %s (%s) and remove annotation %s",
@@ -646,6 +702,10 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 		}
 	}
 
+	if refusal := keepsOwnersPart(vm, p, pr, in.Secret); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+
 	bsls := in.Server.BSLS
 	b := cloudinit.Bootstrap{
 		ServerURL: bsls.Status.Endpoint, CA: []byte(bsls.Status.TLSCA),
@@ -707,6 +767,23 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 		}
 	}
 	return d, nil
+}
+
+// keepsOwnersPart says why the payload placement p would lose the owner's
+// own user-data that the VM's Secret holds, "" when it would not. The
+// Secret may be the only copy of it (its volume reads it there), so a
+// payload without a part of the owner's is never written over one with
+// it: whatever the status annotation says, and whichever volume an update
+// removed. A copy's Secret is its own and holds no part yet.
+func keepsOwnersPart(vm *kubevirtv1.VirtualMachine, p placement, pr prior, secret *corev1.Secret) string {
+	if pr.copied || p.userPart != nil || secret == nil {
+		return ""
+	}
+	if _, err := cloudinit.UserPart(secret.Data[vmsecret.KeyUserData]); err != nil {
+		return ""
+	}
+	return fmt.Sprintf("Secret %s/%s holds this VM's own cloud-init user-data, merged with guestbackup's bootstrap, and this admission would replace it with the bootstrap alone (%s mode, volume %s): guestbackup never drops the owner's user-data; give the VM a cloudInitNoCloud volume whose userData is your own cloud-init (its copy is the second part of key %s in that Secret), or remove annotation %s from a VM whose volume still reads the Secret to get it back",
+		vm.Namespace, secret.Name, p.mode, p.volume, vmsecret.KeyUserData, v1alpha1.AnnotationServer)
 }
 
 // stillInjected reports whether the template still has what the status
@@ -830,6 +907,14 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cl
 		s = existing.DeepCopy()
 	}
 	s.Name, s.Namespace, s.Type = SecretName(vm.Name), vm.Namespace, corev1.SecretTypeOpaque
+	if vm.UID == "" {
+		// A VM being created has no UID yet, and no VM of its name exists
+		// (Input.AlreadyExists): a reference to a VM is to the one that
+		// was deleted, for which a garbage collector would delete the
+		// Secret, and with it the owner's user-data it may hold. The
+		// controller adopts it for the new VM.
+		s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, vmsecret.IsVMReference)
+	}
 	if s.Labels == nil {
 		s.Labels = map[string]string{}
 	}
@@ -847,7 +932,8 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cl
 	s.Data[vmsecret.KeyPassword] = []byte(c.password)
 	s.Data[vmsecret.KeyGeneration] = []byte(strconv.FormatInt(c.generation, 10))
 	if existing != nil && maps.EqualFunc(existing.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) &&
-		maps.Equal(existing.Labels, s.Labels) && maps.Equal(existing.Annotations, s.Annotations) {
+		maps.Equal(existing.Labels, s.Labels) && maps.Equal(existing.Annotations, s.Annotations) &&
+		len(existing.OwnerReferences) == len(s.OwnerReferences) {
 		return nil
 	}
 	return s

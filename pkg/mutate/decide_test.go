@@ -407,26 +407,40 @@ func TestDenials(t *testing.T) {
 // TestSecretOfThisVMIsRewritten: the Secrets the webhook may write are
 // guestbackup's for this VM, adopted or not yet, including one a previous
 // VM of the same name controlled (deleted and created again: the same
-// identity, which the controller adopts for the new VM).
+// identity, which the controller adopts for the new VM). An update keeps
+// the Secret's owner references. A CREATE drops a reference to the VM
+// that was deleted, for which a garbage collector would delete the Secret
+// and the owner's user-data in it.
 func TestSecretOfThisVMIsRewritten(t *testing.T) {
 	base := readVM(t, "no-cloud-init")
 	first := decide(t, base, nil, &passwords{})
-	for name, ref := range map[string]*metav1.OwnerReference{
-		"not adopted yet":       nil,
-		"adopted by this VM":    ptr.To(vmsecret.OwnerReference("web", "uid-1")),
-		"adopted by a previous": ptr.To(vmsecret.OwnerReference("web", "uid-0")),
+	previous := vmsecret.OwnerReference("web", "uid-0")
+	this := vmsecret.OwnerReference("web", "uid-1")
+	other := metav1.OwnerReference{APIVersion: "example.com/v1", Kind: "Keeper", Name: "k", UID: "uid-k"}
+	for _, tt := range []struct {
+		name string
+		uid  string // the admitted VM's; "" on CREATE
+		refs []metav1.OwnerReference
+		want []metav1.OwnerReference
+	}{
+		{name: "not adopted yet, on create", want: nil},
+		{name: "adopted by this VM, on update", uid: "uid-1", refs: []metav1.OwnerReference{this}, want: []metav1.OwnerReference{this}},
+		{name: "adopted by a previous VM, on update", uid: "uid-1", refs: []metav1.OwnerReference{previous}, want: []metav1.OwnerReference{previous}},
+		{name: "adopted by a previous VM, on create", refs: []metav1.OwnerReference{previous, other}, want: []metav1.OwnerReference{other}},
 	} {
-		t.Run(name, func(t *testing.T) {
+		t.Run(tt.name, func(t *testing.T) {
 			stored := first.Secret.DeepCopy()
-			if ref != nil {
-				stored.OwnerReferences = []metav1.OwnerReference{*ref}
+			stored.OwnerReferences = tt.refs
+			obj := withAnnotation(t, base, v1alpha1.AnnotationPaths, "/var/lib/app")
+			if tt.uid != "" {
+				obj = withField(t, obj, tt.uid, "metadata", "uid")
 			}
-			d := decide(t, withAnnotation(t, base, v1alpha1.AnnotationPaths, "/var/lib/app"), stored, &passwords{})
+			d := decide(t, obj, stored, &passwords{})
 			if d.Denied != "" || d.Secret == nil {
 				t.Fatalf("denied %q, Secret %v: want the Secret rewritten", d.Denied, d.Secret != nil)
 			}
-			if !equality.Semantic.DeepEqual(d.Secret.OwnerReferences, stored.OwnerReferences) {
-				t.Errorf("owner references %v, want them kept: %v", d.Secret.OwnerReferences, stored.OwnerReferences)
+			if !equality.Semantic.DeepEqual(d.Secret.OwnerReferences, tt.want) {
+				t.Errorf("owner references %v, want %v", d.Secret.OwnerReferences, tt.want)
 			}
 		})
 	}

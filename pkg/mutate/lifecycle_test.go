@@ -280,3 +280,141 @@ func TestGuestsThatReadNoNoCloud(t *testing.T) {
 		}
 	})
 }
+
+// TestReCreatingAVMLosesNothing: a VM deleted while its credential Secret
+// outlives it (kubectl delete --cascade=orphan, the garbage collector's
+// window, the controller's settle time) and created again from a manifest
+// that kept its volumes but not the status annotation is the same VM
+// again. Its own Secret is never taken for a foreign one: the owner's
+// user-data in it, the placement and the credentials are carried over,
+// and the reference to the deleted VM, for which a garbage collector
+// would delete the Secret, is dropped.
+func TestReCreatingAVMLosesNothing(t *testing.T) {
+	for _, name := range []string{"inline-cloud-config", "base64-cloud-config", "no-cloud-init", "mode-disk", "secret-ref"} {
+		t.Run(name, func(t *testing.T) {
+			stored, secret := injected(t, name)
+			secret = secret.DeepCopy()
+			secret.OwnerReferences = []metav1.OwnerReference{vmsecret.OwnerReference(headOf(stored).Name, "uid-of-the-deleted-vm")}
+			recreated := withoutAnnotations(t, stored, v1alpha1.AnnotationStatus)
+
+			d, err := Decide(Input{Object: recreated, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{n: 100}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" {
+				t.Fatalf("denied: %s", d.Denied)
+			}
+			got := apply(t, recreated, d)
+			gotStatus, _, _ := parseStatus(headOf(got).Annotations)
+			wantStatus, _, _ := parseStatus(headOf(stored).Annotations)
+			if wantStatus.MergedFrom != "" {
+				// The field it was merged from is recorded nowhere else.
+				wantStatus.MergedFrom = "userData"
+			}
+			if gotStatus != wantStatus {
+				t.Errorf("status %+v, want what was injected: %+v", gotStatus, wantStatus)
+			}
+			if !jsonEqual(withoutAnnotations(t, got, v1alpha1.AnnotationStatus), recreated) {
+				t.Errorf("the re-created VM was changed:\n%s\nwant it as created:\n%s", got, recreated)
+			}
+			if d.Secret == nil {
+				t.Fatal("the Secret was left referring to the deleted VM")
+			}
+			if len(d.Secret.OwnerReferences) != 0 {
+				t.Errorf("owner references %v: want the deleted VM's dropped", d.Secret.OwnerReferences)
+			}
+			if string(d.Secret.Data[vmsecret.KeyPassword]) != string(secret.Data[vmsecret.KeyPassword]) {
+				t.Error("the credentials the guest holds were replaced")
+			}
+			if want, got := string(secret.Data[vmsecret.KeyUserData]), string(d.Secret.Data[vmsecret.KeyUserData]); got != want {
+				t.Errorf("user-data in the Secret:\n%s\nwant it kept:\n%s", got, want)
+			}
+		})
+	}
+}
+
+// TestAForgedStatusSkipsNoCheck: the status annotation is written by the
+// webhook, but a tenant can write it too. It is taken as proof of an
+// earlier injection only when the stored VM carries it or the VM's own
+// credential Secret, which only guestbackup writes, names its server; a
+// VM of a namespace the BSLS does not admit, or naming a BSLS that does
+// not exist, is refused however it is annotated, on CREATE and on UPDATE.
+func TestAForgedStatusSkipsNoCheck(t *testing.T) {
+	legit, _ := injected(t, "no-cloud-init")
+	status := headOf(legit).Annotations[v1alpha1.AnnotationStatus]
+	plain := withField(t, withoutServer(t, readVM(t, "no-cloud-init")), "uid-1", "metadata", "uid")
+	forged := withAnnotation(t, withAnnotation(t, plain, v1alpha1.AnnotationServer, "backup/main"), v1alpha1.AnnotationStatus, status)
+	notAdmitted := readyServer()
+	notAdmitted.NamespaceAllowed = false
+	for _, tt := range []struct {
+		name   string
+		old    []byte
+		server Server
+		want   string
+	}{
+		{"on CREATE, in a namespace the server does not admit", nil, notAdmitted, "does not admit VMs of namespace team-a"},
+		{"on UPDATE, in a namespace the server does not admit", plain, notAdmitted, "does not admit VMs of namespace team-a"},
+		{"on CREATE, naming a server that does not exist", nil, Server{}, "does not exist"},
+		{"on UPDATE, naming a server that does not exist", plain, Server{}, "does not exist"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: forged, OldObject: tt.old, Namespace: "team-a", Server: tt.server, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Denied, tt.want) {
+				t.Errorf("denial %q, want it to contain %q", d.Denied, tt.want)
+			}
+			if d.Secret != nil || len(d.Patch) != 0 {
+				t.Error("a forged status got a Secret or a patch")
+			}
+		})
+	}
+}
+
+// TestTheOwnersPartIsNeverRenderedAway: the VM's Secret may hold the only
+// copy of the owner's own user-data. No admission writes a payload
+// without it over it: not a re-creation whose status annotation says
+// nothing was merged, nor an update that removed the volume it was merged
+// from. Each is refused saying where the user-data is.
+func TestTheOwnersPartIsNeverRenderedAway(t *testing.T) {
+	stored, secret := injected(t, "inline-cloud-config")
+	st, _, _ := parseStatus(headOf(stored).Annotations)
+	notMerged := st
+	notMerged.MergedFrom = ""
+	claim, err := json.Marshal(notMerged)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := decodeJSON(stored, &m); err != nil {
+		t.Fatal(err)
+	}
+	spec := m["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)
+	spec["volumes"] = spec["volumes"].([]any)[:1]
+	spec["domain"].(map[string]any)["devices"].(map[string]any)["disks"] = spec["domain"].(map[string]any)["devices"].(map[string]any)["disks"].([]any)[:1]
+	withoutVolume, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name     string
+		obj, old []byte
+	}{
+		{"a re-creation whose status says nothing was merged", withAnnotation(t, stored, v1alpha1.AnnotationStatus, string(claim)), nil},
+		{"an update that removed the volume it was merged from", withField(t, withoutVolume, "uid-1", "metadata", "uid"), withField(t, stored, "uid-1", "metadata", "uid")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: tt.obj, OldObject: tt.old, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(d.Denied, "Secret team-a/db-guestbackup holds this VM's own cloud-init user-data") {
+				t.Errorf("denial %q: want the owner's user-data kept, and said where it is", d.Denied)
+			}
+			if d.Secret != nil || len(d.Patch) != 0 {
+				t.Error("the owner's user-data was rendered away")
+			}
+		})
+	}
+}
