@@ -17,6 +17,12 @@
 // Each guest connection gets its own connection to the Kopia server, so
 // that HTTP/2 flow control between guests stays what it is without the
 // gate: one guest's stalled session never holds up another's.
+//
+// Anyone who reaches the port can make Kopia verify a password, one at a
+// time for every guest of the pod, so the gate also decides which logins
+// Kopia gets (logins.go): a few at once, only those someone still waits
+// for, and few from any one address, fewer still after one failed. It
+// bounds the connections of an address, and closes idle ones.
 package sessiongate
 
 import (
@@ -36,6 +42,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 )
 
 // Timeouts of the gate's connections to the Kopia server on loopback.
@@ -44,8 +51,12 @@ const (
 	// idleTimeout closes a connection to the Kopia server its guest no
 	// longer uses.
 	idleTimeout = 30 * time.Second
-	// readHeaderTimeout bounds a guest's request headers.
+	// readHeaderTimeout bounds a guest's request headers (and its TLS
+	// handshake).
 	readHeaderTimeout = 15 * time.Second
+	// defaultIdleTimeout is Options.IdleTimeout's default: an idle
+	// connection holds a file descriptor and an upstream transport.
+	defaultIdleTimeout = 2 * time.Minute
 	// upstreamStreamBuffer and upstreamConnectionBuffer bound what the
 	// gate holds of Kopia's answers a guest has not read yet, per stream
 	// and per guest connection (a guest that reads keeps them draining).
@@ -82,7 +93,7 @@ var SessionsStarted = prometheus.NewCounter(prometheus.CounterOpts{
 // Collectors are the gate's metrics, for the user-sync container's
 // /metrics.
 func Collectors() []prometheus.Collector {
-	return []prometheus.Collector{OpenSessions, SessionsStarted}
+	return []prometheus.Collector{OpenSessions, SessionsStarted, LoginsThrottled}
 }
 
 // Options configure a Gate.
@@ -92,7 +103,19 @@ type Options struct {
 	Upstream string
 	// TLS is how the gate trusts it (serverpod.TrustChain).
 	TLS *tls.Config
-	Log logr.Logger
+	// LoginsInFlight, LoginsPerSource and ConnectionsPerSource bound what
+	// guests may cost the server; zero: DefaultLoginsInFlight,
+	// DefaultLoginsPerSource, DefaultConnectionsPerSource.
+	LoginsInFlight       int
+	LoginsPerSource      int
+	ConnectionsPerSource int
+	// IdleTimeout closes a guest's connection that has had no stream for
+	// that long; zero: 2 minutes. A guest's kopia keeps a stream open for
+	// as long as a command runs, and reconnects for the next.
+	IdleTimeout time.Duration
+	// Clock times the backoff after failed logins; nil: the real clock.
+	Clock clock.WithDelayedExecution
+	Log   logr.Logger
 }
 
 // Gate forwards guests' requests to the Kopia server and can end the
@@ -102,12 +125,19 @@ type Gate struct {
 	tls      *tls.Config
 	log      logr.Logger
 	proxy    *httputil.ReverseProxy
+	logins   *loginLimiter
+	conns    *connections
+	// idleTimeout is Options.IdleTimeout.
+	idleTimeout time.Duration
 
 	mu sync.Mutex
 	// sessions are the open sessions of each Kopia user (user@host).
 	sessions map[string]map[*session]struct{}
 	// upstreams are the transports of the guests' connections.
 	upstreams map[net.Conn]*http.Transport
+	// counted are the guests' connections within their address's bound,
+	// by address.
+	counted map[net.Conn]string
 }
 
 // session is one gRPC session a guest holds open.
@@ -117,16 +147,39 @@ type session struct {
 
 type connKey struct{}
 
+// loginKey carries a login's report function (loginLimiter.admit) to the
+// transport, which sees the Kopia server's answer.
+type loginKey struct{}
+
 // New returns a gate in front of the Kopia server o.Upstream.
 func New(o Options) (*Gate, error) {
 	u, err := url.Parse(o.Upstream)
 	if err != nil || u.Scheme != "https" || u.Host == "" {
 		return nil, errors.New("the Kopia server must be an https:// URL, got " + strconv.Quote(o.Upstream))
 	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.LoginsInFlight <= 0 {
+		o.LoginsInFlight = DefaultLoginsInFlight
+	}
+	if o.LoginsPerSource <= 0 {
+		o.LoginsPerSource = DefaultLoginsPerSource
+	}
+	if o.ConnectionsPerSource <= 0 {
+		o.ConnectionsPerSource = DefaultConnectionsPerSource
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = defaultIdleTimeout
+	}
 	g := &Gate{
 		upstream: u, tls: o.TLS, log: o.Log,
-		sessions:  map[string]map[*session]struct{}{},
-		upstreams: map[net.Conn]*http.Transport{},
+		logins:      newLoginLimiter(o.Clock, o.LoginsInFlight, o.LoginsPerSource),
+		conns:       &connections{max: o.ConnectionsPerSource, of: map[string]int{}},
+		sessions:    map[string]map[*session]struct{}{},
+		upstreams:   map[net.Conn]*http.Transport{},
+		counted:     map[net.Conn]string{},
+		idleTimeout: o.IdleTimeout,
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(g.upstream) },
@@ -135,7 +188,21 @@ func New(o Options) (*Gate, error) {
 			if !ok {
 				return nil, errors.New("request of no guest connection")
 			}
-			return roundTrip(t, r)
+			res, err := roundTrip(t, r)
+			if done, ok := r.Context().Value(loginKey{}).(func(loginResult)); ok {
+				switch {
+				case err != nil:
+					done(loginUnknown)
+				case isGRPC(r):
+					// Kopia sends nothing before it has verified the
+					// password, then either the session's first message
+					// or, at once, the end of the stream and a status.
+					res.Body = &sessionAnswer{ReadCloser: res.Body, res: res, done: done}
+				default:
+					done(resultOf(res))
+				}
+			}
+			return res, err
 		}),
 		// gRPC streams both ways: every message is passed on at once.
 		FlushInterval: -1,
@@ -207,6 +274,7 @@ func (g *Gate) Server() *http.Server {
 	return &http.Server{
 		Handler:           g,
 		ReadHeaderTimeout: readHeaderTimeout,
+		IdleTimeout:       g.idleTimeout,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			t := g.transport()
 			g.mu.Lock()
@@ -215,13 +283,31 @@ func (g *Gate) Server() *http.Server {
 			return context.WithValue(ctx, connKey{}, t)
 		},
 		ConnState: func(c net.Conn, state http.ConnState) {
-			if state != http.StateClosed && state != http.StateHijacked {
+			switch state {
+			case http.StateNew:
+				source := sourceOf(c.RemoteAddr().String())
+				if !g.conns.open(source) {
+					g.log.V(1).Info("connection refused: its address holds too many", "source", source)
+					c.Close()
+					return
+				}
+				g.mu.Lock()
+				g.counted[c] = source
+				g.mu.Unlock()
+				return
+			case http.StateClosed, http.StateHijacked:
+			default:
 				return
 			}
 			g.mu.Lock()
 			t := g.upstreams[c]
 			delete(g.upstreams, c)
+			source, counted := g.counted[c]
+			delete(g.counted, c)
 			g.mu.Unlock()
+			if counted {
+				g.conns.close(source)
+			}
 			if t != nil {
 				t.CloseIdleConnections()
 			}
@@ -257,6 +343,12 @@ func (g *Gate) transport() *http.Transport {
 // Kopia checks each such request's credentials on its own.
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !isGRPC(r) {
+		if isLogin(r) {
+			var ok bool
+			if r, ok = g.admitLogin(w, r); !ok {
+				return
+			}
+		}
 		g.proxy.ServeHTTP(w, r)
 		return
 	}
@@ -274,6 +366,10 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeGRPCError(w, grpcPermissionDenied, "missing credentials")
 		return
 	}
+	r, ok = g.admitLogin(w, r)
+	if !ok {
+		return
+	}
 	ctx, end := context.WithCancelCause(r.Context())
 	defer end(nil)
 	s := &session{end: end}
@@ -282,6 +378,28 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// (http.ErrAbortHandler), as it does when End cuts it mid-response.
 	defer g.untrack(user, s)
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+}
+
+// admitLogin waits until the login r may go to the Kopia server
+// (loginLimiter.admit), and returns r carrying its report function. When
+// it may not, it answers r, or not at all when its guest went away, and
+// returns false.
+func (g *Gate) admitLogin(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	done, err := g.logins.admit(r.Context(), sourceOf(r.RemoteAddr))
+	if err != nil {
+		var throttled *throttledError
+		switch {
+		case errors.As(err, &throttled) && isGRPC(r):
+			writeGRPCError(w, grpcUnavailable, throttled.Error())
+		case errors.As(err, &throttled):
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, throttled.Error(), http.StatusTooManyRequests)
+		}
+		return r, false
+	}
+	// Reported by the transport; unless the proxy never got that far.
+	context.AfterFunc(r.Context(), func() { done(loginUnknown) })
+	return r.WithContext(context.WithValue(r.Context(), loginKey{}, done)), true
 }
 
 // End ends the open sessions of every user match accepts, and returns how

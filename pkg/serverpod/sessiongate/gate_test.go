@@ -2,11 +2,11 @@ package sessiongate_test
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -48,39 +48,15 @@ var (
 // Kopia clients (Kopia's own client library, the code behind the CLI).
 var _ = BeforeSuite(func() {
 	server = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{})
-	var err error
-	gate, err = sessiongate.New(sessiongate.Options{
-		Upstream: server.URL,
-		TLS:      serverpod.TrustChain([]*x509.Certificate{server.CA.Cert}),
-		Log:      GinkgoLogr,
-	})
-	Expect(err).NotTo(HaveOccurred())
-	chain, key := servingCert()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
-	gateURL = "https://" + ln.Addr().String()
-	ctx, stop := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- serverpod.ServeTLS(ctx, ln, chain, key, gate.Server()) }()
-	DeferCleanup(func() {
-		stop()
-		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
-	})
+	gate, gateURL = startGate(sessiongate.Options{})
 })
 
-// servingCert writes a chain (leaf for 127.0.0.1, then the CA) and key the
-// server's CA issued, as the gate presents the server's own.
-func servingCert() (chainFile, keyFile string) {
+// startGate serves a gate of options o in front of the suite's Kopia
+// server (serveGate) until the calling container ends.
+func startGate(o sessiongate.Options) (*sessiongate.Gate, string) {
 	GinkgoHelper()
-	kp, err := server.CA.IssueServing([]string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
-	Expect(err).NotTo(HaveOccurred())
-	keyPEM, err := kp.KeyPEM()
-	Expect(err).NotTo(HaveOccurred())
-	dir := GinkgoT().TempDir()
-	chainFile, keyFile = filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem")
-	Expect(os.WriteFile(chainFile, kp.ChainPEM(server.CA.Cert), 0o600)).To(Succeed())
-	Expect(os.WriteFile(keyFile, keyPEM, 0o600)).To(Succeed())
-	return chainFile, keyFile
+	o.Log = GinkgoLogr
+	return serveGate(GinkgoT(), server, o)
 }
 
 // holdSession connects Kopia's client to the gate as username and opens
@@ -215,5 +191,98 @@ var _ = Describe("The session gate", Ordered, func() {
 		Expect(resp.StatusCode).To(Equal(http.StatusHTTPVersionNotSupported))
 		Expect(gate.Sessions()).To(Equal(open))
 		Expect(sessionsStarted(bob)).To(Equal(before), "Kopia started no session")
+	})
+})
+
+// Issue 46, 2: anyone who reaches the port can send logins with wrong
+// passwords, and Kopia verifies one password at a time for everyone. The
+// gate hands Kopia few of them, and none whose client went away.
+var _ = Describe("A flood of wrong logins from one address", Ordered, func() {
+	const victim = "victim@team-b"
+	var (
+		victimPassword = testbed.RandomPassword()
+		victimConfig   string
+		mallory        *attacker
+	)
+	BeforeAll(func() {
+		server.AddUser(GinkgoT(), victim, victimPassword)
+		var err error
+		victimConfig, err = connectClient(context.Background(), gateURL, server.CAPin, GinkgoT().TempDir(), victim, victimPassword)
+		Expect(err).NotTo(HaveOccurred())
+		mallory = newAttacker(gateURL, server.CA.Cert, net.IPv4(127, 0, 0, 2))
+		DeferCleanup(mallory.close)
+	})
+
+	It("lets the address queue a few logins, which reach Kopia one at a time; the rest are refused by the gate at once", func() {
+		const senders = 64
+		res := mallory.flood(context.Background(), victim, senders, 1)
+		Expect(res.other).To(BeZero(), "every login is answered: %s", res)
+		Expect(res.refused + res.throttled).To(Equal(senders))
+		Expect(res.throttled).To(BeNumerically(">=", senders/2), "the gate keeps most of a flood from Kopia: %s", res)
+	})
+
+	It("lets a guest of another address log in while the flood goes on", func() {
+		ctx, stop := context.WithCancel(context.Background())
+		flooded := make(chan floodResult, 1)
+		go func() { flooded <- mallory.flood(ctx, victim, 64, 1000) }()
+		DeferCleanup(func() {
+			stop()
+			Eventually(flooded).WithTimeout(callTimeout).Should(Receive())
+		})
+		for range 3 {
+			call, cancel := context.WithTimeout(context.Background(), callTimeout)
+			Expect(loginWith(call, victimConfig, victimPassword)).To(Succeed())
+			cancel()
+		}
+	})
+})
+
+// Issue 46, 6: connections cost the pod a file descriptor each, and an
+// upstream transport; no address may hold many, and none stays idle long.
+var _ = Describe("Connections held open by one address", func() {
+	It("are bounded per address, and closed when idle", func() {
+		const bound = 4
+		_, url := startGate(sessiongate.Options{ConnectionsPerSource: bound, IdleTimeout: 2 * time.Second})
+		pool := x509.NewCertPool()
+		pool.AddCert(server.CA.Cert)
+		dial := func(ip net.IP) (*tls.Conn, error) {
+			d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}, Timeout: 10 * time.Second}
+			c, err := tls.DialWithDialer(d, "tcp", strings.TrimPrefix(url, "https://"), &tls.Config{RootCAs: pool, NextProtos: []string{"h2"}, MinVersion: tls.VersionTLS12})
+			if err != nil {
+				return nil, err
+			}
+			DeferCleanup(c.Close)
+			// The handshake's end on this side does not say the server
+			// kept the connection: its first frame (HTTP/2's SETTINGS) does.
+			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Read(make([]byte, 1)); err != nil {
+				return nil, err
+			}
+			return c, nil
+		}
+		held := []*tls.Conn{}
+		for range bound {
+			c, err := dial(net.IPv4(127, 0, 0, 3))
+			Expect(err).NotTo(HaveOccurred())
+			held = append(held, c)
+		}
+		_, err := dial(net.IPv4(127, 0, 0, 3))
+		Expect(err).To(HaveOccurred(), "a connection over the address's bound is closed at once")
+		_, err = dial(net.IPv4(127, 0, 0, 4))
+		Expect(err).NotTo(HaveOccurred(), "another address is not bound by it")
+
+		By("the idle connections being closed by the gate")
+		for _, c := range held {
+			Eventually(func() error {
+				_ = c.SetReadDeadline(time.Now().Add(time.Second))
+				_, err := io.Copy(io.Discard, c)
+				if err == nil {
+					return nil // EOF: closed
+				}
+				return err
+			}).WithTimeout(callTimeout).Should(Succeed())
+		}
+		_, err = dial(net.IPv4(127, 0, 0, 3))
+		Expect(err).NotTo(HaveOccurred(), "the address may connect again once its connections are gone")
 	})
 })
