@@ -13,7 +13,12 @@
 // once and each logs in to Kopia too. Who may reach the port at all is the
 // server port's NetworkPolicy, and a bound on concurrent downloads keeps a
 // stampede (or a hostile guest) from exhausting the pod: the rest are told
-// to come back (503, Retry-After), which the guest's fetch does.
+// to come back (503, Retry-After), which the guest's fetch does. That bound
+// must not become the attack itself: a download that falls below a minimum
+// average rate is cut and frees its slot at once, so a client that stops
+// reading holds one for seconds, not for ever; and one source address may
+// hold only a few slots, so a single host cannot take them all even for
+// those seconds.
 //
 // Reports do need them: a report becomes a Warning Event on a VM, so an
 // anonymous one would let anyone who reaches the port raise false alarms on
@@ -33,10 +38,12 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 
@@ -73,6 +80,20 @@ type Options struct {
 	Reporter      Reporter
 	// MaxDownloads bounds concurrent downloads; default 8.
 	MaxDownloads int
+	// MaxDownloadsPerSource bounds concurrent downloads from one IP
+	// address (a guest needs one at a time), so that one host cannot take
+	// every slot; default 4: half of MaxDownloads's default, since guests
+	// behind one address (a front that rewrites sources, SNAT) share it.
+	MaxDownloadsPerSource int
+	// MinRate is the average rate, in bytes per second since a download
+	// started, below which it is cut once Grace has passed: a client that
+	// reads too slowly, or not at all, must not keep its slot. Default
+	// 128 KiB/s: the binary is some 60 MB, and guests under software
+	// emulation are slow but read far faster than that.
+	MinRate int64
+	// Grace is the head start a download has over MinRate (TLS handshake,
+	// TCP slow start, a guest busy booting); default 15 s.
+	Grace time.Duration
 	// Clock stamps reports; nil: the real clock.
 	Clock clock.PassiveClock
 	Log   logr.Logger
@@ -84,6 +105,9 @@ type Server struct {
 	binaries  map[string]*binary
 	status    v1alpha1.ClientStatus
 	downloads chan struct{}
+	// mu guards sources: the downloads in flight per source address.
+	mu      sync.Mutex
+	sources map[string]int
 	// logins allows one password check at a time: each costs Kopia's
 	// hash (64 MiB for scrypt).
 	logins chan struct{}
@@ -104,6 +128,15 @@ func Open(o Options) (*Server, error) {
 	if o.MaxDownloads <= 0 {
 		o.MaxDownloads = 8
 	}
+	if o.MaxDownloadsPerSource <= 0 {
+		o.MaxDownloadsPerSource = 4
+	}
+	if o.MinRate <= 0 {
+		o.MinRate = 128 << 10
+	}
+	if o.Grace <= 0 {
+		o.Grace = 15 * time.Second
+	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
@@ -111,6 +144,7 @@ func Open(o Options) (*Server, error) {
 		opts: o, binaries: map[string]*binary{},
 		status:    v1alpha1.ClientStatus{SHA256: map[string]string{}},
 		downloads: make(chan struct{}, o.MaxDownloads),
+		sources:   map[string]int{},
 		logins:    make(chan struct{}, 1),
 	}
 	for _, arch := range slices.Sorted(maps.Keys(o.Binaries)) {
@@ -192,17 +226,152 @@ func (s *Server) Handler() http.Handler {
 }
 
 func (s *Server) download(w http.ResponseWriter, r *http.Request, arch string, b *binary) {
-	select {
-	case s.downloads <- struct{}{}:
-		defer func() { <-s.downloads }()
-	default:
+	source := sourceOf(r)
+	release, busy := s.acquire(source)
+	if busy != "" {
 		w.Header().Set("Retry-After", "5")
-		http.Error(w, "too many downloads at once; try again shortly", http.StatusServiceUnavailable)
+		http.Error(w, busy, http.StatusServiceUnavailable)
 		return
 	}
+	defer release()
 	w.Header().Set("Content-Type", "application/octet-stream")
 	w.Header().Set("X-Content-SHA256", s.status.SHA256[arch])
-	http.ServeContent(w, r, "kopia", b.modTime, io.NewSectionReader(b.file, 0, b.size))
+	pw := &pacedWriter{ResponseWriter: w, rc: http.NewResponseController(w), start: time.Now(), grace: s.opts.Grace, rate: s.opts.MinRate}
+	http.ServeContent(pw, r, "kopia", b.modTime, io.NewSectionReader(b.file, 0, b.size))
+	pw.finish()
+	if pw.slow {
+		s.opts.Log.V(1).Info("download cut: the client read too slowly", "remote", r.RemoteAddr, "arch", arch,
+			"bytes", pw.written, "elapsed", time.Since(pw.start).Round(time.Millisecond).String())
+	}
+}
+
+// acquire takes a download slot for source, within both the global and the
+// per-source bound. It returns the slot's release, or why there is none.
+func (s *Server) acquire(source string) (release func(), busy string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.sources[source] >= s.opts.MaxDownloadsPerSource {
+		return nil, fmt.Sprintf("too many downloads from %s at once; try again shortly", source)
+	}
+	select {
+	case s.downloads <- struct{}{}:
+	default:
+		return nil, "too many downloads at once; try again shortly"
+	}
+	s.sources[source]++
+	return func() {
+		<-s.downloads
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if s.sources[source]--; s.sources[source] <= 0 {
+			delete(s.sources, source)
+		}
+	}, ""
+}
+
+// sourceOf is the IP address r comes from (an IPv4 address mapped into
+// IPv6 counts as itself), or its whole RemoteAddr when that has no port.
+func sourceOf(r *http.Request) string {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		return r.RemoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().WithZone("").String()
+	}
+	return host
+}
+
+// writeFloor is the least time any write is given: a deadline a few
+// milliseconds away would cut a client for a scheduling hiccup rather than
+// for its rate.
+const writeFloor = 5 * time.Second
+
+// errTooSlow ends a download whose average rate has already fallen below
+// the minimum.
+var errTooSlow = errors.New("the client reads below the minimum rate")
+
+// pacedWriter is the ResponseWriter of one download. Before each write it
+// sets the connection's write deadline to when the bytes written so far,
+// this write's included, must have been taken for the download to keep
+// rate on average since start, after grace (never less than writeFloor
+// from now); a write the client does not take by then fails, the handler
+// returns, and the slot is free. A write that finds the average already
+// below rate fails at once. The server sets no WriteTimeout, which would
+// cut honest slow downloads as well.
+//
+// It deliberately implements nothing but Write (not io.ReaderFrom), so
+// that every chunk of the copy passes here.
+type pacedWriter struct {
+	http.ResponseWriter
+	rc       *http.ResponseController
+	start    time.Time
+	grace    time.Duration
+	rate     int64
+	written  int64
+	deadline time.Time
+	// failed: a write failed; slow: it failed for the client's rate.
+	failed, slow bool
+}
+
+// due is when n bytes must have been taken to keep the minimum rate.
+func (p *pacedWriter) due(n int64) time.Time {
+	// Whole seconds and remainder apart: n*time.Second would overflow for
+	// files above 9 GB.
+	return p.start.Add(p.grace + time.Duration(n/p.rate)*time.Second + time.Duration(n%p.rate)*time.Second/time.Duration(p.rate))
+}
+
+// later is the later of a and b.
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// Write writes b by its deadline.
+func (p *pacedWriter) Write(b []byte) (int, error) {
+	now := time.Now()
+	// A client already behind the minimum average gets no fresh floor:
+	// otherwise one that takes a chunk every writeFloor would keep its
+	// slot at a trickle.
+	if now.After(p.due(p.written)) {
+		p.failed, p.slow = true, true
+		// What is buffered must not wait for it either.
+		_ = p.rc.SetWriteDeadline(now)
+		return 0, errTooSlow
+	}
+	p.deadline = later(p.due(p.written+int64(len(b))), now.Add(writeFloor))
+	if err := p.rc.SetWriteDeadline(p.deadline); err != nil {
+		p.failed = true
+		return 0, fmt.Errorf("set the download's write deadline: %w", err)
+	}
+	n, err := p.ResponseWriter.Write(b)
+	p.written += int64(n)
+	if err != nil {
+		p.failed = true
+		p.slow = !time.Now().Before(p.deadline)
+	}
+	return n, err
+}
+
+// finish flushes what the response still buffers under the same pace, then
+// lifts the deadline, which would otherwise outlive the download on a
+// kept-alive connection.
+func (p *pacedWriter) finish() {
+	if p.failed {
+		return
+	}
+	now := time.Now()
+	p.deadline = later(p.due(p.written), now.Add(writeFloor))
+	if err := p.rc.SetWriteDeadline(p.deadline); err != nil {
+		return
+	}
+	if err := p.rc.Flush(); err != nil {
+		p.slow = !time.Now().Before(p.deadline)
+		return
+	}
+	_ = p.rc.SetWriteDeadline(time.Time{})
 }
 
 func (s *Server) report(w http.ResponseWriter, r *http.Request) {
@@ -267,6 +436,12 @@ func Sanitize(s string) string {
 // connection open for free).
 const readHeaderTimeout = 10 * time.Second
 
+// idleTimeout closes a kept-alive connection that asks nothing more, so
+// that idle ones do not hold the pod's file descriptors for ever. There is
+// deliberately no WriteTimeout: it would cut honest slow downloads; each
+// download paces its own writes instead (Options.MinRate).
+const idleTimeout = 60 * time.Second
+
 // ListenAndServe serves h over TLS on addr with the certificate chain and
 // key the Kopia server presents, until ctx ends.
 func ListenAndServe(ctx context.Context, addr, chainFile, keyFile string, h http.Handler) error {
@@ -279,7 +454,7 @@ func ListenAndServe(ctx context.Context, addr, chainFile, keyFile string, h http
 
 // Serve is ListenAndServe on a listener of the caller's; it closes it.
 func Serve(ctx context.Context, ln net.Listener, chainFile, keyFile string, h http.Handler) error {
-	if err := serverpod.ServeTLS(ctx, ln, chainFile, keyFile, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout}); err != nil {
+	if err := serverpod.ServeTLS(ctx, ln, chainFile, keyFile, &http.Server{Handler: h, ReadHeaderTimeout: readHeaderTimeout, IdleTimeout: idleTimeout}); err != nil {
 		return fmt.Errorf("client port: %w", err)
 	}
 	return nil

@@ -1,20 +1,32 @@
 package clientserver
 
 import (
+	"bufio"
+	"context"
 	"crypto/sha256"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/go-logr/logr/funcr"
+	"github.com/onsi/gomega"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 type guests struct {
@@ -159,5 +171,307 @@ func TestOpenRefusesMixedVersionsAndMissingFiles(t *testing.T) {
 	tools := testbed.MustTools(t)
 	if _, err := Open(Options{Binaries: map[string]string{"amd64": tools.Kopia, "arm64": notGo}}); err == nil {
 		t.Error("served two architectures of different versions")
+	}
+}
+
+// port serves srv as the server pod does (Serve: TLS, HTTP/2, its
+// timeouts) on 127.0.0.1 until the test ends, and returns its address and
+// the roots that trust it. Call it before opening any connection to it, so
+// that those are closed before it stops; it then waits for every download
+// in flight to end.
+func port(t *testing.T, srv *Server) (string, *x509.CertPool) {
+	t.Helper()
+	ca, err := pki.NewCA("client port test CA", time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.IssueServing(nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := kp.KeyPEM()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	chainFile, keyFile := filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(chainFile, kp.ChainPEM(ca.Cert), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Serve(ctx, ln, chainFile, keyFile, srv.Handler()) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("client port: %v", err)
+		}
+		// The clients are gone: every download's next write fails.
+		gomega.NewWithT(t).Eventually(func() int { return len(srv.downloads) }).
+			WithTimeout(time.Minute).WithPolling(50*time.Millisecond).Should(gomega.BeZero(), "downloads still in flight")
+	})
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	return ln.Addr().String(), roots
+}
+
+// from dials from the loopback address source.
+func from(source net.IP) *net.Dialer {
+	return &net.Dialer{LocalAddr: &net.TCPAddr{IP: source}, Timeout: 30 * time.Second}
+}
+
+// stall starts a download of amd64's client from source and never reads
+// its body, as a hostile or stuck client: over HTTP/1.1 on a TLS
+// connection of its own, or over HTTP/2 through Go's transport. It returns
+// the status, the Retry-After and, for a refusal, the message; the test
+// closes the connection when it ends.
+func stall(t *testing.T, addr string, roots *x509.CertPool, source net.IP, http2 bool) (status int, retryAfter, message string) {
+	t.Helper()
+	var resp *http.Response
+	if http2 {
+		tr := &http.Transport{DialContext: from(source).DialContext, TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
+		t.Cleanup(tr.CloseIdleConnections)
+		var err error
+		if resp, err = (&http.Client{Transport: tr}).Get("https://" + addr + clientdist.DownloadPath("amd64")); err != nil {
+			t.Fatal(err)
+		}
+		// Closing the body resets the stream; the transport then closes
+		// the connection.
+		t.Cleanup(func() { resp.Body.Close() })
+		if resp.ProtoMajor != 2 {
+			t.Fatalf("%s: %s, not HTTP/2", source, resp.Proto)
+		}
+	} else {
+		conn, err := tls.DialWithDialer(from(source), "tcp", addr, &tls.Config{RootCAs: roots})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		// A bound on the test's own wait, not on the server's behaviour.
+		if err := conn.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: %s\r\n\r\n", clientdist.DownloadPath("amd64"), addr); err != nil {
+			t.Fatal(err)
+		}
+		// Its body is never closed (that would read it to the end): the
+		// connection is.
+		if resp, err = http.ReadResponse(bufio.NewReader(conn), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		message = string(body)
+	}
+	return resp.StatusCode, resp.Header.Get("Retry-After"), message
+}
+
+// fetch downloads amd64's client from source as a guest does, over
+// HTTP/2 when the server speaks it (curl does), and returns the status and
+// the SHA-256 of the bytes it got.
+func fetch(t *testing.T, addr string, roots *x509.CertPool, source net.IP) (int, string, http.Header) {
+	t.Helper()
+	tr := &http.Transport{DialContext: from(source).DialContext, TLSClientConfig: &tls.Config{RootCAs: roots}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Get("https://" + addr + clientdist.DownloadPath("amd64"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, resp.Body); err != nil {
+		t.Fatalf("download from %s: %v", source, err)
+	}
+	return resp.StatusCode, hex.EncodeToString(h.Sum(nil)), resp.Header
+}
+
+// bigKopia is the test bed's kopia client, checked to be larger than the
+// socket buffers of a loopback connection can take (some MB), so that a
+// client that does not read really holds up the server's writes.
+func bigKopia(t *testing.T) string {
+	t.Helper()
+	path := testbed.MustTools(t).Kopia
+	fi, err := os.Stat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Size() < 64<<20 {
+		t.Fatalf("%s has %d bytes: too few to fill the socket buffers", path, fi.Size())
+	}
+	return path
+}
+
+var (
+	guest    = net.IPv4(127, 0, 0, 1)
+	attacker = net.IPv4(127, 0, 0, 2)
+)
+
+// Issue 46.3: with no credentials, one host opens MaxDownloads downloads
+// and never reads them. A guest booting then still gets its client,
+// fetching as the bootstrap's curl does (--retry 3 --retry-delay 5): the
+// host holds only MaxDownloadsPerSource slots. Before, it held every slot
+// and the guest got 503 four times.
+func TestStalledDownloadsLockNoGuestOut(t *testing.T) {
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": bigKopia(t)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	addr, roots := port(t, srv)
+	for range srv.opts.MaxDownloads {
+		stall(t, addr, roots, attacker, false)
+	}
+	var status int
+	var got string
+	for attempt := range 4 {
+		var h http.Header
+		if status, got, h = fetch(t, addr, roots, guest); status != http.StatusServiceUnavailable {
+			break
+		}
+		wait, err := strconv.Atoi(h.Get("Retry-After"))
+		if err != nil {
+			t.Fatalf("503 with Retry-After %q", h.Get("Retry-After"))
+		}
+		t.Logf("attempt %d: 503, retrying in %d s", attempt+1, wait)
+		if attempt < 3 {
+			time.Sleep(time.Duration(wait) * time.Second)
+		}
+	}
+	if status != http.StatusOK || got != srv.Status().SHA256["amd64"] {
+		t.Fatalf("the guest got status %d and bytes of SHA-256 %s, want 200 and %s", status, got, srv.Status().SHA256["amd64"])
+	}
+}
+
+// A client that stops reading has its download cut once it falls below
+// MinRate, and its slot is free again: MaxDownloads of them, from as many
+// addresses, lock no one out for long. Each cut is logged with its address.
+func TestStalledDownloadsAreCut(t *testing.T) {
+	var mu sync.Mutex
+	var logged []string
+	log := funcr.New(func(prefix, args string) {
+		mu.Lock()
+		defer mu.Unlock()
+		logged = append(logged, args)
+	}, funcr.Options{Verbosity: 1})
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": bigKopia(t)}, MinRate: 2 << 20, Grace: time.Second, Log: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	addr, roots := port(t, srv)
+	var sources []net.IP
+	for i := range srv.opts.MaxDownloads {
+		source := net.IPv4(127, 0, 0, byte(2+i))
+		sources = append(sources, source)
+		// Half over each protocol: a guest's curl speaks HTTP/2.
+		if status, _, msg := stall(t, addr, roots, source, i%2 == 0); status != http.StatusOK {
+			t.Fatalf("download %d from %s: %d %s", i, source, status, msg)
+		}
+	}
+	g := gomega.NewWithT(t)
+	g.Eventually(func() int {
+		status, got, _ := fetch(t, addr, roots, guest)
+		if status == http.StatusOK && got != srv.Status().SHA256["amd64"] {
+			t.Fatalf("served bytes of SHA-256 %s", got)
+		}
+		return status
+	}).WithTimeout(2*time.Minute).WithPolling(200*time.Millisecond).Should(gomega.Equal(http.StatusOK), "no slot was released")
+	g.Eventually(func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		var cut []string
+		for _, source := range sources {
+			for _, line := range logged {
+				if strings.Contains(line, "download cut") && strings.Contains(line, `"`+source.String()+":") {
+					cut = append(cut, source.String())
+					break
+				}
+			}
+		}
+		return cut
+	}).WithTimeout(2*time.Minute).WithPolling(50*time.Millisecond).Should(gomega.HaveLen(len(sources)), "stalled downloads not all cut")
+	g.Eventually(func() int { return len(srv.downloads) }).WithTimeout(time.Minute).WithPolling(50 * time.Millisecond).Should(gomega.BeZero())
+}
+
+// One address gets MaxDownloadsPerSource downloads at once; the next is
+// told so and to come back, while another address still gets its own.
+func TestDownloadsPerSourceAreBounded(t *testing.T) {
+	// No download is cut while the test runs, however slow the machine.
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": bigKopia(t)}, Grace: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	addr, roots := port(t, srv)
+	for i := range srv.opts.MaxDownloadsPerSource {
+		if status, _, msg := stall(t, addr, roots, attacker, i%2 == 0); status != http.StatusOK {
+			t.Fatalf("download %d: %d %s", i, status, msg)
+		}
+	}
+	for _, http2 := range []bool{false, true} {
+		status, retryAfter, msg := stall(t, addr, roots, attacker, http2)
+		if status != http.StatusServiceUnavailable || retryAfter == "" || !strings.Contains(msg, "too many downloads from "+attacker.String()) {
+			t.Errorf("one more from %s (HTTP/2 %t): %d, Retry-After %q, %q", attacker, http2, status, retryAfter, msg)
+		}
+	}
+	if status, got, _ := fetch(t, addr, roots, net.IPv4(127, 0, 0, 3)); status != http.StatusOK || got != srv.Status().SHA256["amd64"] {
+		t.Errorf("another address: status %d, SHA-256 %s", status, got)
+	}
+}
+
+// deadlines is a ResponseWriter that keeps the last write deadline set
+// through its ResponseController.
+type deadlines struct {
+	*httptest.ResponseRecorder
+	deadline time.Time
+}
+
+func (d *deadlines) SetWriteDeadline(t time.Time) error {
+	d.deadline = t
+	return nil
+}
+
+// The minimum rate is an average since the download started: a write gets
+// until the bytes so far must have been taken, never less than writeFloor;
+// but a download already behind is cut at its next write rather than given
+// writeFloor again, or a client taking a chunk every few seconds would keep
+// its slot for hours.
+func TestDownloadPaceIsAnAverage(t *testing.T) {
+	const rate = 1 << 10
+	start := time.Now().Add(-time.Minute)
+	paced := func(written int64) (*pacedWriter, *deadlines) {
+		w := &deadlines{ResponseRecorder: httptest.NewRecorder()}
+		return &pacedWriter{ResponseWriter: w, rc: http.NewResponseController(w), start: start, grace: 15 * time.Second, rate: rate, written: written}, w
+	}
+	chunk := make([]byte, rate)
+
+	// Ahead by 55 s: until its bytes, this chunk's included, are due.
+	p, w := paced(100 * rate)
+	if _, err := p.Write(chunk); err != nil || !w.deadline.Equal(start.Add(15*time.Second+101*time.Second)) {
+		t.Errorf("ahead: %v, deadline %v after the start, want 116s", err, w.deadline.Sub(start))
+	}
+
+	// Ahead by 3 s: this chunk is due in 4 s, but gets writeFloor.
+	p, w = paced(48 * rate)
+	before := time.Now()
+	_, err := p.Write(chunk)
+	after := time.Now()
+	if err != nil || w.deadline.Before(before.Add(writeFloor)) || w.deadline.After(after.Add(writeFloor)) {
+		t.Errorf("nearly due: %v, deadline %v from now, want %v", err, time.Until(w.deadline), writeFloor)
+	}
+
+	// Behind by 5 s: cut, and what is buffered fails at once too.
+	p, w = paced(40 * rate)
+	before = time.Now()
+	if n, err := p.Write(chunk); n != 0 || err == nil || !p.slow || w.deadline.IsZero() || w.deadline.After(time.Now()) || w.Body.Len() != 0 {
+		t.Errorf("behind: wrote %d, %v, slow %t, deadline %v from %v", n, err, p.slow, w.deadline.Sub(before), before)
 	}
 }
