@@ -511,6 +511,11 @@ func (r *Reconciler) grantsWritten(ctx context.Context, s *corev1.Secret, want [
 	return live, nil
 }
 
+// grantLimit is what a grant's end cannot take back, said in both its
+// Events so that an owner who grants access knows: Kopia serves content
+// to any user who names its ID (docs/security.md).
+const grantLimit = "files and folders whose IDs the guest read or noted under the grant stay readable by those IDs for as long as they are in the repository"
+
 // recordGrantChanges records, on the grantee and on the VM whose snapshots
 // it reads (each when it exists), the grants written and removed. What the
 // grantee's guest then reads is not recorded: Kopia's server keeps no
@@ -525,15 +530,15 @@ func (r *Reconciler) recordGrantChanges(ctx context.Context, server types.Namesp
 		has[g] = true
 		if !had[g] {
 			r.recordGrant(ctx, g, ReasonRestoreAccessGranted,
-				fmt.Sprintf("This VM's guest may read the snapshots of %s on BackupStorageLocationServer %s, read-only, until annotation %s is removed: guestbackup-kopia snapshot list %s (docs/guest.md)", g.Source, server, v1alpha1.AnnotationRestoreFrom, g.Source),
-				fmt.Sprintf("The guest of VirtualMachine %s may read this VM's snapshots (%s) on BackupStorageLocationServer %s, read-only, until its annotation %s is removed", vmOf(g.Grantee), g.Source, server, v1alpha1.AnnotationRestoreFrom))
+				fmt.Sprintf("This VM's guest may read the snapshots of %s on BackupStorageLocationServer %s, read-only, until annotation %s is removed: guestbackup-kopia snapshot list %s (docs/guest.md). Removing it ends the listing and reading of those snapshots; %s", g.Source, server, v1alpha1.AnnotationRestoreFrom, g.Source, grantLimit),
+				fmt.Sprintf("The guest of VirtualMachine %s may read this VM's snapshots (%s) on BackupStorageLocationServer %s, read-only, until its annotation %s is removed; %s", vmOf(g.Grantee), g.Source, server, v1alpha1.AnnotationRestoreFrom, grantLimit))
 		}
 	}
 	for _, g := range before {
 		if !has[g] {
 			r.recordGrant(ctx, g, ReasonRestoreAccessRevoked,
-				fmt.Sprintf("This VM's guest may no longer read the snapshots of %s on BackupStorageLocationServer %s", g.Source, server),
-				fmt.Sprintf("The guest of VirtualMachine %s may no longer read this VM's snapshots (%s) on BackupStorageLocationServer %s", vmOf(g.Grantee), g.Source, server))
+				fmt.Sprintf("This VM's guest may no longer read the snapshots of %s on BackupStorageLocationServer %s; %s", g.Source, server, grantLimit),
+				fmt.Sprintf("The guest of VirtualMachine %s may no longer read this VM's snapshots (%s) on BackupStorageLocationServer %s; %s", vmOf(g.Grantee), g.Source, server, grantLimit))
 		}
 	}
 }

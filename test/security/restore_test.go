@@ -2,6 +2,7 @@ package security
 
 import (
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,6 +30,8 @@ const (
 	refusedReason  = "RestoreAccessRefused"
 	restoreFile    = "ledger.csv"
 	restoreContent = "2026-11-24,invoice,42\n"
+	// grantLimit is what the grant's Events say its end cannot take back.
+	grantLimit = "files and folders whose IDs the guest read or noted under the grant stay readable by those IDs for as long as they are in the repository"
 )
 
 // A VM's owner restores a file of another VM of the namespace, one that
@@ -42,6 +45,9 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		newClient, spyClient   *testbed.KopiaClient
 		newPassword, spyPasswd string
 		oldDir, oldSnapshot    string
+		// notedRoot is the root object ID of old's snapshot, as new's guest
+		// notes it under the grant.
+		notedRoot string
 		// oldHeld and newHeld are sessions the guests hold open, as `kopia
 		// mount` or any long command does: Kopia's own client, one gRPC
 		// session for as long as it runs.
@@ -158,9 +164,20 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		Eventually(canRead(newClient)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(Equal(restoreContent),
 			"new's guest lists and restores old's file")
 		Eventually(events(owner.Client, "rf-a", "new", grantedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
-			And(HavePrefix("Normal This VM's guest may read the snapshots of old@rf-a"), ContainSubstring("read-only"))))
+			And(HavePrefix("Normal This VM's guest may read the snapshots of old@rf-a"), ContainSubstring("read-only"), ContainSubstring(grantLimit))))
 		Eventually(events(owner.Client, "rf-a", "old", grantedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
-			HavePrefix("Normal The guest of VirtualMachine new may read this VM's snapshots (old@rf-a)")))
+			And(HavePrefix("Normal The guest of VirtualMachine new may read this VM's snapshots (old@rf-a)"), ContainSubstring(grantLimit))))
+		out, err := newClient.Run(ctx, "snapshot", "list", "old@rf-a:"+oldDir, "--json")
+		Expect(err).NotTo(HaveOccurred(), out)
+		var listed []struct {
+			RootEntry struct {
+				Obj string `json:"obj"`
+			} `json:"rootEntry"`
+		}
+		Expect(json.Unmarshal([]byte(out), &listed)).To(Succeed(), out)
+		Expect(listed).To(HaveLen(1))
+		notedRoot = listed[0].RootEntry.Obj
+		Expect(notedRoot).NotTo(BeEmpty())
 		// Held across the specs that follow, until the container ends.
 		newHeld = guestSession(srv, "new@rf-a", newPassword)
 		Expect(readsOld(&newHeld)()).To(Succeed(), "new's guest holds a session open under the grant")
@@ -246,7 +263,19 @@ var _ = Describe("A file from a VM that is gone (guestbackup.io/restore-from)", 
 		}).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(), "new's guest still restores old's file")
 		Expect(canRead(newClient)()).NotTo(Equal(restoreContent))
 		Eventually(events(owner.Client, "rf-a", "new", revokedReason)).WithTimeout(guestACLSyncTimeout).Should(ConsistOf(
-			HavePrefix("Normal This VM's guest may no longer read the snapshots of old@rf-a")))
+			And(HavePrefix("Normal This VM's guest may no longer read the snapshots of old@rf-a"), ContainSubstring(grantLimit))))
+	})
+
+	It("leaves readable, as its Events say, what the grantee noted by ID under the grant", func() {
+		// Kopia serves an object to any user who names its ID: the limit
+		// the Events state, shown with a fresh client of the grantee.
+		fresh, err := loginAs(srv, "new@rf-a", newPassword)
+		Expect(err).NotTo(HaveOccurred())
+		target := filepath.Join(GinkgoT().TempDir(), "by-id.csv")
+		out, err := fresh.Run(ctx, "restore", notedRoot+"/"+restoreFile, target)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(os.ReadFile(target)).To(BeEquivalentTo(restoreContent))
+		Expect(canRead(fresh)()).NotTo(Equal(restoreContent), "the snapshots themselves are no longer listed nor read")
 	})
 
 	It("ends with it the session the grantee opened under the grant", func() {
