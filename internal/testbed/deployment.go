@@ -40,13 +40,19 @@ func RunDeployment(ctx context.Context, tb TB, api *APIServer, key types.Namespa
 // would once its one pod is ready: one replica, ready, updated and
 // available, and the Available condition.
 func MarkAvailable(ctx context.Context, api *APIServer, key types.NamespacedName, timeout time.Duration) error {
+	return MarkReplicasAvailable(ctx, api, key, 1, timeout)
+}
+
+// MarkReplicasAvailable is MarkAvailable for a Deployment the test bed runs
+// n pods of (RunDeployment once for each, then this).
+func MarkReplicasAvailable(ctx context.Context, api *APIServer, key types.NamespacedName, n int32, timeout time.Duration) error {
 	err := WaitFor(timeout, 100*time.Millisecond, func() (bool, error) {
 		cur := &appsv1.Deployment{}
 		if err := api.Client.Get(ctx, key, cur); err != nil {
 			return false, nil
 		}
 		cur.Status = appsv1.DeploymentStatus{
-			ObservedGeneration: cur.Generation, Replicas: 1, ReadyReplicas: 1, AvailableReplicas: 1, UpdatedReplicas: 1,
+			ObservedGeneration: cur.Generation, Replicas: n, ReadyReplicas: n, AvailableReplicas: n, UpdatedReplicas: n,
 			Conditions: []appsv1.DeploymentCondition{{Type: appsv1.DeploymentAvailable, Status: "True", Reason: "MinimumReplicasAvailable"}},
 		}
 		return api.Client.Status().Update(ctx, cur) == nil, nil

@@ -53,6 +53,18 @@ type KopiaServerOptions struct {
 	// (created when it holds none): several servers given the same bucket
 	// and RepoPassword serve one repository, as a BSLS's replicas do.
 	S3 *KopiaS3
+	// RefreshInterval is the server's --refresh-interval; zero: Kopia's
+	// default (4 h).
+	RefreshInterval time.Duration
+}
+
+// refreshArgs is `kopia server start`'s flag for a refresh interval d,
+// none for zero.
+func refreshArgs(d time.Duration) []string {
+	if d == 0 {
+		return nil
+	}
+	return []string{"--refresh-interval=" + d.String()}
 }
 
 // KopiaS3 is a bucket of a test bed MinIO.
@@ -152,7 +164,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),
 		Path: tools.Kopia,
-		Args: []string{
+		Args: append([]string{
 			"server", "start",
 			"--config-file=" + s.ConfigFile,
 			"--address=127.0.0.1:" + strconv.Itoa(port),
@@ -160,7 +172,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 			"--tls-key-file=" + keyFile,
 			"--server-control-username=" + ControlUsername,
 			"--no-ui",
-		},
+		}, refreshArgs(opts.RefreshInterval)...),
 		Env: kopiaEnv(
 			"KOPIA_PASSWORD="+s.RepoPassword,
 			"KOPIA_SERVER_CONTROL_PASSWORD="+s.ControlPassword,

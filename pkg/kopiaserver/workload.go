@@ -383,18 +383,8 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		Containers: []corev1.Container{
 			{
 				Name: "kopia", Image: in.Image,
-				Command: []string{KopiaBinary},
-				Args: []string{
-					"server", "start",
-					"--config-file=" + configFile,
-					// Loopback only: a session that bypassed the gate
-					// would outlive its access.
-					"--address=" + local,
-					"--tls-cert-file=" + chainFile,
-					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
-					"--server-control-username=" + ControlUsername,
-					"--no-ui",
-				},
+				Command:      []string{KopiaBinary},
+				Args:         kopiaServerArgs(b, configFile, local, chainFile, path.Join(tlsDir, "tls.key")),
 				Env:          []corev1.EnvVar{password, control, home, noUpdates},
 				VolumeMounts: serverMounts,
 				// No probe: the kubelet's reach the pod's address, not its
@@ -593,6 +583,38 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 			}},
 		},
 	}
+}
+
+// ReplicaRefreshInterval is how often each server pod of a BSLS with
+// several re-reads the repository's indexes and manifests (Kopia's
+// --refresh-interval, 4 h by default). Replicas share one repository and
+// each serves from what it last read: without it, a snapshot written
+// through one pod stays unseen through another until something else
+// refreshes it (DESIGN.md decision 26: seen through every replica within
+// 5 s). Each refresh lists the repository's index blobs and reads the new
+// ones; docs/operations.md gives its cost in storage requests.
+const ReplicaRefreshInterval = 3 * time.Second
+
+// kopiaServerArgs are the arguments of the kopia container's `kopia
+// server start`.
+func kopiaServerArgs(b *v1alpha1.BackupStorageLocationServer, configFile, address, chainFile, keyFile string) []string {
+	args := []string{
+		"server", "start",
+		"--config-file=" + configFile,
+		// Loopback only: a session that bypassed the gate would outlive
+		// its access.
+		"--address=" + address,
+		"--tls-cert-file=" + chainFile,
+		"--tls-key-file=" + keyFile,
+		"--server-control-username=" + ControlUsername,
+		"--no-ui",
+	}
+	if SharesMaintenance(b) {
+		// One pod needs no periodic refresh: every write is its own, and
+		// user sync refreshes it after writing users and access rules.
+		args = append(args, "--refresh-interval="+ReplicaRefreshInterval.String())
+	}
+	return args
 }
 
 // SharesMaintenance is whether b runs more than one server pod. Two pods
