@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -204,6 +206,41 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			for _, pod := range pods {
 				Eventually(connect(pod, bsls, "db@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
 				Expect(connect(pod, bsls, "db@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
+			}
+		})
+
+		// Issue 48, 0 (DESIGN.md decision 26): each replica serves from
+		// what it last read of the bucket; what one acknowledged, the
+		// other lists, verifies and restores within seconds.
+		It("lists, verifies and restores through each replica a snapshot written through the other", func() {
+			password := testbed.RandomPassword()
+			Expect(createCredential(ctx, api, credentialSecret("app", s3NS, s3NS, name, password, "1"))).To(Succeed())
+			cur, err := getBSLS(ctx, api, s3NS, name)
+			Expect(err).NotTo(HaveOccurred())
+			clients := map[string]*testbed.KopiaClient{}
+			for podName, pod := range pods {
+				Eventually(connect(pod, bsls, "app@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
+				clients[podName] = testbed.NewKopiaClient(GinkgoT())
+				out, err := clients[podName].ConnectPinned(ctx, "https://"+pod.Addr(v1alpha1.DefaultServerPort), cur.Status.TLSFingerprint, "app@"+s3NS, password)
+				Expect(err).NotTo(HaveOccurred(), out)
+			}
+			for _, route := range [][2]string{{"scaled-server-a", "scaled-server-b"}, {"scaled-server-b", "scaled-server-a"}} {
+				from, via := clients[route[0]], clients[route[1]]
+				source := GinkgoT().TempDir()
+				content := []byte("written through " + route[0] + "\n")
+				Expect(os.WriteFile(filepath.Join(source, "data.txt"), content, 0o600)).To(Succeed())
+				out, err := from.Run(ctx, "snapshot", "create", source)
+				Expect(err).NotTo(HaveOccurred(), out)
+				ids, err := from.SnapshotIDs(ctx, source)
+				Expect(err).NotTo(HaveOccurred())
+				Eventually(func() ([]string, error) { return via.SnapshotIDs(ctx, source) }).
+					WithTimeout(45*time.Second).WithPolling(time.Second).Should(Equal(ids), "listed through %s", route[1])
+				out, err = via.Run(ctx, "snapshot", "verify", "--verify-files-percent=100", ids[0])
+				Expect(err).NotTo(HaveOccurred(), "verified through %s: %s", route[1], out)
+				target := filepath.Join(GinkgoT().TempDir(), "restored")
+				out, err = via.Run(ctx, "restore", ids[0], target)
+				Expect(err).NotTo(HaveOccurred(), out)
+				Expect(os.ReadFile(filepath.Join(target, "data.txt"))).To(Equal(content), "restored through %s", route[1])
 			}
 		})
 
