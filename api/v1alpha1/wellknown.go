@@ -2,7 +2,8 @@ package v1alpha1
 
 // Condition types of a BackupStorageLocationServer.
 const (
-	// ConditionReady is True when guests can connect: every other condition is True.
+	// ConditionReady is True when guests can connect: every other condition is True
+	// (StorageAvailable: not False).
 	ConditionReady = "Ready"
 	// ConditionRepositoryReady is True when the repository exists and the server can open it.
 	ConditionRepositoryReady = "RepositoryReady"
@@ -12,6 +13,9 @@ const (
 	ConditionServerAvailable = "ServerAvailable"
 	// ConditionUsersSynced is True when the repository's users match the per-VM Secrets.
 	ConditionUsersSynced = "UsersSynced"
+	// ConditionStorageAvailable is False while a server pod's periodic check of the
+	// repository's storage fails, with the storage's own error.
+	ConditionStorageAvailable = "StorageAvailable"
 )
 
 // AnnotationPrefix prefixes every annotation guestbackup reads or writes.

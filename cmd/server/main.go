@@ -202,6 +202,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&policyJSON, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy: its retention is what an append-only server applies.")
 	fs.DurationVar(&o.RetentionInterval, "retention-interval", time.Hour, "How often an append-only server applies retention.")
 	fs.DurationVar(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.")
+	fs.DurationVar(&o.StorageCheckInterval, "storage-check-interval", 10*time.Second, "How often to check that the repository's storage answers (one metadata request) and publish it for the BSLS's StorageAvailable condition; 0 disables it.")
 	fs.DurationVar(&o.StatsInterval, "repository-stats-interval", 15*time.Minute, "How often to measure the repository's size for /metrics (lists every blob of the storage); 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")
 	fs.StringVar(&o.ConfigFile, "config-file", "", "The repository connection written by init.")
@@ -240,11 +241,11 @@ func runSyncUsers(args []string) error {
 		o.ClientPort = &client
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
-	if o.MaintenanceLease != "" {
-		// The pod's name (downward API) is its identity in the Lease.
-		if o.PodName = os.Getenv("POD_NAME"); o.PodName == "" {
-			return errors.New("--maintenance-lease needs the pod's name in POD_NAME")
-		}
+	// The pod's name (downward API): its identity in the Lease, and the
+	// key of its storage state.
+	o.Pod = os.Getenv("POD_NAME")
+	if o.MaintenanceLease != "" && o.Pod == "" {
+		return errors.New("--maintenance-lease needs the pod's name in POD_NAME")
 	}
 	o.BSLSUID = types.UID(bslsUID)
 	spec, err := serverpod.ParsePolicy(policyJSON)

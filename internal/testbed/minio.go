@@ -41,6 +41,9 @@ type MinIO struct {
 	Process *Process
 
 	client *minio.Client
+	// spec and dir start the server again (Restart).
+	spec ProcessSpec
+	dir  string
 }
 
 // StartMinIO runs `minio server` on a free 127.0.0.1 port, with its console
@@ -79,7 +82,7 @@ func StartMinIO(tb TB) *MinIO {
 	}
 	m.client = client
 
-	m.Process = StartProcess(tb, ProcessSpec{
+	m.spec = ProcessSpec{
 		Name: "minio-" + strconv.Itoa(ports[0]),
 		Path: tools.MinIO,
 		Args: []string{
@@ -99,11 +102,38 @@ func StartMinIO(tb TB) *MinIO {
 			"MINIO_UPDATE=off",
 		},
 		Dir: filepath.Join(dir, "home"),
+	}
+	m.dir = dir
+	if m.Process, err = startProcess(dir, m.spec); err != nil {
+		tb.Fatalf("%v", err)
+	}
+	// Whichever process runs then: Restart replaces it.
+	tb.Cleanup(func() {
+		m.Process.Stop()
+		if tb.Failed() {
+			tb.Logf("%s log (%s):\n%s", m.spec.Name, m.Process.LogPath, tail(m.Process.LogPath, 60))
+		}
 	})
 	if err := m.waitReady(); err != nil {
 		tb.Fatalf("MinIO at %s: %v\n%s", m.URL, err, tail(m.Process.LogPath, 40))
 	}
 	return m
+}
+
+// Restart starts a stopped server (m.Process.Stop: a storage outage) again
+// on the same address, with the same credentials and data, and returns
+// once it answers S3 calls; the cleanup of StartMinIO's test stops it.
+func (m *MinIO) Restart() error {
+	m.Process.Stop()
+	p, err := startProcess(m.dir, m.spec)
+	if err != nil {
+		return err
+	}
+	m.Process = p
+	if err := m.waitReady(); err != nil {
+		return fmt.Errorf("MinIO at %s, restarted: %w\n%s", m.URL, err, tail(m.Process.LogPath, 40))
+	}
+	return nil
 }
 
 // waitReady polls /minio/health/live until the server is live with its

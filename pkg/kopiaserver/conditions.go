@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
 // Reasons of a BSLS's conditions. Each names what happened in words an admin
@@ -79,6 +80,15 @@ const (
 	ReasonHashPending = "HashPending"
 	// ReasonWaitingForServer: users are written; no server applied them yet.
 	ReasonWaitingForServer = "WaitingForServer"
+
+	// ReasonStorageReachable: every server pod's last check of the
+	// repository's storage reached it.
+	ReasonStorageReachable = "StorageReachable"
+	// ReasonStorageUnavailable: a server pod's last check of the storage
+	// failed; the message carries the storage's own error.
+	ReasonStorageUnavailable = "StorageUnavailable"
+	// ReasonStorageNotChecked: no server pod has checked the storage yet.
+	ReasonStorageNotChecked = "StorageNotChecked"
 
 	// ReasonReady: guests can connect.
 	ReasonReady = "Ready"
@@ -164,6 +174,9 @@ type observations struct {
 	// Client is the kopia client the server pod serves guests, as it
 	// published it, with the URL guests reach it at; nil before.
 	Client *v1alpha1.ClientStatus
+	// Storage is what each server pod last published of the repository's
+	// storage, by pod name (pods that are gone included, until stale).
+	Storage map[string]maintenancestate.StorageState
 }
 
 // decision is what decide makes of one pass's observations.
@@ -258,11 +271,22 @@ func decide(obs observations) decision {
 		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionTrue, ReasonUsersSynced, msg)
 	}
 
-	// Ready: every other condition is True.
-	d.Conditions = []metav1.Condition{certificate, repository, available, synced}
+	storage := storageCondition(obs.Now, obs.Storage)
+	storage.ObservedGeneration = b.Generation
+	for _, st := range obs.Storage {
+		// Looked at again when the state of a pod that stopped saying it
+		// grows stale.
+		if stale := st.CheckedAt.Add(maintenancestate.StorageStale).Sub(obs.Now); stale > 0 {
+			retry(stale + time.Second)
+		}
+	}
+
+	// Ready: every other condition is True; StorageAvailable only must not
+	// be False (a server pod of an older guestbackup checks nothing).
+	d.Conditions = []metav1.Condition{certificate, repository, available, synced, storage}
 	var notReady []string
 	for _, c := range d.Conditions {
-		if c.Status != metav1.ConditionTrue {
+		if c.Status == metav1.ConditionFalse || (c.Status == metav1.ConditionUnknown && c.Type != v1alpha1.ConditionStorageAvailable) {
 			notReady = append(notReady, c.Type)
 		}
 	}
@@ -272,6 +296,38 @@ func decide(obs observations) decision {
 	}
 	d.Conditions = append(d.Conditions, ready)
 	return d
+}
+
+// storageCondition is StorageAvailable from what the server pods last
+// found of the storage, as of now: False while any of them could not
+// reach it, naming each with the storage's own error and since when. A
+// state not published again for maintenancestate.StorageStale is of a pod
+// that is gone (or cannot write), and no longer counts.
+func storageCondition(now time.Time, states map[string]maintenancestate.StorageState) metav1.Condition {
+	cond := func(s metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: v1alpha1.ConditionStorageAvailable, Status: s, Reason: reason, Message: msg}
+	}
+	var failing []string
+	fresh := 0
+	for pod, st := range states {
+		if now.Sub(st.CheckedAt) > maintenancestate.StorageStale {
+			continue
+		}
+		fresh++
+		if !st.Available {
+			failing = append(failing, fmt.Sprintf("server pod %s since %s: %s", pod, st.Since.UTC().Format(time.RFC3339), st.Error))
+		}
+	}
+	slices.Sort(failing)
+	switch {
+	case len(failing) > 0:
+		return cond(metav1.ConditionFalse, ReasonStorageUnavailable,
+			"The repository's storage does not answer ("+strings.Join(failing, "; ")+"): guests' snapshots fail until it does; check the storage and the server pods' network to it")
+	case fresh == 0:
+		return cond(metav1.ConditionUnknown, ReasonStorageNotChecked, "No server pod has checked the repository's storage lately")
+	}
+	return cond(metav1.ConditionTrue, ReasonStorageReachable,
+		fmt.Sprintf("%d server pods checked the repository's storage within %s and reached it", fresh, maintenancestate.StorageStale))
 }
 
 // serverState is what the server's Deployment and pods say.

@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -154,6 +155,55 @@ var decideCases = []decideCase{
 		},
 		opened:  true,
 		requeue: RecheckSecrets,
+	},
+	{
+		name: "no server pod has checked the storage: StorageAvailable is Unknown, and Ready does not wait for it",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			// A pod that is gone said so long ago; it no longer counts.
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-old": {Error: "connection refused", Since: decideNow.Add(-time.Hour), CheckedAt: decideNow.Add(-maintenancestate.StorageStale - time.Second)}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageAvailable: {metav1.ConditionUnknown, ReasonStorageNotChecked, []string{"No server pod has checked the repository's storage lately"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "every server pod reaches the storage",
+		obs: func(o *observations) {
+			o.Deployment = deployment(2, 2)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow}, "main-server-b": {Available: true, Since: decideNow, CheckedAt: decideNow.Add(-time.Minute)}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageAvailable: {metav1.ConditionTrue, ReasonStorageReachable, []string{"2 server pods checked the repository's storage within 3m0s and reached it"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: 2*time.Minute + time.Second, // main-server-b's state grows stale,
+	},
+	{
+		name: "a server pod cannot reach the storage: StorageAvailable is False with the storage's words, and the BSLS is not Ready",
+		obs: func(o *observations) {
+			o.Deployment = deployment(2, 2)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{
+				"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow},
+				"main-server-b": {Error: "dial tcp 10.0.0.1:9000: connect: connection refused", Since: decideNow, CheckedAt: decideNow},
+			}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageAvailable: {metav1.ConditionFalse, ReasonStorageUnavailable, []string{
+				"server pod main-server-b since " + decideNow.UTC().Format(time.RFC3339) + ": dial tcp 10.0.0.1:9000: connect: connection refused",
+				"guests' snapshots fail until it does",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: StorageAvailable"}},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
 	},
 	{
 		name: "users of two namespaces, one Secret refused: the message says both",
@@ -430,7 +480,7 @@ var decideCases = []decideCase{
 }
 
 func TestDecide(t *testing.T) {
-	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionReady}
+	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionReady}
 	for _, tc := range decideCases {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := observations{BSLS: decideBSLS(), Now: decideNow, Certificate: issued(decideNow.Add(40 * 24 * time.Hour))}

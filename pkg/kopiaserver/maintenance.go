@@ -29,7 +29,7 @@ import (
 // (clientdist.Key), returned second with the URL guests reach it at: nil
 // before it did, or when what it wrote is unreadable (logged; a guest's
 // bootstrap then carries no client, and guests keep their own kopia).
-func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.MaintenanceStatus, *v1alpha1.ClientStatus, error) {
+func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.MaintenanceStatus, *v1alpha1.ClientStatus, map[string]maintenancestate.StorageState, error) {
 	name := maintenancestate.ConfigMapName(b.Name)
 	cm := &corev1.ConfigMap{}
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: name}, cm); {
@@ -37,14 +37,14 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 	case apierrors.IsNotFound(err):
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}}
 		if err := r.own(b, cm); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, nil, fmt.Errorf("create ConfigMap %s: %w", name, err)
+			return nil, nil, nil, fmt.Errorf("create ConfigMap %s: %w", name, err)
 		}
-		return nil, nil, nil
+		return nil, nil, nil, nil
 	default:
-		return nil, nil, fmt.Errorf("get ConfigMap %s: %w", name, err)
+		return nil, nil, nil, fmt.Errorf("get ConfigMap %s: %w", name, err)
 	}
 	c, err := clientdist.Decode(cm.Data[clientdist.Key])
 	if err != nil {
@@ -56,13 +56,14 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 			c = nil
 		}
 	}
+	storage := maintenancestate.StorageStates(cm.Data)
 	s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
 	if err != nil {
 		// The pod's word is unreadable: say so in the status rather than
 		// failing the whole reconcile.
-		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, c, nil
+		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, c, storage, nil
 	}
-	return s, c, nil
+	return s, c, storage, nil
 }
 
 // DefaultMaintenanceClusterRole is the ClusterRole the chart installs, as

@@ -346,7 +346,7 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return obs, err
 	}
-	if obs.Maintenance, obs.Client, err = r.serverState(ctx, b); err != nil {
+	if obs.Maintenance, obs.Client, obs.Storage, err = r.serverState(ctx, b); err != nil {
 		return obs, err
 	}
 	if err := r.maintenanceElection(ctx, b); err != nil {

@@ -76,6 +76,22 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
 		return connectGuest(ctx, api, pod, b, user, password)
 	}
+	// bslsEvents are the Events on BSLS name of s3NS, as "<type> <reason>: <message>".
+	bslsEvents := func(name string) func() []string {
+		return func() []string {
+			list := &corev1.EventList{}
+			if err := api.Client.List(ctx, list, client.InNamespace(s3NS)); err != nil {
+				return nil
+			}
+			var out []string
+			for _, e := range list.Items {
+				if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name {
+					out = append(out, e.Type+" "+e.Reason+": "+e.Message)
+				}
+			}
+			return out
+		}
+	}
 	// awsCredentialsFile is what Velero's credential Secrets hold.
 	awsCredentialsFile := func(profile string) []byte {
 		return fmt.Appendf(nil, "[%s]\naws_access_key_id=%s\naws_secret_access_key=%s\n", profile, minio.AccessKeyID, minio.SecretAccessKey)
@@ -141,6 +157,41 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(createCredential(ctx, api, credentialSecret("web", s3NS, s3NS, name, password, "1"))).To(Succeed())
 			Eventually(connect(pod, bsls, "web@"+s3NS, password)).WithTimeout(provisioned).Should(Succeed())
 			Expect(connect(pod, bsls, "web@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
+		})
+
+		// Issue 48, 3 (DESIGN.md decision 29): an outage of the storage
+		// is a condition and a Warning Event while it lasts, with the
+		// storage's own error, and clears on recovery. The server pod
+		// checks every 10 s; the bound here is generous for CI's cores.
+		It("says StorageAvailable=False with the storage's error while S3 is down, and True once it is back", func() {
+			const outageSeen = 90 * time.Second
+			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)).WithTimeout(outageSeen).
+				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonStorageReachable, "reached it"))
+
+			By("stopping MinIO")
+			minio.Process.Stop()
+			restarted := false
+			DeferCleanup(func() {
+				if !restarted {
+					Expect(minio.Restart()).To(Succeed(), "MinIO back for the specs that follow")
+				}
+			})
+			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)).WithTimeout(outageSeen).
+				Should(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonStorageUnavailable, "no answer within 10s"))
+			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)()).
+				To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonNotReady, "StorageAvailable"))
+			Eventually(bslsEvents(name)).WithTimeout(reconciled).Should(ContainElement(
+				HavePrefix("Warning " + kopiaserver.ReasonStorageUnavailable + ": StorageAvailable: The repository's storage does not answer (server pod ")))
+
+			By("starting MinIO again")
+			Expect(minio.Restart()).To(Succeed())
+			restarted = true
+			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)).WithTimeout(outageSeen).
+				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonStorageReachable, "reached it"))
+			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
+				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, ""))
+			Eventually(bslsEvents(name)).WithTimeout(reconciled).Should(ContainElement(
+				HavePrefix("Normal " + kopiaserver.ReasonStorageReachable + ": StorageAvailable:")))
 		})
 	})
 

@@ -354,10 +354,8 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	// Several pods: the one holding the Lease runs maintenance, the pod's
 	// name its identity there.
 	var electionArgs []string
-	var electionEnv []corev1.EnvVar
 	if SharesMaintenance(b) {
 		electionArgs = []string{"--maintenance-lease=" + maintenancestate.LeaseName(b.Name)}
-		electionEnv = []corev1.EnvVar{{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}}}
 	}
 
 	labels := Labels(b)
@@ -419,10 +417,13 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					"--tls-chain-file=" + chainFile,
 					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
 				}, append(electionArgs, policyArgs...)...), // an append-only server applies its retention
-				Env: append([]corev1.EnvVar{
+				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
-				}, electionEnv...),
+					// Its identity in the maintenance Lease, and the key
+					// of its storage state (maintenancestate.StorageKey).
+					{Name: "POD_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}}},
+				},
 				Ports: []corev1.ContainerPort{
 					{Name: "kopia", ContainerPort: v1alpha1.DefaultServerPort, Protocol: corev1.ProtocolTCP},
 					{Name: "health", ContainerPort: HealthPort, Protocol: corev1.ProtocolTCP},

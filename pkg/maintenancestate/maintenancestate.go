@@ -1,8 +1,9 @@
 // Package maintenancestate is how the server pod tells the controller
-// about the repository's maintenance: the user-sync container writes a
-// v1alpha1.MaintenanceStatus as JSON into the ConfigMap ConfigMapName, which
-// the controller creates (the pod may only get and update it) and copies
-// into the BSLS's status. It is shared by both sides; the controller links
+// about the repository's maintenance and storage: the user-sync container
+// writes a v1alpha1.MaintenanceStatus as JSON into the ConfigMap
+// ConfigMapName, which the controller creates (the pod may only get and
+// update it) and copies into the BSLS's status, and each pod its
+// StorageState, which the controller makes the StorageAvailable condition. It is shared by both sides; the controller links
 // no Kopia.
 package maintenancestate
 
@@ -10,6 +11,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -80,4 +83,56 @@ func SetKey(ctx context.Context, configMaps typedcorev1.ConfigMapInterface, bsls
 		return fmt.Errorf("write %s into ConfigMap %s: %w", key, name, err)
 	}
 	return nil
+}
+
+// storageKeyPrefix starts the keys under which each server pod says
+// whether it reaches the repository's storage (StorageKey).
+const storageKeyPrefix = "storage."
+
+// StorageKey is the data key under which server pod pod publishes its
+// StorageState: one key per pod, so that replicas never overwrite each
+// other.
+func StorageKey(pod string) string { return storageKeyPrefix + pod }
+
+// StorageState is what a server pod last found of the repository's
+// storage: whether its last check reached it, the storage's own error when
+// not, since when that is so, and when it last said so. A pod says it again
+// every StorageHeartbeat, so that the state of a pod that is gone grows
+// stale (StorageStale) rather than speaking for it.
+type StorageState struct {
+	Available bool      `json:"available"`
+	Error     string    `json:"error,omitempty"`
+	Since     time.Time `json:"since"`
+	CheckedAt time.Time `json:"checkedAt"`
+}
+
+// StorageHeartbeat is how often a server pod publishes its StorageState
+// when nothing changed; StorageStale is when the controller stops counting
+// a state that was not published again.
+const (
+	StorageHeartbeat = time.Minute
+	StorageStale     = 3 * StorageHeartbeat
+)
+
+// EncodeStorage renders s for the ConfigMap.
+func EncodeStorage(s StorageState) string {
+	data, _ := json.Marshal(s) // plain data: cannot fail
+	return string(data)
+}
+
+// StorageStates reads the StorageState of each pod from a state
+// ConfigMap's data, by pod name; a value that does not parse is skipped.
+func StorageStates(data map[string]string) map[string]StorageState {
+	states := map[string]StorageState{}
+	for key, value := range data {
+		pod, ok := strings.CutPrefix(key, storageKeyPrefix)
+		if !ok {
+			continue
+		}
+		var s StorageState
+		if json.Unmarshal([]byte(value), &s) == nil {
+			states[pod] = s
+		}
+	}
+	return states
 }

@@ -62,8 +62,8 @@ type ServeOptions struct {
 	Maintenance bool
 	// MaintenanceLease, when set, names the Lease that elects the one pod
 	// of several that runs maintenance (maintenance.Election); this pod's
-	// identity there is PodName.
-	MaintenanceLease, PodName string
+	// identity there is Options.Pod.
+	MaintenanceLease string
 	// ClientPort, when set, serves the kopia client to guests and takes their
 	// reports (package clientserver).
 	ClientPort *ClientOptions
@@ -223,7 +223,7 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 	if o.MaintenanceLease != "" {
 		election := maintenance.Election{
 			Leases: o.Client.CoordinationV1(), Namespace: o.Namespace, Lease: o.MaintenanceLease,
-			Identity: o.PodName, Log: log,
+			Identity: o.Pod, Log: log,
 		}
 		return maintenance.StartElected(ctx, election, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log), nil
 	}

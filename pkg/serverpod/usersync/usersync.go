@@ -49,6 +49,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/repostats"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
@@ -159,7 +160,12 @@ type Options struct {
 	// RetryAfter is the first delay after a failed sync; it doubles up to
 	// Resync. Default: 1 second.
 	RetryAfter time.Duration
-	Log        logr.Logger
+	// Pod is this server pod's name; StorageCheckInterval is how often it
+	// checks the repository's storage and publishes what it finds
+	// (checkStorage). 0, or no Pod: never.
+	Pod                  string
+	StorageCheckInterval time.Duration
+	Log                  logr.Logger
 }
 
 // work is an item of a Syncer's queue: one kind of work on the repository.
@@ -227,6 +233,9 @@ type Syncer struct {
 	inForce *Access
 	changed []kopiauser.Change
 	removed []kopiauser.ACL
+	// storage is the storage state last published; nil before the first
+	// check. Only the storage check's goroutine touches it.
+	storage *maintenancestate.StorageState
 	// retentionErr is the last retention run's failure, so that a run that
 	// keeps failing the same way is one Event, not one per interval. Only
 	// Run's goroutine touches it.
@@ -313,6 +322,11 @@ func (s *Syncer) Run(ctx context.Context) error {
 		<-ctx.Done()
 		s.queue.ShutDown()
 	}()
+	if s.opts.StorageCheckInterval > 0 && s.opts.Pod != "" {
+		// Beside the queue: a sync stuck on a storage that hangs must not
+		// delay telling the admin so.
+		go s.watchStorage(ctx, s.opts.StorageCheckInterval)
+	}
 	for {
 		item, shutdown := s.queue.Get()
 		if shutdown {
