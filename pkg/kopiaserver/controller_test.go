@@ -145,21 +145,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 		Expect(api.Client.Create(ctx, b)).To(Succeed())
 		return b
 	}
-	events := func(name string) func() []string {
-		return func() []string {
-			list := &corev1.EventList{}
-			if err := api.Client.List(ctx, list, client.InNamespace(ns)); err != nil {
-				return nil
-			}
-			var out []string
-			for _, e := range list.Items {
-				if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name {
-					out = append(out, e.Type+" "+e.Reason+": "+e.Message)
-				}
-			}
-			return out
-		}
-	}
+	events := func(name string) func() []string { return bslsEvents(ctx, api, ns, name) }
 	// eventCount is how many times the Event on BSLS name whose message
 	// starts with prefix was recorded (0: none).
 	eventCount := func(name, prefix string) int32 {

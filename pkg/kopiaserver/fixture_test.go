@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -47,6 +48,24 @@ func bslsCondition(ctx context.Context, api *testbed.APIServer, namespace, name,
 			return nil
 		}
 		return meta.FindStatusCondition(b.Status.Conditions, t)
+	}
+}
+
+// bslsEvents returns, for Eventually, the Events on BSLS namespace/name on
+// api, each as "<type> <reason>: <message>".
+func bslsEvents(ctx context.Context, api *testbed.APIServer, namespace, name string) func() []string {
+	return func() []string {
+		list := &corev1.EventList{}
+		if err := api.Client.List(ctx, list, client.InNamespace(namespace)); err != nil {
+			return nil
+		}
+		var out []string
+		for _, e := range list.Items {
+			if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name {
+				out = append(out, e.Type+" "+e.Reason+": "+e.Message)
+			}
+		}
+		return out
 	}
 }
 

@@ -76,22 +76,6 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
 		return connectGuest(ctx, api, pod, b, user, password)
 	}
-	// bslsEvents are the Events on BSLS name of s3NS, as "<type> <reason>: <message>".
-	bslsEvents := func(name string) func() []string {
-		return func() []string {
-			list := &corev1.EventList{}
-			if err := api.Client.List(ctx, list, client.InNamespace(s3NS)); err != nil {
-				return nil
-			}
-			var out []string
-			for _, e := range list.Items {
-				if e.InvolvedObject.Kind == "BackupStorageLocationServer" && e.InvolvedObject.Name == name {
-					out = append(out, e.Type+" "+e.Reason+": "+e.Message)
-				}
-			}
-			return out
-		}
-	}
 	// awsCredentialsFile is what Velero's credential Secrets hold.
 	awsCredentialsFile := func(profile string) []byte {
 		return fmt.Appendf(nil, "[%s]\naws_access_key_id=%s\naws_secret_access_key=%s\n", profile, minio.AccessKeyID, minio.SecretAccessKey)
@@ -180,7 +164,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 				Should(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonStorageUnavailable, "no answer within 10s"))
 			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)()).
 				To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonNotReady, "StorageAvailable"))
-			Eventually(bslsEvents(name)).WithTimeout(reconciled).Should(ContainElement(
+			Eventually(bslsEvents(ctx, api, s3NS, name)).WithTimeout(reconciled).Should(ContainElement(
 				HavePrefix("Warning " + kopiaserver.ReasonStorageUnavailable + ": StorageAvailable: The repository's storage does not answer (server pod ")))
 
 			By("starting MinIO again")
@@ -190,7 +174,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonStorageReachable, "reached it"))
 			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)).WithTimeout(reconciled).
 				Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonReady, ""))
-			Eventually(bslsEvents(name)).WithTimeout(reconciled).Should(ContainElement(
+			Eventually(bslsEvents(ctx, api, s3NS, name)).WithTimeout(reconciled).Should(ContainElement(
 				HavePrefix("Normal " + kopiaserver.ReasonStorageReachable + ": StorageAvailable:")))
 		})
 	})
