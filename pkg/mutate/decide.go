@@ -439,7 +439,9 @@ func (p prior) withOwnSecret(vm *kubevirtv1.VirtualMachine, secret *corev1.Secre
 	for _, v := range spec.Volumes {
 		if readsSecret(v) == own {
 			st := injectedThrough(spec, v, secret)
-			st.Secret = own
+			// The credentials are the Secret's: the rotation the VM asks
+			// for is the one they were issued under, not a new one.
+			st.Secret, st.Rotate = own, vm.Annotations[v1alpha1.AnnotationRotate]
 			return prior{status: st, known: true, proven: true}
 		}
 	}
@@ -702,7 +704,7 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 		}
 	}
 
-	if refusal := keepsOwnersPart(vm, p, pr, in.Secret); refusal != "" {
+	if refusal := keepsOwnersPart(vm, p, pr, in); refusal != "" {
 		return deny("%s", refusal), nil
 	}
 
@@ -717,7 +719,7 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 	if err != nil {
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
-	d.Secret = desiredSecret(vm, o, creds, b, payload, in.Secret)
+	d.Secret = desiredSecret(vm, o, creds, b, payload, in.Secret, in.OldObject == nil)
 	if creds.issued && d.Secret != nil {
 		if d.Secret.Annotations == nil {
 			d.Secret.Annotations = map[string]string{}
@@ -771,15 +773,34 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 
 // keepsOwnersPart says why the payload placement p would lose the owner's
 // own user-data that the VM's Secret holds, "" when it would not. The
-// Secret may be the only copy of it (its volume reads it there), so a
-// payload without a part of the owner's is never written over one with
-// it: whatever the status annotation says, and whichever volume an update
-// removed. A copy's Secret is its own and holds no part yet.
-func keepsOwnersPart(vm *kubevirtv1.VirtualMachine, p placement, pr prior, secret *corev1.Secret) string {
+// Secret may be the only copy of it, so a payload without a part of the
+// owner's is never written over one with it while the VM still counts on
+// it: an update (the status annotation says nothing was merged, or the
+// volume it was merged from was removed), or a VM whose volume reads the
+// Secret. An owner who moved their cloud-init elsewhere (a volume of its
+// own, a Secret of theirs, a config drive) no longer needs it; a VM
+// created anew that reads nothing of it finds the Secret of a deleted VM
+// of the same name. A copy's Secret is its own and holds no part yet.
+func keepsOwnersPart(vm *kubevirtv1.VirtualMachine, p placement, pr prior, in Input) string {
+	secret := in.Secret
 	if pr.copied || p.userPart != nil || secret == nil {
 		return ""
 	}
 	if _, err := cloudinit.UserPart(secret.Data[vmsecret.KeyUserData]); err != nil {
+		return ""
+	}
+	own := SecretName(vm.Name)
+	reads := false
+	for _, v := range vm.Spec.Template.Spec.Volumes {
+		switch {
+		case v.CloudInitConfigDrive != nil,
+			v.CloudInitNoCloud != nil && readsSecret(v) != own:
+			return "" // the owner's cloud-init is elsewhere now
+		case readsSecret(v) == own:
+			reads = true
+		}
+	}
+	if in.OldObject == nil && !reads {
 		return ""
 	}
 	return fmt.Sprintf("Secret %s/%s holds this VM's own cloud-init user-data, merged with guestbackup's bootstrap, and this admission would replace it with the bootstrap alone (%s mode, volume %s): guestbackup never drops the owner's user-data; give the VM a cloudInitNoCloud volume whose userData is your own cloud-init (its copy is the second part of key %s in that Secret), or remove annotation %s from a VM whose volume still reads the Secret to get it back",
@@ -851,6 +872,13 @@ func place(vm *kubevirtv1.VirtualMachine, s shape, mode string) (placement, []js
 				break
 			}
 			user, field = decoded, "userDataBase64"
+		case nc.UserDataSecretRef != nil && nc.UserDataSecretRef.Name == secret:
+			// Its own credential Secret, which does not exist (or the
+			// VM's record of it would have been recovered from it): the
+			// owner's cloud-init merged there is gone with it, and a
+			// Secret rendered now would not carry it.
+			return placement{}, nil, fmt.Sprintf("VirtualMachine %s/%s's cloud-init volume %s reads Secret %s, guestbackup's own for this VM, which does not exist any more (a VM of this name was deleted, and its Secret with it): only it held the user-data merged there; put your own cloud-init back into volume %s (cloudInitNoCloud.userData) and apply the VM again",
+				vm.Namespace, vm.Name, spec.Volumes[ci].Name, secret, spec.Volumes[ci].Name)
 		case nc.UserDataSecretRef != nil:
 			why = "its cloud-init user-data is in Secret " + nc.UserDataSecretRef.Name + ", which guestbackup does not rewrite"
 		default:
@@ -901,18 +929,18 @@ func render(b cloudinit.Bootstrap, p placement) (map[string][]byte, error) {
 // metadata others set are kept; the server's endpoint and CA the payload
 // is rendered with (b's) are recorded, for the controller to render it
 // again when they change.
-func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cloudinit.Bootstrap, payload map[string][]byte, existing *corev1.Secret) *corev1.Secret {
+func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cloudinit.Bootstrap, payload map[string][]byte, existing *corev1.Secret, creating bool) *corev1.Secret {
 	s := &corev1.Secret{}
 	if existing != nil {
 		s = existing.DeepCopy()
 	}
 	s.Name, s.Namespace, s.Type = SecretName(vm.Name), vm.Namespace, corev1.SecretTypeOpaque
-	if vm.UID == "" {
-		// A VM being created has no UID yet, and no VM of its name exists
-		// (Input.AlreadyExists): a reference to a VM is to the one that
-		// was deleted, for which a garbage collector would delete the
-		// Secret, and with it the owner's user-data it may hold. The
-		// controller adopts it for the new VM.
+	if creating {
+		// No VM of this name exists (Input.AlreadyExists): a reference to
+		// a VM is to the one that was deleted, for which a garbage
+		// collector would delete the Secret, and with it the owner's
+		// user-data it may hold. The controller adopts it for the new VM.
+		// (Not the UID's absence: an update's object may lack it too.)
 		s.OwnerReferences = slices.DeleteFunc(s.OwnerReferences, vmsecret.IsVMReference)
 	}
 	if s.Labels == nil {

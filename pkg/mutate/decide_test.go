@@ -419,7 +419,7 @@ func TestSecretOfThisVMIsRewritten(t *testing.T) {
 	other := metav1.OwnerReference{APIVersion: "example.com/v1", Kind: "Keeper", Name: "k", UID: "uid-k"}
 	for _, tt := range []struct {
 		name string
-		uid  string // the admitted VM's; "" on CREATE
+		uid  string // the admitted and stored VM's; "" on CREATE
 		refs []metav1.OwnerReference
 		want []metav1.OwnerReference
 	}{
@@ -432,10 +432,15 @@ func TestSecretOfThisVMIsRewritten(t *testing.T) {
 			stored := first.Secret.DeepCopy()
 			stored.OwnerReferences = tt.refs
 			obj := withAnnotation(t, base, v1alpha1.AnnotationPaths, "/var/lib/app")
+			var old []byte
 			if tt.uid != "" {
 				obj = withField(t, obj, tt.uid, "metadata", "uid")
+				old = withField(t, apply(t, base, first), tt.uid, "metadata", "uid")
 			}
-			d := decide(t, obj, stored, &passwords{})
+			d, err := Decide(Input{Object: obj, OldObject: old, Namespace: "team-a", Server: readyServer(), Secret: stored, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
 			if d.Denied != "" || d.Secret == nil {
 				t.Fatalf("denied %q, Secret %v: want the Secret rewritten", d.Denied, d.Secret != nil)
 			}

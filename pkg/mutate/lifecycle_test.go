@@ -418,3 +418,78 @@ func TestTheOwnersPartIsNeverRenderedAway(t *testing.T) {
 		})
 	}
 }
+
+// TestReCreatingAVMThatAskedForARotation: the rotation a re-created VM's
+// annotation names is the one its Secret's credentials were issued under,
+// not a new one.
+func TestReCreatingAVMThatAskedForARotation(t *testing.T) {
+	original := withAnnotation(t, readVM(t, "inline-cloud-config"), v1alpha1.AnnotationRotate, "2026-12-01")
+	first := decide(t, original, nil, &passwords{})
+	stored := apply(t, original, first)
+	d, err := Decide(Input{Object: withoutAnnotations(t, stored, v1alpha1.AnnotationStatus), Namespace: "team-a", Server: readyServer(), Secret: first.Secret, NewPassword: (&passwords{n: 100}).next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Denied != "" || d.Outcome == OutcomeRotated || d.Outcome == OutcomeIssued {
+		t.Fatalf("denied %q, outcome %s: want the credentials kept", d.Denied, d.Outcome)
+	}
+	if d.Secret != nil && string(d.Secret.Data[vmsecret.KeyPassword]) != string(first.Secret.Data[vmsecret.KeyPassword]) {
+		t.Error("the password was replaced")
+	}
+}
+
+// TestReCreatingAVMWhoseSecretIsGone: a VM created again from a manifest
+// whose cloud-init volume reads its own credential Secret, once that
+// Secret is gone (a cluster's garbage collector deletes it with the VM),
+// is refused, saying where the owner's cloud-init must go: a VM admitted
+// as it was would read a Secret without its user-data and not boot.
+func TestReCreatingAVMWhoseSecretIsGone(t *testing.T) {
+	stored, _ := injected(t, "inline-cloud-config")
+	d, err := Decide(Input{Object: withoutAnnotations(t, stored, v1alpha1.AnnotationStatus), Namespace: "team-a", Server: readyServer(), NewPassword: (&passwords{}).next})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(d.Denied, "cloud-init volume cloudinitdisk reads Secret db-guestbackup, guestbackup's own for this VM, which does not exist any more") ||
+		!strings.Contains(d.Denied, "put your own cloud-init back into volume cloudinitdisk") {
+		t.Errorf("denial %q", d.Denied)
+	}
+	if d.Secret != nil || len(d.Patch) != 0 {
+		t.Error("a Secret or a patch was written")
+	}
+}
+
+// TestOwnersWhoMovedTheirCloudInitAreNotRefused: the Secret's copy of the
+// owner's user-data guards only a VM that still counts on it.
+func TestOwnersWhoMovedTheirCloudInitAreNotRefused(t *testing.T) {
+	stored, secret := injected(t, "inline-cloud-config")
+	old := withField(t, stored, "uid-1", "metadata", "uid")
+	var m map[string]any
+	if err := decodeJSON(old, &m); err != nil {
+		t.Fatal(err)
+	}
+	volume := m["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"].([]any)[1].(map[string]any)
+	delete(volume, "cloudInitNoCloud")
+	volume["cloudInitNoCloud"] = map[string]any{"secretRef": map[string]any{"name": "db-own-cloud-init"}}
+	toOwnSecret, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newVM := withoutAnnotations(t, withField(t, readVM(t, "no-cloud-init"), "db", "metadata", "name"), v1alpha1.AnnotationStatus)
+	for _, tt := range []struct {
+		name     string
+		obj, old []byte
+	}{
+		{"an update pointing the cloud-init volume at a Secret of the owner's", toOwnSecret, old},
+		{"a new VM of a deleted VM's name that reads nothing of its Secret", newVM, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := Decide(Input{Object: tt.obj, OldObject: tt.old, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Denied != "" {
+				t.Errorf("denied: %s", d.Denied)
+			}
+		})
+	}
+}
