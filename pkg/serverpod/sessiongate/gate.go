@@ -26,9 +26,12 @@
 package sessiongate
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -38,6 +41,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -54,6 +58,12 @@ const (
 	// readHeaderTimeout bounds a guest's request headers (and its TLS
 	// handshake).
 	readHeaderTimeout = 15 * time.Second
+	// firstMessageTimeout bounds how long a session may take to send its
+	// first message, before it is admitted; maxFirstMessage bounds the
+	// message (Kopia's first is its session's parameters, a few hundred
+	// bytes).
+	firstMessageTimeout = 10 * time.Second
+	maxFirstMessage     = 64 << 10
 	// defaultIdleTimeout is Options.IdleTimeout's default: an idle
 	// connection holds a file descriptor and an upstream transport.
 	defaultIdleTimeout = 2 * time.Minute
@@ -147,9 +157,16 @@ type session struct {
 
 type connKey struct{}
 
-// loginKey carries a login's report function (loginLimiter.admit) to the
-// transport, which sees the Kopia server's answer.
+// loginKey carries a login's *loginTicket to the transport, which sees
+// the Kopia server's answer.
 type loginKey struct{}
+
+// loginTicket is an admitted login: its report function
+// (loginLimiter.admit), and whether it reached the Kopia server.
+type loginTicket struct {
+	done      func(loginResult)
+	forwarded atomic.Bool
+}
 
 // New returns a gate in front of the Kopia server o.Upstream.
 func New(o Options) (*Gate, error) {
@@ -188,9 +205,16 @@ func New(o Options) (*Gate, error) {
 			if !ok {
 				return nil, errors.New("request of no guest connection")
 			}
+			login, _ := r.Context().Value(loginKey{}).(*loginTicket)
+			if login != nil {
+				login.forwarded.Store(true)
+			}
 			res, err := roundTrip(t, r)
-			if done, ok := r.Context().Value(loginKey{}).(func(loginResult)); ok {
+			if login != nil {
+				done := login.done
 				switch {
+				case err != nil && r.Context().Err() != nil:
+					done(loginAbandoned)
 				case err != nil:
 					done(loginUnknown)
 				case isGRPC(r):
@@ -344,10 +368,12 @@ func (g *Gate) transport() *http.Transport {
 func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !isGRPC(r) {
 		if isLogin(r) {
+			var finish func()
 			var ok bool
-			if r, ok = g.admitLogin(w, r); !ok {
+			if r, finish, ok = g.admitLogin(w, r); !ok {
 				return
 			}
+			defer finish()
 		}
 		g.proxy.ServeHTTP(w, r)
 		return
@@ -366,10 +392,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		writeGRPCError(w, grpcPermissionDenied, "missing credentials")
 		return
 	}
-	r, ok = g.admitLogin(w, r)
+	// Kopia answers a session it accepts only once the client's first
+	// message is in: holding it back would hold the login's place there.
+	if r, ok = g.withFirstMessage(w, r); !ok {
+		return
+	}
+	r, finish, ok := g.admitLogin(w, r)
 	if !ok {
 		return
 	}
+	defer finish()
 	ctx, end := context.WithCancelCause(r.Context())
 	defer end(nil)
 	s := &session{end: end}
@@ -381,10 +413,11 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 }
 
 // admitLogin waits until the login r may go to the Kopia server
-// (loginLimiter.admit), and returns r carrying its report function. When
-// it may not, it answers r, or not at all when its guest went away, and
-// returns false.
-func (g *Gate) admitLogin(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+// (loginLimiter.admit), and returns r carrying its ticket and the function
+// the handler defers, which reports the login when the transport did not.
+// When it may not, it answers r, or not at all when its guest went away,
+// and returns false.
+func (g *Gate) admitLogin(w http.ResponseWriter, r *http.Request) (*http.Request, func(), bool) {
 	done, err := g.logins.admit(r.Context(), sourceOf(r.RemoteAddr))
 	if err != nil {
 		var throttled *throttledError
@@ -395,11 +428,67 @@ func (g *Gate) admitLogin(w http.ResponseWriter, r *http.Request) (*http.Request
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, throttled.Error(), http.StatusTooManyRequests)
 		}
+		return r, nil, false
+	}
+	login := &loginTicket{done: done}
+	finish := func() {
+		// Reported by the transport already, unless the proxy never got
+		// that far, or the guest went away before the answer.
+		if login.forwarded.Load() {
+			done(loginAbandoned)
+		} else {
+			done(loginUnknown)
+		}
+	}
+	return r.WithContext(context.WithValue(r.Context(), loginKey{}, login)), finish, true
+}
+
+// withFirstMessage reads the first gRPC message of session r before it is
+// admitted, within firstMessageTimeout, and returns r with it put back in
+// front of its body. A guest that sends none in time is answered
+// Unavailable (its kopia retries) and never reaches the Kopia server.
+func (g *Gate) withFirstMessage(w http.ResponseWriter, r *http.Request) (*http.Request, bool) {
+	rc := http.NewResponseController(w)
+	if err := rc.SetReadDeadline(time.Now().Add(firstMessageTimeout)); err != nil {
+		writeGRPCError(w, grpcUnavailable, "the gate cannot time the session's first message")
 		return r, false
 	}
-	// Reported by the transport; unless the proxy never got that far.
-	context.AfterFunc(r.Context(), func() { done(loginUnknown) })
-	return r.WithContext(context.WithValue(r.Context(), loginKey{}, done)), true
+	first, err := readGRPCMessage(r.Body, maxFirstMessage)
+	if err != nil {
+		if r.Context().Err() == nil {
+			writeGRPCError(w, grpcUnavailable, "no first session message: "+err.Error())
+		}
+		return r, false
+	}
+	if err := rc.SetReadDeadline(time.Time{}); err != nil {
+		writeGRPCError(w, grpcUnavailable, "the gate cannot time the session")
+		return r, false
+	}
+	out := r.Clone(r.Context())
+	out.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(first), r.Body), r.Body}
+	return out, true
+}
+
+// readGRPCMessage reads one length-prefixed gRPC message (its 5-byte
+// prefix included) of at most limit bytes from body.
+func readGRPCMessage(body io.Reader, limit int) ([]byte, error) {
+	prefix := make([]byte, 5)
+	if _, err := io.ReadFull(body, prefix); err != nil {
+		return nil, fmt.Errorf("read its prefix: %w", err)
+	}
+	n := binary.BigEndian.Uint32(prefix[1:])
+	if int64(n) > int64(limit) {
+		return nil, fmt.Errorf("%d bytes, above %d", n, limit)
+	}
+	msg := make([]byte, 5+int(n))
+	copy(msg, prefix)
+	if _, err := io.ReadFull(body, msg[5:]); err != nil {
+		return nil, fmt.Errorf("read %d bytes: %w", n, err)
+	}
+	return msg, nil
 }
 
 // End ends the open sessions of every user match accepts, and returns how

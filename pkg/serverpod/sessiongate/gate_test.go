@@ -252,6 +252,13 @@ var _ = Describe("Connections held open by one address", func() {
 				return nil, err
 			}
 			DeferCleanup(c.Close)
+			// A client's connection preface and empty SETTINGS, as any
+			// HTTP/2 client opens with: the server's idle time counts from
+			// there (before it, its own preface timeout would close it).
+			preface := append([]byte("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), 0, 0, 0, 4, 0, 0, 0, 0, 0)
+			if _, err := c.Write(preface); err != nil {
+				return nil, err
+			}
 			// The handshake's end on this side does not say the server
 			// kept the connection: its first frame (HTTP/2's SETTINGS) does.
 			_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))

@@ -46,6 +46,9 @@ const (
 	// no answer came: Kopia answers a session it accepted only once its
 	// client has sent the first message, which a client may hold back.
 	loginAnswerTimeout = 10 * time.Second
+	// minAnswerTime is the least an abandoned login is taken to cost the
+	// Kopia server.
+	minAnswerTime = 100 * time.Millisecond
 	// failureMemory: failures older than this are forgiven.
 	failureMemory = time.Minute
 	// sweepAt is how many addresses the limiter remembers before it
@@ -65,11 +68,17 @@ var LoginsThrottled = prometheus.NewCounter(prometheus.CounterOpts{
 type loginResult int
 
 const (
-	// loginUnknown: no answer (the guest went away, the server did not
-	// answer): neither counts.
+	// loginUnknown: no answer, and none asked for (the guest went away
+	// before its login was forwarded, the server did not answer): neither
+	// counts.
 	loginUnknown loginResult = iota
 	loginAccepted
 	loginRefused
+	// loginAbandoned: the guest went away after its login was forwarded.
+	// Kopia verifies the password all the same (it does not look at the
+	// client), so the login keeps its place there for about as long as a
+	// login takes, and counts as a failure of its address.
+	loginAbandoned
 )
 
 // loginLimiter admits logins to the Kopia server.
@@ -82,6 +91,9 @@ type loginLimiter struct {
 
 	mu      sync.Mutex
 	sources map[string]*loginSource
+	// answer is how long the Kopia server has been taking to answer a
+	// login, a moving average: what an abandoned login still costs it.
+	answer time.Duration
 }
 
 // loginSource is what the limiter knows of one address.
@@ -173,8 +185,17 @@ func (l *loginLimiter) admit(ctx context.Context, source string) (func(loginResu
 		return nil, context.Cause(ctx)
 	}
 	var once sync.Once
+	forwarded := l.clock.Now()
 	done := func(r loginResult) {
 		once.Do(func() {
+			switch r {
+			case loginAccepted, loginRefused:
+				l.observe(l.clock.Since(forwarded))
+			case loginAbandoned:
+				l.clock.AfterFunc(l.answerTime(), func() { <-l.inFlight })
+				l.finish(source, loginRefused)
+				return
+			}
 			<-l.inFlight
 			l.finish(source, r)
 		})
@@ -184,6 +205,25 @@ func (l *loginLimiter) admit(ctx context.Context, source string) (func(loginResu
 		timeout.Stop()
 		done(r)
 	}, nil
+}
+
+// observe takes a login's answer time into the moving average.
+func (l *loginLimiter) observe(d time.Duration) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.answer == 0 {
+		l.answer = d
+		return
+	}
+	l.answer = (4*l.answer + d) / 5
+}
+
+// answerTime is what an abandoned login is taken to cost the server:
+// the average answer time, within bounds.
+func (l *loginLimiter) answerTime() time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return min(max(l.answer, minAnswerTime), loginAnswerTimeout)
 }
 
 // grant gives s's first waiters their turn while it has room: an address

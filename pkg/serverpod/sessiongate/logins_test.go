@@ -46,6 +46,28 @@ func stillWaiting(t *testing.T, ch <-chan admitted, what string) {
 	}
 }
 
+// waitUntil polls cond until it holds, failing after 10 s.
+func waitUntil(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 10 s", what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pending is how many logins of source the limiter holds.
+func (l *loginLimiter) pending(source string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.sources[source]; s != nil {
+		return s.pending
+	}
+	return 0
+}
+
 // waiting is how many logins of source wait for their turn.
 func (l *loginLimiter) waiting(source string) int {
 	l.mu.Lock()
@@ -64,6 +86,7 @@ func TestLoginLimiter(t *testing.T) {
 		first := waitFor(t, admitAsync(ctx, l, "10.0.0.1"), "the first login")
 		second := admitAsync(ctx, l, "10.0.0.1")
 		stillWaiting(t, second, "the second login, while the Kopia server has the first")
+		waitUntil(t, func() bool { return l.pending("10.0.0.1") == 2 }, "the second login is held")
 		_, err := l.admit(ctx, "10.0.0.1")
 		var throttled *throttledError
 		if !errors.As(err, &throttled) {
@@ -122,4 +145,25 @@ func TestLoginLimiter(t *testing.T) {
 			t.Errorf("%d addresses remembered after their logins succeeded", len(l.sources))
 		}
 	})
+}
+
+func TestAnAbandonedLoginKeepsItsPlaceForAboutALogin(t *testing.T) {
+	ctx := context.Background()
+	clock := clocktesting.NewFakeClock(time.Now())
+	l := newLoginLimiter(clock, 1, 16)
+	first := waitFor(t, admitAsync(ctx, l, "10.0.0.1"), "a login")
+	clock.Step(300 * time.Millisecond)
+	first.done(loginRefused) // the Kopia server took 300 ms to answer
+	abandoned := waitFor(t, admitAsync(ctx, l, "10.0.0.2"), "a login its guest then abandons")
+	abandoned.done(loginAbandoned)
+	next := admitAsync(ctx, l, "10.0.0.3")
+	stillWaiting(t, next, "a login while the server still verifies the abandoned one")
+	waitUntil(t, clock.HasWaiters, "the abandoned login's place is timed")
+	clock.Step(300 * time.Millisecond)
+	waitFor(t, next, "a login once the abandoned one's time is over").done(loginAccepted)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := l.sources["10.0.0.2"]; s == nil || s.failures != 1 {
+		t.Errorf("the abandoning address: %+v, want one failure", s)
+	}
 }
