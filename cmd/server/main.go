@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
@@ -241,6 +242,10 @@ func runSyncUsers(args []string) error {
 		o.ClientPort = &client
 	}
 	o.Log = zap.New(zap.UseFlagOptions(&logOpts))
+	if o.StorageCheckInterval > maintenancestate.StorageHeartbeat {
+		// Its state would grow stale between checks.
+		return fmt.Errorf("--storage-check-interval %s: at most %s", o.StorageCheckInterval, maintenancestate.StorageHeartbeat)
+	}
 	// The pod's name (downward API): its identity in the Lease, and the
 	// key of its storage state.
 	o.Pod = os.Getenv("POD_NAME")

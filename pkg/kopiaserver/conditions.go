@@ -326,8 +326,12 @@ func storageCondition(now time.Time, states map[string]maintenancestate.StorageS
 	case fresh == 0:
 		return cond(metav1.ConditionUnknown, ReasonStorageNotChecked, "No server pod has checked the repository's storage lately")
 	}
+	pods := "server pods"
+	if fresh == 1 {
+		pods = "server pod"
+	}
 	return cond(metav1.ConditionTrue, ReasonStorageReachable,
-		fmt.Sprintf("%d server pods checked the repository's storage within %s and reached it", fresh, maintenancestate.StorageStale))
+		fmt.Sprintf("%d %s checked the repository's storage within %s and reached it", fresh, pods, maintenancestate.StorageStale))
 }
 
 // serverState is what the server's Deployment and pods say.

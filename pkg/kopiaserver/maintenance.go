@@ -57,6 +57,9 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 		}
 	}
 	storage := maintenancestate.StorageStates(cm.Data)
+	if err := r.forgetGonePods(ctx, cm, storage); err != nil {
+		return nil, nil, nil, err
+	}
 	s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
 	if err != nil {
 		// The pod's word is unreadable: say so in the status rather than
@@ -64,6 +67,33 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, c, storage, nil
 	}
 	return s, c, storage, nil
+}
+
+// forgetGonePods removes from the state ConfigMap cm the storage states
+// no pod has published for maintenancestate.StorageForgotten (its pod is
+// gone: every rollout names new pods), and from states with them, so that
+// the ConfigMap does not grow with every pod that ever ran. A write that
+// lost a race with a pod's is left for the next pass.
+func (r *Reconciler) forgetGonePods(ctx context.Context, cm *corev1.ConfigMap, states map[string]maintenancestate.StorageState) error {
+	now := r.Clock.Now()
+	var gone []string
+	for pod, st := range states {
+		if now.Sub(st.CheckedAt) > maintenancestate.StorageForgotten {
+			gone = append(gone, pod)
+		}
+	}
+	if len(gone) == 0 {
+		return nil
+	}
+	patch := client.MergeFromWithOptions(cm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	for _, pod := range gone {
+		delete(cm.Data, maintenancestate.StorageKey(pod))
+		delete(states, pod)
+	}
+	if err := r.Client.Patch(ctx, cm, patch); err != nil && !apierrors.IsConflict(err) {
+		return fmt.Errorf("forget the storage state of gone server pods %v in ConfigMap %s: %w", gone, cm.Name, err)
+	}
+	return nil
 }
 
 // DefaultMaintenanceClusterRole is the ClusterRole the chart installs, as

@@ -1,14 +1,21 @@
 package kopiaserver
 
 import (
+	"context"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clocktesting "k8s.io/utils/clock/testing"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
 // Every server pod may run maintenance; with several, the user-sync
@@ -89,5 +96,46 @@ func TestClaimShared(t *testing.T) {
 				t.Errorf("a claim the controller creates is %s, want %s", claimAccessMode(b), want)
 			}
 		})
+	}
+}
+
+// The state ConfigMap does not grow with every server pod that ever ran:
+// the storage state of a pod that stopped publishing it for
+// maintenancestate.StorageForgotten is removed, and no longer counts.
+func TestStorageStatesOfGonePodsAreForgotten(t *testing.T) {
+	now := time.Date(2026, 12, 6, 3, 0, 0, 0, time.UTC)
+	state := func(checked time.Time) string {
+		return maintenancestate.EncodeStorage(maintenancestate.StorageState{Available: true, Since: checked, CheckedAt: checked})
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Name: maintenancestate.ConfigMapName("main"), Namespace: "backup"},
+		Data: map[string]string{
+			maintenancestate.Key:                   "{}",
+			maintenancestate.StorageKey("current"): state(now.Add(-time.Minute)),
+			maintenancestate.StorageKey("gone"):    state(now.Add(-maintenancestate.StorageForgotten - time.Second)),
+		},
+	}
+	c := fake.NewClientBuilder().WithObjects(cm.DeepCopy()).Build()
+	r := &Reconciler{Client: c, Clock: clocktesting.NewFakePassiveClock(now)}
+	live := &corev1.ConfigMap{}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(cm), live); err != nil {
+		t.Fatal(err)
+	}
+	states := maintenancestate.StorageStates(live.Data)
+	if err := r.forgetGonePods(context.Background(), live, states); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := states["gone"]; ok || len(states) != 1 {
+		t.Errorf("states %v: want the current pod's only", states)
+	}
+	stored := &corev1.ConfigMap{}
+	if err := c.Get(context.Background(), client.ObjectKeyFromObject(cm), stored); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := stored.Data[maintenancestate.StorageKey("gone")]; ok {
+		t.Error("the gone pod's state is still stored")
+	}
+	if stored.Data[maintenancestate.Key] != "{}" || stored.Data[maintenancestate.StorageKey("current")] == "" {
+		t.Errorf("other keys changed: %v", stored.Data)
 	}
 }

@@ -108,10 +108,12 @@ type StorageState struct {
 
 // StorageHeartbeat is how often a server pod publishes its StorageState
 // when nothing changed; StorageStale is when the controller stops counting
-// a state that was not published again.
+// a state that was not published again; StorageForgotten is when the controller removes the state of a pod that
+// stopped publishing it.
 const (
 	StorageHeartbeat = time.Minute
 	StorageStale     = 3 * StorageHeartbeat
+	StorageForgotten = 10 * StorageHeartbeat
 )
 
 // EncodeStorage renders s for the ConfigMap.

@@ -548,8 +548,9 @@ func (g *Gate) untrack(user string, s *session) {
 	OpenSessions.Dec()
 }
 
-// proxyError answers a request the Kopia server did not: a guest's client
-// retries a gRPC Unavailable, as it does a server that restarts.
+// proxyError answers a request the Kopia server did not, with gRPC
+// Unavailable: a guest's client retries it within a command, as it does a
+// server that restarts (though not for a command's first session).
 func (g *Gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(context.Cause(r.Context()), ErrSessionEnded) {
 		writeGRPCError(w, grpcUnavailable, ErrSessionEnded.Error())

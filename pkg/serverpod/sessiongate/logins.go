@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"slices"
 	"sync"
 	"time"
@@ -301,11 +302,15 @@ func (l *loginLimiter) forget(source string, s *loginSource) {
 	}
 }
 
-// sourceOf is the address a request came from, without its port.
+// sourceOf is the address a request came from, without its port (an IPv4
+// address mapped into IPv6 counts as itself).
 func sourceOf(remoteAddr string) string {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		return remoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Unmap().WithZone("").String()
 	}
 	return host
 }
