@@ -63,11 +63,21 @@ breakdown() {
 			grep '^tools/' "$TIMINGS" | sort -k2 -nr | awk '{ printf "  %-28s %6d s\n", substr($1, 7), $2 }'
 		fi
 		echo "steps:"
-		{ grep -v '^tools/' "$TIMINGS" || true; } | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
+		{ grep -v -e '^tools/' -e '^cpu/' "$TIMINGS" || true; } | awk '{ printf "  %-28s %6d s\n", $1, $2 }'
 		if [[ -n "$(package_times)" ]]; then
-			echo "test packages (run time of each, $(nproc) at a time):"
-			package_times | sort -k2 -nr | awk '{ printf "  %-28s %6d s  %s\n", $1, $2, ($3 == "ok" ? "" : "FAILED") }'
+			echo "test packages (run time of each, $(nproc) at a time; CPU time of the package and the processes it ran):"
+			package_times | sort -k2 -nr | awk -v timings="$TIMINGS" '
+				BEGIN { while ((getline line < timings) > 0) { split(line, f, " "); if (f[1] ~ /^cpu\//) cpu[substr(f[1], 5)] = f[2] } }
+				{ printf "  %-28s %6d s  cpu %6s s  %s\n", $1, $2, ($1 in cpu ? cpu[$1] : "?"), ($3 == "ok" ? "" : "FAILED") }'
 		fi
+		# This script's waited-for children: every build, check and test.
+		local usage
+		usage=$(mktemp)
+		times >"$usage"
+		awk -v wall=$((SECONDS - START)) -v cores="$(nproc)" 'NR == 2 {
+			t = 0; for (i = 1; i <= 2; i++) { split($i, f, "m"); t += f[1] * 60 + f[2] }
+			if (wall > 0) printf "CPU: %d s used of the %d s that %d cores offered (%d%%)\n", t, wall * cores, cores, 100 * t / (wall * cores) }' "$usage"
+		rm -f "$usage"
 	} >&2
 }
 
