@@ -150,22 +150,10 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	if err != nil {
 		return nil, err
 	}
-	serving, err := ca.IssueServing([]string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, 24*time.Hour)
-	if err != nil {
-		return nil, err
-	}
 	// A folder of its own: virt-api watches the whole folder of its
 	// certificate and reloads on every event in it.
-	certDir := tb.TempDir()
-	certFile, keyFile := filepath.Join(certDir, "tls.crt"), filepath.Join(certDir, "tls.key")
-	keyPEM, err := serving.KeyPEM()
+	certFile, keyFile, err := WriteServingCert(tb.TempDir(), ca, []string{"localhost"}, []net.IP{net.ParseIP("127.0.0.1")}, 24*time.Hour)
 	if err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(certFile, serving.ChainPEM(ca.Cert), 0o600); err != nil {
-		return nil, err
-	}
-	if err := os.WriteFile(keyFile, keyPEM, 0o600); err != nil {
 		return nil, err
 	}
 	caPEM := ca.CertPEM()

@@ -58,20 +58,8 @@ func startClientPort(t *testing.T, ca *pki.CA, binaries map[string]string, user,
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Close)
-	kp, err := ca.IssueServing([]string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	chainFile, keyFile, err := testbed.WriteServingCert(t.TempDir(), ca, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
 	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	key, err := pki.EncodeKey(kp.Key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	chain := append(pki.EncodeCert(kp.Cert), ca.CertPEM()...)
-	if err := os.WriteFile(filepath.Join(dir, "chain.pem"), chain, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "key.pem"), key, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -81,7 +69,7 @@ func startClientPort(t *testing.T, ca *pki.CA, binaries map[string]string, user,
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		done <- clientserver.Serve(ctx, ln, filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem"), srv.Handler())
+		done <- clientserver.Serve(ctx, ln, chainFile, keyFile, srv.Handler())
 	}()
 	t.Cleanup(func() {
 		cancel()

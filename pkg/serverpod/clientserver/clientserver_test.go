@@ -185,20 +185,8 @@ func port(t *testing.T, srv *Server) (string, *x509.CertPool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	kp, err := ca.IssueServing(nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	chainFile, keyFile, err := testbed.WriteServingCert(t.TempDir(), ca, nil, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
 	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := kp.KeyPEM()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	chainFile, keyFile := filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem")
-	if err := os.WriteFile(chainFile, kp.ChainPEM(ca.Cert), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(keyFile, key, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -9,7 +9,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -34,18 +33,9 @@ func serveGate(tb testbed.TB, srv *testbed.KopiaServer, o sessiongate.Options) (
 	if err != nil {
 		tb.Fatalf("gate: %v", err)
 	}
-	kp, err := srv.CA.IssueServing([]string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
+	chain, key, err := testbed.WriteServingCert(tb.TempDir(), srv.CA, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}, time.Hour)
 	if err != nil {
 		tb.Fatalf("serving certificate: %v", err)
-	}
-	keyPEM, err := kp.KeyPEM()
-	if err != nil {
-		tb.Fatalf("serving key: %v", err)
-	}
-	dir := tb.TempDir()
-	chain, key := filepath.Join(dir, "chain.pem"), filepath.Join(dir, "key.pem")
-	if err := errors.Join(os.WriteFile(chain, kp.ChainPEM(srv.CA.Cert), 0o600), os.WriteFile(key, keyPEM, 0o600)); err != nil {
-		tb.Fatalf("write the serving certificate: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
