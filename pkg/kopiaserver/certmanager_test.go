@@ -424,5 +424,59 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			Eventually(checksum).WithTimeout(reconciled).ShouldNot(Equal(rolled))
 			Expect(ownPin(b)()).To(Equal(p))
 		})
+
+		It("keep their CA when its Secret, which cert-manager writes, is deleted: the same certificate and key, and the leaf under it", func() {
+			b := own[1]
+			ca := &corev1.Secret{}
+			Eventually(func(g Gomega) {
+				g.Expect(get(ns, kopiaserver.CASecretName(b), ca)()).To(Succeed())
+				g.Expect(ca.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard))
+			}).WithTimeout(reconciled).Should(Succeed())
+			before := ca.DeepCopy()
+			p, _ := ownPin(b)()
+			caCerts, err := certutil.ParseCertsPEM(before.Data[corev1.TLSCertKey])
+			Expect(err).NotTo(HaveOccurred())
+			Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+			// cert-manager's Secret is outside the controller's cache, so
+			// the controller finds it terminating at its next pass (at the
+			// latest kopiaserver.RecheckSecrets later; the Secret stays
+			// usable meanwhile). A namespace label change brings that pass
+			// now.
+			nsObj := &corev1.Namespace{}
+			Expect(get("", ns, nsObj)()).To(Succeed())
+			nsObj.Labels = map[string]string{"nudge": "ca-deleted"}
+			Expect(api.Client.Update(ctx, nsObj)).To(Succeed())
+
+			Eventually(func(g Gomega) {
+				now := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.CASecretName(b), now)()).To(Succeed())
+				g.Expect(now.DeletionTimestamp).To(BeNil())
+				g.Expect(now.Data[corev1.TLSCertKey]).To(Equal(before.Data[corev1.TLSCertKey]), "the same CA certificate")
+				g.Expect(now.Data[corev1.TLSPrivateKeyKey]).To(Equal(before.Data[corev1.TLSPrivateKeyKey]), "the same CA key")
+				g.Expect(now.Annotations).To(HaveKeyWithValue("cert-manager.io/certificate-name", kopiaserver.CACertificateName(b)))
+			}).WithTimeout(reconciled).Should(Succeed())
+			// Said once cert-manager, which saw the Secret gone for a
+			// moment, can no longer write another certificate into it.
+			Eventually(bslsEvents(ctx, api, ns, b.Name)).WithTimeout(issued).Should(ContainElement(
+				HavePrefix("Warning " + kopiaserver.ReasonCASecretRestored + ": Secret " + ns + "/" + kopiaserver.CASecretName(b) + " was deleted")))
+
+			By("cert-manager keeping it as it is, and the server's leaf under it")
+			Consistently(func(g Gomega) {
+				now := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.CASecretName(b), now)()).To(Succeed())
+				g.Expect(now.Data[corev1.TLSCertKey]).To(Equal(before.Data[corev1.TLSCertKey]))
+				g.Expect(now.Data[corev1.TLSPrivateKeyKey]).To(Equal(before.Data[corev1.TLSPrivateKeyKey]))
+				leaf := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.TLSSecretName(b), leaf)()).To(Succeed())
+				chain, err := certutil.ParseCertsPEM(leaf.Data[corev1.TLSCertKey])
+				g.Expect(err).NotTo(HaveOccurred())
+				roots := x509.NewCertPool()
+				roots.AddCert(caCerts[0])
+				_, err = chain[0].Verify(x509.VerifyOptions{DNSName: kopiaserver.ServiceName(b) + "." + ns + ".svc", Roots: roots})
+				g.Expect(err).NotTo(HaveOccurred(), "the leaf chains to the CA guests trust")
+				g.Expect(ownPin(b)()).To(Equal(p))
+			}).WithTimeout(5 * time.Second).Should(Succeed())
+			Expect(get(ns, kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of the key is left behind")
+		})
 	})
 })

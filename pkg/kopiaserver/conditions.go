@@ -113,6 +113,15 @@ const (
 	ReasonRepositoryPasswordGenerated = "RepositoryPasswordGenerated"
 	// ReasonCAIssued (Normal): the controller issued the BSLS's own CA.
 	ReasonCAIssued = "CAIssued"
+	// ReasonCASecretRestored (Warning): Secret <bsls>-ca was deleted
+	// without guestbackup.io/replace-ca, and the controller re-created it
+	// with the same certificate and key, so running guests keep trusting
+	// the server.
+	ReasonCASecretRestored = "CASecretRestored"
+	// ReasonCAChanged (Warning): the CA guests are given to trust
+	// (status.tlsCA) is another one: running guests refuse the server
+	// until their VM restarts with the re-rendered bootstrap.
+	ReasonCAChanged = "CAChanged"
 	// ReasonServingCertificateIssued (Normal): the controller issued the
 	// server's certificate from the BSLS's own CA.
 	ReasonServingCertificateIssued = "ServingCertificateIssued"
@@ -162,6 +171,9 @@ type observations struct {
 	Certificate *certificateResult
 	// CertificateProblem is why the certificate is not usable.
 	CertificateProblem *problem
+	// CAGuardRetry, when not 0, is how soon the CA guard must look again
+	// at a CA Secret that is still going (guardCA).
+	CAGuardRetry time.Duration
 	// Deployment is the server's Deployment; nil when there is none.
 	Deployment *appsv1.Deployment
 	// Pods are the server's pods.
@@ -215,6 +227,10 @@ func decide(obs observations) decision {
 		if renewAt := obs.Certificate.renewAt; !renewAt.IsZero() {
 			retry(max(renewAt.Sub(obs.Now), time.Second))
 		}
+	}
+
+	if obs.CAGuardRetry > 0 {
+		retry(obs.CAGuardRetry)
 	}
 
 	// RepositoryReady: a problem with storage or password comes first,

@@ -278,13 +278,18 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
+			return ctrl.Result{}, r.releaseCA(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
 	if !b.DeletionTimestamp.IsZero() {
 		r.forget(req.NamespacedName)
 		// Owned objects go with it; the repository, its password and the
-		// CA stay (see AnnotationKeep).
+		// CA stay (see AnnotationKeep), the CA no longer guarded: no
+		// controller would finish a later deletion of it.
+		if err := r.releaseCA(ctx, req.NamespacedName); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.finalize(ctx, b)
 	}
 	obs, err := r.gather(ctx, b)
@@ -320,6 +325,11 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		}
 	}
 
+	// The CA guests trust survives its Secret's deletion (DESIGN.md
+	// decision 28), before anything reads that Secret.
+	if obs.CAGuardRetry, err = r.guardOwnCA(ctx, b); err != nil {
+		return obs, err
+	}
 	// The certificate, and the CA guests are given to trust.
 	if obs.Certificate, obs.CertificateProblem, err = r.certificate(ctx, b); err != nil {
 		return obs, err
@@ -384,6 +394,9 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.CertificateProblem == nil {
 		b.Status.TLSCA = string(obs.Certificate.material.CA)
 		b.Status.TLSFingerprint = obs.Certificate.material.Pin
+		if msg, changed := caChange(orig.Status.TLSFingerprint, b.Status.TLSFingerprint, obs.Certificate.source); changed {
+			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCAChanged, "%s", msg)
+		}
 	}
 	b.Status.Endpoint = Endpoint(b)
 	if d.RepositoryOpened && b.Status.RepositoryOpened == nil {
