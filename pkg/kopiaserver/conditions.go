@@ -122,6 +122,15 @@ const (
 	// (status.tlsCA) is another one: running guests refuse the server
 	// until their VM restarts with the re-rendered bootstrap.
 	ReasonCAChanged = "CAChanged"
+	// ReasonCARescueIgnored (Warning): Secret <bsls>-ca-rescue is not a
+	// copy the controller made of the CA guests trust (not guestbackup's,
+	// another CA, unreadable): it is never written into Secret <bsls>-ca.
+	ReasonCARescueIgnored = "CARescueIgnored"
+	// ReasonCARescueAbandoned (Warning): Secret <bsls>-ca was deleted and
+	// written again with another CA before the controller could restore
+	// the one guests trust, by another writer or by cert-manager past the
+	// bound of the controller's hold; it is left as it is.
+	ReasonCARescueAbandoned = "CARescueAbandoned"
 	// ReasonServingCertificateIssued (Normal): the controller issued the
 	// server's certificate from the BSLS's own CA.
 	ReasonServingCertificateIssued = "ServingCertificateIssued"

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -121,6 +122,9 @@ type Reconciler struct {
 	// (RestoreAccessRefused on a VM, UserRefused on the BSLS).
 	grantRefusals announcements[types.NamespacedName]
 	userRefusals  announcements[string]
+	// rescueRefusals are the CA rescue Secrets announced as ignored
+	// (CARescueIgnored), by name.
+	rescueRefusals announcements[string]
 }
 
 // SetupWithManager registers the reconciler and what it watches.
@@ -180,6 +184,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.Watches(bsl, handler.EnqueueRequestsFromMapFunc(r.bslsUsingVelero))
 	case !meta.IsNoMatchError(err):
 		return fmt.Errorf("look up Velero's BackupStorageLocation kind: %w", err)
+	}
+	// A CA Secret whose BSLS went while no controller ran keeps its guard
+	// otherwise.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if err := r.releaseOrphanedCAs(ctx); err != nil {
+			log.FromContext(ctx).Error(err, "release the CA Secrets of BackupStorageLocationServers that no longer exist")
+		}
+		return nil
+	})); err != nil {
+		return fmt.Errorf("add the release of orphaned CA Secrets: %w", err)
 	}
 	return b.Complete(r)
 }
@@ -287,7 +301,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		// Owned objects go with it; the repository, its password and the
 		// CA stay (see AnnotationKeep), the CA no longer guarded: no
 		// controller would finish a later deletion of it.
-		if err := r.releaseCA(ctx, req.NamespacedName); err != nil {
+		if err := r.finalizeWith(ctx, b, FinalizerCAGuard, func() error { return r.releaseCA(ctx, req.NamespacedName) }); err != nil {
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{}, r.finalize(ctx, b)
@@ -499,6 +513,7 @@ func (r *Reconciler) forget(server types.NamespacedName) {
 	forgetMetrics(server.Namespace, server.Name)
 	r.userRefusals.forget(server)
 	r.grantRefusals.forget(server)
+	r.rescueRefusals.forget(server)
 }
 
 // grantsWritten returns the grants the users Secret s holds now: from the
