@@ -345,6 +345,15 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		if err != nil {
 			return 0, err
 		}
+		if in.Restored != nil && certManager && in.Rescue.Annotations[annotationCAReleasedAt] != "" &&
+			in.Rescue.Annotations[annotationCARevision] != revision {
+			// cert-manager issued since the controller last looked: the
+			// revision is stable from now on, or it settles again.
+			if err := r.stampRescue(ctx, in.Rescue, revision, false); err != nil {
+				return 0, err
+			}
+			continue
+		}
 		if in.Restored != nil {
 			in.Hold, in.Expired = certManagerHold(r.Clock.Now(), in.Rescue, certManager, revision, issuing)
 		}
