@@ -268,8 +268,9 @@ func trustRescue(b *v1alpha1.BackupStorageLocationServer, ca, rescue *corev1.Sec
 		return nil, "it names no CA Secret it copies (annotation " + annotationCASourceUID + ")"
 	}
 	saved := &corev1.Secret{}
-	if err := json.Unmarshal(rescue.Data[caRescueKey], saved); err != nil {
-		return nil, fmt.Sprintf("its copy (key %s) is unreadable: %v", caRescueKey, err)
+	// Not the decoder's error: it may quote what the Secret holds.
+	if json.Unmarshal(rescue.Data[caRescueKey], saved) != nil {
+		return nil, fmt.Sprintf("its copy (key %s) is not a Secret in JSON", caRescueKey)
 	}
 	if saved.Name != CASecretName(b) || saved.Namespace != b.Namespace {
 		return nil, fmt.Sprintf("it copies Secret %s/%s, not %s/%s", saved.Namespace, saved.Name, b.Namespace, CASecretName(b))

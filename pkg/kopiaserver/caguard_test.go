@@ -177,7 +177,7 @@ func TestTrustRescue(t *testing.T) {
 		{"forged: the CA guests trust with another key", nil, with(func(s, _ *corev1.Secret) { s.Data[corev1.TLSPrivateKeyKey] = f.k2.key }), "not a matching certificate and key"},
 		{"renamed: a copy of another Secret", nil, with(func(s, _ *corev1.Secret) { s.Name = "other" }), "copies Secret backup/other"},
 		{"renamed: a copy from another namespace", nil, with(func(s, _ *corev1.Secret) { s.Namespace = "kube-system" }), "copies Secret kube-system/main-ca"},
-		{"corrupt: not JSON", nil, func() *corev1.Secret { r := genuine.DeepCopy(); r.Data[caRescueKey] = []byte("{"); return r }(), "unreadable"},
+		{"corrupt: not JSON", nil, func() *corev1.Secret { r := genuine.DeepCopy(); r.Data[caRescueKey] = []byte("{"); return r }(), "not a Secret in JSON"},
 		{"corrupt: no key pair", nil, with(func(s, _ *corev1.Secret) { s.Data = nil }), "not a matching certificate and key"},
 		{"stale: the copy of another Secret than the one being deleted, another CA", f.ca(f.k1, "uid-9", nil, true, nil), with(func(s, _ *corev1.Secret) {
 			s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey] = f.k2.crt, f.k2.key

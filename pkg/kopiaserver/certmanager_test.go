@@ -144,6 +144,20 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			return nil
 		}
 	}
+	// renew asks cert-manager to issue Certificate name again, as `cmctl
+	// renew` does: the Issuing condition.
+	renew := func(name string) {
+		GinkgoHelper()
+		Eventually(func() error {
+			crt := &certmanagerv1.Certificate{}
+			if err := get(ns, name, crt)(); err != nil {
+				return err
+			}
+			apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
+				cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
+			return api.Client.Status().Update(ctx, crt)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+	}
 	// presented is the leaf a server presents to a client that verifies it
 	// as a guest resolving the Service would: against ca.crt, for the
 	// Service's name.
@@ -279,15 +293,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		Expect(checksum).NotTo(BeEmpty())
 
 		By("asking cert-manager to re-issue, as `cmctl renew` does: the Issuing condition")
-		Eventually(func() error {
-			crt := &certmanagerv1.Certificate{}
-			if err := get(ns, kopiaserver.CertificateName(bsls), crt)(); err != nil {
-				return err
-			}
-			apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
-				cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
-			return api.Client.Status().Update(ctx, crt)
-		}).WithTimeout(10 * time.Second).Should(Succeed())
+		renew(kopiaserver.CertificateName(bsls))
 
 		Eventually(leafSerial).WithTimeout(issued).WithPolling(100 * time.Millisecond).
 			Should(And(Not(BeNil()), Not(Equal(before.leaf.SerialNumber))))
@@ -415,15 +421,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			}
 			Eventually(checksum).WithTimeout(reconciled).ShouldNot(BeEmpty())
 			rolled := checksum()
-			Eventually(func() error {
-				crt := &certmanagerv1.Certificate{}
-				if err := get(ns, kopiaserver.CertificateName(b), crt)(); err != nil {
-					return err
-				}
-				apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
-					cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
-				return api.Client.Status().Update(ctx, crt)
-			}).WithTimeout(10 * time.Second).Should(Succeed())
+			renew(kopiaserver.CertificateName(b))
 			Eventually(serial(b)).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(And(Not(BeNil()), Not(Equal(before))))
 			By("rolling the server onto the new leaf, under the same pin")
 			Eventually(checksum).WithTimeout(reconciled).ShouldNot(Equal(rolled))
@@ -478,15 +476,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			}).WithTimeout(reconciled).Should(Succeed())
 
 			By("cert-manager issuing the CA again meanwhile, as `cmctl renew` makes it, and the controller putting the guests' CA back over it")
-			Eventually(func() error {
-				crt := &certmanagerv1.Certificate{}
-				if err := get(ns, kopiaserver.CACertificateName(b), crt)(); err != nil {
-					return err
-				}
-				apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
-					cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
-				return api.Client.Status().Update(ctx, crt)
-			}).WithTimeout(10 * time.Second).Should(Succeed())
+			renew(kopiaserver.CACertificateName(b))
 			// Settled is cert-manager's own rule: done issuing, and the
 			// CertificateRequest of the current revision is for the key
 			// in the Secret (else it issues again, "SecretMismatch").
@@ -543,7 +533,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 				g.Expect(err).NotTo(HaveOccurred(), "the leaf chains to the CA guests trust")
 			}).WithTimeout(issued).Should(Succeed())
 			Expect(ownPin(b)()).To(Equal(p))
-			Expect(bslsEvents(ctx, api, ns, b.Name)()).NotTo(ContainElement(HavePrefix("Warning "+kopiaserver.ReasonCAChanged+": ")))
+			Expect(bslsEvents(ctx, api, ns, b.Name)()).NotTo(ContainElement(HavePrefix("Warning " + kopiaserver.ReasonCAChanged + ": ")))
 		})
 	})
 })
