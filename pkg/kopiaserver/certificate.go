@@ -294,6 +294,8 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 			ObjectMeta: metav1.ObjectMeta{
 				Name: CASecretName(b), Namespace: b.Namespace, Labels: Labels(b),
 				Annotations: map[string]string{AnnotationKeep: "the CA that guests of BackupStorageLocationServer " + b.Name + " pin; not deleted with it"},
+				// Guarded from its first moment (guardCA).
+				Finalizers: []string{FinalizerCAGuard},
 			},
 			Type: corev1.SecretTypeTLS,
 			Data: newCA,

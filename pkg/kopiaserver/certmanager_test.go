@@ -2,10 +2,13 @@ package kopiaserver_test
 
 import (
 	"context"
+	"crypto"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"fmt"
 	"math/big"
+	"strconv"
 	"time"
 
 	apiutil "github.com/cert-manager/cert-manager/pkg/api/util"
@@ -52,6 +55,8 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		claimDir string
 		// pin is status.tlsFingerprint as first reported: what guests keep.
 		pin string
+		// clk is the controller's clock.
+		clk = &pausableClock{}
 		// guestPassword is the password of guest vm@secured.
 		guestPassword = testbed.RandomPassword()
 	)
@@ -139,6 +144,20 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			return nil
 		}
 	}
+	// renew asks cert-manager to issue Certificate name again, as `cmctl
+	// renew` does: the Issuing condition.
+	renew := func(name string) {
+		GinkgoHelper()
+		Eventually(func() error {
+			crt := &certmanagerv1.Certificate{}
+			if err := get(ns, name, crt)(); err != nil {
+				return err
+			}
+			apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
+				cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
+			return api.Client.Status().Update(ctx, crt)
+		}).WithTimeout(10 * time.Second).Should(Succeed())
+	}
 	// presented is the leaf a server presents to a client that verifies it
 	// as a guest resolving the Service would: against ca.crt, for the
 	// Service's name.
@@ -169,7 +188,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		claimDir = GinkgoT().TempDir()
 		// As the chart runs it with cert-manager: the BSLS above names its
 		// issuer, those below get a CA of their own through cert-manager.
-		startController(api, func(r *kopiaserver.Reconciler) { r.CertManagerCA = true })
+		startController(api, func(r *kopiaserver.Reconciler) { r.CertManagerCA, r.Clock = true, clk })
 	})
 
 	It("has cert-manager issue a CA from a selfSigned ClusterIssuer and serve it as a CA ClusterIssuer", func() {
@@ -274,15 +293,7 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 		Expect(checksum).NotTo(BeEmpty())
 
 		By("asking cert-manager to re-issue, as `cmctl renew` does: the Issuing condition")
-		Eventually(func() error {
-			crt := &certmanagerv1.Certificate{}
-			if err := get(ns, kopiaserver.CertificateName(bsls), crt)(); err != nil {
-				return err
-			}
-			apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
-				cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
-			return api.Client.Status().Update(ctx, crt)
-		}).WithTimeout(10 * time.Second).Should(Succeed())
+		renew(kopiaserver.CertificateName(bsls))
 
 		Eventually(leafSerial).WithTimeout(issued).WithPolling(100 * time.Millisecond).
 			Should(And(Not(BeNil()), Not(Equal(before.leaf.SerialNumber))))
@@ -410,19 +421,119 @@ var _ = Describe("A BSLS with certificates from cert-manager", Ordered, func() {
 			}
 			Eventually(checksum).WithTimeout(reconciled).ShouldNot(BeEmpty())
 			rolled := checksum()
-			Eventually(func() error {
-				crt := &certmanagerv1.Certificate{}
-				if err := get(ns, kopiaserver.CertificateName(b), crt)(); err != nil {
-					return err
-				}
-				apiutil.SetCertificateCondition(crt, crt.Generation, certmanagerv1.CertificateConditionIssuing,
-					cmmeta.ConditionTrue, "ManuallyTriggered", "Re-issuance triggered by the guestbackup test")
-				return api.Client.Status().Update(ctx, crt)
-			}).WithTimeout(10 * time.Second).Should(Succeed())
+			renew(kopiaserver.CertificateName(b))
 			Eventually(serial(b)).WithTimeout(issued).WithPolling(100 * time.Millisecond).Should(And(Not(BeNil()), Not(Equal(before))))
 			By("rolling the server onto the new leaf, under the same pin")
 			Eventually(checksum).WithTimeout(reconciled).ShouldNot(Equal(rolled))
 			Expect(ownPin(b)()).To(Equal(p))
+		})
+
+		It("keep their CA when its Secret, which cert-manager writes, is deleted, putting it back over the CA cert-manager issues again", func() {
+			b := own[1]
+			ca := &corev1.Secret{}
+			Eventually(func(g Gomega) {
+				g.Expect(get(ns, kopiaserver.CASecretName(b), ca)()).To(Succeed())
+				g.Expect(ca.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard))
+			}).WithTimeout(reconciled).Should(Succeed())
+			before := ca.DeepCopy()
+			p, _ := ownPin(b)()
+			caCerts, err := certutil.ParseCertsPEM(before.Data[corev1.TLSCertKey])
+			Expect(err).NotTo(HaveOccurred())
+			caRevision := func() (int, bool) {
+				crt := &certmanagerv1.Certificate{}
+				if get(ns, kopiaserver.CACertificateName(b), crt)() != nil || crt.Status.Revision == nil {
+					return 0, false
+				}
+				return *crt.Status.Revision, apiutil.CertificateHasCondition(crt, certmanagerv1.CertificateCondition{
+					Type: certmanagerv1.CertificateConditionIssuing, Status: cmmeta.ConditionTrue})
+			}
+			revision, _ := caRevision()
+			sameCA := func(g Gomega, s *corev1.Secret) {
+				g.Expect(s.DeletionTimestamp).To(BeNil())
+				g.Expect(s.Data[corev1.TLSCertKey]).To(Equal(before.Data[corev1.TLSCertKey]), "the same CA certificate")
+				g.Expect(s.Data[corev1.TLSPrivateKeyKey]).To(Equal(before.Data[corev1.TLSPrivateKeyKey]), "the same CA key")
+			}
+
+			By("holding the controller's clock: its hold over what cert-manager writes lasts until the spec moves it")
+			clk.Pause()
+			DeferCleanup(clk.Resume)
+			Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+			// cert-manager's Secret is outside the controller's cache, so
+			// the controller finds it terminating at its next pass (at the
+			// latest kopiaserver.RecheckSecrets later; the Secret stays
+			// usable meanwhile). A namespace label change brings that pass
+			// now.
+			nsObj := &corev1.Namespace{}
+			Expect(get("", ns, nsObj)()).To(Succeed())
+			nsObj.Labels = map[string]string{"nudge": "ca-deleted"}
+			Expect(api.Client.Update(ctx, nsObj)).To(Succeed())
+			Eventually(func(g Gomega) {
+				now := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.CASecretName(b), now)()).To(Succeed())
+				sameCA(g, now)
+				g.Expect(now.Annotations).To(HaveKeyWithValue("cert-manager.io/certificate-name", kopiaserver.CACertificateName(b)))
+				g.Expect(get(ns, kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).To(Succeed(), "the copy is kept while cert-manager may write")
+			}).WithTimeout(reconciled).Should(Succeed())
+
+			By("cert-manager issuing the CA again meanwhile, as `cmctl renew` makes it, and the controller putting the guests' CA back over it")
+			renew(kopiaserver.CACertificateName(b))
+			// Settled is cert-manager's own rule: done issuing, and the
+			// CertificateRequest of the current revision is for the key
+			// in the Secret (else it issues again, "SecretMismatch").
+			Eventually(func(g Gomega) {
+				now, issuing := caRevision()
+				g.Expect(now).To(BeNumerically(">", revision), "cert-manager issued the CA again")
+				g.Expect(issuing).To(BeFalse())
+				s := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.CASecretName(b), s)()).To(Succeed())
+				sameCA(g, s)
+				g.Expect(get(ns, kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).To(Succeed())
+				crs := &certmanagerv1.CertificateRequestList{}
+				g.Expect(api.Client.List(ctx, crs, client.InNamespace(ns))).To(Succeed())
+				var current *certmanagerv1.CertificateRequest
+				for i, cr := range crs.Items {
+					if cr.Annotations[certmanagerv1.CertificateNameKey] == kopiaserver.CACertificateName(b) &&
+						cr.Annotations[certmanagerv1.CertificateRequestRevisionAnnotationKey] == strconv.Itoa(now) {
+						current = &crs.Items[i]
+					}
+				}
+				g.Expect(current).NotTo(BeNil(), "the CertificateRequest of revision %d", now)
+				block, _ := pem.Decode(current.Spec.Request)
+				g.Expect(block).NotTo(BeNil())
+				csr, err := x509.ParseCertificateRequest(block.Bytes)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(csr.PublicKey.(interface{ Equal(crypto.PublicKey) bool }).Equal(caCerts[0].PublicKey)).To(BeTrue(), "issued for the guests' CA key")
+			}).WithTimeout(issued).Should(Succeed())
+			Expect(bslsEvents(ctx, api, ns, b.Name)()).NotTo(ContainElement(HavePrefix("Warning "+kopiaserver.ReasonCASecretRestored+": ")), "not done while cert-manager may write")
+
+			By("moving the clock past the hold: the restore is done, and said")
+			// The controller may see cert-manager's last revision only
+			// now, and let it settle from then on: each look moves the
+			// clock past one more settling (far from the hold's bound).
+			Eventually(func() []string {
+				clk.Step(16 * time.Second)
+				return bslsEvents(ctx, api, ns, b.Name)()
+			}).WithTimeout(reconciled).WithPolling(2 * time.Second).Should(ContainElement(And(
+				HavePrefix("Warning "+kopiaserver.ReasonCASecretRestored+": Secret "+ns+"/"+kopiaserver.CASecretName(b)+" was deleted"),
+				Not(ContainSubstring("was still issuing")))))
+			Expect(get(ns, kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of the key is left behind")
+			now := &corev1.Secret{}
+			Expect(get(ns, kopiaserver.CASecretName(b), now)()).To(Succeed())
+			sameCA(Default, now)
+
+			By("the server's leaf under it, and the guests' pin")
+			Eventually(func(g Gomega) {
+				leaf := &corev1.Secret{}
+				g.Expect(get(ns, kopiaserver.TLSSecretName(b), leaf)()).To(Succeed())
+				chain, err := certutil.ParseCertsPEM(leaf.Data[corev1.TLSCertKey])
+				g.Expect(err).NotTo(HaveOccurred())
+				roots := x509.NewCertPool()
+				roots.AddCert(caCerts[0])
+				_, err = chain[0].Verify(x509.VerifyOptions{DNSName: kopiaserver.ServiceName(b) + "." + ns + ".svc", Roots: roots})
+				g.Expect(err).NotTo(HaveOccurred(), "the leaf chains to the CA guests trust")
+			}).WithTimeout(issued).Should(Succeed())
+			Expect(ownPin(b)()).To(Equal(p))
+			Expect(bslsEvents(ctx, api, ns, b.Name)()).NotTo(ContainElement(HavePrefix("Warning " + kopiaserver.ReasonCAChanged + ": ")))
 		})
 	})
 })

@@ -113,6 +113,24 @@ const (
 	ReasonRepositoryPasswordGenerated = "RepositoryPasswordGenerated"
 	// ReasonCAIssued (Normal): the controller issued the BSLS's own CA.
 	ReasonCAIssued = "CAIssued"
+	// ReasonCASecretRestored (Warning): Secret <bsls>-ca was deleted
+	// without guestbackup.io/replace-ca, and the controller re-created it
+	// with the same certificate and key, so running guests keep trusting
+	// the server.
+	ReasonCASecretRestored = "CASecretRestored"
+	// ReasonCAChanged (Warning): the CA guests are given to trust
+	// (status.tlsCA) is another one: running guests refuse the server
+	// until their VM restarts with the re-rendered bootstrap.
+	ReasonCAChanged = "CAChanged"
+	// ReasonCARescueIgnored (Warning): Secret <bsls>-ca-rescue is not a
+	// copy the controller made of the CA guests trust (not guestbackup's,
+	// another CA, unreadable): it is never written into Secret <bsls>-ca.
+	ReasonCARescueIgnored = "CARescueIgnored"
+	// ReasonCARescueAbandoned (Warning): Secret <bsls>-ca was deleted and
+	// written again with another CA before the controller could restore
+	// the one guests trust, by another writer or by cert-manager past the
+	// bound of the controller's hold; it is left as it is.
+	ReasonCARescueAbandoned = "CARescueAbandoned"
 	// ReasonServingCertificateIssued (Normal): the controller issued the
 	// server's certificate from the BSLS's own CA.
 	ReasonServingCertificateIssued = "ServingCertificateIssued"
@@ -162,6 +180,9 @@ type observations struct {
 	Certificate *certificateResult
 	// CertificateProblem is why the certificate is not usable.
 	CertificateProblem *problem
+	// CAGuardRetry, when not 0, is how soon the CA guard must look again
+	// at a CA Secret that is still going (guardCA).
+	CAGuardRetry time.Duration
 	// Deployment is the server's Deployment; nil when there is none.
 	Deployment *appsv1.Deployment
 	// Pods are the server's pods.
@@ -215,6 +236,10 @@ func decide(obs observations) decision {
 		if renewAt := obs.Certificate.renewAt; !renewAt.IsZero() {
 			retry(max(renewAt.Sub(obs.Now), time.Second))
 		}
+	}
+
+	if obs.CAGuardRetry > 0 {
+		retry(obs.CAGuardRetry)
 	}
 
 	// RepositoryReady: a problem with storage or password comes first,

@@ -2,6 +2,7 @@ package kopiaserver_test
 
 import (
 	"context"
+	"crypto/x509"
 	"fmt"
 	"strconv"
 	"strings"
@@ -402,6 +403,62 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				}).WithTimeout(reconciled).ShouldNot(Or(BeEmpty(), Equal(before)))
 				Expect(bslsNamed(name).Status.TLSFingerprint).To(Equal(pin))
 			})
+
+			// Issue 48.2: a namespace clean-up, a restore that skipped
+			// Secrets or a mistake must not cost running guests their trust.
+			It("re-creates a deleted CA Secret with the same certificate and key, says so, and keeps the leaf under it", func() {
+				ca := &corev1.Secret{}
+				Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
+				before := ca.DeepCopy()
+				caCerts, err := certutil.ParseCertsPEM(before.Data[corev1.TLSCertKey])
+				Expect(err).NotTo(HaveOccurred())
+				Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+
+				Eventually(func(g Gomega) {
+					now := &corev1.Secret{}
+					g.Expect(get(kopiaserver.CASecretName(bsls), now)()).To(Succeed())
+					g.Expect(now.DeletionTimestamp).To(BeNil(), "re-created, not left terminating")
+					g.Expect(now.Data[corev1.TLSCertKey]).To(Equal(before.Data[corev1.TLSCertKey]), "the same CA certificate")
+					g.Expect(now.Data[corev1.TLSPrivateKeyKey]).To(Equal(before.Data[corev1.TLSPrivateKeyKey]), "the same CA key")
+					g.Expect(now.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationKeep, before.Annotations[kopiaserver.AnnotationKeep]))
+				}).WithTimeout(reconciled).Should(Succeed())
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(And(
+					HavePrefix("Warning "+kopiaserver.ReasonCASecretRestored+": Secret storage/main-ca was deleted"),
+					ContainSubstring(pin))))
+
+				By("keeping the server's leaf under that CA and the guests' pin")
+				Consistently(func(g Gomega) {
+					leaf := &corev1.Secret{}
+					g.Expect(get(kopiaserver.TLSSecretName(bsls), leaf)()).To(Succeed())
+					chain, err := certutil.ParseCertsPEM(leaf.Data[corev1.TLSCertKey])
+					g.Expect(err).NotTo(HaveOccurred())
+					roots := x509.NewCertPool()
+					roots.AddCert(caCerts[0])
+					_, err = chain[0].Verify(x509.VerifyOptions{DNSName: "main.storage.svc", Roots: roots})
+					g.Expect(err).NotTo(HaveOccurred(), "the leaf chains to the CA guests trust")
+					g.Expect(bslsNamed(name).Status.TLSFingerprint).To(Equal(pin))
+				}).WithTimeout(3 * time.Second).Should(Succeed())
+				Expect(events(name)()).NotTo(ContainElement(HavePrefix("Warning "+kopiaserver.ReasonCAChanged)), "the CA did not change")
+				Expect(get(kopiaserver.CARescueSecretName(bsls), &corev1.Secret{})()).NotTo(Succeed(), "no copy of the key is left behind")
+			})
+
+			It("replaces the CA when the admin marks its deletion as one, and announces what that costs the guests", func() {
+				ca := &corev1.Secret{}
+				Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
+				ca.Annotations[kopiaserver.AnnotationReplaceCA] = "the key left the building"
+				Expect(api.Client.Update(ctx, ca)).To(Succeed())
+				Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+
+				Eventually(func() string { return bslsNamed(name).Status.TLSFingerprint }).WithTimeout(reconciled).ShouldNot(Equal(pin))
+				next := bslsNamed(name).Status.TLSFingerprint
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(
+					HavePrefix("Warning " + kopiaserver.ReasonCAChanged + ": The CA guests trust changed from SHA-256 " + pin + " to " + next)))
+				now := &corev1.Secret{}
+				Expect(get(kopiaserver.CASecretName(bsls), now)()).To(Succeed())
+				Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard), "the new CA is guarded in turn")
+				Expect(now.Annotations).NotTo(HaveKey(kopiaserver.AnnotationReplaceCA))
+				Expect(eventCount(name, "Secret storage/main-ca was deleted")).To(BeEquivalentTo(1), "restored once, by the spec before, not this time")
+			})
 		})
 	})
 
@@ -462,6 +519,22 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 		})).To(Succeed())
 		return ca
 	}
+
+	It("lets go of its CA Secret when the BSLS is deleted: the Secret stays, and whoever deletes it later may", func() {
+		b := create("ca-kept", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem})
+		ca := &corev1.Secret{}
+		Eventually(func(g Gomega) {
+			g.Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+			g.Expect(ca.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard))
+		}).WithTimeout(reconciled).Should(Succeed())
+		Expect(api.Client.Delete(ctx, b)).To(Succeed())
+		Eventually(func(g Gomega) {
+			g.Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+			g.Expect(ca.Finalizers).NotTo(ContainElement(kopiaserver.FinalizerCAGuard))
+		}).WithTimeout(reconciled).Should(Succeed())
+		Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+		Eventually(get(kopiaserver.CASecretName(b), &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed())
+	})
 
 	It("uses an admin's own TLS Secret as it is, giving guests its CA", func() {
 		ca := adminTLSSecret("admin-tls", "own-tls.storage.svc")

@@ -3,6 +3,8 @@ package kopiaserver_test
 import (
 	"context"
 	"strings"
+	"sync"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -101,4 +103,50 @@ func serverBinaries(tb testbed.TB) map[string]string {
 		kopiaserver.ClientBinaryARM64: tools.KopiaARM64,
 		kopiaserver.ServerBinary:      testbed.Build(tb, "./cmd/server"),
 	}
+}
+
+// pausableClock is the controller's clock for specs that must decide when
+// its time passes: the real time until Pause, then a time that moves only
+// by Step, until Resume.
+type pausableClock struct {
+	mu     sync.Mutex
+	paused *time.Time
+}
+
+// Now is the real time, or the paused one.
+func (c *pausableClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused != nil {
+		return *c.paused
+	}
+	return time.Now()
+}
+
+// Since is the time from t to Now.
+func (c *pausableClock) Since(t time.Time) time.Duration { return c.Now().Sub(t) }
+
+// Pause stops the clock at the real time.
+func (c *pausableClock) Pause() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	c.paused = &now
+}
+
+// Step moves a paused clock on by d.
+func (c *pausableClock) Step(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.paused != nil {
+		t := c.paused.Add(d)
+		c.paused = &t
+	}
+}
+
+// Resume makes the clock tell the real time again.
+func (c *pausableClock) Resume() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.paused = nil
 }

@@ -29,6 +29,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
@@ -121,6 +122,9 @@ type Reconciler struct {
 	// (RestoreAccessRefused on a VM, UserRefused on the BSLS).
 	grantRefusals announcements[types.NamespacedName]
 	userRefusals  announcements[string]
+	// rescueRefusals are the CA rescue Secrets announced as ignored
+	// (CARescueIgnored), by name.
+	rescueRefusals announcements[string]
 }
 
 // SetupWithManager registers the reconciler and what it watches.
@@ -180,6 +184,16 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		b = b.Watches(bsl, handler.EnqueueRequestsFromMapFunc(r.bslsUsingVelero))
 	case !meta.IsNoMatchError(err):
 		return fmt.Errorf("look up Velero's BackupStorageLocation kind: %w", err)
+	}
+	// A CA Secret whose BSLS went while no controller ran keeps its guard
+	// otherwise.
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+		if err := r.releaseOrphanedCAs(ctx); err != nil {
+			log.FromContext(ctx).Error(err, "release the CA Secrets of BackupStorageLocationServers that no longer exist")
+		}
+		return nil
+	})); err != nil {
+		return fmt.Errorf("add the release of orphaned CA Secrets: %w", err)
 	}
 	return b.Complete(r)
 }
@@ -278,13 +292,18 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
+			return ctrl.Result{}, r.releaseCA(ctx, req.NamespacedName)
 		}
-		return ctrl.Result{}, client.IgnoreNotFound(err)
+		return ctrl.Result{}, err
 	}
 	if !b.DeletionTimestamp.IsZero() {
 		r.forget(req.NamespacedName)
 		// Owned objects go with it; the repository, its password and the
-		// CA stay (see AnnotationKeep).
+		// CA stay (see AnnotationKeep), the CA no longer guarded: no
+		// controller would finish a later deletion of it.
+		if err := r.finalizeWith(ctx, b, FinalizerCAGuard, func() error { return r.releaseCA(ctx, req.NamespacedName) }); err != nil {
+			return ctrl.Result{}, err
+		}
 		return ctrl.Result{}, r.finalize(ctx, b)
 	}
 	obs, err := r.gather(ctx, b)
@@ -320,6 +339,11 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		}
 	}
 
+	// The CA guests trust survives its Secret's deletion (DESIGN.md
+	// decision 28), before anything reads that Secret.
+	if obs.CAGuardRetry, err = r.guardOwnCA(ctx, b); err != nil {
+		return obs, err
+	}
 	// The certificate, and the CA guests are given to trust.
 	if obs.Certificate, obs.CertificateProblem, err = r.certificate(ctx, b); err != nil {
 		return obs, err
@@ -384,6 +408,9 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if obs.CertificateProblem == nil {
 		b.Status.TLSCA = string(obs.Certificate.material.CA)
 		b.Status.TLSFingerprint = obs.Certificate.material.Pin
+		if msg, changed := caChange(orig.Status.TLSFingerprint, b.Status.TLSFingerprint, obs.Certificate.source); changed {
+			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCAChanged, "%s", msg)
+		}
 	}
 	b.Status.Endpoint = Endpoint(b)
 	if d.RepositoryOpened && b.Status.RepositoryOpened == nil {
@@ -486,6 +513,7 @@ func (r *Reconciler) forget(server types.NamespacedName) {
 	forgetMetrics(server.Namespace, server.Name)
 	r.userRefusals.forget(server)
 	r.grantRefusals.forget(server)
+	r.rescueRefusals.forget(server)
 }
 
 // grantsWritten returns the grants the users Secret s holds now: from the

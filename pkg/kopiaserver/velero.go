@@ -316,12 +316,8 @@ func (r *Reconciler) backupStorageLocation(ctx context.Context, b *v1alpha1.Back
 // veleroAccess lets b's server read one Secret in Velero's namespace, and
 // puts the finalizer that removes that access with the BSLS.
 func (r *Reconciler) veleroAccess(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, secret string) error {
-	if !controllerutil.ContainsFinalizer(b, FinalizerVeleroAccess) {
-		patch := client.MergeFrom(b.DeepCopy())
-		controllerutil.AddFinalizer(b, FinalizerVeleroAccess)
-		if err := r.Client.Patch(ctx, b, patch); err != nil {
-			return fmt.Errorf("add finalizer %s: %w", FinalizerVeleroAccess, err)
-		}
+	if err := r.addFinalizer(ctx, b, FinalizerVeleroAccess); err != nil {
+		return err
 	}
 	ns := b.Spec.Storage.BackupStorageLocation.Namespace
 	role, binding := VeleroAccessRole(b, secret)
@@ -402,16 +398,36 @@ func (r *Reconciler) revokeVeleroAccess(ctx context.Context, b *v1alpha1.BackupS
 // finalize removes what a BSLS left outside its namespace, then its
 // finalizer. It also runs when a BSLS stops using a Velero BSL.
 func (r *Reconciler) finalize(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
-	if !controllerutil.ContainsFinalizer(b, FinalizerVeleroAccess) {
+	return r.finalizeWith(ctx, b, FinalizerVeleroAccess, func() error { return r.revokeVeleroAccess(ctx, b, "") })
+}
+
+// addFinalizer puts finalizer on b, by a patch, unless it is there: b's
+// deletion then waits for finalizeWith to run its clean-up.
+func (r *Reconciler) addFinalizer(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, finalizer string) error {
+	if controllerutil.ContainsFinalizer(b, finalizer) {
 		return nil
 	}
-	if err := r.revokeVeleroAccess(ctx, b, ""); err != nil {
+	patch := client.MergeFrom(b.DeepCopy())
+	controllerutil.AddFinalizer(b, finalizer)
+	if err := r.Client.Patch(ctx, b, patch); err != nil {
+		return fmt.Errorf("add finalizer %s: %w", finalizer, err)
+	}
+	return nil
+}
+
+// finalizeWith runs cleanUp, then removes finalizer from b, when b carries
+// it (addFinalizer).
+func (r *Reconciler) finalizeWith(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, finalizer string, cleanUp func() error) error {
+	if !controllerutil.ContainsFinalizer(b, finalizer) {
+		return nil
+	}
+	if err := cleanUp(); err != nil {
 		return err
 	}
 	patch := client.MergeFrom(b.DeepCopy())
-	controllerutil.RemoveFinalizer(b, FinalizerVeleroAccess)
+	controllerutil.RemoveFinalizer(b, finalizer)
 	if err := r.Client.Patch(ctx, b, patch); err != nil {
-		return fmt.Errorf("remove finalizer %s: %w", FinalizerVeleroAccess, err)
+		return fmt.Errorf("remove finalizer %s: %w", finalizer, err)
 	}
 	return nil
 }

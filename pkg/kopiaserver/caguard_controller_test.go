@@ -1,0 +1,201 @@
+package kopiaserver_test
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/pki"
+)
+
+// Issue 48.2: the CA guests trust survives the deletion of its Secret, and
+// nothing a tenant writes can put another CA in its place.
+var _ = Describe("The CA guard", Ordered, func() {
+	const ns = "guarded"
+	var (
+		ctx  context.Context
+		api  *testbed.APIServer
+		stop func() error
+		// tenant may create and read Secrets in ns, as a namespace's
+		// owner may, and nothing more.
+		tenant client.Client
+	)
+	get := func(name string, obj client.Object) func() error {
+		return func() error { return api.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, obj) }
+	}
+	pinOf := func(name string) func() string {
+		return func() string {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			if err := get(name, b)(); err != nil {
+				return ""
+			}
+			return b.Status.TLSFingerprint
+		}
+	}
+	events := func(name string) func() []string { return bslsEvents(ctx, api, ns, name) }
+	filesystem := v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}
+	create := func(name string) *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem}}
+		Expect(api.Client.Create(ctx, b)).To(Succeed())
+		Eventually(pinOf(name)).WithTimeout(reconciled).Should(HaveLen(64))
+		return b
+	}
+	// nudge makes the controller look at every BSLS now: the Secrets
+	// below are not guestbackup's, so no watch reports them.
+	nudge := func(why string) {
+		GinkgoHelper()
+		Eventually(func() error {
+			n := &corev1.Namespace{}
+			if err := api.Client.Get(ctx, types.NamespacedName{Name: ns}, n); err != nil {
+				return err
+			}
+			n.Labels = map[string]string{"nudge": why}
+			return api.Client.Update(ctx, n)
+		}).WithTimeout(reconciled).Should(Succeed())
+	}
+	start := func() {
+		GinkgoHelper()
+		var err error
+		stop, err = runController(api, testbed.ManagerOptions{Logger: GinkgoLogr})
+		Expect(err).NotTo(HaveOccurred())
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
+		for _, n := range []string{ns, controllerNamespace} {
+			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: n}})).To(Succeed())
+		}
+		Expect(api.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"create", "get", "list"}}},
+		})).To(Succeed())
+		Expect(api.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "tenant", Namespace: ns},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "tenant"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "tenant"}},
+		})).To(Succeed())
+		cfg := rest.CopyConfig(api.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "tenant"}
+		var err error
+		tenant, err = client.New(cfg, client.Options{Scheme: api.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		start()
+		DeferCleanup(func() {
+			if stop != nil {
+				Expect(stop()).To(Succeed())
+			}
+		})
+	})
+
+	It("does not let a tenant's <bsls>-ca-rescue Secret replace the BSLS's CA", func() {
+		b := create("main")
+		pin := pinOf("main")()
+		ca := &corev1.Secret{}
+		Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+		before := ca.DeepCopy()
+
+		By("creating, as the tenant, a rescue copy of a CA of the tenant's own")
+		other, err := pki.NewCA("the tenant's CA", 24*time.Hour)
+		Expect(err).NotTo(HaveOccurred())
+		otherKey, err := other.KeyPEM()
+		Expect(err).NotTo(HaveOccurred())
+		forged := corev1.Secret{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+			ObjectMeta: metav1.ObjectMeta{Name: kopiaserver.CASecretName(b), Namespace: ns},
+			Type:       corev1.SecretTypeTLS,
+			Data:       map[string][]byte{corev1.TLSCertKey: other.CertPEM(), corev1.TLSPrivateKeyKey: otherKey, "ca.crt": other.CertPEM()},
+		}
+		raw, err := json.Marshal(forged)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(tenant.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: kopiaserver.CARescueSecretName(b), Namespace: ns},
+			Data:       map[string][]byte{"secret": raw},
+		})).To(Succeed())
+		nudge("forged-rescue")
+
+		By("the controller refusing it, and saying so, while the CA and the guests' pin stay")
+		Eventually(events("main")).WithTimeout(reconciled).Should(ContainElement(Or(
+			HavePrefix("Warning "+kopiaserver.ReasonCARescueIgnored+": "),
+			HavePrefix("Warning "+kopiaserver.ReasonCAChanged+": "))))
+		Expect(events("main")()).NotTo(ContainElement(HavePrefix("Warning "+kopiaserver.ReasonCAChanged+": ")), "the guests' CA was replaced by the tenant's")
+		Expect(pinOf("main")()).To(Equal(pin))
+		now := &corev1.Secret{}
+		Expect(get(kopiaserver.CASecretName(b), now)()).To(Succeed())
+		Expect(now.Data[corev1.TLSCertKey]).To(Equal(before.Data[corev1.TLSCertKey]))
+		Expect(now.Data[corev1.TLSPrivateKeyKey]).To(Equal(before.Data[corev1.TLSPrivateKeyKey]))
+		Expect(events("main")()).To(ContainElement(And(
+			HavePrefix("Warning "+kopiaserver.ReasonCARescueIgnored+": Secret "+ns+"/main-ca-rescue"),
+			ContainSubstring("not labelled"))))
+	})
+
+	It("releases the CA Secret of a BSLS deleted while the controller is stopped, so that the Secret, and its namespace, can be deleted", func() {
+		hasGuard := func(obj client.Object) bool {
+			for _, f := range obj.GetFinalizers() {
+				if f == kopiaserver.FinalizerCAGuard {
+					return true
+				}
+			}
+			return false
+		}
+		guarded := func(name string) {
+			GinkgoHelper()
+			Eventually(func(g Gomega) {
+				b := &v1alpha1.BackupStorageLocationServer{}
+				g.Expect(get(name, b)()).To(Succeed())
+				g.Expect(hasGuard(b)).To(BeTrue(), "the BSLS waits for its CA Secret's release")
+				ca := &corev1.Secret{}
+				g.Expect(get(name+"-ca", ca)()).To(Succeed())
+				g.Expect(hasGuard(ca)).To(BeTrue())
+			}).WithTimeout(reconciled).Should(Succeed())
+		}
+		create("gone")
+		guarded("gone")
+		// As an earlier release left a BSLS: its CA Secret guarded, the
+		// BSLS itself without a finalizer.
+		create("legacy")
+		guarded("legacy")
+
+		By("stopping the controller, and deleting both BSLSs meanwhile")
+		Expect(stop()).To(Succeed())
+		stop = nil
+		legacy := &v1alpha1.BackupStorageLocationServer{}
+		Expect(get("legacy", legacy)()).To(Succeed())
+		patch := client.MergeFrom(legacy.DeepCopy())
+		legacy.Finalizers = nil
+		Expect(api.Client.Patch(ctx, legacy, patch)).To(Succeed())
+		for _, name := range []string{"gone", "legacy"} {
+			Expect(api.Client.Delete(ctx, &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}})).To(Succeed())
+		}
+		Eventually(get("legacy", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed(), "no finalizer: gone at once")
+		gone := &v1alpha1.BackupStorageLocationServer{}
+		Expect(get("gone", gone)()).To(Succeed())
+		Expect(gone.DeletionTimestamp).NotTo(BeNil(), "its deletion waits for a controller to release its CA Secret")
+
+		By("starting the controller again")
+		start()
+		Eventually(get("gone", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed())
+		for _, name := range []string{"gone-ca", "legacy-ca"} {
+			Eventually(func(g Gomega) {
+				ca := &corev1.Secret{}
+				g.Expect(get(name, ca)()).To(Succeed(), "the CA Secret outlives its BSLS")
+				g.Expect(hasGuard(ca)).To(BeFalse())
+			}).WithTimeout(reconciled).Should(Succeed())
+			Expect(api.Client.Delete(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}})).To(Succeed())
+			Eventually(get(name, &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed(), "deleted, not held")
+		}
+	})
+})
