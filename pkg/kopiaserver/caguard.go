@@ -128,19 +128,30 @@ const (
 	// (terminating, readable) and look again; the refusal is reported.
 	caBlocked
 	// caDiscard: the rescue is not needed (the deletion is a replacement,
-	// or it copies the live CA Secret and no deletion is under way):
-	// delete it.
+	// it copies the live CA Secret and no deletion is under way, or it is
+	// the controller's own copy of the Secret being deleted but not
+	// trusted, a CA no guest trusts): delete it.
 	caDiscard
 	// caAbandon: the CA Secret was written with another key pair after the
 	// release, and may not be written over (no cert-manager hold, or its
 	// bound passed): delete the rescue and say so.
 	caAbandon
+	// caLetGo: the CA Secret being deleted holds no CA guests trust (not a
+	// matching certificate and key, no pin yet, or another CA than the
+	// pin): no copy could ever be restored (trustRescue), so remove
+	// FinalizerCAGuard without one, and say so.
+	caLetGo
 )
 
 // caGuardInputs is what the CA guard decides from.
 type caGuardInputs struct {
 	// CA and Rescue are Secrets <bsls>-ca and <bsls>-ca-rescue (nil: absent).
 	CA, Rescue *corev1.Secret
+	// Pin is status.tlsFingerprint, the CA guests trust ("": none yet).
+	Pin string
+	// OwnCopy: Rescue is a copy the controller made of the CA Secret being
+	// deleted (ownRescue), trusted or not.
+	OwnCopy bool
 	// Restored is the CA Secret Rescue holds, when the controller trusts
 	// it (trustRescue); nil otherwise.
 	Restored *corev1.Secret
@@ -198,6 +209,13 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 		return caSettled
 	case terminating && replace:
 		return caRelease
+	case terminating && in.OwnCopy:
+		// The controller's own copy of this very Secret, not trusted
+		// (a CA nobody trusts, copied by an earlier release): of no use,
+		// and no reason to hold the deletion.
+		return caDiscard
+	case terminating && untrustedCA(ca, in.Pin) != "":
+		return caLetGo
 	case terminating && in.Rescue != nil:
 		return caBlocked
 	case terminating:
@@ -206,6 +224,40 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 		return caGuard
 	}
 	return caSettled
+}
+
+// ownRescue reports whether rescue is a copy the controller made of the
+// CA Secret ca while it is being deleted: guestbackup's labels (only
+// guestbackup may write them) and ca's UID. Such a copy that is not
+// trusted (trustRescue) copies a CA no guest trusts.
+func ownRescue(b *v1alpha1.BackupStorageLocationServer, ca, rescue *corev1.Secret) bool {
+	if ca == nil || rescue == nil || ca.DeletionTimestamp.IsZero() || rescue.Annotations[annotationCASourceUID] != string(ca.UID) {
+		return false
+	}
+	for k, v := range Labels(b) {
+		if rescue.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// untrustedCA says why the CA Secret ca holds no CA guests trust, given
+// their pin ("": they trust it): its certificate and key must match, and
+// the certificate's SHA-256 must be the non-empty pin. Not the parser's
+// words beyond the standard library's error, which quotes no key.
+func untrustedCA(ca *corev1.Secret, pin string) string {
+	crt, key := ca.Data[corev1.TLSCertKey], ca.Data[corev1.TLSPrivateKeyKey]
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return fmt.Sprintf("its %s and %s are not a matching certificate and key (%v)", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
+	}
+	if pin == "" {
+		return "no CA is pinned yet (status.tlsFingerprint is empty): no guest trusts one"
+	}
+	if got := fingerprintOf(crt); got != pin {
+		return fmt.Sprintf("its CA (SHA-256 %s) is not the one guests trust (status.tlsFingerprint %s)", got, pin)
+	}
+	return ""
 }
 
 // sameKeyPair reports whether the CA Secret holds the rescued certificate
@@ -320,8 +372,8 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		for _, name := range r.rescueRefusals.news(r.Clock, server, refused) {
 			log.FromContext(ctx).Info("CA rescue Secret ignored", "secret", b.Namespace+"/"+name, "why", refused[name])
 			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCARescueIgnored,
-				"Secret %s/%s is ignored: %s. It is never written into Secret %s; while it exists, a deletion of that Secret is held (the Secret stays readable) rather than let through without a copy: delete it",
-				b.Namespace, name, refused[name], caKey.Name)
+				"Secret %s/%s is ignored: %s. It is never written into Secret %s; while it exists, a deletion of that Secret is held (the Secret stays readable) rather than let through without a copy: delete it (or, to replace the CA on purpose, annotate Secret %s %s before deleting it)",
+				b.Namespace, name, refused[name], caKey.Name, caKey.Name, AnnotationReplaceCA)
 		}
 	}()
 	// Each step changes what the next observation sees; a handful covers
@@ -331,11 +383,12 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		if err != nil {
 			return 0, err
 		}
-		in := caGuardInputs{CA: ca, CertManager: certManager}
+		in := caGuardInputs{CA: ca, Pin: b.Status.TLSFingerprint, CertManager: certManager}
 		if in.Rescue, err = r.optionalSecret(ctx, rescueKey); err != nil {
 			return 0, err
 		}
 		clear(refused)
+		in.OwnCopy = ownRescue(b, ca, in.Rescue)
 		if in.Rescue != nil {
 			var why string
 			if in.Restored, why = trustRescue(b, ca, in.Rescue); in.Restored == nil {
@@ -378,6 +431,13 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			if err := r.setCAFinalizer(ctx, ca, false); err != nil {
 				return 0, err
 			}
+		case caLetGo:
+			if err := r.setCAFinalizer(ctx, ca, false); err != nil {
+				return 0, err
+			}
+			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCASecretNotKept,
+				"Secret %s/%s was deleted and is let go without a copy: %s. A new CA is issued; guests that trusted an earlier CA refuse the server until their VM restarts. To replace the CA on purpose, annotate the Secret %s before deleting it",
+				ca.Namespace, ca.Name, untrustedCA(ca, in.Pin), AnnotationReplaceCA)
 		case caRescue:
 			s, err := rescueSecret(b, ca)
 			if err != nil {

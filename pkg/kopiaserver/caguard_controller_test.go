@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -140,6 +141,42 @@ var _ = Describe("The CA guard", Ordered, func() {
 		Expect(events("main")()).To(ContainElement(And(
 			HavePrefix("Warning "+kopiaserver.ReasonCARescueIgnored+": Secret "+ns+"/main-ca-rescue"),
 			ContainSubstring("not labelled"))))
+	})
+
+	// A CA Secret guests do not trust (here: corrupt, TLSSecretInvalid) is
+	// not kept through its deletion, even one not marked as a replacement:
+	// its copy could never be restored, and the deletion would hang.
+	It("lets a corrupt <bsls>-ca the admin deletes go, and issues a new CA", func() {
+		b := create("corrupt")
+		pin := pinOf("corrupt")()
+		ca := &corev1.Secret{}
+		Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+
+		By("corrupting the CA Secret, as a bad edit would")
+		ca.Data[corev1.TLSCertKey] = []byte("not a certificate")
+		Expect(api.Client.Update(ctx, ca)).To(Succeed())
+		nudge("corrupt-ca")
+		Eventually(func(g Gomega) {
+			now := &v1alpha1.BackupStorageLocationServer{}
+			g.Expect(get("corrupt", now)()).To(Succeed())
+			c := meta.FindStatusCondition(now.Status.Conditions, v1alpha1.ConditionCertificateReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(kopiaserver.ReasonTLSSecretInvalid))
+		}).WithTimeout(reconciled).Should(Succeed())
+
+		By("deleting it, as TLSSecretInvalid suggests")
+		Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+		Eventually(func(g Gomega) {
+			now := &corev1.Secret{}
+			g.Expect(get(kopiaserver.CASecretName(b), now)()).To(Succeed())
+			g.Expect(now.UID).NotTo(Equal(ca.UID), "the corrupt Secret is gone, not held terminating")
+			g.Expect(now.DeletionTimestamp).To(BeNil())
+			g.Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard), "the new CA is guarded in turn")
+		}).WithTimeout(reconciled).Should(Succeed())
+		Eventually(pinOf("corrupt")).WithTimeout(reconciled).Should(And(HaveLen(64), Not(Equal(pin))), "a new CA is issued")
+		Eventually(events("corrupt")).WithTimeout(reconciled).Should(ContainElement(
+			HavePrefix("Warning " + kopiaserver.ReasonCASecretNotKept + ": Secret " + ns + "/corrupt-ca was deleted")))
+		Expect(get(kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of a CA nobody trusts")
 	})
 
 	It("releases the CA Secret of a BSLS deleted while the controller is stopped, so that the Secret, and its namespace, can be deleted", func() {
