@@ -75,7 +75,8 @@ const (
 const caGuardRetry = 2 * time.Second
 
 // caBlockedRetry is how soon a guard that cannot keep a copy of the CA
-// (a Secret it does not trust holds the rescue's name) looks again.
+// (a Secret it does not trust holds the rescue's name), or that waits for
+// another party's finalizer on the CA Secret, looks again.
 const caBlockedRetry = 30 * time.Second
 
 // caSettle is how long, after the controller last let go or wrote a CA
@@ -136,6 +137,11 @@ const (
 	// release, and may not be written over (no cert-manager hold, or its
 	// bound passed): delete the rescue and say so.
 	caAbandon
+	// caWaitOthers: the CA Secret, released by the guard, is kept
+	// terminating by another party's finalizer, for as long as that
+	// party takes: look again, but not as often as caWait
+	// (caBlockedRetry).
+	caWaitOthers
 	// caLetGo: the CA Secret being deleted holds no CA guests trust (not a
 	// matching certificate and key, no pin yet, or another CA than the
 	// pin): no copy could ever be restored (trustRescue), so remove
@@ -189,6 +195,8 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 			return caDiscard
 		case terminating && guarded:
 			return caRelease
+		case terminating && len(ca.Finalizers) > 0:
+			return caWaitOthers
 		case terminating:
 			return caWait
 		case ca == nil:
@@ -416,7 +424,7 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			return 0, nil
 		case caWait:
 			return caGuardRetry, nil
-		case caBlocked:
+		case caBlocked, caWaitOthers:
 			return caBlockedRetry, nil
 		case caGuard:
 			if err := r.setCAFinalizer(ctx, ca, true); err != nil {

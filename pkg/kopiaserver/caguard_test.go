@@ -113,6 +113,7 @@ func TestDecideCAGuard(t *testing.T) {
 		{name: "a guarded CA being deleted is copied aside first", ca: deleting, want: caRescue},
 		{name: "once copied aside, it is let go", ca: deleting, rescue: rescue, want: caRelease},
 		{name: "while the API server finishes the deletion, wait", ca: f.ca(f.k1, "uid-1", nil, true, nil), rescue: releasedRescue, want: caWait},
+		{name: "released, but kept terminating by another party's finalizer: wait, backing off", ca: f.ca(f.k1, "uid-1", []string{"other/finalizer"}, true, nil), rescue: releasedRescue, want: caWaitOthers},
 		{name: "once gone, it is re-created from the copy", rescue: releasedRescue, want: caRestore},
 		{name: "back with the same key pair: the copy goes and the admin is told", ca: f.ca(f.k1, "uid-2", guard, false, nil), rescue: releasedRescue, want: caRestored},
 		{name: "back while cert-manager may still write it: keep the copy until it settles", ca: f.ca(f.k1, "uid-2", guard, false, nil), rescue: releasedRescue, certMgr: true, hold: true, want: caWait},
