@@ -577,8 +577,12 @@ func (r *Reconciler) setCAFinalizer(ctx context.Context, ca *corev1.Secret, on b
 // releaseCA removes FinalizerCAGuard from the CA Secret of BSLS server,
 // which is gone, going, or no longer has a CA of its own: the Secret
 // outlives its BSLS (AnnotationKeep), but no controller would then finish
-// its deletion.
+// its deletion. The rescue Secret goes (dropRescue): no guard is left to
+// restore from it or delete it.
 func (r *Reconciler) releaseCA(ctx context.Context, server types.NamespacedName) error {
+	if err := r.dropRescue(ctx, server); err != nil {
+		return err
+	}
 	name := CASecretName(&v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: server.Name}})
 	ca, err := r.optionalSecret(ctx, types.NamespacedName{Namespace: server.Namespace, Name: name})
 	if err != nil || ca == nil || !controllerutil.ContainsFinalizer(ca, FinalizerCAGuard) {
@@ -587,12 +591,37 @@ func (r *Reconciler) releaseCA(ctx context.Context, server types.NamespacedName)
 	return r.setCAFinalizer(ctx, ca, false)
 }
 
+// dropRescue deletes Secret <bsls>-ca-rescue of BSLS server, which is
+// gone, going, or no longer has a CA of its own, if the controller made
+// it (guestbackup's labels, which only guestbackup may write): a restore
+// the BSLS's deletion interrupted would otherwise leave that copy of the
+// CA key behind for good. A Secret of another party by that name is not
+// the controller's to delete.
+func (r *Reconciler) dropRescue(ctx context.Context, server types.NamespacedName) error {
+	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: server.Name, Namespace: server.Namespace}}
+	rescue, err := r.optionalSecret(ctx, types.NamespacedName{Namespace: server.Namespace, Name: CARescueSecretName(b)})
+	if err != nil || rescue == nil {
+		return err
+	}
+	for k, v := range Labels(b) {
+		if rescue.Labels[k] != v {
+			return nil
+		}
+	}
+	deleted, err := r.deleteRescue(ctx, rescue)
+	if deleted {
+		log.FromContext(ctx).Info("CA rescue Secret deleted: its BackupStorageLocationServer no longer guards its CA", "secret", server.Namespace+"/"+rescue.Name)
+	}
+	return err
+}
+
 // releaseOrphanedCAs removes FinalizerCAGuard from every CA Secret whose
-// BSLS no longer exists: one deleted while no controller ran, before BSLSs
-// carried FinalizerCAGuard themselves (or whose finalizer was removed by
-// hand), never reaches the reconciler again. It reads around the cache
-// (cert-manager's CA Secrets are not in it) and runs once as the
-// controller starts.
+// BSLS no longer exists, and deletes the controller's rescue Secrets of
+// such a BSLS (dropRescue): one deleted while no controller ran, before
+// BSLSs carried FinalizerCAGuard themselves (or whose finalizer was
+// removed by hand), never reaches the reconciler again. It reads around
+// the cache (cert-manager's CA Secrets are not in it) and runs once as
+// the controller starts.
 func (r *Reconciler) releaseOrphanedCAs(ctx context.Context) error {
 	secrets := &corev1.SecretList{}
 	if err := r.APIReader.List(ctx, secrets, client.HasLabels{LabelBSLS}); err != nil {
@@ -601,10 +630,16 @@ func (r *Reconciler) releaseOrphanedCAs(ctx context.Context) error {
 	for i := range secrets.Items {
 		s := &secrets.Items[i]
 		server := types.NamespacedName{Namespace: s.Namespace, Name: s.Labels[LabelBSLS]}
-		if !controllerutil.ContainsFinalizer(s, FinalizerCAGuard) || s.Name != server.Name+"-ca" {
+		guarded := controllerutil.ContainsFinalizer(s, FinalizerCAGuard) && s.Name == server.Name+"-ca"
+		rescue := s.Name == server.Name+"-ca-rescue"
+		if !guarded && !rescue {
 			continue
 		}
 		switch err := r.APIReader.Get(ctx, server, &v1alpha1.BackupStorageLocationServer{}); {
+		case apierrors.IsNotFound(err) && rescue:
+			if err := r.dropRescue(ctx, server); err != nil {
+				return err
+			}
 		case apierrors.IsNotFound(err):
 			log.FromContext(ctx).Info("releasing the CA Secret of a BackupStorageLocationServer that no longer exists", "secret", s.Namespace+"/"+s.Name)
 			if err := r.setCAFinalizer(ctx, s, false); err != nil {

@@ -67,6 +67,15 @@ var _ = Describe("The CA guard", Ordered, func() {
 			return api.Client.Update(ctx, n)
 		}).WithTimeout(reconciled).Should(Succeed())
 	}
+	// labelledRescue is a Secret <name>-ca-rescue with guestbackup's
+	// labels, as the controller makes one during a restore (here holding
+	// nothing of use, so that the guard of a live BSLS leaves it).
+	labelledRescue := func(name string) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-ca-rescue", Namespace: ns, Labels: kopiaserver.Labels(&v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name}})},
+			Data:       map[string][]byte{"secret": []byte("{}")},
+		}
+	}
 	start := func() {
 		GinkgoHelper()
 		var err error
@@ -179,6 +188,19 @@ var _ = Describe("The CA guard", Ordered, func() {
 		Expect(get(kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of a CA nobody trusts")
 	})
 
+	It("deletes the BSLS's CA rescue Secret with the BSLS: no copy of the CA key is left behind", func() {
+		b := create("doomed")
+		Expect(api.Client.Create(ctx, labelledRescue("doomed"))).To(Succeed())
+		nudge("doomed-rescue")
+		Eventually(events("doomed")).WithTimeout(reconciled).Should(ContainElement(
+			HavePrefix("Warning " + kopiaserver.ReasonCARescueIgnored + ": Secret " + ns + "/doomed-ca-rescue")))
+
+		Expect(api.Client.Delete(ctx, b)).To(Succeed())
+		Eventually(get("doomed", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed())
+		Eventually(get("doomed-ca-rescue", &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed(), "the rescue went with its BSLS")
+		Expect(get("doomed-ca", &corev1.Secret{})()).To(Succeed(), "the CA Secret outlives its BSLS")
+	})
+
 	It("releases the CA Secret of a BSLS deleted while the controller is stopped, so that the Secret, and its namespace, can be deleted", func() {
 		hasGuard := func(obj client.Object) bool {
 			for _, f := range obj.GetFinalizers() {
@@ -221,10 +243,17 @@ var _ = Describe("The CA guard", Ordered, func() {
 		gone := &v1alpha1.BackupStorageLocationServer{}
 		Expect(get("gone", gone)()).To(Succeed())
 		Expect(gone.DeletionTimestamp).NotTo(BeNil(), "its deletion waits for a controller to release its CA Secret")
+		// As a restore interrupted by the deletion leaves them.
+		for _, name := range []string{"gone", "legacy"} {
+			Expect(api.Client.Create(ctx, labelledRescue(name))).To(Succeed())
+		}
 
 		By("starting the controller again")
 		start()
 		Eventually(get("gone", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed())
+		for _, name := range []string{"gone-ca-rescue", "legacy-ca-rescue"} {
+			Eventually(get(name, &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed(), "no copy of the CA key outlives its BSLS")
+		}
 		for _, name := range []string{"gone-ca", "legacy-ca"} {
 			Eventually(func(g Gomega) {
 				ca := &corev1.Secret{}
