@@ -75,7 +75,8 @@ const (
 const caGuardRetry = 2 * time.Second
 
 // caBlockedRetry is how soon a guard that cannot keep a copy of the CA
-// (a Secret it does not trust holds the rescue's name) looks again.
+// (a Secret it does not trust holds the rescue's name), or that waits for
+// another party's finalizer on the CA Secret, looks again.
 const caBlockedRetry = 30 * time.Second
 
 // caSettle is how long, after the controller last let go or wrote a CA
@@ -128,19 +129,35 @@ const (
 	// (terminating, readable) and look again; the refusal is reported.
 	caBlocked
 	// caDiscard: the rescue is not needed (the deletion is a replacement,
-	// or it copies the live CA Secret and no deletion is under way):
-	// delete it.
+	// it copies the live CA Secret and no deletion is under way, or it is
+	// the controller's own copy of the Secret being deleted but not
+	// trusted, a CA no guest trusts): delete it.
 	caDiscard
 	// caAbandon: the CA Secret was written with another key pair after the
 	// release, and may not be written over (no cert-manager hold, or its
 	// bound passed): delete the rescue and say so.
 	caAbandon
+	// caWaitOthers: the CA Secret, released by the guard, is kept
+	// terminating by another party's finalizer, for as long as that
+	// party takes: look again, but not as often as caWait
+	// (caBlockedRetry).
+	caWaitOthers
+	// caLetGo: the CA Secret being deleted holds no CA guests trust (not a
+	// matching certificate and key, no pin yet, or another CA than the
+	// pin): no copy could ever be restored (trustRescue), so remove
+	// FinalizerCAGuard without one, and say so.
+	caLetGo
 )
 
 // caGuardInputs is what the CA guard decides from.
 type caGuardInputs struct {
 	// CA and Rescue are Secrets <bsls>-ca and <bsls>-ca-rescue (nil: absent).
 	CA, Rescue *corev1.Secret
+	// Pin is status.tlsFingerprint, the CA guests trust ("": none yet).
+	Pin string
+	// OwnCopy: Rescue is a copy the controller made of the CA Secret being
+	// deleted (ownRescue), trusted or not.
+	OwnCopy bool
 	// Restored is the CA Secret Rescue holds, when the controller trusts
 	// it (trustRescue); nil otherwise.
 	Restored *corev1.Secret
@@ -178,6 +195,8 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 			return caDiscard
 		case terminating && guarded:
 			return caRelease
+		case terminating && len(ca.Finalizers) > 0:
+			return caWaitOthers
 		case terminating:
 			return caWait
 		case ca == nil:
@@ -198,6 +217,13 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 		return caSettled
 	case terminating && replace:
 		return caRelease
+	case terminating && in.OwnCopy:
+		// The controller's own copy of this very Secret, not trusted
+		// (a CA nobody trusts, copied by an earlier release): of no use,
+		// and no reason to hold the deletion.
+		return caDiscard
+	case terminating && untrustedCA(ca, in.Pin) != "":
+		return caLetGo
 	case terminating && in.Rescue != nil:
 		return caBlocked
 	case terminating:
@@ -206,6 +232,40 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 		return caGuard
 	}
 	return caSettled
+}
+
+// ownRescue reports whether rescue is a copy the controller made of the
+// CA Secret ca while it is being deleted: guestbackup's labels (only
+// guestbackup may write them) and ca's UID. Such a copy that is not
+// trusted (trustRescue) copies a CA no guest trusts.
+func ownRescue(b *v1alpha1.BackupStorageLocationServer, ca, rescue *corev1.Secret) bool {
+	if ca == nil || rescue == nil || ca.DeletionTimestamp.IsZero() || rescue.Annotations[annotationCASourceUID] != string(ca.UID) {
+		return false
+	}
+	for k, v := range Labels(b) {
+		if rescue.Labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// untrustedCA says why the CA Secret ca holds no CA guests trust, given
+// their pin ("": they trust it): its certificate and key must match, and
+// the certificate's SHA-256 must be the non-empty pin. Not the parser's
+// words beyond the standard library's error, which quotes no key.
+func untrustedCA(ca *corev1.Secret, pin string) string {
+	crt, key := ca.Data[corev1.TLSCertKey], ca.Data[corev1.TLSPrivateKeyKey]
+	if _, err := tls.X509KeyPair(crt, key); err != nil {
+		return fmt.Sprintf("its %s and %s are not a matching certificate and key (%v)", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
+	}
+	if pin == "" {
+		return "no CA is pinned yet (status.tlsFingerprint is empty): no guest trusts one"
+	}
+	if got := fingerprintOf(crt); got != pin {
+		return fmt.Sprintf("its CA (SHA-256 %s) is not the one guests trust (status.tlsFingerprint %s)", got, pin)
+	}
+	return ""
 }
 
 // sameKeyPair reports whether the CA Secret holds the rescued certificate
@@ -320,8 +380,8 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		for _, name := range r.rescueRefusals.news(r.Clock, server, refused) {
 			log.FromContext(ctx).Info("CA rescue Secret ignored", "secret", b.Namespace+"/"+name, "why", refused[name])
 			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCARescueIgnored,
-				"Secret %s/%s is ignored: %s. It is never written into Secret %s; while it exists, a deletion of that Secret is held (the Secret stays readable) rather than let through without a copy: delete it",
-				b.Namespace, name, refused[name], caKey.Name)
+				"Secret %s/%s is ignored: %s. It is never written into Secret %s; while it exists, a deletion of that Secret is held (the Secret stays readable) rather than let through without a copy: delete it (or, to replace the CA on purpose, annotate Secret %s %s before deleting it)",
+				b.Namespace, name, refused[name], caKey.Name, caKey.Name, AnnotationReplaceCA)
 		}
 	}()
 	// Each step changes what the next observation sees; a handful covers
@@ -331,11 +391,12 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 		if err != nil {
 			return 0, err
 		}
-		in := caGuardInputs{CA: ca, CertManager: certManager}
+		in := caGuardInputs{CA: ca, Pin: b.Status.TLSFingerprint, CertManager: certManager}
 		if in.Rescue, err = r.optionalSecret(ctx, rescueKey); err != nil {
 			return 0, err
 		}
 		clear(refused)
+		in.OwnCopy = ownRescue(b, ca, in.Rescue)
 		if in.Rescue != nil {
 			var why string
 			if in.Restored, why = trustRescue(b, ca, in.Rescue); in.Restored == nil {
@@ -363,7 +424,7 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			return 0, nil
 		case caWait:
 			return caGuardRetry, nil
-		case caBlocked:
+		case caBlocked, caWaitOthers:
 			return caBlockedRetry, nil
 		case caGuard:
 			if err := r.setCAFinalizer(ctx, ca, true); err != nil {
@@ -378,6 +439,13 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			if err := r.setCAFinalizer(ctx, ca, false); err != nil {
 				return 0, err
 			}
+		case caLetGo:
+			if err := r.setCAFinalizer(ctx, ca, false); err != nil {
+				return 0, err
+			}
+			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCASecretNotKept,
+				"Secret %s/%s was deleted and is let go without a copy: %s. A new CA is issued; guests that trusted an earlier CA refuse the server until their VM restarts. To replace the CA on purpose, annotate the Secret %s before deleting it",
+				ca.Namespace, ca.Name, untrustedCA(ca, in.Pin), AnnotationReplaceCA)
 		case caRescue:
 			s, err := rescueSecret(b, ca)
 			if err != nil {
@@ -509,8 +577,12 @@ func (r *Reconciler) setCAFinalizer(ctx context.Context, ca *corev1.Secret, on b
 // releaseCA removes FinalizerCAGuard from the CA Secret of BSLS server,
 // which is gone, going, or no longer has a CA of its own: the Secret
 // outlives its BSLS (AnnotationKeep), but no controller would then finish
-// its deletion.
+// its deletion. The rescue Secret goes (dropRescue): no guard is left to
+// restore from it or delete it.
 func (r *Reconciler) releaseCA(ctx context.Context, server types.NamespacedName) error {
+	if err := r.dropRescue(ctx, server); err != nil {
+		return err
+	}
 	name := CASecretName(&v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: server.Name}})
 	ca, err := r.optionalSecret(ctx, types.NamespacedName{Namespace: server.Namespace, Name: name})
 	if err != nil || ca == nil || !controllerutil.ContainsFinalizer(ca, FinalizerCAGuard) {
@@ -519,12 +591,37 @@ func (r *Reconciler) releaseCA(ctx context.Context, server types.NamespacedName)
 	return r.setCAFinalizer(ctx, ca, false)
 }
 
+// dropRescue deletes Secret <bsls>-ca-rescue of BSLS server, which is
+// gone, going, or no longer has a CA of its own, if the controller made
+// it (guestbackup's labels, which only guestbackup may write): a restore
+// the BSLS's deletion interrupted would otherwise leave that copy of the
+// CA key behind for good. A Secret of another party by that name is not
+// the controller's to delete.
+func (r *Reconciler) dropRescue(ctx context.Context, server types.NamespacedName) error {
+	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: server.Name, Namespace: server.Namespace}}
+	rescue, err := r.optionalSecret(ctx, types.NamespacedName{Namespace: server.Namespace, Name: CARescueSecretName(b)})
+	if err != nil || rescue == nil {
+		return err
+	}
+	for k, v := range Labels(b) {
+		if rescue.Labels[k] != v {
+			return nil
+		}
+	}
+	deleted, err := r.deleteRescue(ctx, rescue)
+	if deleted {
+		log.FromContext(ctx).Info("CA rescue Secret deleted: its BackupStorageLocationServer no longer guards its CA", "secret", server.Namespace+"/"+rescue.Name)
+	}
+	return err
+}
+
 // releaseOrphanedCAs removes FinalizerCAGuard from every CA Secret whose
-// BSLS no longer exists: one deleted while no controller ran, before BSLSs
-// carried FinalizerCAGuard themselves (or whose finalizer was removed by
-// hand), never reaches the reconciler again. It reads around the cache
-// (cert-manager's CA Secrets are not in it) and runs once as the
-// controller starts.
+// BSLS no longer exists, and deletes the controller's rescue Secrets of
+// such a BSLS (dropRescue): one deleted while no controller ran, before
+// BSLSs carried FinalizerCAGuard themselves (or whose finalizer was
+// removed by hand), never reaches the reconciler again. It reads around
+// the cache (cert-manager's CA Secrets are not in it) and runs once as
+// the controller starts.
 func (r *Reconciler) releaseOrphanedCAs(ctx context.Context) error {
 	secrets := &corev1.SecretList{}
 	if err := r.APIReader.List(ctx, secrets, client.HasLabels{LabelBSLS}); err != nil {
@@ -533,10 +630,16 @@ func (r *Reconciler) releaseOrphanedCAs(ctx context.Context) error {
 	for i := range secrets.Items {
 		s := &secrets.Items[i]
 		server := types.NamespacedName{Namespace: s.Namespace, Name: s.Labels[LabelBSLS]}
-		if !controllerutil.ContainsFinalizer(s, FinalizerCAGuard) || s.Name != server.Name+"-ca" {
+		guarded := controllerutil.ContainsFinalizer(s, FinalizerCAGuard) && s.Name == server.Name+"-ca"
+		rescue := s.Name == server.Name+"-ca-rescue"
+		if !guarded && !rescue {
 			continue
 		}
 		switch err := r.APIReader.Get(ctx, server, &v1alpha1.BackupStorageLocationServer{}); {
+		case apierrors.IsNotFound(err) && rescue:
+			if err := r.dropRescue(ctx, server); err != nil {
+				return err
+			}
 		case apierrors.IsNotFound(err):
 			log.FromContext(ctx).Info("releasing the CA Secret of a BackupStorageLocationServer that no longer exists", "secret", s.Namespace+"/"+s.Name)
 			if err := r.setCAFinalizer(ctx, s, false); err != nil {

@@ -9,6 +9,7 @@ import (
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -65,6 +66,15 @@ var _ = Describe("The CA guard", Ordered, func() {
 			n.Labels = map[string]string{"nudge": why}
 			return api.Client.Update(ctx, n)
 		}).WithTimeout(reconciled).Should(Succeed())
+	}
+	// labelledRescue is a Secret <name>-ca-rescue with guestbackup's
+	// labels, as the controller makes one during a restore (here holding
+	// nothing of use, so that the guard of a live BSLS leaves it).
+	labelledRescue := func(name string) *corev1.Secret {
+		return &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-ca-rescue", Namespace: ns, Labels: kopiaserver.Labels(&v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name}})},
+			Data:       map[string][]byte{"secret": []byte("{}")},
+		}
 	}
 	start := func() {
 		GinkgoHelper()
@@ -142,6 +152,55 @@ var _ = Describe("The CA guard", Ordered, func() {
 			ContainSubstring("not labelled"))))
 	})
 
+	// A CA Secret guests do not trust (here: corrupt, TLSSecretInvalid) is
+	// not kept through its deletion, even one not marked as a replacement:
+	// its copy could never be restored, and the deletion would hang.
+	It("lets a corrupt <bsls>-ca the admin deletes go, and issues a new CA", func() {
+		b := create("corrupt")
+		pin := pinOf("corrupt")()
+		ca := &corev1.Secret{}
+		Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+
+		By("corrupting the CA Secret, as a bad edit would")
+		ca.Data[corev1.TLSCertKey] = []byte("not a certificate")
+		Expect(api.Client.Update(ctx, ca)).To(Succeed())
+		nudge("corrupt-ca")
+		Eventually(func(g Gomega) {
+			now := &v1alpha1.BackupStorageLocationServer{}
+			g.Expect(get("corrupt", now)()).To(Succeed())
+			c := meta.FindStatusCondition(now.Status.Conditions, v1alpha1.ConditionCertificateReady)
+			g.Expect(c).NotTo(BeNil())
+			g.Expect(c.Reason).To(Equal(kopiaserver.ReasonTLSSecretInvalid))
+		}).WithTimeout(reconciled).Should(Succeed())
+
+		By("deleting it, as TLSSecretInvalid suggests")
+		Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+		Eventually(func(g Gomega) {
+			now := &corev1.Secret{}
+			g.Expect(get(kopiaserver.CASecretName(b), now)()).To(Succeed())
+			g.Expect(now.UID).NotTo(Equal(ca.UID), "the corrupt Secret is gone, not held terminating")
+			g.Expect(now.DeletionTimestamp).To(BeNil())
+			g.Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard), "the new CA is guarded in turn")
+		}).WithTimeout(reconciled).Should(Succeed())
+		Eventually(pinOf("corrupt")).WithTimeout(reconciled).Should(And(HaveLen(64), Not(Equal(pin))), "a new CA is issued")
+		Eventually(events("corrupt")).WithTimeout(reconciled).Should(ContainElement(
+			HavePrefix("Warning " + kopiaserver.ReasonCASecretNotKept + ": Secret " + ns + "/corrupt-ca was deleted")))
+		Expect(get(kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of a CA nobody trusts")
+	})
+
+	It("deletes the BSLS's CA rescue Secret with the BSLS: no copy of the CA key is left behind", func() {
+		b := create("doomed")
+		Expect(api.Client.Create(ctx, labelledRescue("doomed"))).To(Succeed())
+		nudge("doomed-rescue")
+		Eventually(events("doomed")).WithTimeout(reconciled).Should(ContainElement(
+			HavePrefix("Warning " + kopiaserver.ReasonCARescueIgnored + ": Secret " + ns + "/doomed-ca-rescue")))
+
+		Expect(api.Client.Delete(ctx, b)).To(Succeed())
+		Eventually(get("doomed", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed())
+		Eventually(get("doomed-ca-rescue", &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed(), "the rescue went with its BSLS")
+		Expect(get("doomed-ca", &corev1.Secret{})()).To(Succeed(), "the CA Secret outlives its BSLS")
+	})
+
 	It("releases the CA Secret of a BSLS deleted while the controller is stopped, so that the Secret, and its namespace, can be deleted", func() {
 		hasGuard := func(obj client.Object) bool {
 			for _, f := range obj.GetFinalizers() {
@@ -184,10 +243,17 @@ var _ = Describe("The CA guard", Ordered, func() {
 		gone := &v1alpha1.BackupStorageLocationServer{}
 		Expect(get("gone", gone)()).To(Succeed())
 		Expect(gone.DeletionTimestamp).NotTo(BeNil(), "its deletion waits for a controller to release its CA Secret")
+		// As a restore interrupted by the deletion leaves them.
+		for _, name := range []string{"gone", "legacy"} {
+			Expect(api.Client.Create(ctx, labelledRescue(name))).To(Succeed())
+		}
 
 		By("starting the controller again")
 		start()
 		Eventually(get("gone", &v1alpha1.BackupStorageLocationServer{})).WithTimeout(reconciled).ShouldNot(Succeed())
+		for _, name := range []string{"gone-ca-rescue", "legacy-ca-rescue"} {
+			Eventually(get(name, &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed(), "no copy of the CA key outlives its BSLS")
+		}
 		for _, name := range []string{"gone-ca", "legacy-ca"} {
 			Eventually(func(g Gomega) {
 				ca := &corev1.Secret{}

@@ -89,11 +89,18 @@ func TestDecideCAGuard(t *testing.T) {
 	// another CA.
 	forged := f.rescue(f.ca(f.k2, "uid-1", nil, false, nil), nil)
 	forged.Labels = nil
+	// (a) A corrupt CA Secret (TLSSecretInvalid: "fix Secret ... or
+	// annotate it ... and delete it"), and the copy an earlier release
+	// made of it when it was deleted.
+	corrupt := f.ca(f.k1, "uid-1", guard, true, nil)
+	corrupt.Data[corev1.TLSCertKey] = []byte("not a certificate")
+	corruptCopy := f.rescue(corrupt, nil)
 
 	for _, tc := range []struct {
 		name     string
 		ca       *corev1.Secret
 		rescue   *corev1.Secret
+		noPin    bool
 		certMgr  bool
 		hold     bool
 		expired  bool
@@ -106,6 +113,7 @@ func TestDecideCAGuard(t *testing.T) {
 		{name: "a guarded CA being deleted is copied aside first", ca: deleting, want: caRescue},
 		{name: "once copied aside, it is let go", ca: deleting, rescue: rescue, want: caRelease},
 		{name: "while the API server finishes the deletion, wait", ca: f.ca(f.k1, "uid-1", nil, true, nil), rescue: releasedRescue, want: caWait},
+		{name: "released, but kept terminating by another party's finalizer: wait, backing off", ca: f.ca(f.k1, "uid-1", []string{"other/finalizer"}, true, nil), rescue: releasedRescue, want: caWaitOthers},
 		{name: "once gone, it is re-created from the copy", rescue: releasedRescue, want: caRestore},
 		{name: "back with the same key pair: the copy goes and the admin is told", ca: f.ca(f.k1, "uid-2", guard, false, nil), rescue: releasedRescue, want: caRestored},
 		{name: "back while cert-manager may still write it: keep the copy until it settles", ca: f.ca(f.k1, "uid-2", guard, false, nil), rescue: releasedRescue, certMgr: true, hold: true, want: caWait},
@@ -122,12 +130,24 @@ func TestDecideCAGuard(t *testing.T) {
 		{name: "forged rescue, no CA: ignored, a new CA is issued", rescue: forged, want: caSettled, untusted: true},
 		{name: "forged rescue holding the name when the CA is deleted: the CA is held, readable", ca: deleting, rescue: forged, want: caBlocked, untusted: true},
 		{name: "forged rescue and a replacement: let through", ca: f.ca(f.k1, "uid-1", guard, true, replace), rescue: forged, want: caRelease, untusted: true},
+		{name: "(a) a corrupt CA being deleted: no guest trusts it, let go without a copy", ca: corrupt, want: caLetGo},
+		{name: "(a) the copy an earlier release made of the corrupt CA being deleted: deleted, no blocker", ca: corrupt, rescue: corruptCopy, want: caDiscard, untusted: true},
+		{name: "(a) a corrupt CA being deleted and a forged rescue: let go without a copy", ca: corrupt, rescue: forged, want: caLetGo, untusted: true},
+		{name: "(b) no pin yet (certificate pending or invalid since creation): let go without a copy", ca: deleting, noPin: true, want: caLetGo},
+		{name: "(b) no pin yet, and its own copy (never trusted): deleted, no blocker", ca: deleting, rescue: rescue, noPin: true, want: caDiscard, untusted: true},
+		{name: "(c) cert-manager's new CA deleted while the pin still names the replaced one: let go without a copy", ca: f.ca(f.k2, "uid-2", guard, true, nil), certMgr: true, want: caLetGo},
+		{name: "(c) ... with its own copy made (never trusted): deleted, no blocker", ca: f.ca(f.k2, "uid-2", guard, true, nil), rescue: f.rescue(f.ca(f.k2, "uid-2", guard, true, nil), nil), certMgr: true, want: caDiscard, untusted: true},
+		{name: "a CA guests trust keeps the forged rescue a blocker", ca: deleting, rescue: forged, want: caBlocked, untusted: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			in := caGuardInputs{CA: tc.ca, Rescue: tc.rescue, CertManager: tc.certMgr, Hold: tc.hold, Expired: tc.expired}
+			b := f.b.DeepCopy()
+			if tc.noPin {
+				b.Status.TLSFingerprint = ""
+			}
+			in := caGuardInputs{CA: tc.ca, Rescue: tc.rescue, Pin: b.Status.TLSFingerprint, OwnCopy: ownRescue(b, tc.ca, tc.rescue), CertManager: tc.certMgr, Hold: tc.hold, Expired: tc.expired}
 			if tc.rescue != nil {
 				var why string
-				in.Restored, why = trustRescue(f.b, tc.ca, tc.rescue)
+				in.Restored, why = trustRescue(b, tc.ca, tc.rescue)
 				if (in.Restored == nil) != tc.untusted {
 					t.Fatalf("trustRescue = %v (%s), want trusted %t", in.Restored != nil, why, !tc.untusted)
 				}
@@ -233,6 +253,36 @@ func TestTrustRescue(t *testing.T) {
 			t.Errorf("restored Secret differs from the deleted one: labels %v", got.Labels)
 		}
 	})
+}
+
+func TestUntrustedCA(t *testing.T) {
+	f := newCAGuardFixture(t)
+	corrupt := f.ca(f.k1, "uid-1", nil, true, nil)
+	corrupt.Data[corev1.TLSCertKey] = []byte("not a certificate")
+	mismatched := f.ca(f.k1, "uid-1", nil, true, nil)
+	mismatched.Data[corev1.TLSPrivateKeyKey] = f.k2.key
+	for _, tc := range []struct {
+		name string
+		ca   *corev1.Secret
+		pin  string
+		why  string
+	}{
+		{"the pinned CA with its key", f.ca(f.k1, "uid-1", nil, true, nil), f.k1.pin, ""},
+		{"corrupt", corrupt, f.k1.pin, "not a matching certificate and key"},
+		{"the pinned certificate with another key", mismatched, f.k1.pin, "not a matching certificate and key"},
+		{"no pin yet", f.ca(f.k1, "uid-1", nil, true, nil), "", "no CA is pinned yet"},
+		{"another CA than the pin", f.ca(f.k2, "uid-1", nil, true, nil), f.k1.pin, "(SHA-256 " + f.k2.pin + ") is not the one guests trust"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			why := untrustedCA(tc.ca, tc.pin)
+			if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
+				t.Errorf("untrustedCA = %q, want %q", why, tc.why)
+			}
+			if strings.Contains(why, "PRIVATE KEY") || strings.Contains(why, string(f.k2.key[30:60])) {
+				t.Errorf("untrustedCA quotes the key: %q", why)
+			}
+		})
+	}
 }
 
 func TestCertManagerHold(t *testing.T) {

@@ -285,7 +285,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	}
 	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.Clock.Now())
 	if err != nil {
-		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix or delete Secret %s; guests trust its CA, so a new one leaves every guest distrusting the server until its VM gets the new CA", err, CASecretName(b))}, nil
+		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix Secret %s, or annotate it %s and delete it to have a new CA issued; guests trust its CA, so a new one leaves every guest distrusting the server until its VM gets the new CA", err, CASecretName(b), AnnotationReplaceCA)}, nil
 	}
 	if newCA != nil {
 		// No ownerReference: guests trust this CA, so it outlives the BSLS

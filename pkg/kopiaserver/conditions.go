@@ -131,6 +131,11 @@ const (
 	// the one guests trust, by another writer or by cert-manager past the
 	// bound of the controller's hold; it is left as it is.
 	ReasonCARescueAbandoned = "CARescueAbandoned"
+	// ReasonCASecretNotKept (Warning): Secret <bsls>-ca was deleted
+	// without guestbackup.io/replace-ca, but holds no CA guests trust (not
+	// a matching certificate and key, no pin yet, or another CA than
+	// status.tlsFingerprint): its deletion is let through without a copy.
+	ReasonCASecretNotKept = "CASecretNotKept"
 	// ReasonServingCertificateIssued (Normal): the controller issued the
 	// server's certificate from the BSLS's own CA.
 	ReasonServingCertificateIssued = "ServingCertificateIssued"
