@@ -36,12 +36,8 @@ while :; do
 	wait "$child" && rc=0 || rc=$?
 	kill -0 "$child" 2>/dev/null || break
 done
-# times prints this shell's CPU, then its waited-for children's (user and
-# system), each as <minutes>m<seconds>s. Into a file: in a pipe or $(...)
-# it would run in a subshell, which has no children.
-usage=$(mktemp)
-times >"$usage"
-cpu=$(awk 'NR == 2 { t = 0; for (i = 1; i <= 2; i++) { split($i, f, "m"); t += f[1] * 60 + f[2] } printf "%d", t + 0.5 }' "$usage")
-rm -f "$usage"
-echo "cpu/./$pkg $cpu" >>"$GUESTBACKUP_TIMINGS"
+# shellcheck source=hack/cputime.sh
+source "$ROOT/hack/cputime.sh"
+children_cpu
+echo "cpu/./$pkg $CHILDREN_CPU" >>"$GUESTBACKUP_TIMINGS"
 exit "$rc"

@@ -33,6 +33,8 @@ TIMINGS=$(mktemp)
 OUT=$(mktemp)
 START=$SECONDS
 export GUESTBACKUP_TIMINGS=$TIMINGS
+# shellcheck source=hack/cputime.sh
+source "$ROOT/hack/cputime.sh"
 trap 'breakdown; rm -f "$TIMINGS" "$OUT"' EXIT
 
 log() { printf 'test: %s\n' "$*" >&2; }
@@ -71,13 +73,9 @@ breakdown() {
 				{ printf "  %-28s %6d s  cpu %6s s  %s\n", $1, $2, ($1 in cpu ? cpu[$1] : "?"), ($3 == "ok" ? "" : "FAILED") }'
 		fi
 		# This script's waited-for children: every build, check and test.
-		local usage
-		usage=$(mktemp)
-		times >"$usage"
-		awk -v wall=$((SECONDS - START)) -v cores="$(nproc)" 'NR == 2 {
-			t = 0; for (i = 1; i <= 2; i++) { split($i, f, "m"); t += f[1] * 60 + f[2] }
-			if (wall > 0) printf "CPU: %d s used of the %d s that %d cores offered (%d%%)\n", t, wall * cores, cores, 100 * t / (wall * cores) }' "$usage"
-		rm -f "$usage"
+		children_cpu
+		awk -v t="$CHILDREN_CPU" -v wall=$((SECONDS - START)) -v cores="$(nproc)" 'BEGIN {
+			if (wall > 0) printf "CPU: %d s used of the %d s that %d cores offered (%d%%)\n", t, wall * cores, cores, 100 * t / (wall * cores) }'
 	} >&2
 }
 
