@@ -138,3 +138,100 @@ func StorageStates(data map[string]string) map[string]StorageState {
 	}
 	return states
 }
+
+// IntegrityKey is the data key under which the server pod that runs
+// maintenance publishes its IntegrityState.
+const IntegrityKey = "integrity"
+
+// Bounds on what an IntegrityState lists, so that the ConfigMap (at most
+// 1 MiB) holds it whatever the storage lost: counts stay exact.
+const (
+	MaxListedPacks     = 20
+	MaxListedSources   = 1000
+	MaxListedSnapshots = 3
+)
+
+// IntegrityState is what the last verification pass found of the
+// repository: whether every content the index names is in a pack the
+// storage still holds, whether the packs it read back decrypted, and which
+// snapshots reference what was lost. The controller makes it the
+// RepositoryIntact condition, status.integrity and the BackupDamaged Events
+// of the VMs that own a damaged snapshot.
+type IntegrityState struct {
+	// CheckedAt is when the last pass ended, whatever its outcome.
+	CheckedAt time.Time `json:"checkedAt"`
+	// Error is why the last pass could not complete (the storage did not
+	// answer, say); its other fields then are the last complete pass's.
+	Error string `json:"error,omitempty"`
+	// VerifiedAt is when the last complete pass ended; zero before one did.
+	VerifiedAt time.Time `json:"verifiedAt,omitzero"`
+	// Contents and Packs are how many contents the index names, and in how
+	// many packs, that the last complete pass found present.
+	Contents int `json:"contents"`
+	Packs    int `json:"packs"`
+	// ReadPacks and ReadBytes are how many packs, of how many bytes, the
+	// last complete pass read back and decrypted, content by content.
+	ReadPacks int   `json:"readPacks"`
+	ReadBytes int64 `json:"readBytes"`
+	// MissingPacks are packs the index names that the storage no longer
+	// has, and DamagedPacks packs holding a content that did not read back
+	// (at most MaxListedPacks each, of the last pass that found any).
+	MissingPacks []string `json:"missingPacks,omitempty"`
+	DamagedPacks []string `json:"damagedPacks,omitempty"`
+	// LostContents is how many contents that pass found lost. They are
+	// dropped from the index, so that the next snapshot of the same data
+	// uploads them again.
+	LostContents int `json:"lostContents,omitempty"`
+	// DamagedSnapshots is how many snapshots reference a lost content,
+	// and Damaged the sources they are of (at most MaxListedSources, the
+	// most recent first), while they do.
+	DamagedSnapshots int              `json:"damagedSnapshots,omitempty"`
+	Damaged          []DamagedSource  `json:"damaged,omitempty"`
+	// DamagedSince is when the repository was last found damaged after
+	// being intact; zero while no snapshot is damaged.
+	DamagedSince time.Time `json:"damagedSince,omitzero"`
+}
+
+// DamagedSource is one backed-up path of one guest with snapshots that
+// cannot be restored whole.
+type DamagedSource struct {
+	// User and Host are the guest's Kopia identity: for a VM, its name and
+	// its namespace (identity.OfVM).
+	User string `json:"user"`
+	Host string `json:"host"`
+	Path string `json:"path"`
+	// Snapshots is how many of the source's snapshots are damaged, and
+	// Files how many files they miss data of, counted once per file
+	// object.
+	Snapshots int `json:"snapshots"`
+	Files     int `json:"files"`
+	// Oldest and Newest are the start times of the first and the last
+	// damaged snapshot; IDs lists up to MaxListedSnapshots of the most
+	// recent damaged snapshots' IDs.
+	Oldest time.Time `json:"oldest"`
+	Newest time.Time `json:"newest"`
+	IDs    []string  `json:"ids,omitempty"`
+	// Healing is true while the source's latest snapshot is damaged: its
+	// guest re-reads every file at its next snapshot (the client learns it
+	// from the repository), which uploads again what was lost.
+	Healing bool `json:"healing,omitempty"`
+}
+
+// EncodeIntegrity renders s for the ConfigMap.
+func EncodeIntegrity(s IntegrityState) string {
+	data, _ := json.Marshal(s) // plain data: cannot fail
+	return string(data)
+}
+
+// DecodeIntegrity reads what EncodeIntegrity wrote; "" is nothing
+// published yet.
+func DecodeIntegrity(data string) (*IntegrityState, error) {
+	if data == "" {
+		return nil, nil
+	}
+	s := &IntegrityState{}
+	if err := json.Unmarshal([]byte(data), s); err != nil {
+		return nil, fmt.Errorf("state ConfigMap, key %s: %w", IntegrityKey, err)
+	}
+	return s, nil
+}
