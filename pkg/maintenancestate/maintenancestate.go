@@ -185,8 +185,8 @@ type IntegrityState struct {
 	// DamagedSnapshots is how many snapshots reference a lost content,
 	// and Damaged the sources they are of (at most MaxListedSources, the
 	// most recent first), while they do.
-	DamagedSnapshots int              `json:"damagedSnapshots,omitempty"`
-	Damaged          []DamagedSource  `json:"damaged,omitempty"`
+	DamagedSnapshots int             `json:"damagedSnapshots,omitempty"`
+	Damaged          []DamagedSource `json:"damaged,omitempty"`
 	// DamagedSince is when the repository was last found damaged after
 	// being intact; zero while no snapshot is damaged.
 	DamagedSince time.Time `json:"damagedSince,omitzero"`
