@@ -17,6 +17,7 @@ import (
 	"github.com/kopia/kopia/snapshot/policy"
 
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/rehash"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -87,15 +88,17 @@ var (
 	ownPathPolicies = map[string]string{manifest.TypeLabelKey: policy.ManifestType, policy.PolicyTypeLabel: policy.PolicyTypePath, policy.UsernameLabel: ownUser, policy.HostnameLabel: ownHost}
 	ownSnapshots    = map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: ownUser, snapshot.HostnameLabel: ownHost}
 	ownUserProfile  = map[string]string{manifest.TypeLabelKey: identity.ManifestType, identity.LabelUsername: ownUser + "@" + ownHost}
+	ownRehash       = map[string]string{manifest.TypeLabelKey: rehash.ManifestType, rehash.LabelUsername: ownUser, rehash.LabelHostname: ownHost}
 )
 
 // DefaultACLs are the rules of a BSLS that is not append-only: Kopia's own
 // defaults, narrowed. A guest has FULL access to its own snapshots and to
 // its own user and path policies (so its client applies and changes its
 // retention, as Kopia's clients do), APPEND to contents, READ on the
-// global policy, its host's policy and its own user profile. It can write
-// no ACL, no other policy type, and nothing of another user; its password
-// is the controller's to set.
+// global policy, its host's policy, its own user profile and its own
+// rehash notice (package rehash). It can write no ACL, no other policy
+// type, no notice, and nothing of another user; its password is the
+// controller's to set.
 func DefaultACLs() []ACL {
 	return []ACL{
 		{User: anyone, Target: contentTarget, Access: AccessAppend},
@@ -105,6 +108,7 @@ func DefaultACLs() []ACL {
 		{User: anyone, Target: ownPathPolicies, Access: AccessFull},
 		{User: anyone, Target: ownSnapshots, Access: AccessFull},
 		{User: anyone, Target: ownUserProfile, Access: AccessRead},
+		{User: anyone, Target: ownRehash, Access: AccessRead},
 	}
 }
 
@@ -122,6 +126,7 @@ func AppendOnlyACLs() []ACL {
 		{User: anyone, Target: ownPathPolicies, Access: AccessRead},
 		{User: anyone, Target: ownSnapshots, Access: AccessAppend},
 		{User: anyone, Target: ownUserProfile, Access: AccessRead},
+		{User: anyone, Target: ownRehash, Access: AccessRead},
 	}
 }
 

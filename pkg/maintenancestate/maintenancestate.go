@@ -182,6 +182,13 @@ type IntegrityState struct {
 	// dropped from the index, so that the next snapshot of the same data
 	// uploads them again.
 	LostContents int `json:"lostContents,omitempty"`
+	// Pending is how many lost contents are still in the index, marked
+	// deleted, because contents Kopia's garbage collection deleted
+	// recently keep the deletion watermark from moving past them; a
+	// guest's client takes them for present and does not upload them
+	// until Kopia's maintenance lets go of those (at most its safety
+	// margins, a day or two).
+	Pending int `json:"pending,omitempty"`
 	// DamagedSnapshots is how many snapshots reference a lost content,
 	// and Damaged the sources they are of (at most MaxListedSources, the
 	// most recent first), while they do.

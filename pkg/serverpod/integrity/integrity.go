@@ -1,0 +1,309 @@
+// Package integrity verifies, in the server pod that runs the repository's
+// maintenance, that what the repository's index promises is still in the
+// storage, and heals forward what is not.
+//
+// Storage can lose a pack (a lifecycle rule, a storage admin's mistake) or
+// rot one. Kopia finds neither until someone runs `snapshot verify`, and
+// worse, every later snapshot of the same files deduplicates against the
+// lost contents and "succeeds" without uploading them. A pass therefore:
+//
+//  1. lists the storage's packs and checks that every content the index
+//     names lies in one of them, whole (cheap: one listing);
+//  2. reads back a bounded number of bytes of packs, content by content,
+//     through a connection without a cache, so that rot is found by a
+//     pass over every pack over days;
+//  3. confirms each loss against a fresh index and the storage, and drops
+//     the lost contents from the index: writing them again then uploads
+//     them, where it would have deduplicated;
+//  4. walks the snapshots that reference lost contents, once per
+//     directory object, and writes a rehash notice for each guest whose
+//     latest snapshot is damaged, so that its client reads every file
+//     again at its next snapshot (package rehash);
+//  5. publishes what it found for the controller (the RepositoryIntact
+//     condition, Events on the VMs) and records Events on the BSLS.
+package integrity
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/content"
+	"k8s.io/utils/clock"
+
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+)
+
+// Reasons of the Events a pass records on the BSLS.
+const (
+	// ReasonRepositoryDamaged (Warning): a pass found a pack missing, or a
+	// content that does not read back; the message names the packs and
+	// how many contents were dropped from the index to be uploaded again.
+	ReasonRepositoryDamaged = "RepositoryDamaged"
+	// ReasonRepositoryIntactAgain (Normal): no snapshot references lost
+	// data any more: every guest whose snapshots were damaged uploaded the
+	// lost data again.
+	ReasonRepositoryIntactAgain = "RepositoryIntactAgain"
+	// ReasonVerificationFailing (Warning): a pass could not complete (the
+	// storage did not answer, say); it is tried again at the next one.
+	ReasonVerificationFailing = "VerificationFailing"
+)
+
+// Defaults of Options.
+const (
+	DefaultInterval         = 10 * time.Minute
+	DefaultReadBytesPerPass = 256 << 20
+)
+
+// Reporter receives the Events to record on the BSLS.
+type Reporter interface {
+	Report(warning bool, reason, message string)
+}
+
+// Refresher makes a Kopia server read the repository's index and
+// manifests again.
+type Refresher interface {
+	Refresh(ctx context.Context) error
+}
+
+// Publisher receives the state after every pass, for the controller.
+type Publisher interface {
+	PublishIntegrity(ctx context.Context, s maintenancestate.IntegrityState) error
+}
+
+// Options configure a Verifier.
+type Options struct {
+	// Repository is the maintenance owner's connection: the index it
+	// checks, the contents it drops, the snapshots it walks, the notices
+	// it writes.
+	Repository repo.DirectRepository
+	// Reader is a connection to the same repository without a content
+	// cache (OpenUncached): what it reads comes from the storage, not
+	// from what an earlier read kept.
+	Reader repo.DirectRepository
+	// Interval is the time between the start of two passes; default
+	// DefaultInterval.
+	Interval time.Duration
+	// ReadBytesPerPass bounds the pack bytes a pass reads back; 0 reads
+	// none, negative takes DefaultReadBytesPerPass.
+	ReadBytesPerPass int64
+	// Exclusive, when set, is held for a whole pass. Maintenance holds it
+	// too: its compaction moves contents between packs, which a pass
+	// would otherwise find missing from the pack its index named.
+	Exclusive sync.Locker
+	// Server, when set, is the pod's Kopia server, refreshed after a pass
+	// dropped contents or changed notices: it serves guests from the
+	// index and manifests it last read, and would otherwise deduplicate
+	// against a dropped content, and hide a notice, until it refreshes.
+	Server Refresher
+	// Clock is the Verifier's; default the real one.
+	Clock   clock.Clock
+	Reports Reporter
+	Publish Publisher
+	Log     logr.Logger
+}
+
+// Verifier runs verification passes.
+type Verifier struct {
+	opts Options
+	// Only the goroutine of Run (or the caller of Pass) touches the rest.
+	// cursor is the pack the last pass read up to: the next reads on
+	// from there, so that passes cover every pack in turn.
+	cursor string
+	// last is the state last published; walked whether a pass has
+	// walked the snapshots since the process started.
+	last   maintenancestate.IntegrityState
+	walked bool
+	// failing is the last failure's message, so that a failure repeating
+	// the same way is one Event.
+	failing string
+	// pending are the contents dropped from the index that it still
+	// holds as deleted (see forget).
+	pending map[content.ID]bool
+}
+
+// NewVerifier returns a Verifier; Run starts it.
+func NewVerifier(o Options) *Verifier {
+	if o.Interval <= 0 {
+		o.Interval = DefaultInterval
+	}
+	if o.ReadBytesPerPass < 0 {
+		o.ReadBytesPerPass = DefaultReadBytesPerPass
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	return &Verifier{opts: o}
+}
+
+// Run runs a pass at once and then every Interval, until ctx ends.
+func (v *Verifier) Run(ctx context.Context) {
+	for {
+		if _, err := v.Pass(ctx); err != nil && ctx.Err() == nil {
+			v.opts.Log.Error(err, "verification pass failed; tried again at the next one", "next", v.opts.Interval)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-v.opts.Clock.After(v.opts.Interval):
+		}
+	}
+}
+
+// Pass runs one verification pass, publishes its state and reports it.
+func (v *Verifier) Pass(ctx context.Context) (maintenancestate.IntegrityState, error) {
+	if v.opts.Exclusive != nil {
+		v.opts.Exclusive.Lock()
+		defer v.opts.Exclusive.Unlock()
+	}
+	start := v.opts.Clock.Now()
+	state, err := v.pass(ctx)
+	now := v.opts.Clock.Now().UTC().Truncate(time.Second)
+	state.CheckedAt = now
+	if err != nil {
+		if ctx.Err() != nil {
+			return state, err
+		}
+		// A pass that did not complete says why, and keeps the last
+		// complete pass's findings.
+		failed := v.last
+		failed.CheckedAt, failed.Error = now, err.Error()
+		state = failed
+		passFailures.Inc()
+	} else {
+		state.VerifiedAt = now
+		state.DamagedSince = damagedSince(v.last, state, now)
+		if state.DamagedSnapshots > 0 && len(state.MissingPacks)+len(state.DamagedPacks) == 0 {
+			// What this pass found is already dropped from the index;
+			// the packs an earlier one named still explain the damage.
+			state.MissingPacks, state.DamagedPacks = v.last.MissingPacks, v.last.DamagedPacks
+		}
+		passDuration.Observe(v.opts.Clock.Since(start).Seconds())
+	}
+	setGauges(state)
+	for _, e := range events(v.last, state, v.failing) {
+		if v.opts.Reports != nil {
+			v.opts.Reports.Report(e.warning, e.reason, e.message)
+		}
+	}
+	v.failing = ""
+	if err != nil {
+		v.failing = state.Error
+	}
+	if v.opts.Publish != nil {
+		if perr := v.opts.Publish.PublishIntegrity(ctx, state); perr != nil {
+			err = errors.Join(err, fmt.Errorf("publish the repository's integrity: %w", perr))
+		}
+	}
+	v.last = state
+	return state, err
+}
+
+// damagedSince is when the repository turned damaged: kept from the last
+// state while it stays so.
+func damagedSince(last, now maintenancestate.IntegrityState, at time.Time) time.Time {
+	switch {
+	case now.DamagedSnapshots == 0 && now.LostContents == 0:
+		return time.Time{}
+	case !last.DamagedSince.IsZero():
+		return last.DamagedSince
+	default:
+		return at
+	}
+}
+
+// pass is one pass's work; the state it returns lacks the times Pass sets.
+func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, error) {
+	var state maintenancestate.IntegrityState
+	dr := v.opts.Repository
+	if err := dr.Refresh(ctx); err != nil {
+		return state, fmt.Errorf("refresh the index: %w", err)
+	}
+	inv, err := takeInventory(ctx, dr)
+	if err != nil {
+		return state, err
+	}
+	state.Contents, state.Packs = inv.contents, len(inv.packs)
+	suspects := inv.suspects()
+	if v.opts.Reader != nil && v.opts.ReadBytesPerPass > 0 {
+		read, err := v.readBack(ctx, inv)
+		if err != nil {
+			return state, err
+		}
+		suspects = append(suspects, read.suspects...)
+		state.ReadPacks, state.ReadBytes = read.packs, read.bytes
+	}
+	lost, err := v.confirm(ctx, suspects)
+	if err != nil {
+		return state, err
+	}
+	if len(lost) > 0 {
+		if err := drop(ctx, dr, lost); err != nil {
+			return state, err
+		}
+		state.LostContents = len(lost)
+		state.MissingPacks, state.DamagedPacks = lost.packs()
+		if v.pending == nil {
+			v.pending = map[content.ID]bool{}
+		}
+		for _, l := range lost {
+			v.pending[l.id] = true
+		}
+	}
+	lostContents.Add(float64(len(lost)))
+	before := len(v.pending)
+	if v.pending, err = forget(ctx, dr, inv.stored, v.pending); err != nil {
+		return state, err
+	}
+	state.Pending = len(v.pending)
+	forgot := len(v.pending) < before
+	// Walking every snapshot costs a read of every directory object: it
+	// is done when something is lost now, while something was, and once
+	// after the pod starts, which knows nothing of earlier passes.
+	var d *damage
+	if len(lost) > 0 || !v.walked || v.last.DamagedSnapshots > 0 {
+		if d, err = walk(ctx, dr, lost); err != nil {
+			return state, err
+		}
+		v.walked = true
+		state.DamagedSnapshots, state.Damaged = d.summary()
+	}
+	changed, err := syncNotices(ctx, dr, d.healing())
+	if err != nil {
+		return state, err
+	}
+	if (changed || forgot || len(lost) > 0) && v.opts.Server != nil {
+		if err := v.opts.Server.Refresh(ctx); err != nil {
+			return state, fmt.Errorf("refresh the Kopia server, which serves guests from what it last read: %w", err)
+		}
+	}
+	return state, nil
+}
+
+// drop marks the lost contents deleted in the index: a client that
+// writes one again then uploads it, where it would have deduplicated
+// against the index entry. What Kopia's maintenance later does with a
+// deleted content (drop it from the index, once its pack is gone) loses
+// nothing that was not lost.
+func drop(ctx context.Context, dr repo.DirectRepository, lost losses) error {
+	err := repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: drop lost contents"},
+		func(ctx context.Context, w repo.DirectRepositoryWriter) error {
+			for _, l := range lost {
+				if err := w.ContentManager().DeleteContent(ctx, l.id); err != nil {
+					return fmt.Errorf("drop lost content %s (pack %s) from the index: %w", l.id, l.pack, err)
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	if err := dr.Refresh(ctx); err != nil {
+		return fmt.Errorf("refresh the index after dropping lost contents: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,112 @@
+package integrity
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+)
+
+// Metrics of the user-sync container's /metrics. See docs/events.md.
+var (
+	lastPass = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "guestbackup_server_integrity_last_pass_timestamp_seconds",
+		Help: "When the last verification pass of the repository ended (Unix time), whatever its outcome.",
+	})
+	lastVerified = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "guestbackup_server_integrity_last_verified_timestamp_seconds",
+		Help: "When the last complete verification pass of the repository ended (Unix time).",
+	})
+	damagedSnapshots = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "guestbackup_server_integrity_damaged_snapshots",
+		Help: "Snapshots that reference data the storage lost, as of the last complete pass (see the RepositoryIntact condition).",
+	})
+	lostContents = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "guestbackup_server_integrity_lost_contents_total",
+		Help: "Contents verification found missing from the storage or not reading back, and dropped from the index so that they are uploaded again.",
+	})
+	readBytes = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "guestbackup_server_integrity_read_bytes_total",
+		Help: "Pack bytes verification read back from the storage and decrypted.",
+	})
+	passFailures = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "guestbackup_server_integrity_pass_failures_total",
+		Help: "Verification passes that could not complete (the storage did not answer, say).",
+	})
+	passDuration = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "guestbackup_server_integrity_pass_duration_seconds",
+		Help:    "How long a complete verification pass took.",
+		Buckets: prometheus.ExponentialBuckets(0.1, 4, 8),
+	})
+)
+
+// Collectors are the metrics above, for a registry.
+func Collectors() []prometheus.Collector {
+	return []prometheus.Collector{lastPass, lastVerified, damagedSnapshots, lostContents, readBytes, passFailures, passDuration}
+}
+
+// setGauges sets the gauges from a pass's state.
+func setGauges(s maintenancestate.IntegrityState) {
+	lastPass.Set(float64(s.CheckedAt.Unix()))
+	if !s.VerifiedAt.IsZero() {
+		lastVerified.Set(float64(s.VerifiedAt.Unix()))
+	}
+	damagedSnapshots.Set(float64(s.DamagedSnapshots))
+}
+
+// event is one Event to record on the BSLS.
+type event struct {
+	warning         bool
+	reason, message string
+}
+
+// events are what the admin is told of a pass that ended in now, after
+// last, while failing is the last failure already told.
+func events(last, now maintenancestate.IntegrityState, failing string) []event {
+	if now.Error != "" {
+		if now.Error == failing {
+			return nil
+		}
+		msg := "Repository verification could not complete, and is tried again at the next pass: " + now.Error
+		if !now.VerifiedAt.IsZero() {
+			msg += "; the last complete pass, at " + now.VerifiedAt.Format(time.RFC3339) + ", stands"
+		}
+		return []event{{warning: true, reason: ReasonVerificationFailing, message: msg}}
+	}
+	if now.LostContents > 0 {
+		return []event{{warning: true, reason: ReasonRepositoryDamaged, message: damagedMessage(now)}}
+	}
+	if now.DamagedSnapshots == 0 && (last.DamagedSnapshots > 0 || last.LostContents > 0) && last.Error == "" {
+		msg := "No snapshot references lost data any more: the guests uploaded it again"
+		if !last.DamagedSince.IsZero() {
+			msg += " (damaged since " + last.DamagedSince.Format(time.RFC3339) + ")"
+		}
+		return []event{{reason: ReasonRepositoryIntactAgain, message: msg}}
+	}
+	return nil
+}
+
+// damagedMessage says what a pass found lost and what happens next.
+func damagedMessage(s maintenancestate.IntegrityState) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Verification found %d contents lost", s.LostContents)
+	if len(s.MissingPacks) > 0 {
+		fmt.Fprintf(&b, "; packs missing from the storage: %s", strings.Join(s.MissingPacks, ", "))
+	}
+	if len(s.DamagedPacks) > 0 {
+		fmt.Fprintf(&b, "; packs whose contents do not read back: %s", strings.Join(s.DamagedPacks, ", "))
+	}
+	b.WriteString(". They are dropped from the index, so that the next snapshot of the same data uploads them again")
+	if s.DamagedSnapshots > 0 {
+		guests := map[string]bool{}
+		for _, d := range s.Damaged {
+			guests[d.User+"@"+d.Host] = true
+		}
+		fmt.Fprintf(&b, "; %d snapshots of %d guests reference lost data (status.integrity lists them, and each VM gets a BackupDamaged Event)", s.DamagedSnapshots, len(guests))
+	}
+	b.WriteString(". See docs/operations.md, \"Verification\".")
+	return b.String()
+}
