@@ -19,6 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/rehash"
 )
 
 // Where the bootstrap lives in a guest.
@@ -552,9 +553,18 @@ state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
 ` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
 ` + trustEnv + `status=0
+# The server names this guest in a rehash notice when the storage lost
+# data that its latest snapshot references: unchanged files would keep
+# pointing at it, so every file is read again, and what was lost is
+# uploaded again. A server that has none, or an older one, lists nothing.
+force=""
+if "$kopia" manifest list --filter=type:` + rehash.ManifestType + ` 2>/dev/null | grep -q .; then
+  force="--force-hash=100"
+  echo "guestbackup: the server asks to read every file again: the storage lost data the latest snapshot references"
+fi
 while IFS= read -r path; do
   [ -n "$path" ] || continue
-  if "$kopia" snapshot create "$path"; then
+  if "$kopia" snapshot create ${force:+"$force"} "$path"; then
     echo "guestbackup: snapshot of $path taken"
   else
     echo "guestbackup: snapshot of $path failed" >&2

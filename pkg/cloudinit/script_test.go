@@ -1,16 +1,22 @@
 package cloudinit
 
 import (
+	"context"
 	"crypto/x509"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/manifest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/rehash"
 )
 
 // sandbox writes a bootstrap's files under a folder, as they would land in
@@ -292,5 +298,91 @@ func TestConnectScriptRefusesAServerThatOnlyCarriesItsCA(t *testing.T) {
 	}
 	if strings.Contains(st, "access denied") || strings.Contains(st, "Unauthenticated") {
 		t.Errorf("the guest sent its credentials to the impostor: %q", st)
+	}
+}
+
+// The snapshot script reads every file again while the server names its
+// guest in a rehash notice (package rehash), and only then: the notice of
+// another guest, which the access rules keep it from reading, changes
+// nothing.
+func TestSnapshotScriptReadsEveryFileAgainWhenTheServerAsks(t *testing.T) {
+	tools := testbed.MustTools(t)
+	ctx := t.Context()
+	srv := testbed.StartKopiaServer(t, testbed.KopiaServerOptions{})
+	r, err := repo.Open(ctx, srv.ConfigFile, srv.RepoPassword, &repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close(ctx)
+	if _, err := kopiauser.SyncACLs(ctx, r, kopiauser.DefaultACLs()); err != nil {
+		t.Fatal(err)
+	}
+	box := func(user string) (*sandbox, string) {
+		password := testbed.RandomPassword()
+		srv.AddUser(t, user, password)
+		data := t.TempDir()
+		if err := os.WriteFile(filepath.Join(data, "notes.txt"), []byte("keep me\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		b := newSandbox(t, Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: user, Password: password, Generation: 1, Paths: []string{data}}, tools.Kopia)
+		if out, err := b.run(ConnectScript); err != nil {
+			t.Fatalf("connect %s: %v\n%s", user, err, out)
+		}
+		return b, data
+	}
+	web, webData := box("web@team-a")
+	db, dbData := box("db@team-a")
+	// snapshot runs the script and says how many files the snapshot it
+	// took read, and how many it took unread from the previous one.
+	snapshot := func(b *sandbox, data string) (out string, read, unread int) {
+		t.Helper()
+		out, err := b.run(SnapshotScript)
+		if err != nil {
+			t.Fatalf("snapshot: %v\n%s", err, out)
+		}
+		list, err := testbed.Run(ctx, time.Minute, b.root, b.env, filepath.Join(b.root, KopiaCommand), "snapshot", "list", "--json", data)
+		if err != nil {
+			t.Fatalf("snapshot list: %v\n%s", err, list)
+		}
+		var snapshots []struct {
+			Stats struct {
+				Cached    int `json:"cachedFiles"`
+				NonCached int `json:"nonCachedFiles"`
+			} `json:"stats"`
+		}
+		if err := json.Unmarshal([]byte(list), &snapshots); err != nil || len(snapshots) == 0 {
+			t.Fatalf("snapshot list: %v\n%s", err, list)
+		}
+		last := snapshots[len(snapshots)-1].Stats
+		return out, last.NonCached, last.Cached
+	}
+	for _, g := range []struct {
+		b    *sandbox
+		data string
+	}{{web, webData}, {db, dbData}} {
+		snapshot(g.b, g.data)
+		if _, read, unread := snapshot(g.b, g.data); read != 0 || unread != 1 {
+			t.Fatalf("an unchanged file with no notice: read %d, unread %d; want it taken from the previous snapshot", read, unread)
+		}
+	}
+
+	err = repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "test"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		_, err := w.PutManifest(ctx, map[string]string{
+			manifest.TypeLabelKey: rehash.ManifestType, rehash.LabelUsername: "web", rehash.LabelHostname: "team-a",
+		}, rehash.Notice{Paths: []string{webData}, Reason: "test"})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out, read, unread := snapshot(web, webData)
+	if read != 1 || unread != 0 || !strings.Contains(out, "read every file again") {
+		t.Errorf("with a notice: read %d, unread %d; want the file read again\n%s", read, unread, out)
+	}
+	if out, read, unread := snapshot(db, dbData); read != 0 || unread != 1 || strings.Contains(out, "read every file again") {
+		t.Errorf("another guest's notice: read %d, unread %d\n%s", read, unread, out)
 	}
 }
