@@ -239,9 +239,26 @@ type MaintenanceSpec struct {
 
 	// Disabled stops guestbackup from running maintenance, for a
 	// repository whose maintenance someone else runs. Storage then grows
-	// until they do.
+	// until they do. It stops verification too.
 	// +optional
 	Disabled bool `json:"disabled,omitempty"`
+
+	// VerifyInterval is how often the server pod that runs maintenance
+	// verifies the repository: that every content the index names is in
+	// a pack the storage still holds (one listing of the packs), and that
+	// VerifyReadBytes of packs, taken in turn, read back and decrypt. What
+	// it finds lost is named in the RepositoryIntact condition and healed
+	// forward (docs/operations.md, "Verification"). Default: 10m; 0s
+	// turns verification off.
+	// +optional
+	VerifyInterval *metav1.Duration `json:"verifyInterval,omitempty"`
+
+	// VerifyReadBytes is how many bytes of packs each verification pass
+	// reads back from the storage; passes take the packs in turn, so a
+	// repository of size S is read whole every S/VerifyReadBytes passes.
+	// Default: 256Mi; 0 reads none (existence is still checked).
+	// +optional
+	VerifyReadBytes *resource.Quantity `json:"verifyReadBytes,omitempty"`
 }
 
 // PolicySpec is the part of a Kopia policy an admin sets for every guest.

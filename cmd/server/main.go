@@ -31,6 +31,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
@@ -213,6 +214,8 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&o.CAFile, "tls-ca-file", "", "The CA the server's certificate verifies against.")
 	fs.StringVar(&o.HealthAddr, "health-addr", ":8082", "Address of /healthz, /readyz (ready once users are synced) and /metrics.")
 	fs.BoolVar(&o.Maintenance, "maintenance", false, "Run the repository's maintenance as the owner init connected (when it owns it).")
+	fs.DurationVar(&o.Verify.Interval, "verify-interval", integrity.DefaultInterval, "With --maintenance: how often to verify the repository (every indexed content's pack is in the storage, whole; a share of packs reads back), drop lost contents so that guests upload them again, and publish it for the BSLS's RepositoryIntact condition; 0 disables it.")
+	fs.Int64Var(&o.Verify.ReadBytesPerPass, "verify-read-bytes", integrity.DefaultReadBytesPerPass, "Pack bytes each verification pass reads back from the storage and decrypts; passes take the packs in turn. 0 reads none.")
 	fs.StringVar(&o.MaintenanceLease, "maintenance-lease", "", "With --maintenance: run it only while this pod holds this coordination.k8s.io Lease of --namespace, so that one of several server pods runs it.")
 	var client usersync.ClientOptions
 	clients := map[string]string{}

@@ -351,11 +351,19 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	}
 	initArgs = append(initArgs, "--namespace="+b.Namespace, "--bsls="+b.Name)
 	initArgs = append(initArgs, maintenanceArgs...)
-	// Several pods: the one holding the Lease runs maintenance, the pod's
-	// name its identity there.
-	var electionArgs []string
+	// User sync's further arguments. Several pods: the one holding the
+	// Lease runs maintenance, the pod's name its identity there.
+	var syncArgs []string
 	if SharesMaintenance(b) {
-		electionArgs = []string{"--maintenance-lease=" + maintenancestate.LeaseName(b.Name)}
+		syncArgs = []string{"--maintenance-lease=" + maintenancestate.LeaseName(b.Name)}
+	}
+	// Verification runs beside maintenance (package
+	// serverpod/integrity); the pod's defaults are the API's.
+	if m != nil && m.VerifyInterval != nil {
+		syncArgs = append(syncArgs, "--verify-interval="+m.VerifyInterval.Duration.String())
+	}
+	if m != nil && m.VerifyReadBytes != nil {
+		syncArgs = append(syncArgs, "--verify-read-bytes="+strconv.FormatInt(m.VerifyReadBytes.Value(), 10))
 	}
 
 	labels := Labels(b)
@@ -416,7 +424,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 					// Both ports present the server's own certificate.
 					"--tls-chain-file=" + chainFile,
 					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
-				}, append(electionArgs, policyArgs...)...), // an append-only server applies its retention
+				}, append(syncArgs, policyArgs...)...), // an append-only server applies its retention
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,

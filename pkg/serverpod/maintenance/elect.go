@@ -87,13 +87,13 @@ func orDefault(d, def time.Duration) time.Duration {
 
 // StartElected runs maintenance (Start) while this pod holds e's Lease,
 // until ctx ends or stop is called.
-func StartElected(ctx context.Context, e Election, configFile, password string, reports Reporter, publish Publisher, log logr.Logger) (stop func()) {
+func StartElected(ctx context.Context, e Election, c Config) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		e.Run(ctx, func(ctx context.Context) error {
-			stopRun, err := Start(ctx, configFile, password, reports, publish, log)
+			stopRun, err := Start(ctx, c)
 			if err != nil {
 				return fmt.Errorf("start maintenance: %w", err)
 			}

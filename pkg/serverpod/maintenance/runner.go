@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -88,6 +89,9 @@ type Options struct {
 	// MinWait and MaxWait bound the wait between two checks of Kopia's
 	// schedule. Default: a minute and an hour.
 	MinWait, MaxWait time.Duration
+	// Exclusive, when set, is held for a whole run: verification holds
+	// it too (integrity.Options.Exclusive).
+	Exclusive sync.Locker
 	// Clock is the Runner's; default the real one.
 	Clock   clock.Clock
 	Reports Reporter
@@ -141,6 +145,10 @@ var errNotOwned = errors.New("repository maintenance is owned by someone else")
 // RunOnce runs the cycle Kopia's schedule has due (mode
 // kopiamaintenance.ModeAuto), or the one mode names, and reports it.
 func (r *Runner) RunOnce(ctx context.Context, mode kopiamaintenance.Mode) (Result, error) {
+	if r.opts.Exclusive != nil {
+		r.opts.Exclusive.Lock()
+		defer r.opts.Exclusive.Unlock()
+	}
 	res, err := r.run(ctx, mode)
 	r.report(res, err)
 	r.publish(ctx, res, err)

@@ -24,6 +24,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/eventrecord"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
@@ -60,6 +61,9 @@ type ServeOptions struct {
 	// Maintenance runs the repository's maintenance as the owner init
 	// connected (package maintenance).
 	Maintenance bool
+	// Verify configures the repository's verification beside
+	// maintenance (package integrity); Verify.Server is set by Serve.
+	Verify maintenance.VerifyConfig
 	// MaintenanceLease, when set, names the Lease that elects the one pod
 	// of several that runs maintenance (maintenance.Election); this pod's
 	// identity there is Options.Pod.
@@ -99,6 +103,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: o.Client.CoreV1().Events(o.Namespace)})
 	defer broadcaster.Shutdown()
 	o.Events = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"})
+	control := serverpod.NewControlClient(o.ServerURL, o.ControlUsername, o.ControlPassword, cas)
+	defer control.Close()
+	o.Verify.Server = control
 	stopMaintenance, err := startMaintenance(ctx, o)
 	if err != nil {
 		return err
@@ -111,8 +118,6 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	}
 	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
 	o.Repository = r
-	control := serverpod.NewControlClient(o.ServerURL, o.ControlUsername, o.ControlPassword, cas)
-	defer control.Close()
 	o.Server = control
 	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Log: o.Log.WithName("gate")})
 	if err != nil {
@@ -153,6 +158,7 @@ func (s *Syncer) Handler() http.Handler {
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats)
 	metrics.MustRegister(sessiongate.Collectors()...)
 	metrics.MustRegister(maintenance.Collectors()...)
+	metrics.MustRegister(integrity.Collectors()...)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
 	mux.Handle("/healthz", healthz.CheckHandler{Checker: healthz.Ping})
@@ -218,16 +224,20 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 	if !o.Maintenance {
 		return func() {}, nil
 	}
-	publish := maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS}
 	log := o.Log.WithName("maintenance")
+	c := maintenance.Config{
+		ConfigFile: serverpod.MaintenanceConfigFile(o.ConfigFile), Password: o.Password,
+		Reports: reports, Publish: maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS},
+		Verify: o.Verify, Log: log,
+	}
 	if o.MaintenanceLease != "" {
 		election := maintenance.Election{
 			Leases: o.Client.CoordinationV1(), Namespace: o.Namespace, Lease: o.MaintenanceLease,
 			Identity: o.Pod, Log: log,
 		}
-		return maintenance.StartElected(ctx, election, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log), nil
+		return maintenance.StartElected(ctx, election, c), nil
 	}
-	return maintenance.Start(ctx, serverpod.MaintenanceConfigFile(o.ConfigFile), o.Password, reports, publish, log)
+	return maintenance.Start(ctx, c)
 }
 
 // serveClient opens the client binaries, serves them (and the guests'
