@@ -379,3 +379,82 @@ func (b byteSlice) Reader() io.ReadSeekCloser { return nopCloser{bytes.NewReader
 type nopCloser struct{ *bytes.Reader }
 
 func (nopCloser) Close() error { return nil }
+
+// TestWhatGarbageCollectionDeletedRecentlyIsNotDropped: Kopia keeps a
+// content its garbage collection deleted in the index for a while, so
+// that a snapshot that was running meanwhile can have it undeleted.
+// Moving the deletion watermark past the lost contents would drop it too,
+// so the pass leaves the lost contents pending while it is in the way,
+// and forgets them once nothing is left to undelete.
+func TestWhatGarbageCollectionDeletedRecentlyIsNotDropped(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	lost := files(t, 2, 2<<20)
+	b.kopia(b.web, "snapshot", "create", lost)
+	// What garbage collection does to a content no snapshot references:
+	// mark it deleted, its pack left in place.
+	data := make([]byte, 100<<10)
+	_, _ = rand.Read(data)
+	var collected content.ID
+	err := repo.DirectWriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "test"}, func(ctx context.Context, w repo.DirectRepositoryWriter) error {
+		ow := w.NewObjectWriter(ctx, object.WriterOptions{})
+		defer ow.Close()
+		if _, err := ow.Write(data); err != nil {
+			return err
+		}
+		oid, err := ow.Result()
+		if err != nil {
+			return err
+		}
+		var ok bool
+		if collected, _, ok = oid.ContentID(); !ok {
+			t.Fatalf("%s is not one content", oid)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = repo.DirectWriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "test"}, func(ctx context.Context, w repo.DirectRepositoryWriter) error {
+		return w.ContentManager().DeleteContent(ctx, collected)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.owner.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ci, err := b.owner.ContentReader().ContentInfo(ctx, collected)
+	if err != nil || !ci.Deleted {
+		t.Fatalf("the collected content: %+v %v", ci, err)
+	}
+
+	packs := b.dataPacks("web", "team-a", lost)
+	for _, p := range packs {
+		if err := b.storage.DeleteBlob(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.pass()
+	if s.LostContents == 0 || s.Pending != s.LostContents {
+		t.Fatalf("lost %d, pending %d: the lost contents should wait while a recently collected content is in the way", s.LostContents, s.Pending)
+	}
+	if ci, err := b.owner.ContentReader().ContentInfo(ctx, collected); err != nil || !ci.Deleted {
+		t.Fatalf("the collected content was dropped from the index: %+v %v", ci, err)
+	}
+	if r := b.reports.take(); len(r) != 1 || !strings.Contains(r[0], "wait") {
+		t.Fatalf("reports: %q", r)
+	}
+
+	// Once its pack is gone, there is nothing left to undelete.
+	if err := b.storage.DeleteBlob(ctx, ci.PackBlobID); err != nil {
+		t.Fatal(err)
+	}
+	if s := b.pass(); s.Pending != 0 {
+		t.Fatalf("pending %d after the collected content's pack went", s.Pending)
+	}
+	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
+	if ok, out := b.verifies(b.web, lost); !ok {
+		t.Fatalf("after the lost contents were forgotten and the files read again:\n%s", out)
+	}
+}

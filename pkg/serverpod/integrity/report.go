@@ -100,6 +100,9 @@ func damagedMessage(s maintenancestate.IntegrityState) string {
 		fmt.Fprintf(&b, "; packs whose contents do not read back: %s", strings.Join(s.DamagedPacks, ", "))
 	}
 	b.WriteString(". They are dropped from the index, so that the next snapshot of the same data uploads them again")
+	if s.Pending > 0 {
+		fmt.Fprintf(&b, "; %d of them wait for that: contents Kopia's garbage collection deleted recently keep them in the index, where a guest's client takes them for present, until Kopia's maintenance lets go of those (within its safety margins)", s.Pending)
+	}
 	if s.DamagedSnapshots > 0 {
 		guests := map[string]bool{}
 		for _, d := range s.Damaged {
