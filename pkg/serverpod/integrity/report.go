@@ -79,7 +79,7 @@ func events(last, now maintenancestate.IntegrityState, failing string) []event {
 	if now.LostContents > 0 {
 		return []event{{warning: true, reason: ReasonRepositoryDamaged, message: damagedMessage(now)}}
 	}
-	if now.DamagedSnapshots == 0 && (last.DamagedSnapshots > 0 || last.LostContents > 0) && last.Error == "" {
+	if now.DamagedSnapshots == 0 && (last.DamagedSnapshots > 0 || last.LostContents > 0) {
 		msg := "No snapshot references lost data any more: the guests uploaded it again"
 		if !last.DamagedSince.IsZero() {
 			msg += " (damaged since " + last.DamagedSince.Format(time.RFC3339) + ")"
