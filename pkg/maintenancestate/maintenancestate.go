@@ -194,6 +194,14 @@ type IntegrityState struct {
 	// most recent first), while they do.
 	DamagedSnapshots int             `json:"damagedSnapshots,omitempty"`
 	Damaged          []DamagedSource `json:"damaged,omitempty"`
+	// Settled are the sources whose damaged snapshots this pass found
+	// could no longer heal (their guest's latest snapshot is whole, or the
+	// repository has been damaged for a week) and rewrote, each lost file
+	// replaced by a stub, `.INVALID.<name>`, that names what was lost, so
+	// that they restore what remains and Kopia's garbage collection,
+	// which fails on a reference to lost data, runs again. Listed by the
+	// pass that settled them only; their counts are of before.
+	Settled []DamagedSource `json:"settled,omitempty"`
 	// DamagedSince is when the repository was last found damaged after
 	// being intact; zero while no snapshot is damaged.
 	DamagedSince time.Time `json:"damagedSince,omitzero"`

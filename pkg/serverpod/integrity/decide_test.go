@@ -98,6 +98,10 @@ func TestEventsTellEachChangeOnce(t *testing.T) {
 		{name: "a pass that failed", last: stillDamaged, now: failed, want: []string{"Warning VerificationFailing: Repository verification could not complete, and is tried again at the next pass: storage does not answer; the last complete pass, at 2026-12-06T09:00:00Z, stands"}},
 		{name: "failing the same way again", last: failed, now: failed, failing: failed.Error, want: nil},
 		{name: "a pass after a failure says nothing of the failure's end", last: failed, now: stillDamaged, want: nil},
+		{name: "what could not heal is settled", last: stillDamaged, now: maintenancestate.IntegrityState{VerifiedAt: at, Settled: []maintenancestate.DamagedSource{{User: "web", Host: "team-a", Path: "/srv", Snapshots: 3, Files: 2}}}, want: []string{
+			"Warning SnapshotsSettled: 3 damaged snapshots of 1 guests could no longer heal",
+			"Normal RepositoryIntactAgain: No snapshot references lost data any more (damaged since",
+		}},
 		{name: "healed by the pass after a failure", last: failed, now: maintenancestate.IntegrityState{VerifiedAt: at}, want: []string{"Normal RepositoryIntactAgain: "}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

@@ -48,6 +48,10 @@ const (
 	// data any more: every guest whose snapshots were damaged uploaded the
 	// lost data again.
 	ReasonRepositoryIntactAgain = "RepositoryIntactAgain"
+	// ReasonSnapshotsSettled (Warning): damaged snapshots that could no
+	// longer heal were rewritten, each lost file replaced by a stub
+	// (settle.go).
+	ReasonSnapshotsSettled = "SnapshotsSettled"
 	// ReasonVerificationFailing (Warning): a pass could not complete (the
 	// storage did not answer, say); it is tried again at the next one.
 	ReasonVerificationFailing = "VerificationFailing"
@@ -57,6 +61,7 @@ const (
 const (
 	DefaultInterval         = 10 * time.Minute
 	DefaultReadBytesPerPass = 256 << 20
+	DefaultSettleAfter      = 7 * 24 * time.Hour
 )
 
 // Reporter receives the Events to record on the BSLS.
@@ -91,6 +96,10 @@ type Options struct {
 	// ReadBytesPerPass bounds the pack bytes a pass reads back; 0 reads
 	// none, negative takes DefaultReadBytesPerPass.
 	ReadBytesPerPass int64
+	// SettleAfter is how long the repository may stay damaged before
+	// the damaged snapshots of guests that have not healed them are
+	// settled all the same (settle.go); default DefaultSettleAfter.
+	SettleAfter time.Duration
 	// Exclusive, when set, is held for a whole pass. Maintenance holds it
 	// too: its compaction moves contents between packs, which a pass
 	// would otherwise find missing from the pack its index named.
@@ -133,6 +142,9 @@ func NewVerifier(o Options) *Verifier {
 	}
 	if o.ReadBytesPerPass < 0 {
 		o.ReadBytesPerPass = DefaultReadBytesPerPass
+	}
+	if o.SettleAfter <= 0 {
+		o.SettleAfter = DefaultSettleAfter
 	}
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
@@ -270,13 +282,25 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 			return state, err
 		}
 		v.walked = true
+		overdue := !v.last.DamagedSince.IsZero() && v.opts.Clock.Since(v.last.DamagedSince) > v.opts.SettleAfter
+		settled, err := settle(ctx, dr, d, lost, overdue)
+		if err != nil {
+			return state, err
+		}
+		if len(settled) > 0 {
+			_, state.Settled = (&damage{sources: settled}).summary()
+			// What remains damaged, with the settled snapshots whole.
+			if d, err = walk(ctx, dr, lost); err != nil {
+				return state, err
+			}
+		}
 		state.DamagedSnapshots, state.Damaged = d.summary()
 	}
 	changed, err := syncNotices(ctx, dr, d.healing())
 	if err != nil {
 		return state, err
 	}
-	if (changed || forgot || len(lost) > 0) && v.opts.Server != nil {
+	if (changed || forgot || len(lost) > 0 || len(state.Settled) > 0) && v.opts.Server != nil {
 		if err := v.opts.Server.Refresh(ctx); err != nil {
 			return state, fmt.Errorf("refresh the Kopia server, which serves guests from what it last read: %w", err)
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/repo/content"
+	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
 	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
@@ -25,6 +26,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/rehash"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 )
 
 // bed is a real Kopia server on a filesystem repository with guestbackup's
@@ -268,35 +270,85 @@ func TestALostPackIsFoundAndHealedForward(t *testing.T) {
 		t.Fatalf("after a snapshot that did not read its files again: %+v", s.Damaged)
 	}
 
+	// Kopia's garbage collection fails on a reference to data that is
+	// gone: it must not stay that way.
+	if _, err := maintenanceRun(t, b.owner); err == nil || !strings.Contains(err.Error(), "snapshot gc") {
+		t.Fatalf("full maintenance while snapshots reference lost data: %v; want garbage collection to fail", err)
+	}
+
+	// The owner changed one file before the guest read its files again:
+	// the earlier snapshots' version of it is gone for good.
+	oldD, _ := os.ReadFile(filepath.Join(lost, "filed"))
+	if err := os.WriteFile(filepath.Join(lost, "filed"), []byte("changed"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	// What the guest's script does while it has a notice.
 	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
-	if ok, out := b.verifies(b.web, lost); !ok {
-		t.Fatalf("after a snapshot that read every file again, the snapshots of %s do not verify:\n%s", lost, out)
+	s = b.pass()
+	if s.DamagedSnapshots != 0 || len(s.Damaged) != 0 || s.LostContents != 0 || !s.DamagedSince.IsZero() {
+		t.Fatalf("after healing: %+v", s)
 	}
+	if len(s.Settled) != 1 || s.Settled[0].Snapshots != 3 || s.Settled[0].Files != 1 {
+		t.Fatalf("settled: %+v; want the 3 snapshots that hold the lost version of filed", s.Settled)
+	}
+	if r := b.reports.take(); len(r) != 2 || !strings.HasPrefix(r[0], "Warning SnapshotsSettled: 3 damaged snapshots") || !strings.HasPrefix(r[1], "Normal RepositoryIntactAgain: ") {
+		t.Fatalf("reports after healing: %q", r)
+	}
+	if n := b.notices(b.web); n != "" {
+		t.Fatalf("the notice outlived the damage: %s", n)
+	}
+	if ok, out := b.verifies(b.web, lost); !ok {
+		t.Fatalf("after the guest read every file again and the rest was settled, the snapshots of %s do not verify:\n%s", lost, out)
+	}
+	if _, err := maintenanceRun(t, b.owner); err != nil {
+		t.Fatalf("full maintenance once nothing references lost data: %v", err)
+	}
+	// The first snapshot restores every file the guest uploaded again
+	// byte for byte, and says what was lost for good.
 	restored := filepath.Join(t.TempDir(), "restored")
 	ids, err := b.web.SnapshotIDs(ctx, lost)
 	if err != nil {
 		t.Fatal(err)
 	}
 	b.kopia(b.web, "snapshot", "restore", ids[0], restored)
-	for _, name := range []string{"filea", "fileb", "filec", "filed"} {
+	for _, name := range []string{"filea", "fileb", "filec"} {
 		want, _ := os.ReadFile(filepath.Join(lost, name))
 		got, err := os.ReadFile(filepath.Join(restored, name))
 		if err != nil || !bytes.Equal(got, want) {
 			t.Fatalf("the first snapshot's %s does not restore byte for byte: %v", name, err)
 		}
 	}
+	stub, err := os.ReadFile(filepath.Join(restored, ".INVALID.filed"))
+	if err != nil || !strings.Contains(string(stub), "the storage lost this file's data") {
+		t.Fatalf("the lost version of filed: %v\n%s", err, stub)
+	}
+	if _, err := os.Stat(filepath.Join(restored, "filed")); err == nil || len(oldD) == 0 {
+		t.Fatal("the first snapshot restored a filed it cannot hold")
+	}
+}
 
-	s = b.pass()
-	if s.DamagedSnapshots != 0 || len(s.Damaged) != 0 || s.LostContents != 0 || !s.DamagedSince.IsZero() {
-		t.Fatalf("after healing: %+v", s)
+// maintenanceRun runs Kopia's full maintenance as guestbackup's runner
+// does, without Kopia's waits.
+func maintenanceRun(t *testing.T, dr repo.DirectRepository) (maintenance.Result, error) {
+	t.Helper()
+	safety := kopiamaintenance.SafetyNone
+	if err := claim(context.Background(), dr); err != nil {
+		t.Fatal(err)
 	}
-	if r := b.reports.take(); len(r) != 1 || !strings.HasPrefix(r[0], "Normal RepositoryIntactAgain: ") {
-		t.Fatalf("reports after healing: %q", r)
+	return maintenance.NewRunner(maintenance.Options{Repository: dr, Safety: &safety, Log: testr.New(t)}).RunOnce(context.Background(), kopiamaintenance.ModeFull)
+}
+
+// claim makes dr's identity the repository's maintenance owner: the
+// test bed's server created it as another.
+func claim(ctx context.Context, dr repo.DirectRepository) error {
+	params, err := kopiamaintenance.GetParams(ctx, dr)
+	if err != nil {
+		return err
 	}
-	if n := b.notices(b.web); n != "" {
-		t.Fatalf("the notice outlived the damage: %s", n)
-	}
+	params.Owner = dr.ClientOptions().UsernameAtHost()
+	return repo.WriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "test"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		return kopiamaintenance.SetParams(ctx, w, params)
+	})
 }
 
 // TestARottenPackIsFound: bytes flipped inside a pack are found by

@@ -76,17 +76,37 @@ func events(last, now maintenancestate.IntegrityState, failing string) []event {
 		}
 		return []event{{warning: true, reason: ReasonVerificationFailing, message: msg}}
 	}
-	if now.LostContents > 0 {
-		return []event{{warning: true, reason: ReasonRepositoryDamaged, message: damagedMessage(now)}}
+	var out []event
+	if len(now.Settled) > 0 {
+		out = append(out, event{warning: true, reason: ReasonSnapshotsSettled, message: settledMessage(now.Settled)})
 	}
-	if now.DamagedSnapshots == 0 && (last.DamagedSnapshots > 0 || last.LostContents > 0) {
-		msg := "No snapshot references lost data any more: the guests uploaded it again"
+	switch {
+	case now.LostContents > 0:
+		out = append(out, event{warning: true, reason: ReasonRepositoryDamaged, message: damagedMessage(now)})
+	case now.DamagedSnapshots == 0 && (last.DamagedSnapshots > 0 || last.LostContents > 0):
+		msg := "No snapshot references lost data any more"
+		if len(now.Settled) == 0 {
+			msg += ": the guests uploaded it again"
+		}
 		if !last.DamagedSince.IsZero() {
 			msg += " (damaged since " + last.DamagedSince.Format(time.RFC3339) + ")"
 		}
-		return []event{{reason: ReasonRepositoryIntactAgain, message: msg}}
+		out = append(out, event{reason: ReasonRepositoryIntactAgain, message: msg})
 	}
-	return nil
+	return out
+}
+
+// settledMessage says which snapshots were settled, and what that means.
+func settledMessage(settled []maintenancestate.DamagedSource) string {
+	snapshots, files := 0, 0
+	guests := map[string]bool{}
+	for _, s := range settled {
+		snapshots += s.Snapshots
+		files += s.Files
+		guests[s.User+"@"+s.Host] = true
+	}
+	return fmt.Sprintf("%d damaged snapshots of %d guests could no longer heal (their guest's latest snapshot is whole, or the damage is a week old) and were rewritten: each of the %d lost files is replaced by a stub, .INVALID.<name>, naming what was lost; every other file restores as before, and maintenance can collect again. The snapshots' IDs changed.",
+		snapshots, len(guests), files)
 }
 
 // damagedMessage says what a pass found lost and what happens next.
