@@ -184,6 +184,8 @@ func (v *Verifier) Pass(ctx context.Context) (maintenancestate.IntegrityState, e
 		// complete pass's findings.
 		failed := v.last
 		failed.CheckedAt, failed.Error = now, err.Error()
+		// What the last pass settled was said then.
+		failed.Settled = nil
 		state = failed
 		passFailures.Inc()
 	} else {
