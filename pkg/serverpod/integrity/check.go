@@ -53,9 +53,10 @@ func takeInventory(ctx context.Context, dr repo.DirectRepository) (*inventory, e
 	if err != nil {
 		return nil, fmt.Errorf("list the storage's packs: %w", err)
 	}
-	// Listed first, read second: a content the index names was in its
-	// pack before the index blob naming it was written, and the index was
-	// read before the listing.
+	// A content the index names was in its pack before the index blob
+	// naming it was written. The iteration may read index blobs newer
+	// than the listing: what it then finds missing, confirm checks
+	// against the storage pack by pack.
 	err = dr.ContentReader().IterateContents(ctx, content.IterateOptions{}, func(ci content.Info) error {
 		inv.contents++
 		inv.packs[ci.PackBlobID] += int64(ci.PackedLength)
@@ -153,10 +154,12 @@ func choosePacks(sorted []blob.ID, sizes map[blob.ID]int64, cursor blob.ID, budg
 	return chosen, chosen[len(chosen)-1]
 }
 
-// loss is a content confirmed lost.
+// loss is a content confirmed lost: its pack, and the end of its bytes
+// there.
 type loss struct {
 	id   content.ID
 	pack blob.ID
+	end  int64
 	why  string
 }
 
@@ -183,15 +186,6 @@ func (l losses) packs() (missing, damaged []string) {
 	return missing, damaged
 }
 
-// ids is the set of the lost contents.
-func (l losses) ids() map[content.ID]bool {
-	m := make(map[content.ID]bool, len(l))
-	for _, x := range l {
-		m[x.id] = true
-	}
-	return m
-}
-
 // confirm keeps the suspects that are lost against a fresh index and the
 // storage's own answer: a content compaction moved, or that was deleted,
 // meanwhile is not lost, and neither is one whose read failed for a
@@ -216,15 +210,16 @@ func (v *Verifier) confirm(ctx context.Context, suspects []suspect) (losses, err
 		case ci.Deleted:
 			continue
 		}
+		end := int64(ci.PackOffset) + int64(ci.PackedLength)
 		md, err := dr.BlobReader().GetMetadata(ctx, ci.PackBlobID)
 		switch {
 		case errors.Is(err, blob.ErrBlobNotFound):
-			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, why: whyMissing})
+			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, end: end, why: whyMissing})
 			continue
 		case err != nil:
 			return nil, fmt.Errorf("pack %s of content %s: %w", ci.PackBlobID, s.id, err)
-		case int64(ci.PackOffset)+int64(ci.PackedLength) > md.Length:
-			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, why: whyTruncated})
+		case end > md.Length:
+			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, end: end, why: whyTruncated})
 			continue
 		}
 		if s.why != whyDamaged || v.opts.Reader == nil {
@@ -235,7 +230,7 @@ func (v *Verifier) confirm(ctx context.Context, suspects []suspect) (losses, err
 			return nil, err
 		}
 		if damaged {
-			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, why: whyDamaged})
+			lost = append(lost, loss{id: s.id, pack: ci.PackBlobID, end: end, why: whyDamaged})
 		}
 	}
 	return lost, nil
@@ -249,10 +244,20 @@ func (v *Verifier) stillDamaged(ctx context.Context, ci content.Info) (bool, err
 	if err := v.opts.Repository.BlobReader().GetBlob(ctx, ci.PackBlobID, int64(ci.PackOffset), int64(ci.PackedLength), &raw); err != nil {
 		return false, fmt.Errorf("read content %s from pack %s: %w", ci.ContentID, ci.PackBlobID, err)
 	}
-	if _, err := v.opts.Reader.ContentReader().GetContent(ctx, ci.ContentID); err != nil {
+	_, err := v.opts.Reader.ContentReader().GetContent(ctx, ci.ContentID)
+	switch {
+	case err == nil:
+		return false, nil
+	case undecodable(err):
+		// The storage gave the bytes, and they do not decrypt.
 		return true, nil
+	case ctx.Err() != nil:
+		return false, ctx.Err()
+	default:
+		// Not found (the uncached index lags), a timeout, throttling:
+		// nothing says the data is bad, and dropping it would lose it.
+		return false, fmt.Errorf("read content %s back: %w", ci.ContentID, err)
 	}
-	return false, nil
 }
 
 // outputBuffer is a bytes.Buffer as blob.Storage writes into.

@@ -2,6 +2,7 @@ package integrity
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/repo/content/indexblob"
+	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
 )
 
 // Marking a lost content deleted is not enough for a guest to upload it
@@ -22,63 +24,95 @@ import (
 // moves the watermark past the dropped contents.
 //
 // The watermark is one time for every deleted entry: moving it also drops
-// what Kopia's garbage collection deleted meanwhile, which Kopia keeps
-// until its safety margins pass, so that a snapshot that was running
-// while it collected can still have its contents undeleted. forget moves
-// it only when no such entry is in its way, that is when every deleted
-// entry after the watermark is either one the verifier dropped or one
-// whose pack the storage no longer holds (nothing left to undelete).
-// Otherwise the dropped contents wait, counted in the state as pending,
-// until Kopia's own maintenance moves the watermark past its entries.
+// what Kopia's garbage collection deleted, which Kopia keeps for a while
+// so that a snapshot that references one after all (a client connected
+// to a server takes a deleted content for present and references it)
+// has it undeleted by the next collection. Before forget runs, the pass
+// has undeleted every such content a snapshot references (undelete), as
+// that collection would, since Kopia's own cannot run while a snapshot
+// references lost data. What remains in the way is what the collection
+// deleted within Kopia's margins for a snapshot still running
+// (gcMargin), whose pack the storage still holds: then the lost contents
+// wait, counted as pending, and forget tries again at the next pass.
+//
+// A lost content whose pack came back whole (an admin restored it from the
+// bucket's versions) is undeleted instead.
+
+// gcMargin is Kopia's margin, under its full safety, between a garbage
+// collection and the drop of what it deleted: a snapshot running across a
+// collection that takes longer is not protected by Kopia either.
+var gcMargin = kopiamaintenance.SafetyFull.MarginBetweenSnapshotGC + kopiamaintenance.SafetyFull.DropContentFromIndexExtraMargin
 
 // forget makes the pending dropped contents absent from the index, and
-// returns those it could not yet: pending when something is in the way,
-// none otherwise.
-func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]int64, pending map[content.ID]bool) (map[content.ID]bool, error) {
+// returns those it could not yet.
+func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]int64, pending map[content.ID]loss, now time.Time) (map[content.ID]loss, error) {
 	if len(pending) == 0 {
 		return pending, nil
 	}
+	back := map[content.ID]bool{}
+	for id, l := range pending {
+		if l.why != whyDamaged && stored[l.pack] >= l.end {
+			back[id] = true
+		}
+	}
+	if err := undelete(ctx, dr, back); err != nil {
+		return pending, err
+	}
+	remaining := map[content.ID]loss{}
+	for id, l := range pending {
+		if !back[id] {
+			remaining[id] = l
+		}
+	}
+	if len(remaining) == 0 {
+		return nil, nil
+	}
 	em, ok, err := dr.ContentReader().EpochManager(ctx)
 	if err != nil {
-		return pending, fmt.Errorf("read the index's epochs: %w", err)
+		return remaining, fmt.Errorf("read the index's epochs: %w", err)
 	}
 	if !ok {
-		if err := forgetLegacy(ctx, dr, pending); err != nil {
-			return pending, err
+		if err := forgetLegacy(ctx, dr, remaining); err != nil {
+			return remaining, err
 		}
 		return nil, nil
 	}
 	cs, err := em.Current(ctx)
 	if err != nil {
-		return pending, fmt.Errorf("read the deletion watermark: %w", err)
+		return remaining, fmt.Errorf("read the deletion watermark: %w", err)
 	}
 	var latest time.Time
 	inWay := 0
-	remaining := map[content.ID]bool{}
+	still := map[content.ID]loss{}
 	err = dr.ContentReader().IterateContents(ctx, content.IterateOptions{IncludeDeleted: true}, func(ci content.Info) error {
 		if !ci.Deleted || !ci.Timestamp().After(cs.DeletionWatermark) {
 			return nil
 		}
-		if pending[ci.ContentID] {
-			remaining[ci.ContentID] = true
+		if l, ours := remaining[ci.ContentID]; ours {
+			still[ci.ContentID] = l
 			if ci.Timestamp().After(latest) {
 				latest = ci.Timestamp()
 			}
 			return nil
 		}
-		if _, held := stored[ci.PackBlobID]; held {
-			inWay++
+		if now.Sub(ci.Timestamp()) < gcMargin {
+			if _, held := stored[ci.PackBlobID]; held {
+				inWay++
+			} else if _, err := dr.BlobReader().GetMetadata(ctx, ci.PackBlobID); !errors.Is(err, blob.ErrBlobNotFound) {
+				// Held, or the storage cannot say: in the way.
+				inWay++
+			}
 		}
 		return nil
 	})
 	if err != nil {
-		return pending, fmt.Errorf("read the index's deleted contents: %w", err)
+		return remaining, fmt.Errorf("read the index's deleted contents: %w", err)
 	}
-	if len(remaining) == 0 {
+	if len(still) == 0 {
 		return nil, nil // Kopia's maintenance already let go of them
 	}
 	if inWay > 0 {
-		return remaining, nil
+		return still, nil
 	}
 	err = repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: forget lost contents"},
 		func(ctx context.Context, w repo.DirectRepositoryWriter) error {
@@ -86,7 +120,7 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 			return err
 		})
 	if err != nil {
-		return remaining, fmt.Errorf("move the deletion watermark to %s: %w", latest.UTC().Format(time.RFC3339), err)
+		return still, fmt.Errorf("move the deletion watermark to %s: %w", latest.UTC().Format(time.RFC3339), err)
 	}
 	if err := dr.Refresh(ctx); err != nil {
 		return nil, fmt.Errorf("refresh the index after moving the deletion watermark: %w", err)
@@ -96,7 +130,7 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 
 // forgetLegacy drops the pending contents from an index of Kopia's format
 // before epochs, whose compaction drops named contents.
-func forgetLegacy(ctx context.Context, dr repo.DirectRepository, pending map[content.ID]bool) error {
+func forgetLegacy(ctx context.Context, dr repo.DirectRepository, pending map[content.ID]loss) error {
 	ids := make([]content.ID, 0, len(pending))
 	for id := range pending {
 		ids = append(ids, id)

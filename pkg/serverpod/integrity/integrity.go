@@ -33,6 +33,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/content"
+	"github.com/kopia/kopia/snapshot"
 	"k8s.io/utils/clock"
 
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -132,7 +133,10 @@ type Verifier struct {
 	failing string
 	// pending are the contents dropped from the index that it still
 	// holds as deleted (see forget).
-	pending map[content.ID]bool
+	pending map[content.ID]loss
+	// since is when each damaged source was first found damaged, for
+	// SettleAfter.
+	since map[snapshot.SourceInfo]time.Time
 }
 
 // NewVerifier returns a Verifier; Run starts it.
@@ -255,6 +259,12 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 	if err != nil {
 		return state, err
 	}
+	if 2*len(lost) > inv.contents {
+		// A storage that answers wrongly (another prefix, a listing cut
+		// short, a quorum that lost its way) looks like a mass loss:
+		// dropping would turn its passing trouble into a real one.
+		return state, fmt.Errorf("%d of the %d contents the index names look lost (%d packs): more than half of the repository, so nothing is dropped; check the storage's location, credentials and health", len(lost), inv.contents, len(inv.packs))
+	}
 	if len(lost) > 0 {
 		if err := drop(ctx, dr, lost); err != nil {
 			return state, err
@@ -262,42 +272,52 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 		state.LostContents = len(lost)
 		state.MissingPacks, state.DamagedPacks = lost.packs()
 		if v.pending == nil {
-			v.pending = map[content.ID]bool{}
+			v.pending = map[content.ID]loss{}
 		}
 		for _, l := range lost {
-			v.pending[l.id] = true
+			v.pending[l.id] = l
 		}
 	}
 	lostContents.Add(float64(len(lost)))
-	before := len(v.pending)
-	if v.pending, err = forget(ctx, dr, inv.stored, v.pending); err != nil {
-		return state, err
-	}
-	state.Pending = len(v.pending)
-	forgot := len(v.pending) < before
 	// Walking every snapshot costs a read of every directory object: it
-	// is done when something is lost now, while something was, and once
-	// after the pod starts, which knows nothing of earlier passes.
+	// is done when something is lost now or waits to be forgotten, while
+	// something is damaged, and once after the pod starts, which knows
+	// nothing of earlier passes.
 	var d *damage
-	if len(lost) > 0 || !v.walked || v.last.DamagedSnapshots > 0 {
-		if d, err = walk(ctx, dr, lost); err != nil {
+	forgot := false
+	if len(lost) > 0 || len(v.pending) > 0 || !v.walked || v.last.DamagedSnapshots > 0 {
+		var victims map[content.ID]bool
+		if d, victims, err = walk(ctx, dr, v.pending, inv.stored); err != nil {
 			return state, err
 		}
 		v.walked = true
-		overdue := !v.last.DamagedSince.IsZero() && v.opts.Clock.Since(v.last.DamagedSince) > v.opts.SettleAfter
-		settled, err := settle(ctx, dr, d, lost, overdue)
+		// What Kopia's garbage collection would do at its next run, which
+		// cannot run while a snapshot references lost data: a content it
+		// deleted that a snapshot references after all is undeleted.
+		if err := undelete(ctx, dr, victims); err != nil {
+			return state, err
+		}
+		before := len(v.pending)
+		if v.pending, err = forget(ctx, dr, inv.stored, v.pending, v.opts.Clock.Now()); err != nil {
+			return state, err
+		}
+		forgot = len(v.pending) < before
+		v.track(d)
+		settled, err := settle(ctx, dr, d, v.pending, inv.stored, v.overdue)
 		if err != nil {
 			return state, err
 		}
 		if len(settled) > 0 {
 			_, state.Settled = (&damage{sources: settled}).summary()
 			// What remains damaged, with the settled snapshots whole.
-			if d, err = walk(ctx, dr, lost); err != nil {
+			if d, _, err = walk(ctx, dr, v.pending, inv.stored); err != nil {
 				return state, err
 			}
+			v.track(d)
 		}
 		state.DamagedSnapshots, state.Damaged = d.summary()
 	}
+	state.Pending = len(v.pending)
 	changed, err := syncNotices(ctx, dr, d.healing())
 	if err != nil {
 		return state, err
@@ -308,6 +328,57 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 		}
 	}
 	return state, nil
+}
+
+// track records when each source of d was first found damaged, and
+// forgets the sources that are not any more.
+func (v *Verifier) track(d *damage) {
+	now := v.opts.Clock.Now()
+	damaged := map[snapshot.SourceInfo]bool{}
+	if v.since == nil {
+		v.since = map[snapshot.SourceInfo]time.Time{}
+	}
+	for _, s := range d.sources {
+		damaged[s.src] = true
+		if _, ok := v.since[s.src]; !ok {
+			v.since[s.src] = now
+		}
+	}
+	for src := range v.since {
+		if !damaged[src] {
+			delete(v.since, src)
+		}
+	}
+}
+
+// overdue is whether src has been damaged for longer than SettleAfter.
+func (v *Verifier) overdue(src snapshot.SourceInfo) bool {
+	since, ok := v.since[src]
+	return ok && v.opts.Clock.Since(since) > v.opts.SettleAfter
+}
+
+// undelete undeletes the contents Kopia's garbage collection deleted
+// that a snapshot references.
+func undelete(ctx context.Context, dr repo.DirectRepository, ids map[content.ID]bool) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	err := repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: undelete referenced contents"},
+		func(ctx context.Context, w repo.DirectRepositoryWriter) error {
+			for id := range ids {
+				if err := w.ContentManager().UndeleteContent(ctx, id); err != nil {
+					return fmt.Errorf("undelete content %s, which a snapshot references: %w", id, err)
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return err
+	}
+	if err := dr.Refresh(ctx); err != nil {
+		return fmt.Errorf("refresh the index after undeleting contents: %w", err)
+	}
+	return nil
 }
 
 // drop marks the lost contents deleted in the index: a client that

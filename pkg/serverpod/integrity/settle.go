@@ -6,6 +6,8 @@ import (
 	"fmt"
 
 	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/blob"
+	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/policy"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
@@ -23,19 +25,18 @@ import (
 // invalid-files --invalid-file-handling=stub` does, with each lost file
 // replaced by a stub, `.INVALID.<name>`, whose content names the file and
 // why. Every other file restores as before. A source whose guest never
-// snapshots again (its VM is gone) is settled once the repository has
-// been damaged for Options.SettleAfter.
+// snapshots again (its VM is gone) is settled once it has been damaged
+// for Options.SettleAfter.
 
 // errLost is why a settled file was replaced.
 var errLost = errors.New("guestbackup: the storage lost this file's data (see the BackupDamaged Event of the VM), and no later upload of the same data restored it")
 
 // settle rewrites the damaged snapshots of the sources that can no longer
-// heal, or of every damaged source when all is true, and returns those it
-// settled.
-func settle(ctx context.Context, dr repo.DirectRepository, d *damage, lost losses, all bool) ([]*sourceDamage, error) {
+// heal, and of those overdue, and returns the sources it settled.
+func settle(ctx context.Context, dr repo.DirectRepository, d *damage, pending map[content.ID]loss, stored map[blob.ID]int64, overdue func(snapshot.SourceInfo) bool) ([]*sourceDamage, error) {
 	var settled []*sourceDamage
 	for _, s := range d.sources {
-		if all || !s.healing {
+		if !s.healing || overdue(s.src) {
 			settled = append(settled, s)
 		}
 	}
@@ -44,7 +45,7 @@ func settle(ctx context.Context, dr repo.DirectRepository, d *damage, lost losse
 	}
 	err := repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: settle snapshots that cannot heal"},
 		func(ctx context.Context, w repo.DirectRepositoryWriter) error {
-			check := &walker{rep: w, lost: lost.ids(), dirs: nil}
+			check := newWalker(w, pending, stored)
 			rw, err := snapshotfs.NewDirRewriter(ctx, w, snapshotfs.DirRewriterOptions{
 				Parallel: 1,
 				RewriteEntry: func(ctx context.Context, parentPath string, e *snapshot.DirEntry) (*snapshot.DirEntry, error) {
@@ -57,7 +58,16 @@ func settle(ctx context.Context, dr repo.DirectRepository, d *damage, lost losse
 					}
 					return snapshotfs.RewriteAsStub(w)(ctx, parentPath, e, errLost)
 				},
-				OnDirectoryReadFailure: snapshotfs.RewriteAsStub(w),
+				OnDirectoryReadFailure: func(ctx context.Context, parentPath string, e *snapshot.DirEntry, err error) (*snapshot.DirEntry, error) {
+					// Only a directory whose own data is lost becomes a
+					// stub: a read that failed for a passing reason
+					// fails the settling, and nothing is rewritten.
+					ok, werr := check.whole(ctx, e.ObjectID)
+					if werr != nil || ok {
+						return nil, fmt.Errorf("directory %s could not be read, though its data is not lost: %w", parentPath, errors.Join(err, werr))
+					}
+					return snapshotfs.RewriteAsStub(w)(ctx, parentPath, e, errLost)
+				},
 			})
 			if err != nil {
 				return fmt.Errorf("rewrite damaged snapshots: %w", err)

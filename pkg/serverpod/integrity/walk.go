@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
@@ -35,31 +36,42 @@ type damage struct {
 
 // walker checks snapshots' trees, each directory object once.
 type walker struct {
-	rep  repo.DirectRepository
-	lost map[content.ID]bool
+	rep repo.DirectRepository
+	// pending are the contents the verifier dropped that the index still
+	// holds as deleted; stored the storage's packs and their lengths.
+	pending map[content.ID]loss
+	stored  map[blob.ID]int64
 	// dirs holds, for each directory object walked, the objects under it
 	// whose data is lost (empty when none).
 	dirs map[object.ID][]object.ID
+	// victims are contents Kopia's garbage collection deleted, whose
+	// pack the storage still holds, that a snapshot references.
+	victims map[content.ID]bool
 }
 
-// walk finds the snapshots that reference a content that is lost: not in
-// the index, dropped from it (deleted), or in lost.
-func walk(ctx context.Context, dr repo.DirectRepository, lost losses) (*damage, error) {
-	if len(lost) > 0 {
-		// See the drop: a snapshot written meanwhile may reference it.
-		if err := dr.Refresh(ctx); err != nil {
-			return nil, fmt.Errorf("refresh the index: %w", err)
-		}
+func newWalker(rep repo.DirectRepository, pending map[content.ID]loss, stored map[blob.ID]int64) *walker {
+	return &walker{rep: rep, pending: pending, stored: stored, dirs: map[object.ID][]object.ID{}, victims: map[content.ID]bool{}}
+}
+
+// walk finds the snapshots that reference a content that is lost: absent
+// from the index, dropped by the verifier (pending), or deleted with its
+// pack gone. A content Kopia's garbage collection deleted whose pack is
+// still there is not lost: it is returned among the victims, which
+// Kopia's next collection would undelete.
+func walk(ctx context.Context, dr repo.DirectRepository, pending map[content.ID]loss, stored map[blob.ID]int64) (*damage, map[content.ID]bool, error) {
+	// A snapshot written meanwhile may reference what was dropped.
+	if err := dr.Refresh(ctx); err != nil {
+		return nil, nil, fmt.Errorf("refresh the index: %w", err)
 	}
 	ids, err := snapshot.ListSnapshotManifests(ctx, dr, nil, nil)
 	if err != nil {
-		return nil, fmt.Errorf("list snapshots: %w", err)
+		return nil, nil, fmt.Errorf("list snapshots: %w", err)
 	}
 	manifests, err := snapshot.LoadSnapshots(ctx, dr, ids)
 	if err != nil {
-		return nil, fmt.Errorf("load snapshots: %w", err)
+		return nil, nil, fmt.Errorf("load snapshots: %w", err)
 	}
-	w := &walker{rep: dr, lost: lost.ids(), dirs: map[object.ID][]object.ID{}}
+	w := newWalker(dr, pending, stored)
 	bySource := map[snapshot.SourceInfo][]*snapshot.Manifest{}
 	for _, m := range manifests {
 		bySource[m.Source] = append(bySource[m.Source], m)
@@ -72,7 +84,7 @@ func walk(ctx context.Context, dr repo.DirectRepository, lost losses) (*damage, 
 		for _, m := range ms {
 			bad, err := w.snapshot(ctx, m)
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			if len(bad) == 0 {
 				continue
@@ -92,7 +104,7 @@ func walk(ctx context.Context, dr repo.DirectRepository, lost losses) (*damage, 
 		d.sources = append(d.sources, sd)
 		d.snapshots += len(sd.damaged)
 	}
-	return d, nil
+	return d, w.victims, nil
 }
 
 // bases are the snapshots a client's next snapshot of the source builds
@@ -157,13 +169,22 @@ func (w *walker) dir(ctx context.Context, oid object.ID) ([]object.ID, error) {
 		}
 		return nil, err
 	}
+	seen := map[object.ID]bool{}
 	for _, e := range entries {
 		if e.Type == snapshot.EntryTypeDirectory {
 			sub, err := w.dir(ctx, e.ObjectID)
 			if err != nil {
 				return nil, err
 			}
-			bad = append(bad, sub...)
+			// Each lost object once, and at most maxListedObjects: a
+			// guest can write directories that list one child many
+			// times, which would otherwise grow this without bound.
+			for _, oid := range sub {
+				if !seen[oid] && len(bad) < maxListedObjects {
+					seen[oid] = true
+					bad = append(bad, oid)
+				}
+			}
 			continue
 		}
 		ok, err := w.whole(ctx, e.ObjectID)
@@ -177,6 +198,10 @@ func (w *walker) dir(ctx context.Context, oid object.ID) ([]object.ID, error) {
 	w.dirs[oid] = bad
 	return bad, nil
 }
+
+// maxListedObjects bounds the lost objects a directory's walk keeps: the
+// Files a state reports is at most that per directory.
+const maxListedObjects = 10000
 
 // errUnreadable marks a directory whose data did not decode.
 var errUnreadable = errors.New("directory does not read back")
@@ -245,18 +270,44 @@ func (w *walker) whole(ctx context.Context, oid object.ID) (bool, error) {
 		return false, fmt.Errorf("object %s: %w", oid, err)
 	}
 	for _, id := range ids {
-		if w.lost[id] {
+		if _, dropped := w.pending[id]; dropped {
 			return false, nil
 		}
 		ci, err := cr.ContentInfo(ctx, id)
-		if errors.Is(err, content.ErrContentNotFound) || (err == nil && ci.Deleted) {
+		switch {
+		case errors.Is(err, content.ErrContentNotFound):
+			return false, nil
+		case err != nil:
+			return false, fmt.Errorf("content %s of object %s: %w", id, oid, err)
+		case !ci.Deleted:
+			continue
+		}
+		held, err := w.holds(ctx, ci.PackBlobID)
+		if err != nil {
+			return false, err
+		}
+		if !held {
 			return false, nil
 		}
-		if err != nil {
-			return false, fmt.Errorf("content %s of object %s: %w", id, oid, err)
-		}
+		w.victims[id] = true
 	}
 	return true, nil
+}
+
+// holds is whether the storage still holds pack.
+func (w *walker) holds(ctx context.Context, pack blob.ID) (bool, error) {
+	if _, ok := w.stored[pack]; ok {
+		return true, nil
+	}
+	_, err := w.rep.BlobReader().GetMetadata(ctx, pack)
+	switch {
+	case errors.Is(err, blob.ErrBlobNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("pack %s: %w", pack, err)
+	default:
+		return true, nil
+	}
 }
 
 // summary is what the state lists of the damage: the sources with the
