@@ -9,6 +9,7 @@ import (
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/repo/content/indexblob"
+	"github.com/kopia/kopia/repo/manifest"
 )
 
 // Marking a lost content deleted is not enough for a guest to upload it
@@ -26,10 +27,19 @@ import (
 // until its safety margins pass, so that a snapshot that was running
 // while it collected can still have its contents undeleted. forget moves
 // it only when no such entry is in its way, that is when every deleted
-// entry after the watermark is either one the verifier dropped or one
-// whose pack the storage no longer holds (nothing left to undelete).
-// Otherwise the dropped contents wait, counted in the state as pending,
-// until Kopia's own maintenance moves the watermark past its entries.
+// entry it would drop (deleted at or before the newest dropped content)
+// is one the verifier dropped, one whose pack the storage no longer holds
+// (nothing left to undelete), or a manifest content. Otherwise the dropped
+// contents wait, counted in the state as pending, until Kopia's own
+// maintenance moves the watermark past its entries.
+//
+// Manifest contents are never undeleted: Kopia's manifest manager deletes
+// them when it compacts them (once there are 16; every snapshot adds one)
+// after writing their entries into a new content, its garbage collection
+// leaves them alone, and a reader that lost a race with a compaction
+// loads the manifests again. Counting them would keep the watermark still
+// in any repository with a few snapshots, and the lost contents present
+// to the guests' clients for days.
 
 // forget makes the pending dropped contents absent from the index, and
 // returns those it could not yet: pending when something is in the way,
@@ -53,7 +63,9 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 		return pending, fmt.Errorf("read the deletion watermark: %w", err)
 	}
 	var latest time.Time
-	inWay := 0
+	// others are the deletion times of the entries that could be in the
+	// way: known once latest is.
+	var others []time.Time
 	remaining := map[content.ID]bool{}
 	err = dr.ContentReader().IterateContents(ctx, content.IterateOptions{IncludeDeleted: true}, func(ci content.Info) error {
 		if !ci.Deleted || !ci.Timestamp().After(cs.DeletionWatermark) {
@@ -66,8 +78,11 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 			}
 			return nil
 		}
+		if ci.ContentID.Prefix() == manifest.ContentPrefix {
+			return nil
+		}
 		if _, held := stored[ci.PackBlobID]; held {
-			inWay++
+			others = append(others, ci.Timestamp())
 		}
 		return nil
 	})
@@ -77,8 +92,12 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 	if len(remaining) == 0 {
 		return nil, nil // Kopia's maintenance already let go of them
 	}
-	if inWay > 0 {
-		return remaining, nil
+	for _, at := range others {
+		// Deleted after the newest dropped content: the watermark stops
+		// short of it.
+		if !at.After(latest) {
+			return remaining, nil
+		}
 	}
 	err = repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: forget lost contents"},
 		func(ctx context.Context, w repo.DirectRepositoryWriter) error {

@@ -8,8 +8,10 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/go-logr/logr/testr"
 	"github.com/kopia/kopia/repo"
@@ -296,6 +298,163 @@ func TestALostPackIsFoundAndHealedForward(t *testing.T) {
 	}
 	if n := b.notices(b.web); n != "" {
 		t.Fatalf("the notice outlived the damage: %s", n)
+	}
+}
+
+// TestALostPackIsForgottenWhereManifestsWereCompacted: Kopia's manifest
+// manager compacts its manifest contents once there are 16 of them (every
+// snapshot and every user adds one), deleting the old ones while their
+// packs stay in the storage. Those deleted entries must not keep the
+// verifier from making the lost contents absent from the index: the
+// guest's client would take them for present and never upload them again.
+func TestALostPackIsForgottenWhereManifestsWereCompacted(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	lost := files(t, 2, 1<<20)
+	b.kopia(b.web, "snapshot", "create", lost)
+	compactManifests(t, b)
+
+	packs := b.dataPacks("web", "team-a", lost)
+	for _, p := range packs {
+		if err := b.storage.DeleteBlob(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.pass()
+	if s.LostContents == 0 || s.Pending != 0 {
+		t.Fatalf("lost %d contents, %d still pending: the compacted manifests kept them in the index", s.LostContents, s.Pending)
+	}
+	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
+	if ok, out := b.verifies(b.web, lost); !ok {
+		t.Fatalf("after a snapshot that read every file again:\n%s", out)
+	}
+	if s := b.pass(); s.DamagedSnapshots != 0 {
+		t.Fatalf("after healing: %+v", s.Damaged)
+	}
+}
+
+// TestALostPackWaitsForWhatKopiasCollectionDeleted: a data content
+// Kopia's garbage collection deleted before the loss, whose pack the
+// storage still holds, may yet be undeleted by a snapshot that was running
+// while it collected: the verifier keeps it in the index, and says the
+// lost contents are pending until Kopia's maintenance lets go of it.
+func TestALostPackWaitsForWhatKopiasCollectionDeleted(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	lost, collected := files(t, 2, 1<<20), files(t, 1, 1<<20)
+	b.kopia(b.web, "snapshot", "create", lost)
+	b.kopia(b.web, "snapshot", "create", collected)
+	ids := map[content.ID]bool{}
+	for _, p := range b.dataPacks("web", "team-a", collected) {
+		if err := b.owner.ContentReader().IterateContents(ctx, content.IterateOptions{}, func(ci content.Info) error {
+			if ci.PackBlobID == p {
+				ids[ci.ContentID] = true
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := repo.DirectWriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "spec: collect"}, func(ctx context.Context, w repo.DirectRepositoryWriter) error {
+		for id := range ids {
+			if err := w.ContentManager().DeleteContent(ctx, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		t.Fatalf("delete %d contents as Kopia's collection does: %v", len(ids), err)
+	}
+	// Kopia stamps a deletion at least a second after the content's
+	// write, in whole seconds: the loss is dropped once the clock has
+	// passed the collection's stamps, as it has in a repository whose
+	// collection ran before the loss was found.
+	collectedAt := deletedAt(t, b, ids)
+	for !time.Now().After(collectedAt.Add(time.Second)) {
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	for _, p := range b.dataPacks("web", "team-a", lost) {
+		if err := b.storage.DeleteBlob(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := b.pass(); s.LostContents == 0 || s.Pending != s.LostContents {
+		t.Fatalf("lost %d contents, %d pending: the watermark moved past what Kopia's collection deleted", s.LostContents, s.Pending)
+	}
+	if at := deletedAt(t, b, ids); at.IsZero() {
+		t.Fatal("the contents Kopia's collection deleted are gone from the index: a snapshot running meanwhile could no longer undelete them")
+	}
+}
+
+// deletedAt is when the contents ids were deleted, the latest stamp; zero
+// when one is not in the index as deleted.
+func deletedAt(t *testing.T, b *bed, ids map[content.ID]bool) time.Time {
+	t.Helper()
+	ctx := context.Background()
+	if err := b.owner.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var latest time.Time
+	found := 0
+	if err := b.owner.ContentReader().IterateContents(ctx, content.IterateOptions{IncludeDeleted: true}, func(ci content.Info) error {
+		if ids[ci.ContentID] && ci.Deleted {
+			found++
+			if ci.Timestamp().After(latest) {
+				latest = ci.Timestamp()
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if found != len(ids) {
+		return time.Time{}
+	}
+	return latest
+}
+
+// compactManifests writes manifests in sessions of their own until Kopia's
+// manifest manager compacts them, and checks that it left deleted manifest
+// contents in packs the storage still holds.
+func compactManifests(t *testing.T, b *bed) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 20 {
+		err := repo.WriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "spec: fill manifests"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+			_, err := w.PutManifest(ctx, map[string]string{"type": "spec-filler", "n": strconv.Itoa(i)}, struct{}{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.owner.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Loading the manifests is what compacts them.
+		if _, err := b.owner.FindManifests(ctx, map[string]string{"type": "spec-filler"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := map[blob.ID]bool{}
+	if err := b.storage.ListBlobs(ctx, content.PackBlobIDPrefixSpecial, func(m blob.Metadata) error {
+		stored[m.BlobID] = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := 0
+	if err := b.owner.ContentReader().IterateContents(ctx, content.IterateOptions{IncludeDeleted: true}, func(ci content.Info) error {
+		if ci.Deleted && strings.HasPrefix(string(ci.ContentID.Prefix()), "m") && stored[ci.PackBlobID] {
+			deleted++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if deleted == 0 {
+		t.Fatal("Kopia compacted no manifest contents: the spec proves nothing")
 	}
 }
 
