@@ -159,13 +159,21 @@ func newVM() *kubevirtv1.VirtualMachine {
 // vmSecret returns the VM's credential Secret in c.
 func (c *cluster) vmSecret() *corev1.Secret {
 	GinkgoHelper()
+	return c.secretOf(vmName)
+}
+
+// secretOf returns the credential Secret of VM vm of vmNamespace in c.
+func (c *cluster) secretOf(vm string) *corev1.Secret {
+	GinkgoHelper()
 	s := &corev1.Secret{}
-	Expect(c.API.Client.Get(ctx, types.NamespacedName{Namespace: vmNamespace, Name: v1alpha1.CredentialSecretName(vmName)}, s)).To(Succeed())
+	Expect(c.API.Client.Get(ctx, types.NamespacedName{Namespace: vmNamespace, Name: v1alpha1.CredentialSecretName(vm)}, s)).To(Succeed())
 	return s
 }
 
 // guestFiles are the files a guest's bootstrap installed.
 type guestFiles struct {
+	// Root is the folder they were installed under: the guest's /.
+	Root string
 	// URL, User and Host are guestbackup.conf's.
 	URL, User, Host string
 	// Password and CA are the password and trust/ca.crt files.
@@ -175,7 +183,8 @@ type guestFiles struct {
 
 // install does what the guest does at every boot with the Secret's
 // user-data: the real cloud-init processes it, and the guestbackup bootcmd
-// it yields runs under a fresh root. It returns the files it installed.
+// it yields runs under a fresh root. It returns the files it installed, and
+// that root.
 func install(s *corev1.Secret) guestFiles {
 	GinkgoHelper()
 	root := GinkgoT().TempDir()
@@ -188,7 +197,7 @@ func install(s *corev1.Secret) guestFiles {
 		Expect(err).NotTo(HaveOccurred())
 		return data
 	}
-	f := guestFiles{Password: string(read(cloudinit.ConfDir + "/password")), CA: read(cloudinit.TrustDir + "/ca.crt")}
+	f := guestFiles{Root: root, Password: string(read(cloudinit.ConfDir + "/password")), CA: read(cloudinit.TrustDir + "/ca.crt")}
 	for _, line := range strings.Split(string(read(cloudinit.ConfDir+"/guestbackup.conf")), "\n") {
 		k, v, ok := strings.Cut(line, "=")
 		if !ok || strings.HasPrefix(k, "#") {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -349,6 +350,81 @@ func claim(ctx context.Context, dr repo.DirectRepository) error {
 	return repo.WriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "test"}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		return kopiamaintenance.SetParams(ctx, w, params)
 	})
+}
+
+// TestALostPackIsForgottenWhereManifestsWereCompacted: Kopia's manifest
+// manager compacts its manifest contents once there are 16 of them (every
+// snapshot and every user adds one), deleting the old ones while their
+// packs stay in the storage. Those deleted entries must not keep the
+// verifier from making the lost contents absent from the index: the
+// guest's client would take them for present and never upload them again.
+func TestALostPackIsForgottenWhereManifestsWereCompacted(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	lost := files(t, 2, 1<<20)
+	b.kopia(b.web, "snapshot", "create", lost)
+	compactManifests(t, b)
+
+	packs := b.dataPacks("web", "team-a", lost)
+	for _, p := range packs {
+		if err := b.storage.DeleteBlob(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := b.pass()
+	if s.LostContents == 0 || s.Pending != 0 {
+		t.Fatalf("lost %d contents, %d still pending: the compacted manifests kept them in the index", s.LostContents, s.Pending)
+	}
+	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
+	if ok, out := b.verifies(b.web, lost); !ok {
+		t.Fatalf("after a snapshot that read every file again:\n%s", out)
+	}
+	if s := b.pass(); s.DamagedSnapshots != 0 {
+		t.Fatalf("after healing: %+v", s.Damaged)
+	}
+}
+
+// compactManifests writes manifests in sessions of their own until Kopia's
+// manifest manager compacts them, and checks that it left deleted manifest
+// contents in packs the storage still holds.
+func compactManifests(t *testing.T, b *bed) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 20 {
+		err := repo.WriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "spec: fill manifests"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+			_, err := w.PutManifest(ctx, map[string]string{"type": "spec-filler", "n": strconv.Itoa(i)}, struct{}{})
+			return err
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := b.owner.Refresh(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// Loading the manifests is what compacts them.
+		if _, err := b.owner.FindManifests(ctx, map[string]string{"type": "spec-filler"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored := map[blob.ID]bool{}
+	if err := b.storage.ListBlobs(ctx, content.PackBlobIDPrefixSpecial, func(m blob.Metadata) error {
+		stored[m.BlobID] = true
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	deleted := 0
+	if err := b.owner.ContentReader().IterateContents(ctx, content.IterateOptions{IncludeDeleted: true}, func(ci content.Info) error {
+		if ci.Deleted && strings.HasPrefix(string(ci.ContentID.Prefix()), "m") && stored[ci.PackBlobID] {
+			deleted++
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if deleted == 0 {
+		t.Fatal("Kopia compacted no manifest contents: the spec proves nothing")
+	}
 }
 
 // TestARottenPackIsFound: bytes flipped inside a pack are found by
