@@ -478,8 +478,8 @@ type BackupStorageLocationServerStatus struct {
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
-	// Conditions: Ready, RepositoryReady, CertificateReady, ServerAvailable
-	// and UsersSynced.
+	// Conditions: Ready, RepositoryReady, CertificateReady, ServerAvailable,
+	// UsersSynced, StorageAvailable and RepositoryIntact.
 	// +listType=map
 	// +listMapKey=type
 	// +optional
@@ -511,6 +511,15 @@ type BackupStorageLocationServerStatus struct {
 	// maintenance.
 	// +optional
 	Maintenance *MaintenanceStatus `json:"maintenance,omitempty"`
+
+	// Integrity is what the server pod that runs maintenance last found
+	// when it verified the repository: whether the storage still holds
+	// every content the index names and whether what it read back
+	// decrypts, and which snapshots reference data the storage lost
+	// (condition RepositoryIntact; DESIGN.md decision 27). Unset before
+	// the pod published a verification.
+	// +optional
+	Integrity *IntegrityStatus `json:"integrity,omitempty"`
 
 	// Namespaces is the number of namespaces whose VMs have users on this
 	// server. Above one, they share the repository's deduplication: a guest
@@ -610,4 +619,128 @@ type MaintenanceStatus struct {
 	// empty when it succeeded.
 	// +optional
 	Failure string `json:"failure,omitempty"`
+}
+
+// IntegrityStatus is the repository's last verification, as the server pod
+// that runs maintenance published it. Lists are bounded so that the status
+// stays small whatever the storage lost; the counts stay exact.
+type IntegrityStatus struct {
+	// LastChecked is when the last verification pass ended, whatever its
+	// outcome.
+	// +optional
+	LastChecked *metav1.Time `json:"lastChecked,omitempty"`
+
+	// LastVerified is when the last complete pass ended; unset before one
+	// did.
+	// +optional
+	LastVerified *metav1.Time `json:"lastVerified,omitempty"`
+
+	// Failure is why the last pass could not complete (the storage did not
+	// answer, say), or why what the server pod published cannot be read;
+	// the other fields are then those of the last complete pass. Empty when
+	// the last pass completed.
+	// +optional
+	Failure string `json:"failure,omitempty"`
+
+	// Contents is how many contents the index names that the last complete
+	// pass found present.
+	// +optional
+	Contents int64 `json:"contents,omitempty"`
+
+	// Packs is how many packs hold those contents.
+	// +optional
+	Packs int64 `json:"packs,omitempty"`
+
+	// ReadPacks is how many packs the last complete pass read back and
+	// decrypted, content by content: a bounded sample at each pass.
+	// +optional
+	ReadPacks int64 `json:"readPacks,omitempty"`
+
+	// ReadBytes is the size of the packs the last complete pass read back.
+	// +optional
+	ReadBytes int64 `json:"readBytes,omitempty"`
+
+	// MissingPacks are packs the index named that the storage no longer
+	// had, as the last pass that found any listed them (at most 20: more
+	// may be missing when 20 are listed).
+	// +kubebuilder:validation:MaxItems=20
+	// +listType=atomic
+	// +optional
+	MissingPacks []string `json:"missingPacks,omitempty"`
+
+	// DamagedPacks are packs holding a content that did not read back, as
+	// the last pass that found any listed them (at most 20).
+	// +kubebuilder:validation:MaxItems=20
+	// +listType=atomic
+	// +optional
+	DamagedPacks []string `json:"damagedPacks,omitempty"`
+
+	// LostContents is how many contents the last pass that found a loss
+	// found lost. They were dropped from the index, so that the next
+	// snapshot of the same data uploads them again.
+	// +optional
+	LostContents int64 `json:"lostContents,omitempty"`
+
+	// DamagedSnapshots is how many snapshots reference a lost content now:
+	// they cannot be restored whole. Zero once every one healed or expired.
+	// +optional
+	DamagedSnapshots int64 `json:"damagedSnapshots,omitempty"`
+
+	// DamagedSince is when the repository was last found damaged after
+	// being intact; unset while no snapshot is damaged.
+	// +optional
+	DamagedSince *metav1.Time `json:"damagedSince,omitempty"`
+
+	// Damaged are the backed-up paths of VMs with damaged snapshots, the
+	// most recently damaged first, at most 1000: when the sum of their
+	// snapshots is below DamagedSnapshots the list is truncated (the
+	// RepositoryIntact message says so).
+	// +kubebuilder:validation:MaxItems=1000
+	// +listType=atomic
+	// +optional
+	Damaged []DamagedVM `json:"damaged,omitempty"`
+}
+
+// DamagedVM is one backed-up path of one VM with snapshots that cannot be
+// restored whole: they reference data the storage lost.
+type DamagedVM struct {
+	// Namespace is the VM's namespace: the host of its Kopia identity
+	// <name>@<namespace>.
+	Namespace string `json:"namespace"`
+
+	// Name is the VM's name: the user of its Kopia identity.
+	Name string `json:"name"`
+
+	// Path is the backed-up path in the guest.
+	Path string `json:"path"`
+
+	// Snapshots is how many of the path's snapshots are damaged.
+	Snapshots int64 `json:"snapshots"`
+
+	// Files is how many files those snapshots miss data of, each file
+	// counted once.
+	// +optional
+	Files int64 `json:"files,omitempty"`
+
+	// Oldest is the start time of the first damaged snapshot.
+	// +optional
+	Oldest *metav1.Time `json:"oldest,omitempty"`
+
+	// Newest is the start time of the last damaged snapshot.
+	// +optional
+	Newest *metav1.Time `json:"newest,omitempty"`
+
+	// IDs are the IDs of up to 3 of the most recent damaged snapshots.
+	// +kubebuilder:validation:MaxItems=3
+	// +listType=atomic
+	// +optional
+	IDs []string `json:"ids,omitempty"`
+
+	// Healing is true while the path's latest snapshot is damaged: the
+	// guest reads every file again at its next snapshot, which uploads
+	// again what was lost of the files that did not change. False: the
+	// latest snapshot is whole, and these older ones stay incomplete until
+	// retention removes them.
+	// +optional
+	Healing bool `json:"healing,omitempty"`
 }

@@ -3,7 +3,7 @@ package v1alpha1
 // Condition types of a BackupStorageLocationServer.
 const (
 	// ConditionReady is True when guests can connect: every other condition is True
-	// (StorageAvailable: not False).
+	// (StorageAvailable and RepositoryIntact: not False).
 	ConditionReady = "Ready"
 	// ConditionRepositoryReady is True when the repository exists and the server can open it.
 	ConditionRepositoryReady = "RepositoryReady"
@@ -16,6 +16,10 @@ const (
 	// ConditionStorageAvailable is False while a server pod's periodic check of the
 	// repository's storage fails, with the storage's own error.
 	ConditionStorageAvailable = "StorageAvailable"
+	// ConditionRepositoryIntact is False while the server pod's verification of the
+	// repository finds snapshots that reference data the storage lost; Unknown before a
+	// verification completed.
+	ConditionRepositoryIntact = "RepositoryIntact"
 )
 
 // AnnotationPrefix prefixes every annotation guestbackup reads or writes.
