@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -90,6 +91,22 @@ const (
 	// ReasonStorageNotChecked: no server pod has checked the storage yet.
 	ReasonStorageNotChecked = "StorageNotChecked"
 
+	// ReasonIntact: the last verification of the repository found every
+	// content the index names in a pack the storage holds, and no snapshot
+	// that references lost data.
+	ReasonIntact = "Intact"
+	// ReasonContentsLost: the storage lost or damaged packs, and snapshots
+	// reference the contents lost: the message names the packs, how many
+	// snapshots of how many VMs are damaged, and how they heal.
+	ReasonContentsLost = "ContentsLost"
+	// ReasonNotVerified: no verification of the repository is published
+	// yet (a new BSLS, or a server pod of an older guestbackup).
+	ReasonNotVerified = "NotVerified"
+	// ReasonVerificationFailed: the last verification could not complete,
+	// or what the server pod published of it cannot be read; the message
+	// carries the error and what the last complete pass found.
+	ReasonVerificationFailed = "VerificationFailed"
+
 	// ReasonReady: guests can connect.
 	ReasonReady = "Ready"
 	// ReasonNotReady: at least one other condition is not True.
@@ -143,6 +160,21 @@ const (
 	// of more than one namespace, which share the repository's
 	// deduplication (DESIGN.md decision 14).
 	ReasonSharedAcrossNamespaces = "SharedAcrossNamespaces"
+)
+
+// Reasons of the Events the controller records on the VMs whose snapshots
+// reference data the storage lost (status.integrity.damaged), once per
+// change: edge-triggered against the status the previous pass wrote.
+const (
+	// ReasonBackupDamaged (Warning): snapshots of one of the VM's paths
+	// newly reference lost data, or more of them do: the message says
+	// which, how many files miss data, what still restores and how they
+	// heal.
+	ReasonBackupDamaged = "BackupDamaged"
+	// ReasonBackupHealed (Normal): no snapshot of a path that was damaged
+	// references lost data any more: its guest uploaded the data again,
+	// or the damaged snapshots expired.
+	ReasonBackupHealed = "BackupHealed"
 )
 
 // Reasons of the Events the controller records on VMs about restore grants
@@ -203,6 +235,13 @@ type observations struct {
 	// Storage is what each server pod last published of the repository's
 	// storage, by pod name (pods that are gone included, until stale).
 	Storage map[string]maintenancestate.StorageState
+	// Integrity is what the server pod that runs maintenance last
+	// published of its verification of the repository; nil before it did,
+	// or when IntegrityUnreadable is set.
+	Integrity *maintenancestate.IntegrityState
+	// IntegrityUnreadable is why what the pod published of its
+	// verification cannot be read; empty when it can.
+	IntegrityUnreadable string
 }
 
 // decision is what decide makes of one pass's observations.
@@ -214,6 +253,11 @@ type decision struct {
 	RepositoryOpened bool
 	// RequeueAfter is when to look again without an event.
 	RequeueAfter time.Duration
+	// Integrity is status.integrity.
+	Integrity *v1alpha1.IntegrityStatus
+	// VMNotices are the Events to record on the VMs whose snapshots became
+	// damaged, more damaged or healed since the previous pass's status.
+	VMNotices []vmNotice
 }
 
 // decide is the policy of the BSLS reconciler: from what a pass found, it
@@ -311,12 +355,23 @@ func decide(obs observations) decision {
 		}
 	}
 
-	// Ready: every other condition is True; StorageAvailable only must not
-	// be False (a server pod of an older guestbackup checks nothing).
-	d.Conditions = []metav1.Condition{certificate, repository, available, synced, storage}
+	// RepositoryIntact, status.integrity and the Events of the VMs whose
+	// snapshots it finds damaged or healed.
+	intact := integrityCondition(b.Name, obs.Integrity, obs.IntegrityUnreadable)
+	intact.ObservedGeneration = b.Generation
+	d.Integrity = integrityStatus(obs.Integrity, obs.IntegrityUnreadable, b.Status.Integrity)
+	if obs.Integrity != nil {
+		d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
+	}
+
+	// Ready: every other condition is True; StorageAvailable and
+	// RepositoryIntact only must not be False (a server pod of an older
+	// guestbackup checks and verifies nothing, and a verification that
+	// could not run says nothing about guests connecting).
+	d.Conditions = []metav1.Condition{certificate, repository, available, synced, storage, intact}
 	var notReady []string
 	for _, c := range d.Conditions {
-		if c.Status == metav1.ConditionFalse || (c.Status == metav1.ConditionUnknown && c.Type != v1alpha1.ConditionStorageAvailable) {
+		if c.Status == metav1.ConditionFalse || (c.Status == metav1.ConditionUnknown && c.Type != v1alpha1.ConditionStorageAvailable && c.Type != v1alpha1.ConditionRepositoryIntact) {
 			notReady = append(notReady, c.Type)
 		}
 	}

@@ -127,6 +127,22 @@ type decideCase struct {
 	requeue time.Duration
 }
 
+// lostState is what a verification that ended at verified publishes when
+// the storage lost two packs and damaged one: five snapshots of three paths
+// of two VMs reference what was lost.
+func lostState(verified time.Time) *maintenancestate.IntegrityState {
+	return &maintenancestate.IntegrityState{
+		CheckedAt: verified, VerifiedAt: verified, Contents: 1000, Packs: 30, ReadPacks: 3, ReadBytes: 1 << 20,
+		MissingPacks: []string{"p1", "p2"}, DamagedPacks: []string{"q1"}, LostContents: 40,
+		DamagedSnapshots: 5, DamagedSince: verified,
+		Damaged: []maintenancestate.DamagedSource{
+			{User: "web", Host: "team-a", Path: "/var/www", Snapshots: 3, Files: 12, Oldest: verified.Add(-72 * time.Hour), Newest: verified.Add(-time.Hour), IDs: []string{"k3", "k2", "k1"}, Healing: true},
+			{User: "web", Host: "team-a", Path: "/etc", Snapshots: 1, Files: 1, Oldest: verified.Add(-time.Hour), Newest: verified.Add(-time.Hour), IDs: []string{"k4"}, Healing: true},
+			{User: "db", Host: "team-b", Path: "/srv", Snapshots: 1, Files: 2, Oldest: verified.Add(-48 * time.Hour), Newest: verified.Add(-48 * time.Hour), IDs: []string{"k9"}},
+		},
+	}
+}
+
 // decideCases cover every condition reason (TestDecideCoversEveryReason).
 var decideCases = []decideCase{
 	{
@@ -465,6 +481,149 @@ var decideCases = []decideCase{
 		requeue: time.Second,
 	},
 	{
+		name: "no verification published (a new BSLS, or a server pod of an older guestbackup): RepositoryIntact is Unknown, and Ready does not wait for it",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonNotVerified, []string{"No verification of the repository is published yet", "a server pod of an older guestbackup does not"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "the first verification could not complete: Unknown with the storage's words, and Ready does not wait for it",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, Error: "list packs: dial tcp 10.0.0.1:9000: connection refused"}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonVerificationFailed, []string{
+				"could not complete (last attempt ended " + decideNow.Format(time.RFC3339) + "): list packs: dial tcp 10.0.0.1:9000: connection refused; no verification has completed yet",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "the last verification failed after an intact one: Unknown, saying both",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, Error: "timeout", VerifiedAt: decideNow.Add(-24 * time.Hour), Contents: 10, Packs: 2, ReadPacks: 1, ReadBytes: 4096}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonVerificationFailed, []string{
+				"ended " + decideNow.Format(time.RFC3339) + ", could not complete: timeout",
+				"the last complete one, ended " + decideNow.Add(-24*time.Hour).Format(time.RFC3339) + ", found all 10 contents the index names are in the 2 packs the storage holds",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "what the server pod published of its verification is unreadable: Unknown, naming the ConfigMap",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.IntegrityUnreadable = "state ConfigMap, key integrity: invalid character 'x'"
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonVerificationFailed, []string{"in ConfigMap main-maintenance cannot be read (state ConfigMap, key integrity: invalid character 'x')"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "every content present: True, saying when and what was read back",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, VerifiedAt: decideNow, Contents: 1200, Packs: 34, ReadPacks: 5, ReadBytes: 104857600}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionTrue, ReasonIntact, []string{
+				"Verified at " + decideNow.Format(time.RFC3339) + ": all 1200 contents the index names are in the 34 packs the storage holds, and 5 packs (104857600 bytes) read back and decrypted",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "snapshots reference lost data: False, naming the packs, the VMs and how it heals, and the BSLS is not Ready",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow)
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{
+				"The repository's storage lost data (packs p1, p2 missing from the storage; pack q1 holding data that does not read back; 40 contents lost and dropped from the index): 5 snapshots of 2 VMs reference it and cannot be restored whole: team-a/web:/var/www (3), team-a/web:/etc (1), team-b/db:/srv (1).",
+				"Everything else in those snapshots restores; each guest uploads the lost files again at its next snapshot if they are unchanged",
+				"Last complete verification ended " + decideNow.Format(time.RFC3339),
+				"see docs/operations.md (Repository integrity)",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: RepositoryIntact"}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "a loss found, then a pass that failed: False wins, and says the failure",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow.Add(-time.Hour))
+			o.Integrity.CheckedAt, o.Integrity.Error = decideNow, "connection reset"
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{
+				"5 snapshots of 2 VMs",
+				"the last verification, ended " + decideNow.Format(time.RFC3339) + ", could not complete: connection reset",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: RepositoryIntact"}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "more damaged paths than the pod lists, and as many packs as it lists: the message says the lists are cut",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow)
+			o.Integrity.DamagedSnapshots = 9000
+			o.Integrity.MissingPacks = nil
+			for i := range maintenancestate.MaxListedPacks {
+				o.Integrity.MissingPacks = append(o.Integrity.MissingPacks, "p"+strconv.Itoa(i))
+			}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{
+				"20 or more packs, among them p0, p1, p2, missing from the storage",
+				"9000 snapshots of at least 2 VMs reference it",
+				"status.integrity.damaged is truncated: it lists 3 paths with 5 of those snapshots.",
+			}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "the loss healed: True again, and the message remembers it",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow)
+			o.Integrity.Damaged, o.Integrity.DamagedSnapshots, o.Integrity.DamagedSince = nil, 0, time.Time{}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionTrue, ReasonIntact, []string{"the 40 contents lost earlier damage no snapshot any more"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
 		name: "a clientURL is what guests connect to",
 		obs: func(o *observations) {
 			o.BSLS.Spec.ClientURL = "https://backup.example.com:443"
@@ -480,7 +639,7 @@ var decideCases = []decideCase{
 }
 
 func TestDecide(t *testing.T) {
-	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionReady}
+	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionRepositoryIntact, v1alpha1.ConditionReady}
 	for _, tc := range decideCases {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := observations{BSLS: decideBSLS(), Now: decideNow, Certificate: issued(decideNow.Add(40 * 24 * time.Hour))}

@@ -19,17 +19,38 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
+// published is what a BSLS's server pods last published in its state
+// ConfigMap.
+type published struct {
+	// Maintenance is the repository's maintenance; nil before its first
+	// run.
+	Maintenance *v1alpha1.MaintenanceStatus
+	// Client is the kopia client the pod serves guests, with the URL they
+	// reach it at; nil before it published one, or when that is unreadable.
+	Client *v1alpha1.ClientStatus
+	// Storage is what each pod last found of the storage, by pod name.
+	Storage map[string]maintenancestate.StorageState
+	// Integrity is the last verification of the repository; nil before
+	// one was published, or when it cannot be read.
+	Integrity *maintenancestate.IntegrityState
+	// IntegrityUnreadable is why the published verification cannot be
+	// read; empty when it can.
+	IntegrityUnreadable string
+}
+
 // serverState creates the ConfigMap the server pod publishes the
 // repository's maintenance in (the pod may only get and update it) and
-// returns what the pod last published there; nil before its first run.
+// returns what the pod last published there; nothing before its first run.
 // What the pod wrote is reported as is: the status shows the failure, the
-// pod records the MaintenanceFailing Event.
+// pod records the MaintenanceFailing Event. A maintenance or verification
+// report that cannot be read is said in the status and the condition
+// rather than failing the whole reconcile.
 //
 // The pod publishes the kopia client it serves guests in the same ConfigMap
-// (clientdist.Key), returned second with the URL guests reach it at: nil
+// (clientdist.Key), returned with the URL guests reach it at: nil
 // before it did, or when what it wrote is unreadable (logged; a guest's
 // bootstrap then carries no client, and guests keep their own kopia).
-func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (*v1alpha1.MaintenanceStatus, *v1alpha1.ClientStatus, map[string]maintenancestate.StorageState, error) {
+func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (published, error) {
 	name := maintenancestate.ConfigMapName(b.Name)
 	cm := &corev1.ConfigMap{}
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: name}, cm); {
@@ -37,15 +58,16 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 	case apierrors.IsNotFound(err):
 		cm = &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: b.Namespace, Labels: Labels(b)}}
 		if err := r.own(b, cm); err != nil {
-			return nil, nil, nil, err
+			return published{}, err
 		}
 		if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return nil, nil, nil, fmt.Errorf("create ConfigMap %s: %w", name, err)
+			return published{}, fmt.Errorf("create ConfigMap %s: %w", name, err)
 		}
-		return nil, nil, nil, nil
+		return published{}, nil
 	default:
-		return nil, nil, nil, fmt.Errorf("get ConfigMap %s: %w", name, err)
+		return published{}, fmt.Errorf("get ConfigMap %s: %w", name, err)
 	}
+	var p published
 	c, err := clientdist.Decode(cm.Data[clientdist.Key])
 	if err != nil {
 		log.FromContext(ctx).Error(err, "the server pod's client is unreadable; guests get no client", "configMap", name)
@@ -56,17 +78,18 @@ func (r *Reconciler) serverState(ctx context.Context, b *v1alpha1.BackupStorageL
 			c = nil
 		}
 	}
-	storage := maintenancestate.StorageStates(cm.Data)
-	if err := r.forgetGonePods(ctx, cm, storage); err != nil {
-		return nil, nil, nil, err
+	p.Client = c
+	p.Storage = maintenancestate.StorageStates(cm.Data)
+	if err := r.forgetGonePods(ctx, cm, p.Storage); err != nil {
+		return published{}, err
 	}
-	s, err := maintenancestate.Decode(cm.Data[maintenancestate.Key])
-	if err != nil {
-		// The pod's word is unreadable: say so in the status rather than
-		// failing the whole reconcile.
-		return &v1alpha1.MaintenanceStatus{Failure: err.Error()}, c, storage, nil
+	if p.Maintenance, err = maintenancestate.Decode(cm.Data[maintenancestate.Key]); err != nil {
+		p.Maintenance = &v1alpha1.MaintenanceStatus{Failure: err.Error()}
 	}
-	return s, c, storage, nil
+	if p.Integrity, err = maintenancestate.DecodeIntegrity(cm.Data[maintenancestate.IntegrityKey]); err != nil {
+		p.Integrity, p.IntegrityUnreadable = nil, err.Error()
+	}
+	return p, nil
 }
 
 // forgetGonePods removes from the state ConfigMap cm the storage states

@@ -370,9 +370,12 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return obs, err
 	}
-	if obs.Maintenance, obs.Client, obs.Storage, err = r.serverState(ctx, b); err != nil {
+	state, err := r.serverState(ctx, b)
+	if err != nil {
 		return obs, err
 	}
+	obs.Maintenance, obs.Client, obs.Storage = state.Maintenance, state.Client, state.Storage
+	obs.Integrity, obs.IntegrityUnreadable = state.Integrity, state.IntegrityUnreadable
 	if err := r.maintenanceElection(ctx, b); err != nil {
 		return obs, err
 	}
@@ -418,6 +421,7 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		b.Status.RepositoryOpened = &metav1.Time{Time: obs.Now}
 	}
 	b.Status.Maintenance = obs.Maintenance
+	b.Status.Integrity = d.Integrity
 	b.Status.Client = obs.Client
 	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
 	namespaces := ServedNamespaces(obs.Users)
@@ -432,6 +436,7 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
 	r.recordTransitions(b, orig.Status.Conditions)
+	r.recordVMNotices(ctx, d.VMNotices)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
 	}

@@ -1,0 +1,317 @@
+package kopiaserver
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/vmevent"
+)
+
+// integrityDocs is where the condition and the VMs' Events send an admin
+// or a VM's owner for what a loss means and what to do.
+const integrityDocs = "docs/operations.md (Repository integrity)"
+
+// integrityCondition is RepositoryIntact of BSLS bsls from what its server
+// pod last published of its verification of the repository (nil: nothing
+// yet), or from why that cannot be read (unreadable). Snapshots that
+// reference lost data make it False whatever else the last pass said; a
+// verification that never completed, or whose last pass failed, leaves it
+// Unknown, which Ready does not wait for.
+func integrityCondition(bsls string, s *maintenancestate.IntegrityState, unreadable string) metav1.Condition {
+	cond := func(status metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: v1alpha1.ConditionRepositoryIntact, Status: status, Reason: reason, Message: msg}
+	}
+	switch {
+	case unreadable != "":
+		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
+			fmt.Sprintf("What the server pod published of the repository's verification in ConfigMap %s cannot be read (%s): nothing is known of the repository's integrity until the pod publishes it again",
+				maintenancestate.ConfigMapName(bsls), unreadable))
+	case s == nil || (s.VerifiedAt.IsZero() && s.Error == ""):
+		return cond(metav1.ConditionUnknown, ReasonNotVerified,
+			"No verification of the repository is published yet: the server pod that runs maintenance verifies it on its schedule (a server pod of an older guestbackup does not)")
+	case s.VerifiedAt.IsZero():
+		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
+			fmt.Sprintf("The repository's verification could not complete (last attempt ended %s): %s; no verification has completed yet",
+				timestamp(s.CheckedAt), s.Error))
+	}
+	failed := ""
+	if s.Error != "" {
+		failed = fmt.Sprintf("the last verification, ended %s, could not complete: %s", timestamp(s.CheckedAt), s.Error)
+	}
+	if damaged(s) {
+		msg := lossMessage(s) + fmt.Sprintf(" Last complete verification ended %s", timestamp(s.VerifiedAt))
+		if failed != "" {
+			msg += "; " + failed
+		}
+		return cond(metav1.ConditionFalse, ReasonContentsLost, msg+"; see "+integrityDocs)
+	}
+	found := fmt.Sprintf("all %d contents the index names are in the %d packs the storage holds, and %d packs (%d bytes) read back and decrypted",
+		s.Contents, s.Packs, s.ReadPacks, s.ReadBytes)
+	if s.LostContents > 0 {
+		found += fmt.Sprintf("; the %d contents lost earlier damage no snapshot any more", s.LostContents)
+	}
+	if failed != "" {
+		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
+			fmt.Sprintf("The last verification of the repository, ended %s, could not complete: %s; the last complete one, ended %s, found %s",
+				timestamp(s.CheckedAt), s.Error, timestamp(s.VerifiedAt), found))
+	}
+	return cond(metav1.ConditionTrue, ReasonIntact, fmt.Sprintf("Verified at %s: %s", timestamp(s.VerifiedAt), found))
+}
+
+// damaged is whether snapshots reference data the storage lost, as the
+// last complete pass found.
+func damaged(s *maintenancestate.IntegrityState) bool {
+	return s.DamagedSnapshots > 0 || len(s.Damaged) > 0
+}
+
+// lossMessage says what the storage lost, which snapshots of which VMs it
+// damages, what still restores and how it heals.
+func lossMessage(s *maintenancestate.IntegrityState) string {
+	var lost []string
+	if len(s.MissingPacks) > 0 {
+		lost = append(lost, packList(s.MissingPacks)+" missing from the storage")
+	}
+	if len(s.DamagedPacks) > 0 {
+		lost = append(lost, packList(s.DamagedPacks)+" holding data that does not read back")
+	}
+	if s.LostContents > 0 {
+		lost = append(lost, fmt.Sprintf("%d contents lost and dropped from the index", s.LostContents))
+	}
+	msg := "The repository's storage lost data"
+	if len(lost) > 0 {
+		msg += " (" + strings.Join(lost, "; ") + ")"
+	}
+
+	vms := map[types.NamespacedName]bool{}
+	listed := 0
+	var named []string
+	sources := bounded(s.Damaged, maintenancestate.MaxListedSources) // as status.integrity.damaged
+	for _, d := range sources {
+		vms[types.NamespacedName{Namespace: d.Host, Name: d.User}] = true
+		listed += d.Snapshots
+		named = append(named, fmt.Sprintf("%s/%s:%s (%d)", d.Host, d.User, d.Path, d.Snapshots))
+	}
+	snapshots := max(s.DamagedSnapshots, listed)
+	ofVMs := fmt.Sprintf("%d VMs", len(vms))
+	if listed < snapshots {
+		ofVMs = "at least " + ofVMs
+	}
+	msg += fmt.Sprintf(": %d snapshots of %s reference it and cannot be restored whole", snapshots, ofVMs)
+	if len(named) > 0 {
+		msg += ": " + abbreviate(named)
+	}
+	msg += "."
+	if listed < snapshots {
+		msg += fmt.Sprintf(" status.integrity.damaged is truncated: it lists %d paths with %d of those snapshots.", len(sources), listed)
+	}
+	return msg + " Everything else in those snapshots restores; each guest uploads the lost files again at its next snapshot if they are unchanged, which makes its snapshots whole (each VM gets a BackupDamaged Event)."
+}
+
+// packList names packs, a few of them, and says when there may be more
+// than the pod listed.
+func packList(packs []string) string {
+	if len(packs) >= maintenancestate.MaxListedPacks {
+		return fmt.Sprintf("%d or more packs, among them %s,", len(packs), strings.Join(packs[:3], ", "))
+	}
+	if len(packs) == 1 {
+		return "pack " + packs[0]
+	}
+	return "packs " + abbreviate(packs)
+}
+
+// plural is one when n is 1, else many.
+func plural(n int64, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// timestamp renders t as the conditions do.
+func timestamp(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+// metaTime is t for the API, nil when zero.
+func metaTime(t time.Time) *metav1.Time {
+	if t.IsZero() {
+		return nil
+	}
+	return &metav1.Time{Time: t}
+}
+
+// integrityStatus is status.integrity from what the server pod published
+// (nil: nothing, so nil), bounded as the state is (a pod that lists more
+// is cut short). When what it published cannot be read, the status the
+// previous pass wrote is kept with the failure, so that the VMs' Events
+// are not announced again once it can.
+func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, previous *v1alpha1.IntegrityStatus) *v1alpha1.IntegrityStatus {
+	if unreadable != "" {
+		st := &v1alpha1.IntegrityStatus{}
+		if previous != nil {
+			st = previous.DeepCopy()
+		}
+		st.Failure = unreadable
+		return st
+	}
+	if s == nil {
+		return nil
+	}
+	st := &v1alpha1.IntegrityStatus{
+		LastChecked:      metaTime(s.CheckedAt),
+		LastVerified:     metaTime(s.VerifiedAt),
+		Failure:          s.Error,
+		Contents:         int64(s.Contents),
+		Packs:            int64(s.Packs),
+		ReadPacks:        int64(s.ReadPacks),
+		ReadBytes:        s.ReadBytes,
+		MissingPacks:     bounded(s.MissingPacks, maintenancestate.MaxListedPacks),
+		DamagedPacks:     bounded(s.DamagedPacks, maintenancestate.MaxListedPacks),
+		LostContents:     int64(s.LostContents),
+		DamagedSnapshots: int64(s.DamagedSnapshots),
+		DamagedSince:     metaTime(s.DamagedSince),
+	}
+	for _, d := range bounded(s.Damaged, maintenancestate.MaxListedSources) {
+		st.Damaged = append(st.Damaged, v1alpha1.DamagedVM{
+			Namespace: d.Host, Name: d.User, Path: d.Path,
+			Snapshots: int64(d.Snapshots), Files: int64(d.Files),
+			Oldest: metaTime(d.Oldest), Newest: metaTime(d.Newest),
+			IDs:     bounded(d.IDs, maintenancestate.MaxListedSnapshots),
+			Healing: d.Healing,
+		})
+	}
+	return st
+}
+
+// bounded is at most the first n of list, copied.
+func bounded[T any](list []T, n int) []T {
+	if len(list) == 0 {
+		return nil
+	}
+	return append([]T(nil), list[:min(len(list), n)]...)
+}
+
+// truncated is whether st.Damaged lists fewer snapshots than are damaged:
+// then a path that left the list may still be damaged.
+func truncated(st *v1alpha1.IntegrityStatus) bool {
+	var listed int64
+	for _, d := range st.Damaged {
+		listed += d.Snapshots
+	}
+	return listed < st.DamagedSnapshots
+}
+
+// vmNotice is an Event to record on a VM.
+type vmNotice struct {
+	VM    types.NamespacedName
+	Event vmevent.Event
+}
+
+// damageKey is one backed-up path of one VM.
+type damageKey struct{ namespace, name, path string }
+
+// damageNotices are the Events for the VMs whose snapshots the new status
+// after finds damaged since before (the status the previous pass wrote):
+// BackupDamaged for a path newly listed or with more damaged snapshots
+// than before, BackupHealed for a path no longer listed. A path that left
+// a truncated list, or a status no complete pass wrote, heals nothing:
+// its snapshots may still be damaged. server is the BSLS.
+func damageNotices(server types.NamespacedName, before, after *v1alpha1.IntegrityStatus) []vmNotice {
+	if after == nil {
+		return nil
+	}
+	was := map[damageKey]v1alpha1.DamagedVM{}
+	if before != nil {
+		for _, d := range before.Damaged {
+			was[damageKey{d.Namespace, d.Name, d.Path}] = d
+		}
+	}
+	var notices []vmNotice
+	is := map[damageKey]bool{}
+	for _, d := range after.Damaged {
+		k := damageKey{d.Namespace, d.Name, d.Path}
+		is[k] = true
+		if prev, ok := was[k]; ok && d.Snapshots <= prev.Snapshots {
+			continue
+		}
+		notices = append(notices, vmNotice{
+			VM:    types.NamespacedName{Namespace: d.Namespace, Name: d.Name},
+			Event: vmevent.Warning(ReasonBackupDamaged, damagedMessage(server, d)),
+		})
+	}
+	if after.LastVerified == nil || truncated(after) || before == nil {
+		return notices
+	}
+	for _, d := range before.Damaged {
+		if is[damageKey{d.Namespace, d.Name, d.Path}] {
+			continue
+		}
+		notices = append(notices, vmNotice{
+			VM: types.NamespacedName{Namespace: d.Namespace, Name: d.Name},
+			Event: vmevent.Normal(ReasonBackupHealed, fmt.Sprintf(
+				"No snapshot of %s on BackupStorageLocationServer %s references lost data any more (verified at %s): the guest uploaded the lost files again, or the damaged snapshots expired",
+				d.Path, server, timestamp(after.LastVerified.Time))),
+		})
+	}
+	return notices
+}
+
+// damagedMessage tells a VM's owner which snapshots of path d.Path lost
+// data, what still restores, and how they heal.
+func damagedMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string {
+	var when []string
+	switch {
+	case d.Oldest != nil && d.Newest != nil && !d.Oldest.Equal(d.Newest):
+		when = append(when, fmt.Sprintf("started %s to %s", timestamp(d.Oldest.Time), timestamp(d.Newest.Time)))
+	case d.Newest != nil:
+		when = append(when, "started "+timestamp(d.Newest.Time))
+	}
+	switch {
+	case len(d.IDs) == 0:
+	case int64(len(d.IDs)) < d.Snapshots:
+		when = append(when, "the most recent IDs "+strings.Join(d.IDs, ", "))
+	default:
+		when = append(when, plural(int64(len(d.IDs)), "ID ", "IDs ")+strings.Join(d.IDs, ", "))
+	}
+	them := plural(d.Snapshots, "it", "them")
+	msg := fmt.Sprintf("%d %s of %s on BackupStorageLocationServer %s %s data the storage lost",
+		d.Snapshots, plural(d.Snapshots, "snapshot", "snapshots"), d.Path, server, plural(d.Snapshots, "references", "reference"))
+	if len(when) > 0 {
+		msg += " (" + strings.Join(when, "; ") + ")"
+	}
+	msg += fmt.Sprintf(": %d %s in %s %s data. Everything else in %s restores; those files do not restore from %s until their data is uploaded again. ",
+		d.Files, plural(d.Files, "file", "files"), them, plural(d.Files, "misses", "miss"), them, them)
+	if d.Healing {
+		msg += fmt.Sprintf("The guest's next snapshot uploads those files again if they are unchanged, which makes %s whole", plural(d.Snapshots, "this snapshot", "these snapshots"))
+	} else {
+		msg += fmt.Sprintf("The latest snapshot of %s is whole; %s until retention removes %s", d.Path, plural(d.Snapshots, "this older one stays incomplete", "these older ones stay incomplete"), them)
+	}
+	return msg + "; see " + integrityDocs
+}
+
+// recordVMNotices records each notice on its VM, by the VM's metadata from
+// the cache so that the Event carries its UID (kubectl describe shows only
+// those). A source whose identity names no VM, or a VM that is gone,
+// carries no Event.
+func (r *Reconciler) recordVMNotices(ctx context.Context, notices []vmNotice) {
+	for _, n := range notices {
+		if len(validation.IsDNS1123Label(n.VM.Namespace)) > 0 || len(validation.IsDNS1123Subdomain(n.VM.Name)) > 0 {
+			continue // not a VM's identity
+		}
+		vm := &metav1.PartialObjectMetadata{}
+		vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
+		if err := r.Client.Get(ctx, n.VM, vm); err != nil {
+			log.FromContext(ctx).V(1).Info("no Event on a VM whose snapshots are damaged or healed", "vm", n.VM, "reason", n.Event.Reason, "error", err.Error())
+			continue
+		}
+		vmevent.Record(r.Recorder, vm.ObjectMeta, []vmevent.Event{n.Event})
+	}
+}
