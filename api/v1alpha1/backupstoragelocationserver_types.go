@@ -637,8 +637,9 @@ type IntegrityStatus struct {
 
 	// Failure is why the last pass could not complete (the storage did not
 	// answer, say), or why what the server pod published cannot be read;
-	// the other fields are then those of the last complete pass. Empty when
-	// the last pass completed.
+	// the other fields are then those of the last complete pass (kept from
+	// before when the pod knows none, as after its restart). Empty when the
+	// last pass completed.
 	// +optional
 	Failure string `json:"failure,omitempty"`
 
@@ -661,25 +662,34 @@ type IntegrityStatus struct {
 	ReadBytes int64 `json:"readBytes,omitempty"`
 
 	// MissingPacks are packs the index named that the storage no longer
-	// had, as the last pass that found any listed them (at most 20: more
+	// had: those the last complete pass found, or, while snapshots stay
+	// damaged, those the pass that found the loss named (at most 20: more
 	// may be missing when 20 are listed).
 	// +kubebuilder:validation:MaxItems=20
 	// +listType=atomic
 	// +optional
 	MissingPacks []string `json:"missingPacks,omitempty"`
 
-	// DamagedPacks are packs holding a content that did not read back, as
-	// the last pass that found any listed them (at most 20).
+	// DamagedPacks are packs holding a content that did not read back,
+	// found and kept as MissingPacks are (at most 20).
 	// +kubebuilder:validation:MaxItems=20
 	// +listType=atomic
 	// +optional
 	DamagedPacks []string `json:"damagedPacks,omitempty"`
 
-	// LostContents is how many contents the last pass that found a loss
-	// found lost. They were dropped from the index, so that the next
-	// snapshot of the same data uploads them again.
+	// LostContents is how many contents the last complete pass found lost.
+	// They were dropped from the index, so that the next snapshot of the
+	// same data uploads them again.
 	// +optional
 	LostContents int64 `json:"lostContents,omitempty"`
+
+	// PendingContents is how many lost contents are still in the index,
+	// marked deleted, because Kopia's garbage collection keeps its deletion
+	// watermark behind them: a guest's client takes them for present and
+	// does not upload them again until Kopia's maintenance lets go of them
+	// (at most its safety margins, a day or two).
+	// +optional
+	PendingContents int64 `json:"pendingContents,omitempty"`
 
 	// DamagedSnapshots is how many snapshots reference a lost content now:
 	// they cannot be restored whole. Zero once every one healed or expired.
