@@ -95,9 +95,11 @@ const (
 	// content the index names in a pack the storage holds, and no snapshot
 	// that references lost data.
 	ReasonIntact = "Intact"
-	// ReasonContentsLost: the storage lost or damaged packs, and snapshots
-	// reference the contents lost: the message names the packs, how many
-	// snapshots of how many VMs are damaged, and how they heal.
+	// ReasonContentsLost: the last complete verification found contents
+	// lost (packs missing from the storage, or not reading back), or
+	// snapshots that reference lost contents: the message names the
+	// packs, how many snapshots of how many VMs are damaged, and how they
+	// heal.
 	ReasonContentsLost = "ContentsLost"
 	// ReasonNotVerified: no verification of the repository is published
 	// yet (a new BSLS, or a server pod of an older guestbackup).
@@ -357,12 +359,10 @@ func decide(obs observations) decision {
 
 	// RepositoryIntact, status.integrity and the Events of the VMs whose
 	// snapshots it finds damaged or healed.
-	intact := integrityCondition(b.Name, obs.Integrity, obs.IntegrityUnreadable)
-	intact.ObservedGeneration = b.Generation
 	d.Integrity = integrityStatus(obs.Integrity, obs.IntegrityUnreadable, b.Status.Integrity)
-	if obs.Integrity != nil {
-		d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
-	}
+	intact := integrityCondition(b.Name, d.Integrity, obs.IntegrityUnreadable != "")
+	intact.ObservedGeneration = b.Generation
+	d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
 
 	// Ready: every other condition is True; StorageAvailable and
 	// RepositoryIntact only must not be False (a server pod of an older

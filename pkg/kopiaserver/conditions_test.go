@@ -502,7 +502,7 @@ var decideCases = []decideCase{
 		},
 		want: map[string]wantCondition{
 			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonVerificationFailed, []string{
-				"could not complete (last attempt ended " + decideNow.Format(time.RFC3339) + "): list packs: dial tcp 10.0.0.1:9000: connection refused; no verification has completed yet",
+				"The last verification, ended " + decideNow.Format(time.RFC3339) + ", could not complete: list packs: dial tcp 10.0.0.1:9000: connection refused; no verification has completed yet",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
 		},
@@ -564,7 +564,7 @@ var decideCases = []decideCase{
 				"The repository's storage lost data (packs p1, p2 missing from the storage; pack q1 holding data that does not read back; 40 contents lost and dropped from the index): 5 snapshots of 2 VMs reference it and cannot be restored whole: team-a/web:/var/www (3), team-a/web:/etc (1), team-b/db:/srv (1).",
 				"Everything else in those snapshots restores; each guest uploads the lost files again at its next snapshot if they are unchanged",
 				"Last complete verification ended " + decideNow.Format(time.RFC3339),
-				"see docs/operations.md (Repository integrity)",
+				"see docs/operations.md, \"Verification\"",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: RepositoryIntact"}},
 		},
@@ -610,14 +610,59 @@ var decideCases = []decideCase{
 		requeue: RecheckSecrets,
 	},
 	{
-		name: "the loss healed: True again, and the message remembers it",
+		name: "a pass finds contents lost that no snapshot references: False while it says so",
 		obs: func(o *observations) {
 			o.Deployment = deployment(1, 1)
 			o.Integrity = lostState(decideNow)
-			o.Integrity.Damaged, o.Integrity.DamagedSnapshots, o.Integrity.DamagedSince = nil, 0, time.Time{}
+			o.Integrity.Damaged, o.Integrity.DamagedSnapshots = nil, 0
 		},
 		want: map[string]wantCondition{
-			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionTrue, ReasonIntact, []string{"the 40 contents lost earlier damage no snapshot any more"}},
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{"40 contents lost and dropped from the index): no snapshot references it."}},
+			v1alpha1.ConditionReady:            {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: RepositoryIntact"}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "lost contents the index still holds as deleted: the message says guests upload them only later",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow)
+			o.Integrity.Pending = 7
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{
+				"7 lost contents stay in the index, marked deleted, until Kopia's maintenance lets go of them (a day or two): guests upload those again only then.",
+			}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "a restarted server pod whose first pass failed knows no earlier pass: the loss the status holds stays False",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.BSLS.Status.Integrity = integrityStatus(lostState(decideNow.Add(-time.Hour)), "", nil)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, Error: "open repository: timeout"}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{
+				"5 snapshots of 2 VMs",
+				"Last complete verification ended " + decideNow.Add(-time.Hour).Format(time.RFC3339) + "; the last verification, ended " + decideNow.Format(time.RFC3339) + ", could not complete: open repository: timeout",
+			}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "the pass after the guests uploaded the lost data again: True again",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.BSLS.Status.Integrity = integrityStatus(lostState(decideNow.Add(-time.Hour)), "", nil)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, VerifiedAt: decideNow, Contents: 1040, Packs: 31, ReadPacks: 3, ReadBytes: 1 << 20}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionTrue, ReasonIntact, []string{"Verified at " + decideNow.Format(time.RFC3339) + ": all 1040 contents"}},
 			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
 		},
 		opened:  true,

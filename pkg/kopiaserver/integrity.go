@@ -18,74 +18,125 @@ import (
 )
 
 // integrityDocs is where the condition and the VMs' Events send an admin
-// or a VM's owner for what a loss means and what to do.
-const integrityDocs = "docs/operations.md (Repository integrity)"
+// or a VM's owner for what a loss means and what to do; the server pod's
+// Events point there too.
+const integrityDocs = `docs/operations.md, "Verification"`
 
-// integrityCondition is RepositoryIntact of BSLS bsls from what its server
-// pod last published of its verification of the repository (nil: nothing
-// yet), or from why that cannot be read (unreadable). Snapshots that
-// reference lost data make it False whatever else the last pass said; a
-// verification that never completed, or whose last pass failed, leaves it
-// Unknown, which Ready does not wait for.
-func integrityCondition(bsls string, s *maintenancestate.IntegrityState, unreadable string) metav1.Condition {
+// integrityStatus is status.integrity from what the server pod published
+// (nil: nothing, so nil), bounded as the state is (a pod that lists more
+// is cut short). What the status the previous pass wrote (previous) knew of
+// a complete pass is kept, with the failure, when what the pod published
+// cannot be read (unreadable) or holds no complete pass (a pod that
+// restarted and failed its first pass knows nothing of earlier ones): a
+// loss found stays reported, and the VMs' Events are not announced again.
+func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, previous *v1alpha1.IntegrityStatus) *v1alpha1.IntegrityStatus {
+	switch {
+	case unreadable != "":
+		st := &v1alpha1.IntegrityStatus{}
+		if previous != nil {
+			st = previous.DeepCopy()
+		}
+		st.Failure = unreadable
+		return st
+	case s == nil:
+		return nil
+	case s.VerifiedAt.IsZero() && previous != nil && previous.LastVerified != nil:
+		st := previous.DeepCopy()
+		st.LastChecked, st.Failure = metaTime(s.CheckedAt), s.Error
+		return st
+	}
+	st := &v1alpha1.IntegrityStatus{
+		LastChecked:      metaTime(s.CheckedAt),
+		LastVerified:     metaTime(s.VerifiedAt),
+		Failure:          s.Error,
+		Contents:         int64(s.Contents),
+		Packs:            int64(s.Packs),
+		ReadPacks:        int64(s.ReadPacks),
+		ReadBytes:        s.ReadBytes,
+		MissingPacks:     bounded(s.MissingPacks, maintenancestate.MaxListedPacks),
+		DamagedPacks:     bounded(s.DamagedPacks, maintenancestate.MaxListedPacks),
+		LostContents:     int64(s.LostContents),
+		PendingContents:  int64(s.Pending),
+		DamagedSnapshots: int64(s.DamagedSnapshots),
+		DamagedSince:     metaTime(s.DamagedSince),
+	}
+	for _, d := range bounded(s.Damaged, maintenancestate.MaxListedSources) {
+		st.Damaged = append(st.Damaged, v1alpha1.DamagedVM{
+			Namespace: d.Host, Name: d.User, Path: d.Path,
+			Snapshots: int64(d.Snapshots), Files: int64(d.Files),
+			Oldest: metaTime(d.Oldest), Newest: metaTime(d.Newest),
+			IDs:     bounded(d.IDs, maintenancestate.MaxListedSnapshots),
+			Healing: d.Healing,
+		})
+	}
+	return st
+}
+
+// integrityCondition is RepositoryIntact of BSLS bsls from its
+// status.integrity (integrityStatus; nil: nothing published yet);
+// unreadable is true when its failure is that what the server pod
+// published cannot be read. A loss the last complete pass found makes it
+// False whatever came after; a verification that never completed, or whose
+// last pass failed, leaves it Unknown, which Ready does not wait for.
+func integrityCondition(bsls string, st *v1alpha1.IntegrityStatus, unreadable bool) metav1.Condition {
 	cond := func(status metav1.ConditionStatus, reason, msg string) metav1.Condition {
 		return metav1.Condition{Type: v1alpha1.ConditionRepositoryIntact, Status: status, Reason: reason, Message: msg}
 	}
-	switch {
-	case unreadable != "":
-		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
-			fmt.Sprintf("What the server pod published of the repository's verification in ConfigMap %s cannot be read (%s): nothing is known of the repository's integrity until the pod publishes it again",
-				maintenancestate.ConfigMapName(bsls), unreadable))
-	case s == nil || (s.VerifiedAt.IsZero() && s.Error == ""):
+	if st == nil || (st.LastVerified == nil && st.Failure == "") {
 		return cond(metav1.ConditionUnknown, ReasonNotVerified,
 			"No verification of the repository is published yet: the server pod that runs maintenance verifies it on its schedule (a server pod of an older guestbackup does not)")
-	case s.VerifiedAt.IsZero():
-		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
-			fmt.Sprintf("The repository's verification could not complete (last attempt ended %s): %s; no verification has completed yet",
-				timestamp(s.CheckedAt), s.Error))
 	}
 	failed := ""
-	if s.Error != "" {
-		failed = fmt.Sprintf("the last verification, ended %s, could not complete: %s", timestamp(s.CheckedAt), s.Error)
+	switch {
+	case unreadable:
+		failed = fmt.Sprintf("what the server pod published of the repository's verification in ConfigMap %s cannot be read (%s)", maintenancestate.ConfigMapName(bsls), st.Failure)
+	case st.Failure != "":
+		ended := ""
+		if st.LastChecked != nil {
+			ended = ", ended " + timestamp(st.LastChecked.Time) + ","
+		}
+		failed = fmt.Sprintf("the last verification%s could not complete: %s", ended, st.Failure)
 	}
-	if damaged(s) {
-		msg := lossMessage(s) + fmt.Sprintf(" Last complete verification ended %s", timestamp(s.VerifiedAt))
+	if st.LastVerified == nil {
+		if unreadable {
+			return cond(metav1.ConditionUnknown, ReasonVerificationFailed, capitalize(failed)+": nothing is known of the repository's integrity until the pod publishes it again")
+		}
+		return cond(metav1.ConditionUnknown, ReasonVerificationFailed, capitalize(failed)+"; no verification has completed yet")
+	}
+	verified := timestamp(st.LastVerified.Time)
+	if damaged(st) {
+		msg := lossMessage(st) + " Last complete verification ended " + verified
 		if failed != "" {
 			msg += "; " + failed
 		}
 		return cond(metav1.ConditionFalse, ReasonContentsLost, msg+"; see "+integrityDocs)
 	}
 	found := fmt.Sprintf("all %d contents the index names are in the %d packs the storage holds, and %d packs (%d bytes) read back and decrypted",
-		s.Contents, s.Packs, s.ReadPacks, s.ReadBytes)
-	if s.LostContents > 0 {
-		found += fmt.Sprintf("; the %d contents lost earlier damage no snapshot any more", s.LostContents)
-	}
+		st.Contents, st.Packs, st.ReadPacks, st.ReadBytes)
 	if failed != "" {
-		return cond(metav1.ConditionUnknown, ReasonVerificationFailed,
-			fmt.Sprintf("The last verification of the repository, ended %s, could not complete: %s; the last complete one, ended %s, found %s",
-				timestamp(s.CheckedAt), s.Error, timestamp(s.VerifiedAt), found))
+		return cond(metav1.ConditionUnknown, ReasonVerificationFailed, capitalize(failed)+"; the last complete one, ended "+verified+", found "+found)
 	}
-	return cond(metav1.ConditionTrue, ReasonIntact, fmt.Sprintf("Verified at %s: %s", timestamp(s.VerifiedAt), found))
+	return cond(metav1.ConditionTrue, ReasonIntact, "Verified at "+verified+": "+found)
 }
 
-// damaged is whether snapshots reference data the storage lost, as the
-// last complete pass found.
-func damaged(s *maintenancestate.IntegrityState) bool {
-	return s.DamagedSnapshots > 0 || len(s.Damaged) > 0
+// damaged is whether the last complete pass found data lost, or snapshots
+// that reference lost data.
+func damaged(st *v1alpha1.IntegrityStatus) bool {
+	return st.LostContents > 0 || st.DamagedSnapshots > 0 || len(st.Damaged) > 0
 }
 
 // lossMessage says what the storage lost, which snapshots of which VMs it
-// damages, what still restores and how it heals.
-func lossMessage(s *maintenancestate.IntegrityState) string {
+// damages, what still restores and how they heal.
+func lossMessage(st *v1alpha1.IntegrityStatus) string {
 	var lost []string
-	if len(s.MissingPacks) > 0 {
-		lost = append(lost, packList(s.MissingPacks)+" missing from the storage")
+	if len(st.MissingPacks) > 0 {
+		lost = append(lost, packList(st.MissingPacks)+" missing from the storage")
 	}
-	if len(s.DamagedPacks) > 0 {
-		lost = append(lost, packList(s.DamagedPacks)+" holding data that does not read back")
+	if len(st.DamagedPacks) > 0 {
+		lost = append(lost, packList(st.DamagedPacks)+" holding data that does not read back")
 	}
-	if s.LostContents > 0 {
-		lost = append(lost, fmt.Sprintf("%d contents lost and dropped from the index", s.LostContents))
+	if st.LostContents > 0 {
+		lost = append(lost, fmt.Sprintf("%d contents lost and dropped from the index", st.LostContents))
 	}
 	msg := "The repository's storage lost data"
 	if len(lost) > 0 {
@@ -93,28 +144,43 @@ func lossMessage(s *maintenancestate.IntegrityState) string {
 	}
 
 	vms := map[types.NamespacedName]bool{}
-	listed := 0
+	var listed int64
 	var named []string
-	sources := bounded(s.Damaged, maintenancestate.MaxListedSources) // as status.integrity.damaged
-	for _, d := range sources {
-		vms[types.NamespacedName{Namespace: d.Host, Name: d.User}] = true
+	for _, d := range st.Damaged {
+		vms[types.NamespacedName{Namespace: d.Namespace, Name: d.Name}] = true
 		listed += d.Snapshots
-		named = append(named, fmt.Sprintf("%s/%s:%s (%d)", d.Host, d.User, d.Path, d.Snapshots))
+		named = append(named, fmt.Sprintf("%s/%s:%s (%d)", d.Namespace, d.Name, d.Path, d.Snapshots))
 	}
-	snapshots := max(s.DamagedSnapshots, listed)
-	ofVMs := fmt.Sprintf("%d VMs", len(vms))
-	if listed < snapshots {
-		ofVMs = "at least " + ofVMs
+	snapshots := max(st.DamagedSnapshots, listed)
+	if snapshots == 0 {
+		msg += ": no snapshot references it."
+	} else {
+		ofVMs := fmt.Sprintf("%d VMs", len(vms))
+		if listed < snapshots {
+			ofVMs = "at least " + ofVMs
+		}
+		msg += fmt.Sprintf(": %d snapshots of %s reference it and cannot be restored whole", snapshots, ofVMs)
+		if len(named) > 0 {
+			msg += ": " + abbreviate(named)
+		}
+		msg += "."
+		if listed < snapshots {
+			msg += fmt.Sprintf(" status.integrity.damaged is truncated: it lists %d paths with %d of those snapshots.", len(st.Damaged), listed)
+		}
+		msg += " Everything else in those snapshots restores; each guest uploads the lost files again at its next snapshot if they are unchanged, which makes its snapshots whole (each VM gets a BackupDamaged Event)."
 	}
-	msg += fmt.Sprintf(": %d snapshots of %s reference it and cannot be restored whole", snapshots, ofVMs)
-	if len(named) > 0 {
-		msg += ": " + abbreviate(named)
+	if st.PendingContents > 0 {
+		msg += fmt.Sprintf(" %d lost contents stay in the index, marked deleted, until Kopia's maintenance lets go of them (a day or two): guests upload those again only then.", st.PendingContents)
 	}
-	msg += "."
-	if listed < snapshots {
-		msg += fmt.Sprintf(" status.integrity.damaged is truncated: it lists %d paths with %d of those snapshots.", len(sources), listed)
+	return msg
+}
+
+// capitalize is s with its first letter upper case.
+func capitalize(s string) string {
+	if s == "" {
+		return s
 	}
-	return msg + " Everything else in those snapshots restores; each guest uploads the lost files again at its next snapshot if they are unchanged, which makes its snapshots whole (each VM gets a BackupDamaged Event)."
+	return strings.ToUpper(s[:1]) + s[1:]
 }
 
 // packList names packs, a few of them, and says when there may be more
@@ -146,49 +212,6 @@ func metaTime(t time.Time) *metav1.Time {
 		return nil
 	}
 	return &metav1.Time{Time: t}
-}
-
-// integrityStatus is status.integrity from what the server pod published
-// (nil: nothing, so nil), bounded as the state is (a pod that lists more
-// is cut short). When what it published cannot be read, the status the
-// previous pass wrote is kept with the failure, so that the VMs' Events
-// are not announced again once it can.
-func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, previous *v1alpha1.IntegrityStatus) *v1alpha1.IntegrityStatus {
-	if unreadable != "" {
-		st := &v1alpha1.IntegrityStatus{}
-		if previous != nil {
-			st = previous.DeepCopy()
-		}
-		st.Failure = unreadable
-		return st
-	}
-	if s == nil {
-		return nil
-	}
-	st := &v1alpha1.IntegrityStatus{
-		LastChecked:      metaTime(s.CheckedAt),
-		LastVerified:     metaTime(s.VerifiedAt),
-		Failure:          s.Error,
-		Contents:         int64(s.Contents),
-		Packs:            int64(s.Packs),
-		ReadPacks:        int64(s.ReadPacks),
-		ReadBytes:        s.ReadBytes,
-		MissingPacks:     bounded(s.MissingPacks, maintenancestate.MaxListedPacks),
-		DamagedPacks:     bounded(s.DamagedPacks, maintenancestate.MaxListedPacks),
-		LostContents:     int64(s.LostContents),
-		DamagedSnapshots: int64(s.DamagedSnapshots),
-		DamagedSince:     metaTime(s.DamagedSince),
-	}
-	for _, d := range bounded(s.Damaged, maintenancestate.MaxListedSources) {
-		st.Damaged = append(st.Damaged, v1alpha1.DamagedVM{
-			Namespace: d.Host, Name: d.User, Path: d.Path,
-			Snapshots: int64(d.Snapshots), Files: int64(d.Files),
-			Oldest: metaTime(d.Oldest), Newest: metaTime(d.Newest),
-			IDs:     bounded(d.IDs, maintenancestate.MaxListedSnapshots),
-			Healing: d.Healing,
-		})
-	}
-	return st
 }
 
 // bounded is at most the first n of list, copied.

@@ -108,14 +108,14 @@ func TestDamagedMessage(t *testing.T) {
 			d:    v1alpha1.DamagedVM{Path: "/var/www", Snapshots: 5, Files: 7, Oldest: &oldest, Newest: &newest, IDs: []string{"k5", "k4", "k3"}, Healing: true},
 			want: "5 snapshots of /var/www on BackupStorageLocationServer backup/main reference data the storage lost (started " + oldest.UTC().Format(time.RFC3339) + " to " + newest.UTC().Format(time.RFC3339) +
 				"; the most recent IDs k5, k4, k3): 7 files in them miss data. Everything else in them restores; those files do not restore from them until their data is uploaded again. " +
-				"The guest's next snapshot uploads those files again if they are unchanged, which makes these snapshots whole; see docs/operations.md (Repository integrity)",
+				"The guest's next snapshot uploads those files again if they are unchanged, which makes these snapshots whole; see docs/operations.md, \"Verification\"",
 		},
 		{
 			name: "one older snapshot, no longer healing",
 			d:    v1alpha1.DamagedVM{Path: "/srv", Snapshots: 1, Files: 1, Oldest: &oldest, Newest: &oldest, IDs: []string{"k1"}},
 			want: "1 snapshot of /srv on BackupStorageLocationServer backup/main references data the storage lost (started " + oldest.UTC().Format(time.RFC3339) +
 				"; ID k1): 1 file in it misses data. Everything else in it restores; those files do not restore from it until their data is uploaded again. " +
-				"The latest snapshot of /srv is whole; this older one stays incomplete until retention removes it; see docs/operations.md (Repository integrity)",
+				"The latest snapshot of /srv is whole; this older one stays incomplete until retention removes it; see docs/operations.md, \"Verification\"",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -145,8 +145,19 @@ func TestIntegrityStatus(t *testing.T) {
 		t.Errorf("unreadable at first: %+v, want the failure alone", got)
 	}
 
+	// A pod that restarted and failed its first pass publishes no
+	// complete pass: what the status knew of the last one stays.
+	failedFirst := &maintenancestate.IntegrityState{CheckedAt: decideNow.Add(time.Minute), Error: "timeout"}
+	got = integrityStatus(failedFirst, "", previous)
+	if got.Failure != "timeout" || !got.LastChecked.Time.Equal(decideNow.Add(time.Minute)) || got.LastVerified == nil || len(got.Damaged) != 1 {
+		t.Errorf("no complete pass after one: %+v, want the previous findings with the failure", got)
+	}
+	if got := integrityStatus(failedFirst, "", nil); got.LastVerified != nil || got.Failure != "timeout" || len(got.Damaged) != 0 {
+		t.Errorf("no complete pass ever: %+v, want the failure alone", got)
+	}
+
 	s := lostState(decideNow)
-	s.Error = "timeout"
+	s.Error, s.Pending = "timeout", 7
 	for i := range maintenancestate.MaxListedPacks + 5 {
 		s.MissingPacks = append(s.MissingPacks, "m"+strconv.Itoa(i))
 	}
@@ -168,7 +179,7 @@ func TestIntegrityStatus(t *testing.T) {
 		t.Errorf("first damaged path %+v, want the state's team-a/web:/var/www", first)
 	}
 	if got.Failure != "timeout" || got.Contents != 1000 || got.Packs != 30 || got.ReadPacks != 3 || got.ReadBytes != 1<<20 ||
-		got.LostContents != 40 || got.DamagedSnapshots != 5 || !got.LastVerified.Time.Equal(decideNow) || got.DamagedSince == nil {
+		got.LostContents != 40 || got.PendingContents != 7 || got.DamagedSnapshots != 5 || !got.LastVerified.Time.Equal(decideNow) || got.DamagedSince == nil {
 		t.Errorf("status %+v: fields not copied from the state", got)
 	}
 	if healed := integrityStatus(&maintenancestate.IntegrityState{CheckedAt: decideNow}, "", nil); healed.LastVerified != nil || healed.DamagedSince != nil {
