@@ -6,10 +6,12 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -318,6 +320,26 @@ func damagedMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string {
 		msg += fmt.Sprintf("The latest snapshot of %s is whole; %s until retention removes %s", d.Path, plural(d.Snapshots, "this older one stays incomplete", "these older ones stay incomplete"), them)
 	}
 	return msg + "; see " + integrityDocs
+}
+
+// liveNotices returns the notices of decision d for BSLS orig (as read
+// from the cache at the start of the pass), diffed again against the
+// status the API server holds when they are not none: a pass that follows
+// the last one's status write before the cache does would otherwise
+// announce the same damage again. Read around the cache only then, so
+// that a pass with nothing to announce costs no request.
+func (r *Reconciler) liveNotices(ctx context.Context, orig *v1alpha1.BackupStorageLocationServer, d decision) ([]vmNotice, error) {
+	if len(d.VMNotices) == 0 {
+		return nil, nil
+	}
+	live := &v1alpha1.BackupStorageLocationServer{}
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(orig), live); err != nil {
+		return nil, fmt.Errorf("read BackupStorageLocationServer %s/%s before announcing damaged snapshots: %w", orig.Namespace, orig.Name, err)
+	}
+	if equality.Semantic.DeepEqual(live.Status.Integrity, orig.Status.Integrity) {
+		return d.VMNotices, nil
+	}
+	return damageNotices(client.ObjectKeyFromObject(orig), live.Status.Integrity, d.Integrity), nil
 }
 
 // recordVMNotices records each notice on its VM, by the VM's metadata from

@@ -1,6 +1,7 @@
 package kopiaserver
 
 import (
+	"context"
 	"os"
 	"slices"
 	"strconv"
@@ -10,7 +11,9 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -213,5 +216,49 @@ func TestIntegrityBoundsMatchCRD(t *testing.T) {
 		if got := want.schema.MaxItems; got == nil || *got != int64(want.bound) {
 			t.Errorf("status.integrity.%s: maxItems %v, want %d (maintenancestate)", field, got, want.bound)
 		}
+	}
+}
+
+// A pass that follows the last one's status write before the cache does
+// announces nothing that pass already announced: the notices are diffed
+// again against the status the API server holds.
+func TestLiveNoticesReadAroundALaggingCache(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	written := verifiedWith(0, damagedVM("web", "/var/www", 3))
+	live := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
+	live.Status.Integrity = written
+	r := &Reconciler{APIReader: fake.NewClientBuilder().WithScheme(scheme).WithObjects(live).Build()}
+	server := types.NamespacedName{Namespace: "backup", Name: "main"}
+
+	// The cache still holds the BSLS from before the write.
+	stale := live.DeepCopy()
+	stale.Status.Integrity = nil
+	d := decision{Integrity: written.DeepCopy(), VMNotices: damageNotices(server, nil, written)}
+	if len(d.VMNotices) != 1 {
+		t.Fatalf("notices against the stale status: %v, want one", d.VMNotices)
+	}
+	got, err := r.liveNotices(context.Background(), stale, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Errorf("notices %v: the API server's status already holds that damage, want none", got)
+	}
+
+	// The cache is current: its notices stand.
+	got, err = r.liveNotices(context.Background(), live, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Errorf("notices %v, want the decision's one", got)
+	}
+
+	// Nothing to announce: no request at all.
+	if got, err := (&Reconciler{}).liveNotices(context.Background(), stale, decision{}); err != nil || got != nil {
+		t.Errorf("no notices: %v, %v", got, err)
 	}
 }

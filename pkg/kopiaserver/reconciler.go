@@ -435,8 +435,12 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	b.Status.ObservedGeneration = b.Generation
 	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
+	notices, err := r.liveNotices(ctx, orig, d)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
 	r.recordTransitions(b, orig.Status.Conditions)
-	r.recordVMNotices(ctx, d.VMNotices)
+	r.recordVMNotices(ctx, notices)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
 	}
