@@ -102,7 +102,8 @@ const (
 	// heal.
 	ReasonContentsLost = "ContentsLost"
 	// ReasonNotVerified: no verification of the repository is published
-	// yet (a new BSLS, or a server pod of an older guestbackup).
+	// yet (a new BSLS, or a server pod of an older guestbackup), or
+	// verification is turned off.
 	ReasonNotVerified = "NotVerified"
 	// ReasonVerificationFailed: the last verification could not complete,
 	// or what the server pod published of it cannot be read; the message
@@ -360,7 +361,7 @@ func decide(obs observations) decision {
 	// RepositoryIntact, status.integrity and the Events of the VMs whose
 	// snapshots it finds damaged or healed.
 	d.Integrity = integrityStatus(obs.Integrity, obs.IntegrityUnreadable, b.Status.Integrity)
-	intact := integrityCondition(b.Name, d.Integrity, obs.IntegrityUnreadable != "")
+	intact := integrityCondition(b, d.Integrity, obs.IntegrityUnreadable != "")
 	intact.ObservedGeneration = b.Generation
 	d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
 

@@ -494,6 +494,48 @@ var decideCases = []decideCase{
 		requeue: RecheckSecrets,
 	},
 	{
+		name: "verification turned off, nothing published: Unknown, saying so",
+		obs: func(o *observations) {
+			o.BSLS.Spec.Repository.Maintenance = &v1alpha1.MaintenanceSpec{VerifyInterval: &metav1.Duration{}}
+			o.Deployment = deployment(1, 1)
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonNotVerified, []string{"Verification is off (spec.repository.maintenance.verifyInterval is 0s): nothing checks"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "verification turned off after an intact pass: Unknown, with what that pass found",
+		obs: func(o *observations) {
+			o.BSLS.Spec.Repository.Maintenance = &v1alpha1.MaintenanceSpec{Disabled: true}
+			o.Deployment = deployment(1, 1)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, VerifiedAt: decideNow, Contents: 3, Packs: 1}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionUnknown, ReasonNotVerified, []string{
+				"Verification is off (spec.repository.maintenance.disabled is set); the last complete one, ended " + decideNow.Format(time.RFC3339) + ", found all 3 contents",
+			}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
+		name: "verification turned off after a loss: still False, saying nothing will say when it heals",
+		obs: func(o *observations) {
+			o.BSLS.Spec.Repository.Maintenance = &v1alpha1.MaintenanceSpec{VerifyInterval: &metav1.Duration{}}
+			o.Deployment = deployment(1, 1)
+			o.Integrity = lostState(decideNow)
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionFalse, ReasonContentsLost, []string{"verification is off (spec.repository.maintenance.verifyInterval is 0s), so nothing says when it heals"}},
+			v1alpha1.ConditionReady:            {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: RepositoryIntact"}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
 		name: "the first verification could not complete: Unknown with the storage's words, and Ready does not wait for it",
 		obs: func(o *observations) {
 			o.Deployment = deployment(1, 1)

@@ -74,20 +74,42 @@ func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, prev
 	return st
 }
 
-// integrityCondition is RepositoryIntact of BSLS bsls from its
+// verificationOff says why b's server pods do not verify the repository:
+// maintenance is disabled, or spec.repository.maintenance.verifyInterval
+// is 0s; empty when they do.
+func verificationOff(b *v1alpha1.BackupStorageLocationServer) string {
+	switch m := b.Spec.Repository.Maintenance; {
+	case m == nil:
+		return ""
+	case m.Disabled:
+		return "spec.repository.maintenance.disabled is set"
+	case m.VerifyInterval != nil && m.VerifyInterval.Duration == 0:
+		return "spec.repository.maintenance.verifyInterval is 0s"
+	}
+	return ""
+}
+
+// integrityCondition is RepositoryIntact of BSLS b from its
 // status.integrity (integrityStatus; nil: nothing published yet);
 // unreadable is true when its failure is that what the server pod
 // published cannot be read. A loss the last complete pass found makes it
-// False whatever came after; a verification that never completed, or whose
-// last pass failed, leaves it Unknown, which Ready does not wait for.
-func integrityCondition(bsls string, st *v1alpha1.IntegrityStatus, unreadable bool) metav1.Condition {
+// False whatever came after; a verification that never completed, whose
+// last pass failed, or that is turned off leaves it Unknown, which Ready
+// does not wait for.
+func integrityCondition(b *v1alpha1.BackupStorageLocationServer, st *v1alpha1.IntegrityStatus, unreadable bool) metav1.Condition {
 	cond := func(status metav1.ConditionStatus, reason, msg string) metav1.Condition {
 		return metav1.Condition{Type: v1alpha1.ConditionRepositoryIntact, Status: status, Reason: reason, Message: msg}
 	}
+	off := verificationOff(b)
 	if st == nil || (st.LastVerified == nil && st.Failure == "") {
+		if off != "" {
+			return cond(metav1.ConditionUnknown, ReasonNotVerified,
+				"Verification is off ("+off+"): nothing checks that the storage still holds the data the repository's index names")
+		}
 		return cond(metav1.ConditionUnknown, ReasonNotVerified,
 			"No verification of the repository is published yet: the server pod that runs maintenance verifies it on its schedule (a server pod of an older guestbackup does not)")
 	}
+	bsls := b.Name
 	failed := ""
 	switch {
 	case unreadable:
@@ -111,10 +133,17 @@ func integrityCondition(bsls string, st *v1alpha1.IntegrityStatus, unreadable bo
 		if failed != "" {
 			msg += "; " + failed
 		}
+		if off != "" {
+			msg += "; verification is off (" + off + "), so nothing says when it heals"
+		}
 		return cond(metav1.ConditionFalse, ReasonContentsLost, msg+"; see "+integrityDocs)
 	}
 	found := fmt.Sprintf("all %d contents the index names are in the %d packs the storage holds, and %d packs (%d bytes) read back and decrypted",
 		st.Contents, st.Packs, st.ReadPacks, st.ReadBytes)
+	if off != "" {
+		return cond(metav1.ConditionUnknown, ReasonNotVerified,
+			"Verification is off ("+off+"); the last complete one, ended "+verified+", found "+found)
+	}
 	if failed != "" {
 		return cond(metav1.ConditionUnknown, ReasonVerificationFailed, capitalize(failed)+"; the last complete one, ended "+verified+", found "+found)
 	}
@@ -312,7 +341,7 @@ func damagedMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string {
 	if len(when) > 0 {
 		msg += " (" + strings.Join(when, "; ") + ")"
 	}
-	msg += fmt.Sprintf(": %d %s in %s %s data. Everything else in %s restores; those files do not restore from %s until their data is uploaded again. ",
+	msg += fmt.Sprintf(": %d %s in %s %s data. Everything else in %s restores (guestbackup-kopia snapshot restore --ignore-errors restores the rest and names what it skipped); those files do not restore from %s until their data is uploaded again. ",
 		d.Files, plural(d.Files, "file", "files"), them, plural(d.Files, "misses", "miss"), them, them)
 	if d.Healing {
 		msg += fmt.Sprintf("The guest's next snapshot uploads those files again if they are unchanged, which makes %s whole", plural(d.Snapshots, "this snapshot", "these snapshots"))

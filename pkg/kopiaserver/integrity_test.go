@@ -110,14 +110,14 @@ func TestDamagedMessage(t *testing.T) {
 			name: "healing, more snapshots than IDs listed",
 			d:    v1alpha1.DamagedVM{Path: "/var/www", Snapshots: 5, Files: 7, Oldest: &oldest, Newest: &newest, IDs: []string{"k5", "k4", "k3"}, Healing: true},
 			want: "5 snapshots of /var/www on BackupStorageLocationServer backup/main reference data the storage lost (started " + oldest.UTC().Format(time.RFC3339) + " to " + newest.UTC().Format(time.RFC3339) +
-				"; the most recent IDs k5, k4, k3): 7 files in them miss data. Everything else in them restores; those files do not restore from them until their data is uploaded again. " +
+				"; the most recent IDs k5, k4, k3): 7 files in them miss data. Everything else in them restores (guestbackup-kopia snapshot restore --ignore-errors restores the rest and names what it skipped); those files do not restore from them until their data is uploaded again. " +
 				"The guest's next snapshot uploads those files again if they are unchanged, which makes these snapshots whole; see docs/operations.md, \"Verification\"",
 		},
 		{
 			name: "one older snapshot, no longer healing",
 			d:    v1alpha1.DamagedVM{Path: "/srv", Snapshots: 1, Files: 1, Oldest: &oldest, Newest: &oldest, IDs: []string{"k1"}},
 			want: "1 snapshot of /srv on BackupStorageLocationServer backup/main references data the storage lost (started " + oldest.UTC().Format(time.RFC3339) +
-				"; ID k1): 1 file in it misses data. Everything else in it restores; those files do not restore from it until their data is uploaded again. " +
+				"; ID k1): 1 file in it misses data. Everything else in it restores (guestbackup-kopia snapshot restore --ignore-errors restores the rest and names what it skipped); those files do not restore from it until their data is uploaded again. " +
 				"The latest snapshot of /srv is whole; this older one stays incomplete until retention removes it; see docs/operations.md, \"Verification\"",
 		},
 	} {
