@@ -709,10 +709,24 @@ type IntegrityStatus struct {
 	// +listType=atomic
 	// +optional
 	Damaged []DamagedVM `json:"damaged,omitempty"`
+
+	// Settled are the paths whose damaged snapshots the last complete pass
+	// found could no longer heal (the guest's latest snapshot is whole, or
+	// the repository had been damaged for a week) and rewrote: each lost
+	// file replaced by a stub, .INVALID.<name>, naming what was lost, so
+	// that they restore every other file and Kopia's garbage collection
+	// runs again. Their counts and IDs are of before the rewrite (the
+	// snapshots' IDs changed); at most 1000, listed by the settling pass
+	// only.
+	// +kubebuilder:validation:MaxItems=1000
+	// +listType=atomic
+	// +optional
+	Settled []DamagedVM `json:"settled,omitempty"`
 }
 
 // DamagedVM is one backed-up path of one VM with snapshots that cannot be
-// restored whole: they reference data the storage lost.
+// restored whole: they reference data the storage lost (or, in Settled,
+// did, until they were rewritten).
 type DamagedVM struct {
 	// Namespace is the VM's namespace: the host of its Kopia identity
 	// <name>@<namespace>.
@@ -749,8 +763,8 @@ type DamagedVM struct {
 	// Healing is true while the path's latest snapshot is damaged: the
 	// guest reads every file again at its next snapshot, which uploads
 	// again what was lost of the files that did not change. False: the
-	// latest snapshot is whole, and these older ones stay incomplete until
-	// retention removes them.
+	// latest snapshot is whole, so these cannot heal that way, and the
+	// server pod settles them (Settled).
 	// +optional
 	Healing bool `json:"healing,omitempty"`
 }
