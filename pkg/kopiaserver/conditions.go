@@ -178,6 +178,11 @@ const (
 	// references lost data any more: its guest uploaded the data again,
 	// or the damaged snapshots expired.
 	ReasonBackupHealed = "BackupHealed"
+	// ReasonBackupSettled (Warning): damaged snapshots of one of the VM's
+	// paths could no longer heal and the server pod rewrote them, each
+	// lost file replaced by a stub: those files are lost from them for
+	// good, every other file restores, under new snapshot IDs.
+	ReasonBackupSettled = "BackupSettled"
 )
 
 // Reasons of the Events the controller records on VMs about restore grants

@@ -697,6 +697,22 @@ var decideCases = []decideCase{
 		requeue: RecheckSecrets,
 	},
 	{
+		name: "a pass that settled the snapshots that could no longer heal: True, saying what it settled",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.BSLS.Status.Integrity = integrityStatus(lostState(decideNow.Add(-time.Hour)), "", nil)
+			o.Integrity = &maintenancestate.IntegrityState{CheckedAt: decideNow, VerifiedAt: decideNow, Contents: 1040, Packs: 31,
+				Settled: []maintenancestate.DamagedSource{{User: "db", Host: "team-b", Path: "/srv", Snapshots: 1, Files: 2}, {User: "web", Host: "team-a", Path: "/etc", Snapshots: 1, Files: 1}}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionRepositoryIntact: {metav1.ConditionTrue, ReasonIntact, []string{
+				"; settled 2 damaged snapshots of 2 VMs that could no longer heal: their 3 lost files are replaced by stubs, .INVALID.<name>, and every other file restores (each VM gets a BackupSettled Event)",
+			}},
+		},
+		opened:  true,
+		requeue: RecheckSecrets,
+	},
+	{
 		name: "the pass after the guests uploaded the lost data again: True again",
 		obs: func(o *observations) {
 			o.Deployment = deployment(1, 1)

@@ -62,8 +62,16 @@ func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, prev
 		DamagedSnapshots: int64(s.DamagedSnapshots),
 		DamagedSince:     metaTime(s.DamagedSince),
 	}
-	for _, d := range bounded(s.Damaged, maintenancestate.MaxListedSources) {
-		st.Damaged = append(st.Damaged, v1alpha1.DamagedVM{
+	st.Damaged = damagedVMs(s.Damaged)
+	st.Settled = damagedVMs(s.Settled)
+	return st
+}
+
+// damagedVMs are sources for the status, bounded as the state is.
+func damagedVMs(sources []maintenancestate.DamagedSource) []v1alpha1.DamagedVM {
+	var out []v1alpha1.DamagedVM
+	for _, d := range bounded(sources, maintenancestate.MaxListedSources) {
+		out = append(out, v1alpha1.DamagedVM{
 			Namespace: d.Host, Name: d.User, Path: d.Path,
 			Snapshots: int64(d.Snapshots), Files: int64(d.Files),
 			Oldest: metaTime(d.Oldest), Newest: metaTime(d.Newest),
@@ -71,7 +79,7 @@ func integrityStatus(s *maintenancestate.IntegrityState, unreadable string, prev
 			Healing: d.Healing,
 		})
 	}
-	return st
+	return out
 }
 
 // verificationOff says why b's server pods do not verify the repository:
@@ -140,6 +148,9 @@ func integrityCondition(b *v1alpha1.BackupStorageLocationServer, st *v1alpha1.In
 	}
 	found := fmt.Sprintf("all %d contents the index names are in the %d packs the storage holds, and %d packs (%d bytes) read back and decrypted",
 		st.Contents, st.Packs, st.ReadPacks, st.ReadBytes)
+	if len(st.Settled) > 0 {
+		found += "; " + settledMessage(st.Settled)
+	}
 	if off != "" {
 		return cond(metav1.ConditionUnknown, ReasonNotVerified,
 			"Verification is off ("+off+"); the last complete one, ended "+verified+", found "+found)
@@ -203,7 +214,23 @@ func lossMessage(st *v1alpha1.IntegrityStatus) string {
 	if st.PendingContents > 0 {
 		msg += fmt.Sprintf(" %d lost contents stay in the index, marked deleted, until Kopia's maintenance lets go of them (a day or two): guests upload those again only then.", st.PendingContents)
 	}
+	if len(st.Settled) > 0 {
+		msg += " The pass " + settledMessage(st.Settled) + "."
+	}
 	return msg
+}
+
+// settledMessage says, after "the pass", what it settled.
+func settledMessage(settled []v1alpha1.DamagedVM) string {
+	var snapshots, files int64
+	vms := map[types.NamespacedName]bool{}
+	for _, d := range settled {
+		snapshots += d.Snapshots
+		files += d.Files
+		vms[types.NamespacedName{Namespace: d.Namespace, Name: d.Name}] = true
+	}
+	return fmt.Sprintf("settled %d damaged snapshots of %d VMs that could no longer heal: their %d lost files are replaced by stubs, .INVALID.<name>, and every other file restores (each VM gets a BackupSettled Event)",
+		snapshots, len(vms), files)
 }
 
 // capitalize is s with its first letter upper case.
@@ -275,12 +302,17 @@ type damageKey struct{ namespace, name, path string }
 // damageNotices are the Events for the VMs whose snapshots the new status
 // after finds damaged since before (the status the previous pass wrote):
 // BackupDamaged for a path newly listed or with more damaged snapshots
-// than before, BackupHealed for a path no longer listed. A path that left
-// a truncated list, or a status no complete pass wrote, heals nothing:
-// its snapshots may still be damaged. server is the BSLS.
+// than before, BackupSettled for a path a new pass settled, BackupHealed
+// for a path no longer listed that was not settled. A path that left a
+// truncated list, or a status no complete pass wrote, heals nothing: its
+// snapshots may still be damaged. server is the BSLS.
 func damageNotices(server types.NamespacedName, before, after *v1alpha1.IntegrityStatus) []vmNotice {
 	if after == nil {
 		return nil
+	}
+	settled := map[damageKey]bool{}
+	for _, d := range after.Settled {
+		settled[damageKey{d.Namespace, d.Name, d.Path}] = true
 	}
 	was := map[damageKey]v1alpha1.DamagedVM{}
 	if before != nil {
@@ -301,11 +333,22 @@ func damageNotices(server types.NamespacedName, before, after *v1alpha1.Integrit
 			Event: vmevent.Warning(ReasonBackupDamaged, damagedMessage(server, d)),
 		})
 	}
+	// A pass lists what it settled once: a status of another pass than
+	// before's says it for the first time.
+	newPass := after.LastVerified != nil && (before == nil || before.LastVerified == nil || !before.LastVerified.Equal(after.LastVerified))
+	if newPass {
+		for _, d := range after.Settled {
+			notices = append(notices, vmNotice{
+				VM:    types.NamespacedName{Namespace: d.Namespace, Name: d.Name},
+				Event: vmevent.Warning(ReasonBackupSettled, settledVMMessage(server, d)),
+			})
+		}
+	}
 	if after.LastVerified == nil || truncated(after) || before == nil {
 		return notices
 	}
 	for _, d := range before.Damaged {
-		if is[damageKey{d.Namespace, d.Name, d.Path}] {
+		if k := (damageKey{d.Namespace, d.Name, d.Path}); is[k] || settled[k] {
 			continue
 		}
 		notices = append(notices, vmNotice{
@@ -346,9 +389,32 @@ func damagedMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string {
 	if d.Healing {
 		msg += fmt.Sprintf("The guest's next snapshot uploads those files again if they are unchanged, which makes %s whole", plural(d.Snapshots, "this snapshot", "these snapshots"))
 	} else {
-		msg += fmt.Sprintf("The latest snapshot of %s is whole; %s until retention removes %s", d.Path, plural(d.Snapshots, "this older one stays incomplete", "these older ones stay incomplete"), them)
+		msg += fmt.Sprintf("The latest snapshot of %s is whole, so %s cannot heal that way: the server rewrites %s with a stub for each lost file (BackupSettled)", d.Path, them, them)
 	}
 	return msg + "; see " + integrityDocs
+}
+
+// settledVMMessage tells a VM's owner that damaged snapshots of path
+// d.Path were settled: what is lost for good, and what restores.
+func settledVMMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string {
+	them := plural(d.Snapshots, "it", "them")
+	msg := fmt.Sprintf("%d damaged %s of %s on BackupStorageLocationServer %s could no longer heal (the guest's latest snapshot is whole, or the damage is a week old) and %s rewritten",
+		d.Snapshots, plural(d.Snapshots, "snapshot", "snapshots"), d.Path, server, plural(d.Snapshots, "was", "were"))
+	var when []string
+	switch {
+	case d.Oldest != nil && d.Newest != nil && !d.Oldest.Equal(d.Newest):
+		when = append(when, fmt.Sprintf("started %s to %s", timestamp(d.Oldest.Time), timestamp(d.Newest.Time)))
+	case d.Newest != nil:
+		when = append(when, "started "+timestamp(d.Newest.Time))
+	}
+	if len(d.IDs) > 0 {
+		when = append(when, "formerly "+plural(int64(len(d.IDs)), "ID ", "IDs ")+strings.Join(d.IDs, ", "))
+	}
+	if len(when) > 0 {
+		msg += " (" + strings.Join(when, "; ") + ")"
+	}
+	return msg + fmt.Sprintf(": each of the %d %s whose data the storage lost is replaced by a stub, .INVALID.<name>, naming what was lost, and is lost from %s for good; every other file in %s restores as before, under new snapshot IDs; see %s",
+		d.Files, plural(d.Files, "file", "files"), them, them, integrityDocs)
 }
 
 // liveNotices returns the notices of decision d for BSLS orig (as read

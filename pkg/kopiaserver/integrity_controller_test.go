@@ -181,6 +181,27 @@ var _ = Describe("RepositoryIntact, from the server pod's verification", Ordered
 		Eventually(bslsEvents(ctx, api, ns, name)).Should(ContainElement(HavePrefix("Normal " + kopiaserver.ReasonIntact + ": " + v1alpha1.ConditionRepositoryIntact + ": ")))
 	})
 
+	It("tells the VM when damaged snapshots that could not heal were rewritten, and does not call them healed", func() {
+		damagedAt, settledAt := verified.Add(2*time.Minute), verified.Add(3*time.Minute)
+		srv := maintenancestate.DamagedSource{User: vmName, Host: vmNS, Path: "/srv", Snapshots: 2, Files: 3, Oldest: oldest, Newest: newest, IDs: []string{"s2", "s1"}}
+		publish(maintenancestate.IntegrityState{
+			CheckedAt: damagedAt, VerifiedAt: damagedAt, Contents: 912, Packs: 41, MissingPacks: []string{"p0456def"}, LostContents: 5,
+			DamagedSnapshots: 2, DamagedSince: damagedAt, Damaged: []maintenancestate.DamagedSource{srv},
+		})
+		Eventually(vmEvents).WithTimeout(reconciled).Should(HaveKey(HavePrefix("Warning " + kopiaserver.ReasonBackupDamaged + ": 2 snapshots of /srv")))
+
+		By("settling them: the guest's latest snapshot is whole, so they could not heal")
+		publish(maintenancestate.IntegrityState{CheckedAt: settledAt, VerifiedAt: settledAt, Contents: 912, Packs: 41, Settled: []maintenancestate.DamagedSource{srv}})
+		Eventually(intact).WithTimeout(reconciled).Should(haveCondition(metav1.ConditionTrue, kopiaserver.ReasonIntact,
+			"settled 2 damaged snapshots of 1 VMs that could no longer heal: their 3 lost files are replaced by stubs"))
+		settled := "Warning " + kopiaserver.ReasonBackupSettled + ": 2 damaged snapshots of /srv on BackupStorageLocationServer verified/main could no longer heal"
+		Eventually(vmEvents).WithTimeout(reconciled).Should(HaveKey(HavePrefix(settled)))
+		Expect(bsls().Status.Integrity.Settled).To(ConsistOf(And(HaveField("Path", "/srv"), HaveField("Files", int64(3)))))
+		Consistently(vmEvents).WithTimeout(3 * time.Second).Should(And(
+			Not(HaveKey(HavePrefix("Normal "+kopiaserver.ReasonBackupHealed+": No snapshot of /srv"))),
+			HaveKeyWithValue(HavePrefix(settled), int32(1))))
+	})
+
 	It("reports what it cannot read in the status and the condition, and keeps what it knew", func() {
 		Eventually(func() error {
 			cm := &corev1.ConfigMap{}

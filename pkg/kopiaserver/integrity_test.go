@@ -39,6 +39,18 @@ func verifiedWith(total int64, damaged ...v1alpha1.DamagedVM) *v1alpha1.Integrit
 	return st
 }
 
+// nextPass is st as a later pass than verifiedWith's wrote it.
+func nextPass(st *v1alpha1.IntegrityStatus) *v1alpha1.IntegrityStatus {
+	st.LastVerified = &metav1.Time{Time: st.LastVerified.Add(10 * time.Minute)}
+	return st
+}
+
+// settledBy is st with the paths a pass settled.
+func settledBy(st *v1alpha1.IntegrityStatus, settled ...v1alpha1.DamagedVM) *v1alpha1.IntegrityStatus {
+	st.Settled = settled
+	return st
+}
+
 // The VMs' Events follow the damage as it changes between two passes'
 // statuses, never at every reconcile that finds the same.
 func TestDamageNotices(t *testing.T) {
@@ -75,6 +87,18 @@ func TestDamageNotices(t *testing.T) {
 			"Warning BackupDamaged team-a/db: 1 snapshot of /srv",
 		}},
 		{name: "no complete pass heals nothing", before: verifiedWith(0, web), after: &v1alpha1.IntegrityStatus{Failure: "timeout"}},
+		{name: "a pass settles a path: settled, not healed", before: verifiedWith(0, web, db), after: nextPass(settledBy(verifiedWith(0, web), db)), want: []string{
+			"Warning BackupSettled team-a/db: 1 damaged snapshot of /srv on BackupStorageLocationServer backup/main could no longer heal",
+		}},
+		{name: "the first pass to find a loss settles it at once", before: nil, after: settledBy(verifiedWith(0), db), want: []string{
+			"Warning BackupSettled team-a/db: 1 damaged snapshot of /srv",
+		}},
+		{name: "the same settling pass again: said once", before: settledBy(verifiedWith(0, web), db), after: settledBy(verifiedWith(0, web), db)},
+		{name: "what a failed pass keeps of the settling pass: said once", before: settledBy(verifiedWith(0, web), db), after: func() *v1alpha1.IntegrityStatus {
+			st := settledBy(verifiedWith(0, web), db)
+			st.Failure = "timeout"
+			return st
+		}()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var got []string
@@ -118,11 +142,44 @@ func TestDamagedMessage(t *testing.T) {
 			d:    v1alpha1.DamagedVM{Path: "/srv", Snapshots: 1, Files: 1, Oldest: &oldest, Newest: &oldest, IDs: []string{"k1"}},
 			want: "1 snapshot of /srv on BackupStorageLocationServer backup/main references data the storage lost (started " + oldest.UTC().Format(time.RFC3339) +
 				"; ID k1): 1 file in it misses data. Everything else in it restores (guestbackup-kopia snapshot restore --ignore-errors restores the rest and names what it skipped); those files do not restore from it until their data is uploaded again. " +
-				"The latest snapshot of /srv is whole; this older one stays incomplete until retention removes it; see docs/operations.md, \"Verification\"",
+				"The latest snapshot of /srv is whole, so it cannot heal that way: the server rewrites it with a stub for each lost file (BackupSettled); see docs/operations.md, \"Verification\"",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if got := damagedMessage(server, tc.d); got != tc.want {
+				t.Errorf("message\n%q\nwant\n%q", got, tc.want)
+			}
+		})
+	}
+}
+
+// What a VM's owner reads when snapshots that could not heal were
+// rewritten: what is lost for good, and what restores.
+func TestSettledVMMessage(t *testing.T) {
+	server := types.NamespacedName{Namespace: "backup", Name: "main"}
+	oldest, newest := metav1.NewTime(decideNow.Add(-72*time.Hour)), metav1.NewTime(decideNow.Add(-time.Hour))
+	for _, tc := range []struct {
+		name string
+		d    v1alpha1.DamagedVM
+		want string
+	}{
+		{
+			name: "several snapshots",
+			d:    v1alpha1.DamagedVM{Path: "/var/www", Snapshots: 2, Files: 3, Oldest: &oldest, Newest: &newest, IDs: []string{"k2", "k1"}},
+			want: "2 damaged snapshots of /var/www on BackupStorageLocationServer backup/main could no longer heal (the guest's latest snapshot is whole, or the damage is a week old) and were rewritten (started " +
+				oldest.UTC().Format(time.RFC3339) + " to " + newest.UTC().Format(time.RFC3339) + "; formerly IDs k2, k1): each of the 3 files whose data the storage lost is replaced by a stub, .INVALID.<name>, naming what was lost, and is lost from them for good; " +
+				"every other file in them restores as before, under new snapshot IDs; see docs/operations.md, \"Verification\"",
+		},
+		{
+			name: "one snapshot, one file",
+			d:    v1alpha1.DamagedVM{Path: "/srv", Snapshots: 1, Files: 1, Oldest: &oldest, Newest: &oldest, IDs: []string{"k1"}},
+			want: "1 damaged snapshot of /srv on BackupStorageLocationServer backup/main could no longer heal (the guest's latest snapshot is whole, or the damage is a week old) and was rewritten (started " +
+				oldest.UTC().Format(time.RFC3339) + "; formerly ID k1): each of the 1 file whose data the storage lost is replaced by a stub, .INVALID.<name>, naming what was lost, and is lost from it for good; " +
+				"every other file in it restores as before, under new snapshot IDs; see docs/operations.md, \"Verification\"",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := settledVMMessage(server, tc.d); got != tc.want {
 				t.Errorf("message\n%q\nwant\n%q", got, tc.want)
 			}
 		})
@@ -161,6 +218,7 @@ func TestIntegrityStatus(t *testing.T) {
 
 	s := lostState(decideNow)
 	s.Error, s.Pending = "timeout", 7
+	s.Settled = []maintenancestate.DamagedSource{{User: "old", Host: "team-c", Path: "/", Snapshots: 2, Files: 4, IDs: []string{"s2", "s1"}}}
 	for i := range maintenancestate.MaxListedPacks + 5 {
 		s.MissingPacks = append(s.MissingPacks, "m"+strconv.Itoa(i))
 	}
@@ -180,6 +238,9 @@ func TestIntegrityStatus(t *testing.T) {
 	if first.Namespace != "team-a" || first.Name != "web" || first.Path != "/var/www" || first.Snapshots != 3 || first.Files != 12 || !first.Healing ||
 		!first.Oldest.Time.Equal(decideNow.Add(-72*time.Hour)) || !slices.Equal(first.IDs, []string{"k3", "k2", "k1"}) {
 		t.Errorf("first damaged path %+v, want the state's team-a/web:/var/www", first)
+	}
+	if len(got.Settled) != 1 || got.Settled[0].Name != "old" || got.Settled[0].Namespace != "team-c" || got.Settled[0].Files != 4 || !slices.Equal(got.Settled[0].IDs, []string{"s2", "s1"}) {
+		t.Errorf("settled %+v, want the state's team-c/old:/", got.Settled)
 	}
 	if got.Failure != "timeout" || got.Contents != 1000 || got.Packs != 30 || got.ReadPacks != 3 || got.ReadBytes != 1<<20 ||
 		got.LostContents != 40 || got.PendingContents != 7 || got.DamagedSnapshots != 5 || !got.LastVerified.Time.Equal(decideNow) || got.DamagedSince == nil {
@@ -212,6 +273,7 @@ func TestIntegrityBoundsMatchCRD(t *testing.T) {
 		"damagedPacks":  {integrity.Properties["damagedPacks"], maintenancestate.MaxListedPacks},
 		"damaged":       {damaged, maintenancestate.MaxListedSources},
 		"damaged[].ids": {damaged.Items.Schema.Properties["ids"], maintenancestate.MaxListedSnapshots},
+		"settled":       {integrity.Properties["settled"], maintenancestate.MaxListedSources},
 	} {
 		if got := want.schema.MaxItems; got == nil || *got != int64(want.bound) {
 			t.Errorf("status.integrity.%s: maxItems %v, want %d (maintenancestate)", field, got, want.bound)
