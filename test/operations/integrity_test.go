@@ -24,6 +24,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -107,6 +108,18 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 		return And(HavePrefix("Warning "+integrity.ReasonRepositoryDamaged+": "), ContainSubstring(string(pack)))
 	}
 	intactAgain := HavePrefix("Normal " + integrity.ReasonRepositoryIntactAgain + ": ")
+	// vmEvents are the Events on the web VM, which its owner reads.
+	vmEvents := func() ([]string, error) {
+		return c.Events(ctx, vmNamespace, "VirtualMachine", vmName)
+	}
+	// intact is the BSLS's RepositoryIntact condition.
+	intact := func() (*metav1.Condition, error) {
+		b := &v1alpha1.BackupStorageLocationServer{}
+		if err := c.API.Client.Get(ctx, types.NamespacedName{Namespace: storageNamespace, Name: bslsName}, b); err != nil {
+			return nil, err
+		}
+		return meta.FindStatusCondition(b.Status.Conditions, v1alpha1.ConditionRepositoryIntact), nil
+	}
 
 	BeforeAll(func() {
 		c = startCluster()
@@ -200,6 +213,15 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 			))),
 		))
 
+		By("the BSLS's RepositoryIntact turns False, and the VM's owner gets a Warning naming the folder")
+		Eventually(intact).WithTimeout(toldWithin).WithPolling(time.Second).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", kopiaserver.ReasonContentsLost),
+			HaveField("Message", ContainSubstring(string(packs[0]))),
+		))
+		Eventually(vmEvents).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(And(
+			HavePrefix("Warning "+kopiaserver.ReasonBackupDamaged+": "), ContainSubstring(lost),
+		)))
+
 		By("the guest, and no other, finds a rehash notice in the repository")
 		Eventually(web.notices).WithTimeout(toldWithin).WithPolling(time.Second).ShouldNot(BeEmpty())
 		Expect(dbGuest.notices()).To(BeEmpty())
@@ -225,6 +247,12 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 			HaveField("Error", BeEmpty()), HaveField("DamagedSnapshots", 0), HaveField("Damaged", BeEmpty()),
 		))
 		Eventually(web.notices).WithTimeout(toldWithin).WithPolling(time.Second).Should(BeEmpty())
+		Eventually(intact).WithTimeout(toldWithin).WithPolling(time.Second).Should(And(
+			HaveField("Status", metav1.ConditionTrue), HaveField("Reason", kopiaserver.ReasonIntact),
+		))
+		Eventually(vmEvents).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(And(
+			HavePrefix("Normal "+kopiaserver.ReasonBackupHealed+": "), ContainSubstring(lost),
+		)))
 	})
 
 	It("finds a pack whose bytes rotted by reading it back, names it, and the guest's next snapshot makes every snapshot of them whole", func() {
