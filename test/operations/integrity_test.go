@@ -2,14 +2,11 @@ package operations
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,9 +15,6 @@ import (
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/repo/content"
-	"github.com/kopia/kopia/repo/object"
-	"github.com/kopia/kopia/snapshot"
-	"github.com/kopia/kopia/snapshot/snapshotfs"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -102,6 +96,13 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 			err = fmt.Errorf("ConfigMap %s holds no %q yet", key, maintenancestate.IntegrityKey)
 		}
 		return s, err
+	}
+	// published says what the server pod last published, for a spec
+	// that waited in vain.
+	published := func() string {
+		s, err := state()
+		data, _ := json.Marshal(s)
+		return fmt.Sprintf("the server pod last published %s (%v)", data, err)
 	}
 	// damagedBy matches a Warning RepositoryDamaged Event naming pack.
 	damagedBy := func(pack blob.ID) OmegaMatcher {
@@ -194,7 +195,7 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 		Expect(err).To(HaveOccurred(), "the snapshots of %s verify with their pack deleted:\n%s", lost, out)
 
 		By("the admin is told: a Warning Event on the BSLS names the pack")
-		Eventually(events).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(damagedBy(packs[0])))
+		Eventually(events).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(damagedBy(packs[0])), published)
 		report("from the pack's deletion to the RepositoryDamaged Event", time.Since(deleted))
 
 		By("the published state names the pack, and the damaged snapshots of that folder of that guest only, which heals")
@@ -271,7 +272,7 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 		Expect(err).To(HaveOccurred(), "the snapshots of %s verify with their pack rotten:\n%s", rotten, out)
 
 		By("the admin is told: a Warning Event on the BSLS names the pack")
-		Eventually(events).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(damagedBy(pack)))
+		Eventually(events).WithTimeout(toldWithin).WithPolling(time.Second).Should(ContainElement(damagedBy(pack)), published)
 		report("from the rot to the RepositoryDamaged Event", time.Since(rotted))
 		Eventually(state).WithTimeout(toldWithin).WithPolling(time.Second).Should(And(
 			HaveField("Error", BeEmpty()),
@@ -497,78 +498,17 @@ func openStorage(c *cluster, bsls *v1alpha1.BackupStorageLocationServer) *storag
 // user@host:path (a folder of files).
 func (v *storageView) dataPacks(user, host, path string) []blob.ID {
 	GinkgoHelper()
-	Expect(v.repo.Refresh(ctx)).To(Succeed())
-	ms, err := snapshot.ListSnapshots(ctx, v.repo, snapshot.SourceInfo{UserName: user, Host: host, Path: path})
+	packs, err := testbed.DataPacks(ctx, v.repo, user, host, path)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(ms).NotTo(BeEmpty(), "snapshots of %s@%s:%s", user, host, path)
-	latest := slices.MaxFunc(ms, func(a, b *snapshot.Manifest) int { return a.StartTime.ToTime().Compare(b.StartTime.ToTime()) })
-	iter, err := snapshotfs.DirectoryEntry(v.repo, latest.RootObjectID(), nil).Iterate(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	defer iter.Close()
-	var packs []blob.ID
-	for {
-		e, err := iter.Next(ctx)
-		Expect(err).NotTo(HaveOccurred())
-		if e == nil {
-			break
-		}
-		ids, err := object.VerifyObject(ctx, contentsOf{v.repo}, e.(object.HasObjectID).ObjectID())
-		Expect(err).NotTo(HaveOccurred())
-		for _, id := range ids {
-			ci, err := v.repo.ContentReader().ContentInfo(ctx, id)
-			Expect(err).NotTo(HaveOccurred())
-			if strings.HasPrefix(string(ci.PackBlobID), string(content.PackBlobIDPrefixRegular)) && !slices.Contains(packs, ci.PackBlobID) {
-				packs = append(packs, ci.PackBlobID)
-			}
-		}
-	}
-	slices.Sort(packs)
 	return packs
 }
 
-// rot flips 9 runs of 64 bytes spread over pack, as the issue's
-// reproduction did: its name and length stay, its contents do not decrypt.
+// rot flips bytes inside pack, as the reproduction did: its name
+// and length stay, its contents do not decrypt.
 func (v *storageView) rot(pack blob.ID) {
 	GinkgoHelper()
-	var data outputBuffer
-	Expect(v.GetBlob(ctx, pack, 0, -1, &data)).To(Succeed())
-	raw := data.Bytes()
-	for i := range 9 {
-		at := (i + 1) * len(raw) / 11
-		for j := at; j < at+64 && j < len(raw); j++ {
-			raw[j] ^= 0xff
-		}
-	}
-	Expect(v.PutBlob(ctx, pack, byteSlice(raw), blob.PutOptions{})).To(Succeed())
+	Expect(testbed.RotBlob(ctx, v, pack)).To(Succeed())
 }
-
-// contentsOf reads a repository's contents as package object does.
-type contentsOf struct{ repo.DirectRepository }
-
-func (c contentsOf) GetContent(ctx context.Context, id content.ID) ([]byte, error) {
-	return c.ContentReader().GetContent(ctx, id)
-}
-
-// outputBuffer is a bytes.Buffer as blob.Storage writes into.
-type outputBuffer struct{ bytes.Buffer }
-
-func (b *outputBuffer) Length() int { return b.Len() }
-
-// byteSlice is data as blob.Storage's PutBlob takes it.
-type byteSlice []byte
-
-func (b byteSlice) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(b)
-	return int64(n), err
-}
-
-func (b byteSlice) Length() int { return len(b) }
-
-func (b byteSlice) Reader() io.ReadSeekCloser { return nopCloser{bytes.NewReader(b)} }
-
-type nopCloser struct{ *bytes.Reader }
-
-func (nopCloser) Close() error { return nil }
 
 // toStrings is packs as the state lists them.
 func toStrings(packs []blob.ID) []string {

@@ -27,6 +27,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -137,6 +138,12 @@ type Verifier struct {
 	// since is when each damaged source was first found damaged, for
 	// SettleAfter.
 	since map[snapshot.SourceInfo]time.Time
+	// found is what a pass dropped that no complete pass has reported
+	// yet: a pass that fails after dropping leaves it to the next one,
+	// which finds nothing new in the index.
+	found *maintenancestate.IntegrityState
+	// refreshDue: the Kopia server was not refreshed after a change.
+	refreshDue bool
 }
 
 // NewVerifier returns a Verifier; Run starts it.
@@ -193,6 +200,12 @@ func (v *Verifier) Pass(ctx context.Context) (maintenancestate.IntegrityState, e
 		state = failed
 		passFailures.Inc()
 	} else {
+		// What this pass and any that failed since the last complete
+		// one dropped.
+		if f := v.found; f != nil {
+			state.LostContents, state.MissingPacks, state.DamagedPacks = f.LostContents, f.MissingPacks, f.DamagedPacks
+		}
+		v.found = nil
 		state.VerifiedAt = now
 		state.DamagedSince = damagedSince(v.last, state, now)
 		if state.DamagedSnapshots > 0 && len(state.MissingPacks)+len(state.DamagedPacks) == 0 {
@@ -271,6 +284,14 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 		}
 		state.LostContents = len(lost)
 		state.MissingPacks, state.DamagedPacks = lost.packs()
+		f := v.found
+		if f == nil {
+			f = &maintenancestate.IntegrityState{}
+		}
+		missing, damaged := lost.packs()
+		f.LostContents += len(lost)
+		f.MissingPacks, f.DamagedPacks = firstPacks(f.MissingPacks, missing), firstPacks(f.DamagedPacks, damaged)
+		v.found = f
 		if v.pending == nil {
 			v.pending = map[content.ID]loss{}
 		}
@@ -322,12 +343,31 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 	if err != nil {
 		return state, err
 	}
-	if (changed || forgot || len(lost) > 0 || len(state.Settled) > 0) && v.opts.Server != nil {
+	v.refreshDue = v.refreshDue || changed || forgot || len(lost) > 0 || len(state.Settled) > 0
+	if v.refreshDue && v.opts.Server != nil {
+		// What guests see waits for it, not what the pass found: a
+		// failure is tried again at the next pass.
 		if err := v.opts.Server.Refresh(ctx); err != nil {
-			return state, fmt.Errorf("refresh the Kopia server, which serves guests from what it last read: %w", err)
+			v.opts.Log.Error(err, "the Kopia server was not refreshed after verification changed the repository; tried again at the next pass")
+		} else {
+			v.refreshDue = false
 		}
 	}
 	return state, nil
+}
+
+// firstPacks is a followed by the packs of b it lacks, at most
+// maintenancestate.MaxListedPacks.
+func firstPacks(a, b []string) []string {
+	for _, p := range b {
+		if len(a) >= maintenancestate.MaxListedPacks {
+			break
+		}
+		if !slices.Contains(a, p) {
+			a = append(a, p)
+		}
+	}
+	return a
 }
 
 // track records when each source of d was first found damaged, and

@@ -3,8 +3,8 @@ package integrity_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"crypto/rand"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,8 +19,6 @@ import (
 	"github.com/kopia/kopia/repo/content"
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
 	"github.com/kopia/kopia/repo/object"
-	"github.com/kopia/kopia/snapshot"
-	"github.com/kopia/kopia/snapshot/snapshotfs"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
@@ -138,57 +136,14 @@ func (b *bed) verifies(c *testbed.KopiaClient, path string) (bool, string) {
 	return err == nil, out
 }
 
-// dataPacks are the packs holding the file data of the latest snapshot
-// of user@host:path, read through the owner's connection.
+// dataPacks are the data packs of the latest snapshot of user@host:path.
 func (b *bed) dataPacks(user, host, path string) []blob.ID {
 	b.t.Helper()
-	ctx := context.Background()
-	if err := b.owner.Refresh(ctx); err != nil {
-		b.t.Fatal(err)
-	}
-	ms, err := snapshot.ListSnapshots(ctx, b.owner, snapshot.SourceInfo{UserName: user, Host: host, Path: path})
-	if err != nil || len(ms) == 0 {
-		b.t.Fatalf("snapshots of %s@%s:%s: %v %d", user, host, path, err, len(ms))
-	}
-	slices.SortFunc(ms, func(a, c *snapshot.Manifest) int { return a.StartTime.ToTime().Compare(c.StartTime.ToTime()) })
-	root := snapshotfs.DirectoryEntry(b.owner, ms[len(ms)-1].RootObjectID(), nil)
-	var packs []blob.ID
-	iter, err := root.Iterate(ctx)
+	packs, err := testbed.DataPacks(context.Background(), b.owner, user, host, path)
 	if err != nil {
 		b.t.Fatal(err)
 	}
-	defer iter.Close()
-	for {
-		e, err := iter.Next(ctx)
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		if e == nil {
-			break
-		}
-		oid := e.(object.HasObjectID).ObjectID()
-		ids, err := object.VerifyObject(ctx, contentsOf{b.owner}, oid)
-		if err != nil {
-			b.t.Fatal(err)
-		}
-		for _, id := range ids {
-			ci, err := b.owner.ContentReader().ContentInfo(ctx, id)
-			if err != nil {
-				b.t.Fatal(err)
-			}
-			if strings.HasPrefix(string(ci.PackBlobID), string(content.PackBlobIDPrefixRegular)) && !slices.Contains(packs, ci.PackBlobID) {
-				packs = append(packs, ci.PackBlobID)
-			}
-		}
-	}
-	slices.Sort(packs)
 	return packs
-}
-
-type contentsOf struct{ repo.DirectRepository }
-
-func (c contentsOf) GetContent(ctx context.Context, id content.ID) ([]byte, error) {
-	return c.ContentReader().GetContent(ctx, id)
 }
 
 func (b *bed) pass() maintenancestate.IntegrityState {
@@ -442,19 +397,7 @@ func TestARottenPackIsFound(t *testing.T) {
 	}
 
 	packs := b.dataPacks("web", "team-a", rotten)
-	var data outputBuffer
-	if err := b.storage.GetBlob(ctx, packs[0], 0, -1, &data); err != nil {
-		t.Fatal(err)
-	}
-	raw := data.Bytes()
-	// 9 runs of 64 bytes, as the reproduction flipped.
-	for i := range 9 {
-		at := (i + 1) * len(raw) / 11
-		for j := at; j < at+64 && j < len(raw); j++ {
-			raw[j] ^= 0xff
-		}
-	}
-	if err := b.storage.PutBlob(ctx, packs[0], bytesOf(raw), blob.PutOptions{}); err != nil {
+	if err := testbed.RotBlob(ctx, b.storage, packs[0]); err != nil {
 		t.Fatal(err)
 	}
 
@@ -485,28 +428,6 @@ func toIDs(s []string) []blob.ID {
 	slices.Sort(out)
 	return out
 }
-
-type outputBuffer struct{ bytes.Buffer }
-
-func (b *outputBuffer) Length() int { return b.Len() }
-
-// bytesOf is data as blob.Storage's PutBlob takes it.
-func bytesOf(data []byte) blob.Bytes { return byteSlice(data) }
-
-type byteSlice []byte
-
-func (b byteSlice) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(b)
-	return int64(n), err
-}
-
-func (b byteSlice) Length() int { return len(b) }
-
-func (b byteSlice) Reader() io.ReadSeekCloser { return nopCloser{bytes.NewReader(b)} }
-
-type nopCloser struct{ *bytes.Reader }
-
-func (nopCloser) Close() error { return nil }
 
 // TestWhatGarbageCollectionDeletedRecentlyIsNotDropped: Kopia keeps a
 // content its garbage collection deleted in the index for a while, so
@@ -584,5 +505,60 @@ func TestWhatGarbageCollectionDeletedRecentlyIsNotDropped(t *testing.T) {
 	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
 	if ok, out := b.verifies(b.web, lost); !ok {
 		t.Fatalf("after the lost contents were forgotten and the files read again:\n%s", out)
+	}
+}
+
+// flakyServer is a Kopia server whose refresh fails a given number of
+// times first, as a control API that times out under load does.
+type flakyServer struct {
+	srv   *testbed.KopiaServer
+	fails int
+	calls int
+}
+
+func (f *flakyServer) Refresh(ctx context.Context) error {
+	f.calls++
+	if f.fails > 0 {
+		f.fails--
+		return errors.New("control API: context deadline exceeded")
+	}
+	return f.srv.Refresh(ctx)
+}
+
+// TestALossIsReportedThoughTheServerDidNotRefresh: a pass that dropped
+// lost contents reports them even when the refresh of the Kopia server
+// that follows fails, and the next pass refreshes it. A pass that failed
+// there used to leave the loss unreported for good: the next one finds
+// nothing new in the index.
+func TestALossIsReportedThoughTheServerDidNotRefresh(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	server := &flakyServer{srv: b.srv, fails: 1}
+	b.verifier = integrity.NewVerifier(integrity.Options{
+		Repository: b.owner, Reader: b.uncached, ReadBytesPerPass: 1 << 30,
+		Server: server, Reports: b.reports, Log: testr.New(t),
+	})
+	lost := files(t, 2, 1<<20)
+	b.kopia(b.web, "snapshot", "create", lost)
+	b.pass()
+	for _, p := range b.dataPacks("web", "team-a", lost) {
+		if err := b.storage.DeleteBlob(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if s := b.pass(); s.LostContents == 0 || s.Error != "" {
+		t.Fatalf("the pass that found the loss: %+v", s)
+	}
+	if r := b.reports.take(); len(r) != 1 || !strings.HasPrefix(r[0], "Warning RepositoryDamaged: ") {
+		t.Fatalf("reports: %q", r)
+	}
+	calls := server.calls
+	b.pass()
+	if server.calls != calls+1 {
+		t.Fatalf("the next pass did not refresh the server (%d calls, then %d)", calls, server.calls)
+	}
+	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
+	if ok, out := b.verifies(b.web, lost); !ok {
+		t.Fatalf("after the server was refreshed and the files read again:\n%s", out)
 	}
 }
