@@ -3,8 +3,8 @@ package integrity_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"crypto/rand"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
