@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/blob"
@@ -45,8 +46,13 @@ type inventory struct {
 // the index names lies within one of them.
 func takeInventory(ctx context.Context, dr repo.DirectRepository) (*inventory, error) {
 	inv := &inventory{packs: map[blob.ID]int64{}, stored: map[blob.ID]int64{}}
+	// The prefixes are listed in parallel, so the callback runs
+	// concurrently.
+	var mu sync.Mutex
 	err := blob.IterateAllPrefixesInParallel(ctx, len(content.PackBlobIDPrefixes), dr.BlobReader(), content.PackBlobIDPrefixes,
 		func(m blob.Metadata) error {
+			mu.Lock()
+			defer mu.Unlock()
 			inv.stored[m.BlobID] = m.Length
 			return nil
 		})

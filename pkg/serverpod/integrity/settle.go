@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/content"
+	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/policy"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
@@ -46,13 +48,21 @@ func settle(ctx context.Context, dr repo.DirectRepository, d *damage, pending ma
 	err := repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: settle snapshots that cannot heal"},
 		func(ctx context.Context, w repo.DirectRepositoryWriter) error {
 			check := newWalker(w, pending, stored)
+			// The rewriter may call back from its workers while the
+			// caller works too; the walker's maps are not shared safely.
+			var mu sync.Mutex
+			whole := func(ctx context.Context, oid object.ID) (bool, error) {
+				mu.Lock()
+				defer mu.Unlock()
+				return check.whole(ctx, oid)
+			}
 			rw, err := snapshotfs.NewDirRewriter(ctx, w, snapshotfs.DirRewriterOptions{
 				Parallel: 1,
 				RewriteEntry: func(ctx context.Context, parentPath string, e *snapshot.DirEntry) (*snapshot.DirEntry, error) {
 					if e.Type == snapshot.EntryTypeDirectory {
 						return e, nil // the rewriter reads it, or stubs it when it cannot
 					}
-					ok, err := check.whole(ctx, e.ObjectID)
+					ok, err := whole(ctx, e.ObjectID)
 					if err != nil || ok {
 						return e, err
 					}
@@ -62,7 +72,7 @@ func settle(ctx context.Context, dr repo.DirectRepository, d *damage, pending ma
 					// Only a directory whose own data is lost becomes a
 					// stub: a read that failed for a passing reason
 					// fails the settling, and nothing is rewritten.
-					ok, werr := check.whole(ctx, e.ObjectID)
+					ok, werr := whole(ctx, e.ObjectID)
 					if werr != nil || ok {
 						return nil, fmt.Errorf("directory %s could not be read, though its data is not lost: %w", parentPath, errors.Join(err, werr))
 					}
