@@ -29,7 +29,6 @@ type suspect struct {
 	id   content.ID
 	pack blob.ID
 	why  string
-	err  error
 }
 
 // inventory is what the index names and the storage holds.
@@ -129,7 +128,7 @@ func (v *Verifier) readBack(ctx context.Context, inv *inventory) (readResult, er
 		}
 		res.bytes += int64(ci.PackedLength)
 		if _, err := v.opts.Reader.ContentReader().GetContent(ctx, ci.ContentID); err != nil {
-			res.suspects = append(res.suspects, suspect{id: ci.ContentID, pack: ci.PackBlobID, why: whyDamaged, err: err})
+			res.suspects = append(res.suspects, suspect{id: ci.ContentID, pack: ci.PackBlobID, why: whyDamaged})
 		}
 	}
 	res.packs = len(chosen)
