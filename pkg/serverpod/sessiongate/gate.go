@@ -123,9 +123,24 @@ type Options struct {
 	// that long; zero: 2 minutes. A guest's kopia keeps a stream open for
 	// as long as a command runs, and reconnects for the next.
 	IdleTimeout time.Duration
+	// Directory, when set, decides which users may open a session before
+	// the Kopia server is asked (usersync.Syncer).
+	Directory Directory
 	// Clock times the backoff after failed logins; nil: the real clock.
 	Clock clock.WithDelayedExecution
 	Log   logr.Logger
+}
+
+// Directory says who may open a session, by the users the BSLS lists now.
+// The Kopia server knows only the users user sync has written into the
+// repository, and a full or failing storage holds that write back: there,
+// a user removed from the BSLS, or the old password of a rotated one,
+// would still open sessions, for as long as the storage refuses writes.
+type Directory interface {
+	// Admits returns nil when user (user@host) may open a session with
+	// password, else why not. It may verify the password (one hash), so
+	// the gate asks only for a login the login limiter admitted.
+	Admits(user, password string) error
 }
 
 // Gate forwards guests' requests to the Kopia server and can end the
@@ -137,6 +152,8 @@ type Gate struct {
 	proxy    *httputil.ReverseProxy
 	logins   *loginLimiter
 	conns    *connections
+	// directory is Options.Directory.
+	directory Directory
 	// idleTimeout is Options.IdleTimeout.
 	idleTimeout time.Duration
 
@@ -197,6 +214,7 @@ func New(o Options) (*Gate, error) {
 		upstreams:   map[net.Conn]*http.Transport{},
 		counted:     map[net.Conn]string{},
 		idleTimeout: o.IdleTimeout,
+		directory:   o.Directory,
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(g.upstream) },
@@ -386,7 +404,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "a Kopia session needs HTTP/2", http.StatusHTTPVersionNotSupported)
 		return
 	}
-	user, ok := sessionUser(r.Header)
+	user, password, ok := sessionCredentials(r.Header)
 	if !ok {
 		// Kopia refuses it as well ("missing credentials"); nothing to keep.
 		writeGRPCError(w, grpcPermissionDenied, "missing credentials")
@@ -402,6 +420,16 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer finish()
+	if g.directory != nil {
+		if err := g.directory.Admits(user, password); err != nil {
+			r.Context().Value(loginKey{}).(*loginTicket).done(loginDenied)
+			g.log.V(1).Info("session refused before the Kopia server", "user", user, "source", sourceOf(r.RemoteAddr), "why", err.Error())
+			// Kopia's own words for a login it refuses, so that the
+			// guest's client says "access denied" as it would there.
+			writeGRPCError(w, grpcPermissionDenied, "access denied for "+user)
+			return
+		}
+	}
 	ctx, end := context.WithCancelCause(r.Context())
 	defer end(nil)
 	s := &session{end: end}
@@ -575,15 +603,16 @@ func isGRPC(r *http.Request) bool {
 	return strings.Contains(r.Header.Get("Content-Type"), "application/grpc")
 }
 
-// sessionUser is the Kopia user a session authenticates as: its metadata
-// kopia-username and kopia-hostname, one value each, as Kopia's server
+// sessionCredentials are the Kopia user (user@host) a session
+// authenticates as and its password: its metadata kopia-username,
+// kopia-hostname and kopia-password, one value each, as Kopia's server
 // requires (authenticateGRPCSession).
-func sessionUser(h http.Header) (string, bool) {
-	u, host := h.Values("Kopia-Username"), h.Values("Kopia-Hostname")
-	if len(u) != 1 || len(host) != 1 {
-		return "", false
+func sessionCredentials(h http.Header) (user, password string, ok bool) {
+	u, host, p := h.Values("Kopia-Username"), h.Values("Kopia-Hostname"), h.Values("Kopia-Password")
+	if len(u) != 1 || len(host) != 1 || len(p) != 1 {
+		return "", "", false
 	}
-	return u[0] + "@" + host[0], true
+	return u[0] + "@" + host[0], p[0], true
 }
 
 // writeGRPCError answers a gRPC call with a status and no message

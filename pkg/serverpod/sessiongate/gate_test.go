@@ -4,11 +4,13 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io"
 	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,10 +72,15 @@ func holdSession(username, password string) repo.Repository {
 }
 
 func holdSessionErr(username, password string) (repo.Repository, error) {
+	return holdSessionAt(gateURL, username, password)
+}
+
+// holdSessionAt is holdSessionErr through the gate at url.
+func holdSessionAt(url, username, password string) (repo.Repository, error) {
 	ctx := context.Background()
 	user, host, _ := strings.Cut(username, "@")
 	config := filepath.Join(GinkgoT().TempDir(), "repository.config")
-	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: gateURL, TrustedServerCertificateFingerprint: server.CAPin}, password,
+	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: url, TrustedServerCertificateFingerprint: server.CAPin}, password,
 		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: user, Hostname: host}})
 	if err != nil {
 		return nil, err
@@ -191,6 +198,56 @@ var _ = Describe("The session gate", Ordered, func() {
 		Expect(resp.StatusCode).To(Equal(http.StatusHTTPVersionNotSupported))
 		Expect(gate.Sessions()).To(Equal(open))
 		Expect(sessionsStarted(bob)).To(Equal(before), "Kopia started no session")
+	})
+})
+
+// directoryFunc is a sessiongate.Directory: user sync's stands behind it in
+// a server pod.
+type directoryFunc func(user, password string) error
+
+func (f directoryFunc) Admits(user, password string) error { return f(user, password) }
+
+// Issue 46, 4: the Kopia server knows the users user sync could write into
+// the repository; on a full storage a deleted VM's user stays there, and
+// its leaked password would still log in. The gate asks the directory
+// first, and the Kopia server never sees the login.
+var _ = Describe("A session of a user the directory does not admit", Ordered, func() {
+	const (
+		removed = "removed@team-c"
+		listed  = "listed@team-c"
+	)
+	var (
+		removedPassword, listedPassword = testbed.RandomPassword(), testbed.RandomPassword()
+		url                             string
+		// removedAsked counts the directory's answers about removed.
+		removedAsked atomic.Int32
+	)
+	BeforeAll(func() {
+		server.AddUser(GinkgoT(), removed, removedPassword)
+		server.AddUser(GinkgoT(), listed, listedPassword)
+		_, url = startGate(sessiongate.Options{Directory: directoryFunc(func(user, password string) error {
+			if user == removed {
+				removedAsked.Add(1)
+			}
+			if user != listed || password != listedPassword {
+				return errors.New("not listed")
+			}
+			return nil
+		})})
+	})
+
+	It("is refused by the gate as Kopia refuses a wrong password, and never reaches the Kopia server", func() {
+		before := sessionsStarted(removed)
+		_, err := holdSessionAt(url, removed, removedPassword)
+		Expect(err).To(MatchError(ContainSubstring("access denied")), "what the removed user's client is told")
+		Expect(sessionsStarted(removed)).To(Equal(before), "the Kopia server, which still holds the user, started no session for it")
+		Expect(removedAsked.Load()).To(BeNumerically(">", 0), "the gate asked the directory")
+	})
+
+	It("lets a user the directory admits log in", func() {
+		r, err := holdSessionAt(url, listed, listedPassword)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(call(r)).To(Succeed())
 	})
 })
 

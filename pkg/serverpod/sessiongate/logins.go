@@ -80,6 +80,10 @@ const (
 	// client), so the login keeps its place there for about as long as a
 	// login takes, and counts as a failure of its address.
 	loginAbandoned
+	// loginDenied: the gate refused it itself (Directory), without the
+	// Kopia server. It counts as a failure of its address, but says
+	// nothing of how long the Kopia server takes to answer.
+	loginDenied
 )
 
 // loginLimiter admits logins to the Kopia server.
@@ -286,7 +290,7 @@ func (l *loginLimiter) finishLocked(source string, r loginResult) {
 	switch r {
 	case loginAccepted:
 		s.failures = 0
-	case loginRefused:
+	case loginRefused, loginDenied:
 		s.failures++
 		s.lastFailure = l.clock.Now()
 	}
