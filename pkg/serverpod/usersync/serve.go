@@ -119,17 +119,19 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
 	o.Repository = r
 	o.Server = control
-	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Log: o.Log.WithName("gate")})
+	// The gate asks the syncer whom the users Secrets list; the syncer
+	// ends sessions at the gate.
+	syncer := New(o.Options)
+	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Directory: syncer, Log: o.Log.WithName("gate")})
 	if err != nil {
 		return err
 	}
-	o.Sessions = gate
+	syncer.opts.Sessions = gate
 	stopGate, err := serveGate(ctx, o, gate)
 	if err != nil {
 		return err
 	}
 	defer stopGate()
-	syncer := New(o.Options)
 	if o.ClientPort != nil {
 		stopClient, err := serveClient(ctx, o, syncer)
 		if err != nil {

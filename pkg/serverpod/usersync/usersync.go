@@ -214,6 +214,11 @@ type Syncer struct {
 	// the guests' reports not published yet (package clientserver).
 	lister  corelisters.SecretNamespaceLister
 	reports map[string]activity.Report
+	// enforced are the password hashes of the users the Kopia server
+	// enforces since the last sync that applied them (inForce.Users),
+	// never changed in place: Admits leaves a password to the server
+	// only where the users Secrets hold the same hash.
+	enforced map[string]identity.Hash
 
 	// refreshPending is set when users were written but the server has not
 	// confirmed a refresh since (it may not be listening yet): the next
@@ -233,6 +238,11 @@ type Syncer struct {
 	inForce *Access
 	changed []kopiauser.Change
 	removed []kopiauser.ACL
+	// listed are the users the users Secrets listed when their removals
+	// and rotations last had their sessions ended, by a sync that applied
+	// them or one that could not (endUnwritten). Only Run's goroutine
+	// touches it.
+	listed map[string]identity.Hash
 	// storage is the storage state last published; nil before the first
 	// check. Only the storage check's goroutine touches it.
 	storage *maintenancestate.StorageState
@@ -375,8 +385,20 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 }
 
 // syncOnce reads the complete desired set, applies it and returns how many
-// users the repository now has.
+// users the repository now has. When it cannot (a full storage refuses
+// the write, the server does not refresh), the sessions of the users the
+// Secrets took away end all the same (endUnwritten): revocation never
+// waits for the storage.
 func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespaceLister) (int, error) {
+	users, err := s.apply(ctx, lister)
+	if err != nil {
+		s.endUnwritten(lister)
+	}
+	return users, err
+}
+
+// apply is syncOnce's work.
+func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLister) (int, error) {
 	r := s.opts.Repository
 	// Another writer (an admin's `kopia server user add`, a guest's forged
 	// ACL) may have changed the repository.
@@ -464,6 +486,12 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 	s.changed, s.removed = nil, nil
 	if applied {
 		s.inForce = &now
+		s.mu.Lock()
+		s.enforced = now.Users
+		s.mu.Unlock()
+	}
+	if usersErr == nil {
+		s.listed = desired
 	}
 	// Reported once the server no longer applies them (a refresh reloads
 	// its ACLs), so that what the report says is already true.
@@ -738,6 +766,58 @@ func (s *Syncer) measureRepository(ctx context.Context) error {
 	return nil
 }
 
+// endUnwritten ends, after a sync that failed, the sessions of the users
+// the users Secrets no longer list, or list with another password, since
+// sessions were last ended for them. The gate refuses such users new
+// sessions already (Admits), but the Kopia server, which the failed sync
+// could not update, would let the open ones go on. An incomplete view of
+// the Secrets revokes nothing, as it deletes nothing.
+func (s *Syncer) endUnwritten(lister corelisters.SecretNamespaceLister) {
+	desired, _, err := DesiredUsers(lister, s.opts.BSLS)
+	if err != nil {
+		return
+	}
+	last := s.listed
+	if last == nil && s.inForce != nil {
+		last = s.inForce.Users
+	}
+	s.listed = desired
+	if last == nil {
+		return
+	}
+	s.endSessions(Revocations(&Access{Users: last}, Access{Users: desired}, nil, nil))
+}
+
+// Errors of Admits.
+var (
+	errNotListed  = errors.New("not a user of this server: the users Secrets do not list it")
+	errNotCurrent = errors.New("not its current password: the users Secrets hold another one, which user sync has not written into the repository yet")
+)
+
+// Admits returns nil when user may open a session with password now, by
+// the users Secrets rather than the repository (sessiongate.Directory): a
+// user they do not list is refused at once, whatever the repository still
+// holds. Where the hash they list is not the one the Kopia server enforces
+// (a rotation user sync could not write yet, or before its first sync),
+// the password is verified here, at the cost of one hash; elsewhere the
+// Kopia server verifies it, as it would without the gate.
+func (s *Syncer) Admits(user, password string) error {
+	s.mu.Lock()
+	lister, enforced := s.lister, s.enforced
+	s.mu.Unlock()
+	h, err := s.listedHash(lister, user)
+	if err != nil {
+		return err
+	}
+	if have, ok := enforced[user]; ok && have.Equal(h) {
+		return nil
+	}
+	if !h.Matches(password) {
+		return errNotCurrent
+	}
+	return nil
+}
+
 // Authenticate reports whether password is user's, by the hash the users
 // Secrets hold for it: the one the repository is synced to. Each call costs
 // one password hash (clientserver runs one at a time).
@@ -745,20 +825,32 @@ func (s *Syncer) Authenticate(user, password string) bool {
 	s.mu.Lock()
 	lister := s.lister
 	s.mu.Unlock()
-	if lister == nil || identity.ValidateUsername(user) != nil {
-		return false
+	h, err := s.listedHash(lister, user)
+	return err == nil && h.Matches(password)
+}
+
+// listedHash is the password hash the users Secrets list for user.
+func (s *Syncer) listedHash(lister corelisters.SecretNamespaceLister, user string) (identity.Hash, error) {
+	if lister == nil {
+		return identity.Hash{}, errNotSynced
+	}
+	if err := identity.ValidateUsername(user); err != nil {
+		return identity.Hash{}, err
 	}
 	shard := userset.ShardOf(user)
 	secret, err := lister.Get(userset.SecretName(s.opts.BSLS, shard))
 	if err != nil {
-		return false
+		return identity.Hash{}, fmt.Errorf("users Secret of shard %d: %w", shard, err)
 	}
 	users, err := decodeShard(secret, shard)
 	if err != nil {
-		return false
+		return identity.Hash{}, err
 	}
 	h, ok := users[user]
-	return ok && h.Matches(password)
+	if !ok {
+		return identity.Hash{}, errNotListed
+	}
+	return h, nil
 }
 
 // Report keeps a guest's report for the next publication of its activity,

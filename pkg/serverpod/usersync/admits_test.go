@@ -1,0 +1,125 @@
+package usersync
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// listing returns the lister user sync reads the users Secrets with,
+// holding every shard of BSLS "main" with users.
+func listing(t *testing.T, users map[string]identity.Hash) shardLister {
+	t.Helper()
+	l := shardLister{namespace: "backup", stores: map[string]cache.Store{}}
+	for shard := range userset.Shards {
+		of := map[string]identity.Hash{}
+		for u, h := range users {
+			if userset.ShardOf(u) == shard {
+				of[u] = h
+			}
+		}
+		name := userset.SecretName("main", shard)
+		store := cache.NewStore(cache.MetaNamespaceKeyFunc)
+		if err := store.Add(&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "backup", Name: name, Labels: map[string]string{userset.Label: "main"}},
+			Data:       map[string][]byte{userset.Key: userset.Encode(of)},
+		}); err != nil {
+			t.Fatal(err)
+		}
+		l.stores[name] = store
+	}
+	return l
+}
+
+func hashOf(t *testing.T, password string) identity.Hash {
+	t.Helper()
+	h, err := identity.NewHash(password, identity.Scrypt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+// The Kopia server knows the users user sync could write; the gate asks
+// Admits, which goes by the users Secrets, so that a user removed or a
+// password rotated on a storage that refuses writes is refused all the same.
+func TestAdmits(t *testing.T) {
+	oldHash, newHash, otherHash := hashOf(t, "old"), hashOf(t, "new"), hashOf(t, "other")
+	secrets := map[string]identity.Hash{"db@team-a": newHash, "web@team-a": otherHash}
+	for _, tt := range []struct {
+		name           string
+		lister         bool
+		enforced       map[string]identity.Hash
+		user, password string
+		want           error
+	}{
+		{name: "a user the Secrets no longer list (its VM deleted), still in the repository",
+			lister: true, enforced: map[string]identity.Hash{"gone@team-a": oldHash}, user: "gone@team-a", password: "old", want: errNotListed},
+		{name: "a listed user whose hash the server enforces: the server verifies the password",
+			lister: true, enforced: secrets, user: "web@team-a", password: "wrong"},
+		{name: "a rotation not written yet: the old password is refused",
+			lister: true, enforced: map[string]identity.Hash{"db@team-a": oldHash}, user: "db@team-a", password: "old", want: errNotCurrent},
+		{name: "a rotation not written yet: the new password is let through",
+			lister: true, enforced: map[string]identity.Hash{"db@team-a": oldHash}, user: "db@team-a", password: "new"},
+		{name: "before the first sync, every password is verified here",
+			lister: true, user: "db@team-a", password: "old", want: errNotCurrent},
+		{name: "before the Secrets are listed, nobody",
+			user: "db@team-a", password: "new", want: errNotSynced},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(Options{BSLS: "main"})
+			if tt.lister {
+				s.lister = listing(t, secrets)
+			}
+			s.enforced = tt.enforced
+			if err := s.Admits(tt.user, tt.password); !errors.Is(err, tt.want) {
+				t.Errorf("Admits(%s): %v, want %v", tt.user, err, tt.want)
+			}
+		})
+	}
+}
+
+// ended records the users whose sessions a Syncer ended.
+type ended struct{ users []string }
+
+func (e *ended) End(match func(string) bool) map[string]int {
+	out := map[string]int{}
+	for _, u := range []string{"db@team-a", "web@team-a", "gone@team-a"} {
+		if match(u) {
+			e.users = append(e.users, u)
+			out[u] = 1
+		}
+	}
+	return out
+}
+
+// A sync that cannot write (a full storage) still ends the sessions the
+// Secrets took away, once: the Kopia server, not updated, would keep them.
+func TestEndUnwritten(t *testing.T) {
+	oldHash, newHash, webHash := hashOf(t, "old"), hashOf(t, "new"), hashOf(t, "web")
+	sessions := &ended{}
+	s := New(Options{BSLS: "main", Sessions: sessions})
+	s.inForce = &Access{Users: map[string]identity.Hash{"db@team-a": oldHash, "web@team-a": webHash, "gone@team-a": oldHash}}
+	now := map[string]identity.Hash{"db@team-a": newHash, "web@team-a": webHash}
+
+	s.endUnwritten(listing(t, now))
+	if want := []string{"db@team-a", "gone@team-a"}; !slices.Equal(slices.Sorted(slices.Values(sessions.users)), want) {
+		t.Fatalf("sessions ended after the first failed sync: %v, want %v", sessions.users, want)
+	}
+	if !maps.EqualFunc(s.listed, now, identity.Hash.Equal) {
+		t.Errorf("listed: %v, want the Secrets' view", s.listed)
+	}
+	sessions.users = nil
+	s.endUnwritten(listing(t, now))
+	if len(sessions.users) != 0 {
+		t.Errorf("the next failed sync ended %v again", sessions.users)
+	}
+}
