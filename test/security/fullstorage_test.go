@@ -1,0 +1,83 @@
+package security
+
+import (
+	"context"
+	"time"
+
+	"github.com/kopia/kopia/repo"
+	"github.com/kopia/kopia/repo/manifest"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	kubevirtv1 "kubevirt.io/api/core/v1"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/testbed"
+)
+
+// fullVolumeSize is the repository claim of the spec: small enough to fill
+// at once, big enough for the repository and its users.
+const fullVolumeSize = 64 << 20
+
+// Issue 46, 4: a guest fills the storage, and then a VM whose password
+// had leaked is deleted. User sync cannot write the user's removal into
+// the repository, and Kopia's server, which knows only the repository,
+// let the thief log in, list and restore for as long as the storage stayed
+// full. Revocation never waits for space: the gate refuses whom the users
+// Secrets no longer list, and the sessions end.
+var _ = Describe("A deleted VM's leaked password, while the storage is full", Ordered, func() {
+	const ns = "full-storage"
+	var (
+		s                  Server
+		username, password string
+		claim              string
+		// held is the thief's session, opened while the VM existed.
+		held repo.Repository
+	)
+	reads := func(r repo.Repository) func() error {
+		return func() error {
+			ctx, cancel := context.WithTimeout(ctx, heldCallTimeout)
+			defer cancel()
+			_, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: "snapshot"})
+			return err
+		}
+	}
+
+	BeforeAll(func() {
+		newNamespace(ns, nil)
+		b := &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: ns},
+			Spec:       v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}},
+		}
+		claim = testbed.SmallVolume(GinkgoT(), fullVolumeSize)
+		platform.UseClaim(b, claim)
+		s = serveBSLS(b)
+		createVM(platform.API.Client, ns, "leaky", ns+"/main")
+		username, password = waitProvisioned(s, ns, "leaky")
+		held = guestOpen(s, username, password)
+		Expect(reads(held)()).To(Succeed(), "the holder of leaky's password holds a session")
+
+		By("filling the repository's volume, as a guest that snapshots without bound does")
+		_, err := testbed.FillVolume(claim, 0)
+		Expect(err).NotTo(HaveOccurred())
+		// The ballast is removed with the volume.
+	})
+
+	It("refuses the deleted VM's user and ends its session, though its removal cannot be written", func() {
+		vm := &kubevirtv1.VirtualMachine{}
+		Expect(platform.API.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "leaky"}, vm)).To(Succeed())
+		Expect(platform.API.Client.Delete(ctx, vm)).To(Succeed())
+		Eventually(func() string { return usersOf(s.BSLS, username) }).WithTimeout(guestACLSyncTimeout).ShouldNot(ContainSubstring(username+" "),
+			"leaky's user leaves the users Secrets with its VM")
+		Eventually(s.Pod.Containers["user-sync"].Log).WithTimeout(guestACLSyncTimeout).Should(ContainSubstring("no space left on device"),
+			"user sync tried to write the removal into the full repository, and could not")
+
+		Eventually(reads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
+			"the session leaky's password opened still reads the repository")
+		Eventually(guestBSLSEvents(s.BSLS)).WithTimeout(guestACLSyncTimeout).Should(ContainElement(And(
+			HavePrefix("Normal SessionsEnded: "), ContainSubstring(username+": 1 (user removed)"))))
+		_, err := loginAs(s, username, password)
+		Expect(err).To(refusedLogin(), "the leaked password opens no new session")
+	})
+})
