@@ -80,4 +80,11 @@ var _ = Describe("A deleted VM's leaked password, while the storage is full", Or
 		_, err := loginAs(s, username, password)
 		Expect(err).To(refusedLogin(), "the leaked password opens no new session")
 	})
+
+	It("keeps the pod in its Service, so that the other guests can still read what they have", func() {
+		Consistently(func() error { return s.Pod.WaitReady(5*time.Second, "user-sync") }).
+			WithTimeout(15*time.Second).WithPolling(time.Second).Should(Succeed(),
+			"the user-sync container's /readyz, though user sync cannot write")
+		Expect(s.Pod.Containers["user-sync"].Log()).To(ContainSubstring("no space left on device"), "user sync still fails to write")
+	})
 })

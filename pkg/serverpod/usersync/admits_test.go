@@ -57,6 +57,7 @@ func TestAdmits(t *testing.T) {
 	for _, tt := range []struct {
 		name           string
 		lister         bool
+		missingShard   bool
 		enforced       map[string]identity.Hash
 		user, password string
 		want           error
@@ -73,11 +74,17 @@ func TestAdmits(t *testing.T) {
 			lister: true, user: "db@team-a", password: "old", want: errNotCurrent},
 		{name: "before the Secrets are listed, nobody",
 			user: "db@team-a", password: "new", want: errNotSynced},
+		{name: "while the user's shard is missing (a new cluster on old storage), the repository decides",
+			lister: true, missingShard: true, enforced: map[string]identity.Hash{"gone@team-a": oldHash}, user: "gone@team-a", password: "old"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := New(Options{BSLS: "main"})
 			if tt.lister {
-				s.lister = listing(t, secrets)
+				l := listing(t, secrets)
+				if tt.missingShard {
+					delete(l.stores, userset.SecretName("main", userset.ShardOf(tt.user)))
+				}
+				s.lister = l
 			}
 			s.enforced = tt.enforced
 			if err := s.Admits(tt.user, tt.password); !errors.Is(err, tt.want) {
@@ -121,5 +128,38 @@ func TestEndUnwritten(t *testing.T) {
 	s.endUnwritten(listing(t, now))
 	if len(sessions.users) != 0 {
 		t.Errorf("the next failed sync ended %v again", sessions.users)
+	}
+}
+
+// A pod that has applied the users serves guests while a sync cannot
+// write (a full storage): the gate enforces the Secrets, and guests must
+// still list and restore. An incomplete view of the Secrets, or no sync
+// applied yet, keeps it out of its Service.
+func TestServing(t *testing.T) {
+	full := errors.New("write users: no space left on device")
+	applied := &Access{Users: map[string]identity.Hash{}}
+	for _, tt := range []struct {
+		name         string
+		inForce      *Access
+		missingShard bool
+		err, want    error
+	}{
+		{name: "a sync that applied everything", inForce: applied},
+		{name: "the first sync, which could not write", err: full, want: full},
+		{name: "a later sync that could not write", inForce: applied, err: full},
+		{name: "a later sync whose view is incomplete", inForce: applied, missingShard: true, err: errShardUnreadable, want: errShardUnreadable},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := New(Options{BSLS: "main"})
+			s.inForce = tt.inForce
+			l := listing(t, nil)
+			if tt.missingShard {
+				delete(l.stores, userset.SecretName("main", 3))
+			}
+			got := s.serving(l, tt.err)
+			if (got == nil) != (tt.want == nil) {
+				t.Errorf("serving: %v, want %v", got, tt.want)
+			}
+		})
 	}
 }

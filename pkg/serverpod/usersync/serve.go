@@ -150,9 +150,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	return syncer.Run(ctx)
 }
 
-// Handler serves /healthz (the process is up), /readyz (the repository
-// holds exactly the desired users, and the Kopia server answers with it
-// open; when not, the body says why, so that the kubelet's probe Event
+// Handler serves /healthz (the process is up), /readyz (Ready: the users
+// are applied and enforced, and the Kopia server answers with the
+// repository open; when not, the body says why, so that the kubelet's probe Event
 // tells an admin) and /metrics (user sync's counters, the guests' open
 // sessions, the repository's measurement, maintenance).
 func (s *Syncer) Handler() http.Handler {

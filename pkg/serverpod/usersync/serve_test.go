@@ -33,7 +33,7 @@ func TestHandler(t *testing.T) {
 		{"metrics", "/metrics", nil, http.StatusOK, "guestbackup_server_foreign_acls_removed_total"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			s.setStatus(tt.synced, 3)
+			s.setStatus(tt.synced, tt.synced, 3)
 			code, body := get(tt.path)
 			if code != tt.wantCode || !strings.Contains(body, tt.wantBody) {
 				t.Errorf("GET %s = %d %q, want %d containing %q", tt.path, code, body, tt.wantCode, tt.wantBody)
@@ -56,7 +56,7 @@ func (kopiaDown) Connected(context.Context) (bool, error) {
 // answers.
 func TestHandlerServerDown(t *testing.T) {
 	s := New(Options{Server: kopiaDown{}})
-	s.setStatus(nil, 3)
+	s.setStatus(nil, nil, 3)
 	rec := httptest.NewRecorder()
 	s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", http.NoBody))
 	if rec.Code != http.StatusInternalServerError || !strings.Contains(rec.Body.String(), "the Kopia server does not answer") {

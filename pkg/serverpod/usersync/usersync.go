@@ -207,9 +207,11 @@ type Syncer struct {
 	// on /metrics.
 	stats *repostats.Collector
 
-	mu     sync.Mutex
-	status error
-	users  int
+	mu sync.Mutex
+	// status is why the pod may not serve guests (Ready); syncErr is the
+	// last sync's error, nil when it applied everything (SyncError).
+	status, syncErr error
+	users           int
 	// lister reads the users Secrets once Run watches them; reports are
 	// the guests' reports not published yet (package clientserver).
 	lister  corelisters.SecretNamespaceLister
@@ -276,12 +278,24 @@ func New(opts Options) *Syncer {
 	}
 }
 
-// Ready returns nil once the repository holds exactly the desired users,
-// else why it does not.
+// Ready returns nil while the pod may serve guests, else why not: once a
+// sync has applied the users, until a view of the users Secrets is
+// incomplete. A sync that cannot write (a full or failing storage) leaves
+// it ready: the gate enforces the users Secrets by itself (Admits,
+// endUnwritten), and guests must still list and restore what they have;
+// SyncError says what was not written.
 func (s *Syncer) Ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.status
+}
+
+// SyncError is why the last sync did not apply the users Secrets to the
+// repository, nil when it did.
+func (s *Syncer) SyncError() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.syncErr
 }
 
 // Users is the number of users in the last successful sync.
@@ -291,13 +305,25 @@ func (s *Syncer) Users() int {
 	return s.users
 }
 
-func (s *Syncer) setStatus(err error, users int) {
+func (s *Syncer) setStatus(status, err error, users int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.status = err
+	s.status, s.syncErr = status, err
 	if err == nil {
 		s.users = users
 	}
+}
+
+// serving is why the pod may not serve guests after a sync that ended
+// with err (Ready), nil when it may.
+func (s *Syncer) serving(lister corelisters.SecretNamespaceLister, err error) error {
+	if err == nil || s.inForce == nil {
+		return err
+	}
+	if _, _, viewErr := DesiredUsers(lister, s.opts.BSLS); viewErr != nil {
+		return viewErr
+	}
+	return nil
 }
 
 // poke queues a sync: a users Secret changed. A sync already queued sees
@@ -371,7 +397,7 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 		s.queue.AddAfter(measureRepository, s.opts.StatsInterval)
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
-		s.setStatus(err, users)
+		s.setStatus(s.serving(lister, err), err, users)
 		if err != nil {
 			// When is AddRateLimited's delay, taken here to log it.
 			delay := s.backoff.When(syncUsers)
@@ -790,8 +816,9 @@ func (s *Syncer) endUnwritten(lister corelisters.SecretNamespaceLister) {
 
 // Errors of Admits.
 var (
-	errNotListed  = errors.New("not a user of this server: the users Secrets do not list it")
-	errNotCurrent = errors.New("not its current password: the users Secrets hold another one, which user sync has not written into the repository yet")
+	errNotListed       = errors.New("not a user of this server: the users Secrets do not list it")
+	errNotCurrent      = errors.New("not its current password: the users Secrets hold another one, which user sync has not written into the repository yet")
+	errShardUnreadable = errors.New("its users Secret cannot be read")
 )
 
 // Admits returns nil when user may open a session with password now, by
@@ -800,13 +827,19 @@ var (
 // holds. Where the hash they list is not the one the Kopia server enforces
 // (a rotation user sync could not write yet, or before its first sync),
 // the password is verified here, at the cost of one hash; elsewhere the
-// Kopia server verifies it, as it would without the gate.
+// Kopia server verifies it, as it would without the gate. While the user's
+// shard is missing or does not parse, the repository decides, as user
+// sync deletes nobody then (a new cluster attached to old storage); until
+// the Secrets are first listed, nobody is admitted.
 func (s *Syncer) Admits(user, password string) error {
 	s.mu.Lock()
 	lister, enforced := s.lister, s.enforced
 	s.mu.Unlock()
 	h, err := s.listedHash(lister, user)
-	if err != nil {
+	switch {
+	case errors.Is(err, errShardUnreadable):
+		return nil
+	case err != nil:
 		return err
 	}
 	if have, ok := enforced[user]; ok && have.Equal(h) {
@@ -840,11 +873,11 @@ func (s *Syncer) listedHash(lister corelisters.SecretNamespaceLister, user strin
 	shard := userset.ShardOf(user)
 	secret, err := lister.Get(userset.SecretName(s.opts.BSLS, shard))
 	if err != nil {
-		return identity.Hash{}, fmt.Errorf("users Secret of shard %d: %w", shard, err)
+		return identity.Hash{}, fmt.Errorf("%w: %w", errShardUnreadable, err)
 	}
 	users, err := decodeShard(secret, shard)
 	if err != nil {
-		return identity.Hash{}, err
+		return identity.Hash{}, fmt.Errorf("%w: %w", errShardUnreadable, err)
 	}
 	h, ok := users[user]
 	if !ok {
