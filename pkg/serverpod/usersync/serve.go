@@ -152,10 +152,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 // holds exactly the desired users, and the Kopia server answers with it
 // open; when not, the body says why, so that the kubelet's probe Event
 // tells an admin) and /metrics (user sync's counters, the guests' open
-// sessions, the repository's measurement, maintenance).
+// sessions, the repository's measurement, its storage's space,
+// maintenance).
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats)
+	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats, &s.space)
 	metrics.MustRegister(sessiongate.Collectors()...)
 	metrics.MustRegister(maintenance.Collectors()...)
 	metrics.MustRegister(integrity.Collectors()...)

@@ -236,6 +236,9 @@ type Syncer struct {
 	// storage is the storage state last published; nil before the first
 	// check. Only the storage check's goroutine touches it.
 	storage *maintenancestate.StorageState
+	// space is the storage's space and the last write it refused, which
+	// the storage check publishes and /metrics exports.
+	space spaceState
 	// retentionErr is the last retention run's failure, so that a run that
 	// keeps failing the same way is one Event, not one per interval. Only
 	// Run's goroutine touches it.
@@ -362,6 +365,7 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(err, users)
+		s.noteWrite(err)
 		if err != nil {
 			// When is AddRateLimited's delay, taken here to log it.
 			delay := s.backoff.When(syncUsers)
