@@ -524,7 +524,7 @@ func fullAdvice(b *v1alpha1.BackupStorageLocationServer) string {
 
 // roomAdvice says how to make room on b's storage.
 func roomAdvice(b *v1alpha1.BackupStorageLocationServer) string {
-	lower := "lower retention (spec.defaultPolicy), whose expired snapshots' data Kopia's full maintenance frees after its safety margin"
+	lower := "lower retention (spec.repository.defaultPolicy), whose expired snapshots' data Kopia's full maintenance frees after its safety margin"
 	if b.Spec.Storage.Filesystem != nil {
 		return "Grow PersistentVolumeClaim " + b.Namespace + "/" + ClaimName(b) + " (its StorageClass must allow volume expansion), remove what else fills the volume, or " + lower + "."
 	}

@@ -254,7 +254,7 @@ var decideCases = []decideCase{
 		want: map[string]wantCondition{
 			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonLowSpace, []string{
 				"has 3.0 MiB free of 64.0 MiB (4%), as server pod main-server-b measured, below 10%",
-				"Grow PersistentVolumeClaim backup/main-repository (its StorageClass must allow volume expansion)", "lower retention (spec.defaultPolicy)",
+				"Grow PersistentVolumeClaim backup/main-repository (its StorageClass must allow volume expansion)", "lower retention (spec.repository.defaultPolicy)",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
 		},
