@@ -111,9 +111,10 @@ type StorageState struct {
 	// measured (storage that cannot tell, such as an S3 bucket, or a pod
 	// of a guestbackup older than the field).
 	Space *StorageSpace `json:"space,omitempty"`
-	// Refused is the storage's error of the pod's last write it refused
-	// for want of space (package storagespace), and RefusedAt when; empty
-	// once a later write of the same writer succeeded.
+	// Refused is the storage's error of each of the pod's writers (user
+	// sync, maintenance) whose last write it refused for want of space
+	// (package storagespace), as "<writer>: <error>; ...", and RefusedAt
+	// since when; empty once a later attempt of each succeeded.
 	Refused   string    `json:"refused,omitempty"`
 	RefusedAt time.Time `json:"refusedAt,omitzero"`
 }

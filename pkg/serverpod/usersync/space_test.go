@@ -1,19 +1,22 @@
 package usersync
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"strings"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	dto "github.com/prometheus/client_model/go"
+	"k8s.io/client-go/kubernetes/fake"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 )
 
 func TestSpaceMoved(t *testing.T) {
@@ -45,9 +48,10 @@ func TestSpaceMoved(t *testing.T) {
 	}
 }
 
-// A refusal stays, with its first words and time, until a sync succeeds;
-// a failure for another reason neither sets nor clears it. /metrics says
-// so, and the space measured.
+// A refusal stays, with its first words and time, until its writer's
+// next attempt succeeds; a failure for another reason neither sets nor
+// clears it; each writer's is its own. /metrics says so, and the space
+// measured.
 func TestNoteWrite(t *testing.T) {
 	s := New(Options{})
 	refused := func() string { r, _ := s.space.refusal(); return r }
@@ -74,21 +78,43 @@ func TestNoteWrite(t *testing.T) {
 	full := fmt.Errorf("write manifest: %w", &fs.PathError{Op: "write", Path: "/r/tmp1", Err: syscall.ENOSPC})
 	s.noteWrite(full)
 	first, at := s.space.refusal()
-	if first != full.Error() || at.IsZero() || metric() != 1 {
+	if first != "user sync: "+full.Error() || at.IsZero() || metric() != 1 {
 		t.Fatalf("refusal %q at %v, metric %v; want %q", first, at, metric(), full.Error())
 	}
-	time.Sleep(time.Millisecond)
 	s.noteWrite(fmt.Errorf("write manifest: %w", &fs.PathError{Op: "write", Path: "/r/tmp2", Err: syscall.ENOSPC}))
 	s.noteWrite(errors.New("connection refused"))
 	if again, atAgain := s.space.refusal(); again != first || !atAgain.Equal(at) {
 		t.Errorf("a retry changed the refusal to %q at %v", again, atAgain)
 	}
+
+	// Maintenance, whose failure is text by the time it is published.
+	publisher := maintenancePublisher{
+		ConfigMapPublisher: maintenance.ConfigMapPublisher{ConfigMaps: fake.NewClientset().CoreV1().ConfigMaps("backup"), BSLS: "main"},
+		space:              s.space,
+	}
+	publish := func(failure string) {
+		t.Helper()
+		// The ConfigMap does not exist: the outcome is noted all the same.
+		_ = publisher.Publish(context.Background(), v1alpha1.MaintenanceStatus{Failure: failure})
+	}
+	publish("maintenance run: put blob: Bucket quota exceeded")
+	if got := refused(); !strings.HasPrefix(got, "maintenance: maintenance run: put blob: Bucket quota exceeded; user sync: ") {
+		t.Errorf("refusals %q, want maintenance's and user sync's", got)
+	}
 	s.noteWrite(nil)
+	if got := refused(); got != "maintenance: maintenance run: put blob: Bucket quota exceeded" || metric() != 1 {
+		t.Errorf("after user sync succeeded: refusals %q, want maintenance's only", got)
+	}
+	publish("repository maintenance is owned by someone else")
+	if got := refused(); got != "maintenance: maintenance run: put blob: Bucket quota exceeded" {
+		t.Errorf("a failure for another reason changed the refusal to %q", got)
+	}
+	publish("")
 	if refused() != "" || metric() != 0 {
-		t.Errorf("a successful sync left the refusal %q", refused())
+		t.Errorf("a successful run left the refusal %q", refused())
 	}
 
-	if n := testutil.CollectAndCount(&s.space); n != 1 {
+	if n := testutil.CollectAndCount(s.space); n != 1 {
 		t.Errorf("unmeasured storage exports %d series, want only the refusal's", n)
 	}
 	s.space.measure(&maintenancestate.StorageSpace{FreeBytes: 3 << 20, CapacityBytes: 64 << 20})
@@ -99,7 +125,7 @@ guestbackup_server_storage_capacity_bytes 6.7108864e+07
 # TYPE guestbackup_server_storage_free_bytes gauge
 guestbackup_server_storage_free_bytes 3.145728e+06
 `
-	if err := testutil.CollectAndCompare(&s.space, strings.NewReader(want), "guestbackup_server_storage_free_bytes", "guestbackup_server_storage_capacity_bytes"); err != nil {
+	if err := testutil.CollectAndCompare(s.space, strings.NewReader(want), "guestbackup_server_storage_free_bytes", "guestbackup_server_storage_capacity_bytes"); err != nil {
 		t.Error(err)
 	}
 }

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -12,7 +15,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/util/wait"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/storagespace"
 )
 
@@ -120,27 +125,41 @@ func measureSpace(ctx context.Context, r repo.Repository) *maintenancestate.Stor
 	return &maintenancestate.StorageSpace{FreeBytes: c.FreeB, CapacityBytes: c.SizeB}
 }
 
-// noteWrite takes the outcome of a write of the pod's user sync to the
-// repository: a refusal for want of space (storagespace.Refused) is
-// published with the next storage check and stays until a later sync
-// succeeds; other failures say nothing about space.
+// Writers of the server pod whose writes to the repository the storage
+// check watches for refusals (spaceState.note).
+const (
+	writerUserSync    = "user sync"
+	writerMaintenance = "maintenance"
+)
+
+// noteWrite takes the outcome of a sync of the pod's user sync, which
+// writes users to the repository: a refusal for want of space
+// (storagespace.Refused) is published with the next storage check and
+// stays until a later sync succeeds; other failures say nothing about
+// space.
 func (s *Syncer) noteWrite(err error) {
-	switch {
-	case err == nil:
-		s.space.refuse("", time.Time{})
-	case storagespace.Refused(err):
-		s.space.refuse(err.Error(), time.Now().UTC().Truncate(time.Second))
+	failure := ""
+	if err != nil {
+		failure = err.Error()
 	}
+	s.space.note(writerUserSync, failure, storagespace.Refused(err), time.Now())
 }
 
 // spaceState is the storage's space as the last check measured it and
-// the last write it refused: the storage check, user sync's worker and
-// /metrics share it. It is a prometheus.Collector of what it holds.
+// the last write it refused of each of the pod's writers: the storage
+// check, user sync's worker, maintenance's publisher and /metrics share
+// it. It is a prometheus.Collector of what it holds.
 type spaceState struct {
-	mu        sync.Mutex
-	measured  *maintenancestate.StorageSpace
-	refused   string
-	refusedAt time.Time
+	mu       sync.Mutex
+	measured *maintenancestate.StorageSpace
+	refused  map[string]refusal
+}
+
+// refusal is a write the storage refused for want of space: its words,
+// and when.
+type refusal struct {
+	message string
+	at      time.Time
 }
 
 // measure keeps space as the last measurement and returns the one before.
@@ -151,23 +170,55 @@ func (sp *spaceState) measure(space *maintenancestate.StorageSpace) (previous *m
 	return previous
 }
 
-// refuse records a refused write (message, at), or none (""); a refusal
-// already recorded keeps its first words and time until cleared, so that
-// each retry of the same write does not publish anew.
-func (sp *spaceState) refuse(message string, at time.Time) {
+// note takes the outcome of writer's last attempt at the repository:
+// failure "" is a success, which ends its refusal; refused says failure
+// was for want of space. A refusal already recorded keeps its first words
+// and time until it ends, so that each retry of the same write does not
+// publish anew; a failure for another reason changes nothing.
+func (sp *spaceState) note(writer, failure string, refused bool, at time.Time) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	if message != "" && sp.refused != "" {
-		return
+	switch _, known := sp.refused[writer]; {
+	case failure == "":
+		delete(sp.refused, writer)
+	case refused && !known:
+		if sp.refused == nil {
+			sp.refused = map[string]refusal{}
+		}
+		sp.refused[writer] = refusal{message: failure, at: at.UTC().Truncate(time.Second)}
 	}
-	sp.refused, sp.refusedAt = message, at
 }
 
-// refusal is the refused write recorded; "" when none.
+// refusal is the writes refused, each with its writer, and since when
+// the first was; "" when none is.
 func (sp *spaceState) refusal() (string, time.Time) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
-	return sp.refused, sp.refusedAt
+	var messages []string
+	var since time.Time
+	for _, writer := range slices.Sorted(maps.Keys(sp.refused)) {
+		r := sp.refused[writer]
+		messages = append(messages, writer+": "+r.message)
+		if since.IsZero() || r.at.Before(since) {
+			since = r.at
+		}
+	}
+	return strings.Join(messages, "; "), since
+}
+
+// maintenancePublisher is maintenance's publisher, which notes each
+// run's outcome in space: a maintenance run writes (index compaction,
+// the schedule), and on S3 is often the only write of the pod's a
+// quota refuses. Its failure is text by then (storagespace.RefusedText).
+type maintenancePublisher struct {
+	maintenance.ConfigMapPublisher
+	space *spaceState
+}
+
+// Publish implements maintenance.Publisher.
+func (p maintenancePublisher) Publish(ctx context.Context, s v1alpha1.MaintenanceStatus) error {
+	p.space.note(writerMaintenance, s.Failure, storagespace.RefusedText(s.Failure), time.Now())
+	return p.ConfigMapPublisher.Publish(ctx, s) //nolint:wrapcheck // the publisher's own words
 }
 
 var (
@@ -195,7 +246,7 @@ func (sp *spaceState) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(storageCapacityDesc, prometheus.GaugeValue, float64(m.CapacityBytes))
 	}
 	refused := 0.0
-	if sp.refused != "" {
+	if len(sp.refused) > 0 {
 		refused = 1
 	}
 	ch <- prometheus.MustNewConstMetric(storageRefusedDesc, prometheus.GaugeValue, refused)
