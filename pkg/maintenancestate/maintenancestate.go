@@ -114,7 +114,8 @@ type StorageState struct {
 	// Refused is the storage's error of each of the pod's writers (user
 	// sync, maintenance) whose last write it refused for want of space
 	// (package storagespace), as "<writer>: <error>; ...", and RefusedAt
-	// since when; empty once a later attempt of each succeeded.
+	// since when; empty once a later attempt of each succeeded, or the
+	// volume gained 1% of its capacity since.
 	Refused   string    `json:"refused,omitempty"`
 	RefusedAt time.Time `json:"refusedAt,omitzero"`
 }

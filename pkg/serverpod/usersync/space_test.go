@@ -8,6 +8,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -127,5 +128,31 @@ guestbackup_server_storage_free_bytes 3.145728e+06
 `
 	if err := testutil.CollectAndCompare(s.space, strings.NewReader(want), "guestbackup_server_storage_free_bytes", "guestbackup_server_storage_capacity_bytes"); err != nil {
 		t.Error(err)
+	}
+}
+
+// A refusal on a measured volume ends once the volume gained 1% of its
+// capacity since: maintenance tries again only at its next run, and must
+// not keep a grown claim full in the admin's eyes until then. On storage
+// that cannot tell, only the writer's next success ends it.
+func TestRefusalEndsWhenTheVolumeGainsSpace(t *testing.T) {
+	const capacity = 100 << 20
+	sp := &spaceState{}
+	sp.measure(&maintenancestate.StorageSpace{FreeBytes: 0, CapacityBytes: capacity})
+	sp.note(writerMaintenance, "write index: no space left on device", true, time.Now())
+	sp.measure(&maintenancestate.StorageSpace{FreeBytes: capacity/100 - 1, CapacityBytes: capacity})
+	if r, _ := sp.refusal(); r == "" {
+		t.Fatal("a refusal ended on less than 1% of the capacity freed")
+	}
+	sp.measure(&maintenancestate.StorageSpace{FreeBytes: capacity / 100, CapacityBytes: capacity})
+	if r, _ := sp.refusal(); r != "" {
+		t.Errorf("refusal %q stayed on a volume that gained 1%% of its capacity", r)
+	}
+
+	s3 := &spaceState{}
+	s3.note(writerMaintenance, "PutObject: Bucket quota exceeded", true, time.Now())
+	s3.measure(nil)
+	if r, _ := s3.refusal(); r == "" {
+		t.Error("a refusal on storage that cannot tell its space ended without a success")
 	}
 }

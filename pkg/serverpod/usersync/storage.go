@@ -51,12 +51,12 @@ func (s *Syncer) checkStorage(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	refusedBefore, _ := s.space.refusal()
 	previous := s.space.measure(space)
 	refused, refusedAt := s.space.refusal()
-	if refused != "" && space != nil && previous != nil && space.FreeBytes > previous.FreeBytes {
-		// Space was freed since: the refused write is tried again now,
-		// not at the end of its backoff, and its success clears the
-		// refusal.
+	if refusedBefore != "" && space != nil && previous != nil && space.FreeBytes > previous.FreeBytes {
+		// Space was freed since: a refused sync is tried again now, not
+		// at the end of its backoff.
 		s.poke()
 	}
 	state := maintenancestate.StorageState{Available: err == nil, Space: space, Refused: refused, RefusedAt: refusedAt}
@@ -156,17 +156,31 @@ type spaceState struct {
 }
 
 // refusal is a write the storage refused for want of space: its words,
-// and when.
+// when, and the free space last measured then (nil: not measured).
 type refusal struct {
 	message string
 	at      time.Time
+	free    *uint64
 }
 
 // measure keeps space as the last measurement and returns the one before.
+// A refusal on a volume that has since gained a spaceStep of free space
+// ends: the volume speaks for itself, and a writer that tries again only
+// at its next run (maintenance: up to an hour) must not keep the storage
+// full in the admin's eyes after the claim grew. A writer refused again
+// records it again.
 func (sp *spaceState) measure(space *maintenancestate.StorageSpace) (previous *maintenancestate.StorageSpace) {
 	sp.mu.Lock()
 	defer sp.mu.Unlock()
 	previous, sp.measured = sp.measured, space
+	if space == nil {
+		return previous
+	}
+	for writer, r := range sp.refused {
+		if r.free != nil && space.FreeBytes >= *r.free+max(space.CapacityBytes/spaceStep, 1) {
+			delete(sp.refused, writer)
+		}
+	}
 	return previous
 }
 
@@ -185,7 +199,12 @@ func (sp *spaceState) note(writer, failure string, refused bool, at time.Time) {
 		if sp.refused == nil {
 			sp.refused = map[string]refusal{}
 		}
-		sp.refused[writer] = refusal{message: failure, at: at.UTC().Truncate(time.Second)}
+		r := refusal{message: failure, at: at.UTC().Truncate(time.Second)}
+		if sp.measured != nil {
+			free := sp.measured.FreeBytes
+			r.free = &free
+		}
+		sp.refused[writer] = r
 	}
 }
 
