@@ -37,9 +37,10 @@ func (s *Syncer) watchStorage(ctx context.Context, interval time.Duration) {
 // checkStorage asks the storage for the repository's format blob (one
 // metadata request: on S3 a HEAD, on a filesystem a stat) and, where the
 // storage is a filesystem, for its free space (a statfs), and publishes
-// the outcome under maintenancestate.StorageKey, with the last write the
-// storage refused for want of space (noteWrite), when it differs from the
-// last one published (spaceMoved), or that is a StorageHeartbeat old: the
+// the outcome under maintenancestate.StorageKey, with the writes of the
+// pod's the storage refused for want of space (noteWrite,
+// maintenancePublisher), when it differs from the last one published
+// (spaceMoved), or that is a StorageHeartbeat old: the
 // controller makes it the StorageAvailable and StorageSpace conditions,
 // whose changes are Events on the BSLS. A publication that fails is tried
 // again at the next check.
