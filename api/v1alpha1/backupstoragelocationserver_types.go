@@ -479,7 +479,7 @@ type BackupStorageLocationServerStatus struct {
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 
 	// Conditions: Ready, RepositoryReady, CertificateReady, ServerAvailable,
-	// UsersSynced, StorageAvailable and RepositoryIntact.
+	// UsersSynced, StorageAvailable, StorageSpace and RepositoryIntact.
 	// +listType=map
 	// +listMapKey=type
 	// +optional

@@ -3,7 +3,7 @@ package v1alpha1
 // Condition types of a BackupStorageLocationServer.
 const (
 	// ConditionReady is True when guests can connect: every other condition is True
-	// (StorageAvailable and RepositoryIntact: not False).
+	// (StorageAvailable and RepositoryIntact: not False; StorageSpace: not StorageFull).
 	ConditionReady = "Ready"
 	// ConditionRepositoryReady is True when the repository exists and the server can open it.
 	ConditionRepositoryReady = "RepositoryReady"
@@ -20,6 +20,11 @@ const (
 	// repository finds snapshots that reference data the storage lost; Unknown before a
 	// verification completed.
 	ConditionRepositoryIntact = "RepositoryIntact"
+	// ConditionStorageSpace is False while the repository's storage is low on space
+	// (LowSpace, a warning: Ready stays True) or full (StorageFull: it refused a server
+	// pod's write for want of space, or its volume has no byte free; Ready is False);
+	// Unknown where the storage cannot tell its space (S3) and refused no write.
+	ConditionStorageSpace = "StorageSpace"
 )
 
 // AnnotationPrefix prefixes every annotation guestbackup reads or writes.

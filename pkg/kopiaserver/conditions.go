@@ -2,6 +2,7 @@ package kopiaserver
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -90,6 +91,23 @@ const (
 	ReasonStorageUnavailable = "StorageUnavailable"
 	// ReasonStorageNotChecked: no server pod has checked the storage yet.
 	ReasonStorageNotChecked = "StorageNotChecked"
+
+	// ReasonSufficient: the repository's volume has at least
+	// LowSpacePercent of its capacity free, and the storage refused no
+	// server pod's write for want of space.
+	ReasonSufficient = "Sufficient"
+	// ReasonLowSpace: the repository's volume has less than
+	// LowSpacePercent of its capacity free: a warning, Ready stays True;
+	// the message says how much is free and how to make room.
+	ReasonLowSpace = "LowSpace"
+	// ReasonStorageFull: the storage refused a server pod's write for want
+	// of space (a full volume, an S3 quota), or the volume has no byte
+	// free: guests' snapshots fail, and Ready is False.
+	ReasonStorageFull = "StorageFull"
+	// ReasonNotMeasured: no server pod measured the storage's space
+	// lately (storage that cannot tell, such as S3, or pods of an older
+	// guestbackup), and none had a write refused for want of space.
+	ReasonNotMeasured = "NotMeasured"
 
 	// ReasonIntact: the last verification of the repository found every
 	// content the index names in a pack the storage holds, and no snapshot
@@ -370,14 +388,19 @@ func decide(obs observations) decision {
 	intact.ObservedGeneration = b.Generation
 	d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
 
+	space := spaceCondition(b, obs.Now, obs.Storage)
+	space.ObservedGeneration = b.Generation
+
 	// Ready: every other condition is True; StorageAvailable and
 	// RepositoryIntact only must not be False (a server pod of an older
 	// guestbackup checks and verifies nothing, and a verification that
-	// could not run says nothing about guests connecting).
-	d.Conditions = []metav1.Condition{certificate, repository, available, synced, storage, intact}
+	// could not run says nothing about guests connecting), and
+	// StorageSpace not StorageFull (low space is a warning: guests still
+	// snapshot; storage that cannot tell its space is no fault).
+	d.Conditions = []metav1.Condition{certificate, repository, available, synced, storage, space, intact}
 	var notReady []string
 	for _, c := range d.Conditions {
-		if c.Status == metav1.ConditionFalse || (c.Status == metav1.ConditionUnknown && c.Type != v1alpha1.ConditionStorageAvailable && c.Type != v1alpha1.ConditionRepositoryIntact) {
+		if notReadyFor(c) {
 			notReady = append(notReady, c.Type)
 		}
 	}
@@ -423,6 +446,103 @@ func storageCondition(now time.Time, states map[string]maintenancestate.StorageS
 	}
 	return cond(metav1.ConditionTrue, ReasonStorageReachable,
 		fmt.Sprintf("%d %s checked the repository's storage within %s and reached it", fresh, pods, maintenancestate.StorageStale))
+}
+
+// notReadyFor reports whether condition c keeps the BSLS from Ready.
+func notReadyFor(c metav1.Condition) bool {
+	switch c.Type {
+	case v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionRepositoryIntact:
+		return c.Status == metav1.ConditionFalse
+	case v1alpha1.ConditionStorageSpace:
+		return c.Status == metav1.ConditionFalse && c.Reason == ReasonStorageFull
+	}
+	return c.Status != metav1.ConditionTrue
+}
+
+// LowSpacePercent is the share of its capacity below which the free space
+// of a repository's volume is low (StorageSpace LowSpace): the kubelet's
+// default for a node's filesystem (nodefs.available<10%), a margin that
+// leaves a day of guests' growth on most volumes to grow the claim in.
+const LowSpacePercent = 10
+
+// spaceCondition is StorageSpace from what the server pods last found of
+// the storage, as of now: StorageFull when any refused write for want of
+// space is reported or the volume has no byte free, LowSpace below
+// LowSpacePercent free, Sufficient above, NotMeasured when no pod measured
+// it. The server pods share the storage; the lowest free space any of
+// them measured counts. A state older than maintenancestate.StorageStale
+// does not count.
+func spaceCondition(b *v1alpha1.BackupStorageLocationServer, now time.Time, states map[string]maintenancestate.StorageState) metav1.Condition {
+	cond := func(s metav1.ConditionStatus, reason, msg string) metav1.Condition {
+		return metav1.Condition{Type: v1alpha1.ConditionStorageSpace, Status: s, Reason: reason, Message: msg}
+	}
+	var refused []string
+	var lowest *maintenancestate.StorageSpace
+	lowestPod := ""
+	for _, pod := range slices.Sorted(maps.Keys(states)) {
+		st := states[pod]
+		if now.Sub(st.CheckedAt) > maintenancestate.StorageStale {
+			continue
+		}
+		if st.Refused != "" {
+			refused = append(refused, fmt.Sprintf("server pod %s since %s: %s", pod, st.RefusedAt.UTC().Format(time.RFC3339), st.Refused))
+		}
+		if st.Space != nil && (lowest == nil || st.Space.FreeBytes < lowest.FreeBytes) {
+			lowest, lowestPod = st.Space, pod
+		}
+	}
+	measured := ""
+	if lowest != nil {
+		measured = fmt.Sprintf("%s free of %s (%d%%), as server pod %s measured", formatBytes(lowest.FreeBytes), formatBytes(lowest.CapacityBytes),
+			lowest.FreeBytes*100/lowest.CapacityBytes, lowestPod)
+	}
+	where := storageDescription(b)
+	switch {
+	case len(refused) > 0:
+		msg := "The repository's storage (" + where + ") refused writes for want of space (" + strings.Join(refused, "; ") + ")"
+		if measured != "" {
+			msg += "; it has " + measured
+		}
+		return cond(metav1.ConditionFalse, ReasonStorageFull, msg+": "+fullAdvice(b))
+	case lowest != nil && lowest.FreeBytes == 0:
+		return cond(metav1.ConditionFalse, ReasonStorageFull, "The repository's volume ("+where+") is full, "+measured+": "+fullAdvice(b))
+	case lowest != nil && lowest.FreeBytes*100 < lowest.CapacityBytes*LowSpacePercent:
+		return cond(metav1.ConditionFalse, ReasonLowSpace, fmt.Sprintf("The repository's volume (%s) has %s, below %d%%: guests' snapshots fail once it is full. %s",
+			where, measured, LowSpacePercent, roomAdvice(b)))
+	case lowest != nil:
+		return cond(metav1.ConditionTrue, ReasonSufficient, fmt.Sprintf("The repository's volume (%s) has %s; below %d%% this condition warns", where, measured, LowSpacePercent))
+	}
+	return cond(metav1.ConditionUnknown, ReasonNotMeasured, "No server pod measured the free space of the repository's storage ("+where+
+		") lately: an S3 bucket cannot tell it (a write it refuses for want of space, such as over a quota, turns this condition False), nor can a server pod of an older guestbackup")
+}
+
+// fullAdvice is what to do about a full storage.
+func fullAdvice(b *v1alpha1.BackupStorageLocationServer) string {
+	return "guests' snapshots fail, and listing them may too, until there is space; they snapshot again by themselves once there is. " + roomAdvice(b) +
+		" Make room first: Kopia's maintenance, which frees the data of expired snapshots, needs space to write too"
+}
+
+// roomAdvice says how to make room on b's storage.
+func roomAdvice(b *v1alpha1.BackupStorageLocationServer) string {
+	lower := "lower retention (spec.repository.defaultPolicy), whose expired snapshots' data Kopia's full maintenance frees after its safety margin"
+	if b.Spec.Storage.Filesystem != nil {
+		return "Grow PersistentVolumeClaim " + b.Namespace + "/" + ClaimName(b) + " (its StorageClass must allow volume expansion), remove what else fills the volume, or " + lower + "."
+	}
+	return "Raise the bucket's quota or free space on its storage, or " + lower + "."
+}
+
+// formatBytes renders n bytes for a message, in binary units.
+func formatBytes(n uint64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	value, prefix := float64(n)/unit, 0
+	for value >= unit && prefix < 5 {
+		value /= unit
+		prefix++
+	}
+	return fmt.Sprintf("%.1f %ciB", value, "KMGTPE"[prefix])
 }
 
 // serverState is what the server's Deployment and pods say.

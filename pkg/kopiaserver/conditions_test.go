@@ -48,6 +48,11 @@ func opened(b *v1alpha1.BackupStorageLocationServer) {
 	}}
 }
 
+// space is a storage state's measured space.
+func space(free, capacity uint64) *maintenancestate.StorageSpace {
+	return &maintenancestate.StorageSpace{FreeBytes: free, CapacityBytes: capacity}
+}
+
 // users is a UserSet of the given usernames; their hashes do not matter
 // to decide.
 func users(names ...string) UserSet {
@@ -217,6 +222,97 @@ var decideCases = []decideCase{
 				"guests' snapshots fail until it does",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: StorageAvailable"}},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "the volume has space: StorageSpace is True and says how much",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(40<<20, 64<<20)}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionTrue, ReasonSufficient, []string{"PersistentVolumeClaim main-repository) has 40.0 MiB free of 64.0 MiB (62%), as server pod main-server-a measured", "below 10% this condition warns"}},
+			v1alpha1.ConditionReady:        {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "the volume is low on space: StorageSpace is False LowSpace with what to do, and the BSLS stays Ready",
+		obs: func(o *observations) {
+			o.Deployment = deployment(2, 2)
+			o.Users = users("web@backup")
+			// The pods share the volume; the lowest measurement counts.
+			o.Storage = map[string]maintenancestate.StorageState{
+				"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(8<<20, 64<<20)},
+				"main-server-b": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(3<<20, 64<<20)},
+			}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonLowSpace, []string{
+				"has 3.0 MiB free of 64.0 MiB (4%), as server pod main-server-b measured, below 10%",
+				"Grow PersistentVolumeClaim backup/main-repository (its StorageClass must allow volume expansion)", "lower retention (spec.repository.defaultPolicy)",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "the volume has no byte free: StorageSpace is False StorageFull, and the BSLS is not Ready",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(0, 64<<20)}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonStorageFull, []string{
+				"is full, 0 B free of 64.0 MiB (0%)", "guests' snapshots fail", "snapshot again by themselves", "Grow PersistentVolumeClaim backup/main-repository", "Make room first",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: StorageSpace"}},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "an S3 bucket refused a write over its quota: StorageFull with the storage's words; a stale refusal of a pod that is gone does not count",
+		obs: func(o *observations) {
+			o.BSLS = decideBSLS(func(b *v1alpha1.BackupStorageLocationServer) {
+				b.Spec.Storage = v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{Bucket: "backups", Prefix: "main/"}}
+			})
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{
+				"main-server-a":   {Available: true, Since: decideNow, CheckedAt: decideNow, Refused: "PutBlob: XMinioAdminBucketQuotaExceeded: Bucket quota exceeded", RefusedAt: decideNow.Add(-time.Minute)},
+				"main-server-old": {Available: true, Since: decideNow, CheckedAt: decideNow.Add(-maintenancestate.StorageStale - time.Second), Refused: "old refusal", RefusedAt: decideNow.Add(-time.Hour)},
+			}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonStorageFull, []string{
+				"The repository's storage (s3://backups/main/) refused writes for want of space (server pod main-server-a since " + decideNow.Add(-time.Minute).Format(time.RFC3339) + ": PutBlob: XMinioAdminBucketQuotaExceeded: Bucket quota exceeded)",
+				"Raise the bucket's quota",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: StorageSpace"}},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "an S3 bucket that refused nothing: StorageSpace is Unknown NotMeasured, and Ready does not wait for it",
+		obs: func(o *observations) {
+			o.BSLS = decideBSLS(func(b *v1alpha1.BackupStorageLocationServer) {
+				b.Spec.Storage = v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{Bucket: "backups"}}
+			})
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionUnknown, ReasonNotMeasured, []string{"an S3 bucket cannot tell it"}},
+			v1alpha1.ConditionReady:        {metav1.ConditionTrue, ReasonReady, nil},
 		},
 		opened:  true,
 		requeue: maintenancestate.StorageStale + time.Second,
@@ -742,7 +838,7 @@ var decideCases = []decideCase{
 }
 
 func TestDecide(t *testing.T) {
-	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionRepositoryIntact, v1alpha1.ConditionReady}
+	order := []string{v1alpha1.ConditionCertificateReady, v1alpha1.ConditionRepositoryReady, v1alpha1.ConditionServerAvailable, v1alpha1.ConditionUsersSynced, v1alpha1.ConditionStorageAvailable, v1alpha1.ConditionStorageSpace, v1alpha1.ConditionRepositoryIntact, v1alpha1.ConditionReady}
 	for _, tc := range decideCases {
 		t.Run(tc.name, func(t *testing.T) {
 			obs := observations{BSLS: decideBSLS(), Now: decideNow, Certificate: issued(decideNow.Add(40 * 24 * time.Hour))}

@@ -3,8 +3,9 @@
 // writes a v1alpha1.MaintenanceStatus as JSON into the ConfigMap
 // ConfigMapName, which the controller creates (the pod may only get and
 // update it) and copies into the BSLS's status, and each pod its
-// StorageState, which the controller makes the StorageAvailable condition. It is shared by both sides; the controller links
-// no Kopia.
+// StorageState, which the controller makes the StorageAvailable and
+// StorageSpace conditions. It is shared by both sides; the controller
+// links no Kopia.
 package maintenancestate
 
 import (
@@ -96,14 +97,35 @@ func StorageKey(pod string) string { return storageKeyPrefix + pod }
 
 // StorageState is what a server pod last found of the repository's
 // storage: whether its last check reached it, the storage's own error when
-// not, since when that is so, and when it last said so. A pod says it again
-// every StorageHeartbeat, so that the state of a pod that is gone grows
-// stale (StorageStale) rather than speaking for it.
+// not, since when that is so, and when it last said so; how much space it
+// has, where the storage can tell; and the last of the pod's writes it
+// refused for want of space. A pod says it again every StorageHeartbeat,
+// so that the state of a pod that is gone grows stale (StorageStale)
+// rather than speaking for it.
 type StorageState struct {
 	Available bool      `json:"available"`
 	Error     string    `json:"error,omitempty"`
 	Since     time.Time `json:"since"`
 	CheckedAt time.Time `json:"checkedAt"`
+	// Space is what the storage's filesystem had at the check; nil: not
+	// measured (storage that cannot tell, such as an S3 bucket, or a pod
+	// of a guestbackup older than the field).
+	Space *StorageSpace `json:"space,omitempty"`
+	// Refused is the storage's error of each of the pod's writers (user
+	// sync, maintenance) whose last write it refused for want of space
+	// (package storagespace), as "<writer>: <error>; ...", and RefusedAt
+	// since when; empty once a later attempt of each succeeded, or the
+	// volume gained 1% of its capacity since.
+	Refused   string    `json:"refused,omitempty"`
+	RefusedAt time.Time `json:"refusedAt,omitzero"`
+}
+
+// StorageSpace is a filesystem's space, as statfs says: FreeBytes is what
+// an unprivileged writer such as Kopia may still write (df's Available),
+// CapacityBytes its size.
+type StorageSpace struct {
+	FreeBytes     uint64 `json:"freeBytes"`
+	CapacityBytes uint64 `json:"capacityBytes"`
 }
 
 // StorageHeartbeat is how often a server pod publishes its StorageState

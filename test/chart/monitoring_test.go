@@ -127,7 +127,7 @@ var _ = Describe("The chart's monitoring", func() {
 				}
 			}
 			Expect(alerts).To(ContainElements("GuestbackupMaintenanceFailing", "GuestbackupBackupStale", "GuestbackupRepositoryGrowing",
-				"GuestbackupServerUnavailable", "GuestbackupUsersNotSynced"))
+				"GuestbackupServerUnavailable", "GuestbackupUsersNotSynced", "GuestbackupStorageLow", "GuestbackupStorageFull"))
 		})
 
 		It("ships the dashboard as a ConfigMap Grafana's sidecar discovers", func() {

@@ -106,6 +106,9 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	control := serverpod.NewControlClient(o.ServerURL, o.ControlUsername, o.ControlPassword, cas)
 	defer control.Close()
 	o.Verify.Server = control
+	// Shared by user sync and maintenance, whose refused writes the
+	// storage check publishes.
+	o.space = &spaceState{}
 	stopMaintenance, err := startMaintenance(ctx, o)
 	if err != nil {
 		return err
@@ -154,10 +157,11 @@ func Serve(ctx context.Context, o ServeOptions) error {
 // are applied and enforced, and the Kopia server answers with the
 // repository open; when not, the body says why, so that the kubelet's probe Event
 // tells an admin) and /metrics (user sync's counters, the guests' open
-// sessions, the repository's measurement, maintenance).
+// sessions, the repository's measurement, its storage's space,
+// maintenance).
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
-	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats)
+	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats, s.space)
 	metrics.MustRegister(sessiongate.Collectors()...)
 	metrics.MustRegister(maintenance.Collectors()...)
 	metrics.MustRegister(integrity.Collectors()...)
@@ -229,7 +233,10 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 	log := o.Log.WithName("maintenance")
 	c := maintenance.Config{
 		ConfigFile: serverpod.MaintenanceConfigFile(o.ConfigFile), Password: o.Password,
-		Reports: reports, Publish: maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS},
+		Reports: reports, Publish: maintenancePublisher{
+			ConfigMapPublisher: maintenance.ConfigMapPublisher{ConfigMaps: o.Client.CoreV1().ConfigMaps(o.Namespace), BSLS: o.BSLS},
+			space:              o.space,
+		},
 		Verify: o.Verify, Log: log,
 	}
 	if o.MaintenanceLease != "" {

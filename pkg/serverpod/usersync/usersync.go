@@ -166,6 +166,11 @@ type Options struct {
 	Pod                  string
 	StorageCheckInterval time.Duration
 	Log                  logr.Logger
+
+	// space, when set, is shared with the pod's other writers (Serve's
+	// maintenance), whose refused writes it holds too; New makes one
+	// otherwise.
+	space *spaceState
 }
 
 // work is an item of a Syncer's queue: one kind of work on the repository.
@@ -248,6 +253,9 @@ type Syncer struct {
 	// storage is the storage state last published; nil before the first
 	// check. Only the storage check's goroutine touches it.
 	storage *maintenancestate.StorageState
+	// space is the storage's space and the writes it refused, which the
+	// storage check publishes and /metrics exports.
+	space *spaceState
 	// retentionErr is the last retention run's failure, so that a run that
 	// keeps failing the same way is one Event, not one per interval. Only
 	// Run's goroutine touches it.
@@ -267,6 +275,9 @@ func New(opts Options) *Syncer {
 	if opts.RetentionInterval <= 0 {
 		opts.RetentionInterval = time.Hour
 	}
+	if opts.space == nil {
+		opts.space = &spaceState{}
+	}
 	backoff := workqueue.NewTypedItemExponentialFailureRateLimiter[work](opts.RetryAfter, opts.Resync)
 	return &Syncer{
 		opts:     opts,
@@ -275,6 +286,7 @@ func New(opts Options) *Syncer {
 		status:   errNotSynced,
 		activity: activityscan.New(),
 		stats:    &repostats.Collector{},
+		space:    opts.space,
 	}
 }
 
@@ -398,6 +410,7 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(s.serving(lister, err), err, users)
+		s.noteWrite(err)
 		if err != nil {
 			// When is AddRateLimited's delay, taken here to log it.
 			delay := s.backoff.When(syncUsers)
