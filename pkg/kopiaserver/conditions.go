@@ -82,6 +82,10 @@ const (
 	ReasonHashPending = "HashPending"
 	// ReasonWaitingForServer: users are written; no server applied them yet.
 	ReasonWaitingForServer = "WaitingForServer"
+	// ReasonUsersNotApplied: a server pod could not apply the users to
+	// the repository (a full or failing storage): users added since
+	// cannot log in through it; the message carries the storage's words.
+	ReasonUsersNotApplied = "UsersNotApplied"
 
 	// ReasonStorageReachable: every server pod's last check of the
 	// repository's storage reached it.
@@ -360,6 +364,11 @@ func decide(obs observations) decision {
 	case !server.available:
 		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonWaitingForServer,
 			fmt.Sprintf("%d users written to the users Secrets; no server pod has applied them yet", users.Count))
+	case len(usersNotApplied(obs.Now, obs.Storage)) > 0:
+		synced = cond(v1alpha1.ConditionUsersSynced, metav1.ConditionFalse, ReasonUsersNotApplied,
+			fmt.Sprintf("%d users written to the users Secrets, but the repository did not take them (%s): users added since cannot log in until it does; "+
+				"removed users and changed passwords are refused meanwhile by the session gate. Check StorageSpace and StorageAvailable",
+				users.Count, strings.Join(usersNotApplied(obs.Now, obs.Storage), "; ")))
 	default:
 		msg := fmt.Sprintf("%d users written; the server applies them by diff at once", users.Count)
 		if len(users.Refused) > 0 {
@@ -410,6 +419,20 @@ func decide(obs observations) decision {
 	}
 	d.Conditions = append(d.Conditions, ready)
 	return d
+}
+
+// usersNotApplied names each server pod whose last user sync, as its
+// fresh storage state says, could not apply the users to the repository,
+// with why, sorted.
+func usersNotApplied(now time.Time, states map[string]maintenancestate.StorageState) []string {
+	var out []string
+	for pod, st := range states {
+		if st.UsersNotApplied != "" && now.Sub(st.CheckedAt) <= maintenancestate.StorageStale {
+			out = append(out, "server pod "+pod+": "+st.UsersNotApplied)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // storageCondition is StorageAvailable from what the server pods last

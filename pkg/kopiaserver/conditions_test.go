@@ -207,6 +207,27 @@ var decideCases = []decideCase{
 		requeue: 2*time.Minute + time.Second, // main-server-b's state grows stale,
 	},
 	{
+		name: "a server pod could not apply the users to a full storage: UsersSynced is False with the storage's words",
+		obs: func(o *observations) {
+			o.Deployment = deployment(2, 2)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{
+				"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, UsersNotApplied: "write users: no space left on device"},
+				"main-server-b": {Available: true, Since: decideNow, CheckedAt: decideNow},
+				"main-server-c": {Available: true, Since: decideNow, CheckedAt: decideNow.Add(-maintenancestate.StorageStale - time.Second), UsersNotApplied: "a pod that is gone"},
+			}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionUsersSynced: {metav1.ConditionFalse, ReasonUsersNotApplied, []string{
+				"1 users written to the users Secrets, but the repository did not take them (server pod main-server-a: write users: no space left on device)",
+				"removed users and changed passwords are refused meanwhile by the session gate",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: UsersSynced"}},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second, // the fresh states grow stale
+	},
+	{
 		name: "a server pod cannot reach the storage: StorageAvailable is False with the storage's words, and the BSLS is not Ready",
 		obs: func(o *observations) {
 			o.Deployment = deployment(2, 2)

@@ -118,6 +118,11 @@ type StorageState struct {
 	// volume gained 1% of its capacity since.
 	Refused   string    `json:"refused,omitempty"`
 	RefusedAt time.Time `json:"refusedAt,omitzero"`
+	// UsersNotApplied is why the pod's last user sync could not apply the
+	// users Secrets to the repository (a full or failing storage), empty
+	// once one did: users added since cannot log in through this pod
+	// yet, while its session gate enforces removals and new passwords.
+	UsersNotApplied string `json:"usersNotApplied,omitempty"`
 }
 
 // StorageSpace is a filesystem's space, as statfs says: FreeBytes is what

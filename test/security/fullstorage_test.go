@@ -8,9 +8,11 @@ import (
 	"github.com/kopia/kopia/repo/manifest"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -72,6 +74,15 @@ var _ = Describe("A deleted VM's leaked password, while the storage is full", Or
 			"leaky's user leaves the users Secrets with its VM")
 		Eventually(s.Pod.Containers["user-sync"].Log).WithTimeout(guestACLSyncTimeout).Should(ContainSubstring("no space left on device"),
 			"user sync tried to write the removal into the full repository, and could not")
+
+		Eventually(func() *metav1.Condition {
+			b := &v1alpha1.BackupStorageLocationServer{}
+			Expect(platform.API.Client.Get(ctx, client.ObjectKeyFromObject(s.BSLS), b)).To(Succeed())
+			return meta.FindStatusCondition(b.Status.Conditions, v1alpha1.ConditionUsersSynced)
+		}).WithTimeout(guestACLSyncTimeout).Should(And(
+			HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "UsersNotApplied"),
+			HaveField("Message", ContainSubstring("no space left on device"))),
+			"the admin is told that the users Secrets are not applied, and why")
 
 		Eventually(reads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
 			"the session leaky's password opened still reads the repository")
