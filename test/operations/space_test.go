@@ -147,12 +147,15 @@ var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func(
 			HaveField("Refused", ContainSubstring("no space left on device"))))
 		Eventually(conditions).WithTimeout(toldWithin).WithPolling(time.Second).Should(HaveKeyWithValue(v1alpha1.ConditionStorageSpace,
 			condition(metav1.ConditionFalse, kopiaserver.ReasonStorageFull, "refused writes for want of space", "no space left on device")), published)
+		Eventually(conditions).WithTimeout(toldWithin).WithPolling(time.Second).Should(HaveKeyWithValue(v1alpha1.ConditionUsersSynced,
+			condition(metav1.ConditionFalse, kopiaserver.ReasonUsersNotApplied, "no space left on device", "cannot log in until it does")), published)
 	})
 
 	It("is Sufficient and Ready again once there is space, and the guests snapshot again by themselves", func() {
 		Expect(os.Remove(ballast)).To(Succeed())
 		Eventually(conditions).WithTimeout(toldWithin).WithPolling(time.Second).Should(And(
 			HaveKeyWithValue(v1alpha1.ConditionStorageSpace, condition(metav1.ConditionTrue, kopiaserver.ReasonSufficient)),
+			HaveKeyWithValue(v1alpha1.ConditionUsersSynced, condition(metav1.ConditionTrue, kopiaserver.ReasonUsersSynced)),
 			HaveKeyWithValue(v1alpha1.ConditionReady, condition(metav1.ConditionTrue, kopiaserver.ReasonReady)),
 		), published)
 		Expect(states()).To(HaveEach(HaveField("Refused", BeEmpty())), "the refused write was written once there was space")
