@@ -55,11 +55,27 @@ const DefaultInterval = time.Minute
 // be compacted now.
 func Due(count int) bool { return count >= Threshold }
 
+// Contents is a set of manifest contents, by ID.
+type Contents map[content.ID]struct{}
+
+// Replaced reports whether a content of before is missing from after: some
+// writer compacted them in between (only compaction deletes manifest
+// contents), and a Kopia server that last read the index before it still
+// counts the replaced ones.
+func Replaced(before, after Contents) bool {
+	for id := range before {
+		if _, ok := after[id]; !ok {
+			return true
+		}
+	}
+	return false
+}
+
 // Result is what one pass found and did.
 type Result struct {
-	// Before and After are the numbers of manifest contents before and
-	// after the pass; Bytes the packed bytes they took before and after.
-	Before, After           int
+	// Before and After are the manifest contents before and after the
+	// pass; BytesBefore and BytesAfter their packed bytes.
+	Before, After           Contents
 	BytesBefore, BytesAfter int64
 	// Compacted is set when the pass compacted.
 	Compacted bool
@@ -73,27 +89,25 @@ type Server interface {
 
 // Pass refreshes r's view of the repository and, when Due, compacts its
 // manifest contents into one with Kopia's own compaction, in a write
-// session of r, then makes server (when not nil) refresh: the server counts
-// manifest contents in its own view of the index, where the ones the
-// compaction replaced stay until it refreshes, and would still compact them
-// on a guest's read. Compaction rewrites every live manifest entry unchanged (ID,
-// labels, time, payload) and marks the old contents deleted; Kopia's
-// maintenance later drops them.
+// session of r. Compaction rewrites every live manifest entry unchanged (ID,
+// labels, time, payload) into one content and marks the old contents
+// deleted; Kopia's maintenance later drops them.
 //
-// Its cost: a pass that is not due reads the index only; a due one reads
-// every manifest content (BytesBefore) and writes one content of about
+// Its cost: a pass that is not due reads the index only (a refresh: one
+// listing of the index blobs, and a read of the new ones); a due one also
+// reads every manifest content (BytesBefore) and writes one content of about
 // BytesAfter in a pack blob, one index blob and a session marker.
-func Pass(ctx context.Context, r repo.DirectRepository, server Server) (Result, error) {
+func Pass(ctx context.Context, r repo.DirectRepository) (Result, error) {
 	if err := r.Refresh(ctx); err != nil {
 		return Result{}, fmt.Errorf("refresh the repository's index: %w", err)
 	}
 	var res Result
 	var err error
-	if res.Before, res.BytesBefore, err = count(ctx, r.ContentReader()); err != nil {
+	if res.Before, res.BytesBefore, err = list(ctx, r.ContentReader()); err != nil {
 		return res, err
 	}
 	res.After, res.BytesAfter = res.Before, res.BytesBefore
-	if !Due(res.Before) {
+	if !Due(len(res.Before)) {
 		return res, nil
 	}
 	err = repo.DirectWriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "guestbackup manifest compaction"},
@@ -114,45 +128,58 @@ func Pass(ctx context.Context, r repo.DirectRepository, server Server) (Result, 
 		return res, err
 	}
 	res.Compacted = true
-	if server != nil {
-		if err := server.Refresh(ctx); err != nil {
-			return res, fmt.Errorf("refresh the Kopia server after compacting manifest contents: %w", err)
-		}
-	}
 	if err := r.Refresh(ctx); err != nil {
 		return res, fmt.Errorf("refresh the repository's index: %w", err)
 	}
-	if res.After, res.BytesAfter, err = count(ctx, r.ContentReader()); err != nil {
+	if res.After, res.BytesAfter, err = list(ctx, r.ContentReader()); err != nil {
 		return res, err
 	}
 	return res, nil
 }
 
-// count is the number of manifest contents the index lists, and their
-// packed bytes.
-func count(ctx context.Context, cr content.Reader) (n int, bytes int64, err error) {
-	err = cr.IterateContents(ctx, content.IterateOptions{Range: index.PrefixRange(manifest.ContentPrefix)},
+// list is the manifest contents the index lists, and their packed bytes.
+func list(ctx context.Context, cr content.Reader) (Contents, int64, error) {
+	ids := Contents{}
+	var bytes int64
+	err := cr.IterateContents(ctx, content.IterateOptions{Range: index.PrefixRange(manifest.ContentPrefix)},
 		func(ci content.Info) error {
-			n++
+			ids[ci.ContentID] = struct{}{}
 			bytes += int64(ci.PackedLength)
 			return nil
 		})
 	if err != nil {
-		return 0, 0, fmt.Errorf("list manifest contents: %w", err)
+		return nil, 0, fmt.Errorf("list manifest contents: %w", err)
 	}
-	return n, bytes, nil
+	return ids, bytes, nil
 }
 
-// Keeper runs Pass on a schedule.
+// Keeper runs Pass on a schedule, and makes the Kopia server beside it
+// re-read the index whenever manifest contents it may still count were
+// replaced, by this Keeper or any other writer (user sync's, maintenance's,
+// another replica's): the server counts manifest contents in its own view of
+// the index, and while the replaced ones are there it would still compact
+// them on a guest's read.
 type Keeper struct {
 	// Repository is the server pod's own connection, opened for writing.
 	Repository repo.Repository
-	// Server is the Kopia server beside it, refreshed after a compaction.
+	// Server is the Kopia server beside it.
 	Server Server
 	// Interval between passes; DefaultInterval when zero.
 	Interval time.Duration
 	// Log receives each compaction and each failure.
 	Log logr.Logger
+}
+
+// Start runs the Keeper until ctx ends or stop is called; stop returns
+// once it has.
+func Start(ctx context.Context, k Keeper) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // Run passes every Interval (with jitter, so that a BSLS's replicas spread
@@ -169,13 +196,34 @@ func (k Keeper) Run(ctx context.Context) {
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
+	// served is what the server was last known to have read; nil until
+	// the first refresh, as another writer may have compacted since the
+	// server opened the repository.
+	var served Contents
 	wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
-		res, err := Pass(ctx, dr, k.Server)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			k.Log.Error(err, "manifest compaction failed; guests' reads need a write once 16 manifest contents accumulate", "contents", res.Before)
-		case res.Compacted:
-			k.Log.Info("manifest contents compacted", "before", res.Before, "after", res.After, "bytesBefore", res.BytesBefore, "bytesAfter", res.BytesAfter)
+		res, err := Pass(ctx, dr)
+		if err != nil {
+			if ctx.Err() == nil {
+				k.Log.Error(err, "manifest compaction failed; guests' reads need a write once Kopia's threshold of manifest contents is reached",
+					"contents", len(res.Before), "threshold", KopiaThreshold)
+			}
+			return
 		}
+		if res.Compacted {
+			k.Log.Info("manifest contents compacted", "before", len(res.Before), "after", len(res.After),
+				"bytesBefore", res.BytesBefore, "bytesAfter", res.BytesAfter)
+		}
+		if k.Server == nil {
+			return
+		}
+		if served == nil || res.Compacted || Replaced(served, res.After) {
+			if err := k.Server.Refresh(ctx); err != nil {
+				if ctx.Err() == nil {
+					k.Log.Error(err, "the Kopia server did not re-read the index; until it does, it may compact manifest contents on a guest's read")
+				}
+				return
+			}
+		}
+		served = res.After
 	}, interval, 0.1, true)
 }
