@@ -60,6 +60,7 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		server *testbed.KopiaServer
 		// pod is the server pod's own connection to the repository.
 		pod            repo.Repository
+		control        *serverpod.ControlClient
 		victim, filler *testbed.KopiaClient
 	)
 
@@ -71,6 +72,8 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		pod, err = repo.Open(ctx, server.ConfigFile, server.RepoPassword, &repo.Options{})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(pod.Close(context.Background())).To(Succeed()) })
+		control = serverpod.NewControlClient(server.URL, testbed.ControlUsername, server.ControlPassword, []*x509.Certificate{server.CA.Cert})
+		DeferCleanup(control.Close)
 
 		victimPassword, fillerPassword := testbed.RandomPassword(), testbed.RandomPassword()
 		server.AddUser(GinkgoT(), "victim@guests", victimPassword)
@@ -91,9 +94,7 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			control := serverpod.NewControlClient(server.URL, testbed.ControlUsername, server.ControlPassword, []*x509.Certificate{server.CA.Cert})
-			defer control.Close()
-			readkeeper.Keeper{Repository: pod, Server: control, Interval: time.Second, Log: GinkgoLogr}.Run(keeperCtx)
+			(&readkeeper.Keeper{Repository: pod, Server: control, Interval: time.Second, Log: GinkgoLogr}).Run(keeperCtx)
 		}()
 		DeferCleanup(func() { stop(); <-done })
 
@@ -145,6 +146,53 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		snapshotOf(ctx, victim, precious)
 		snapshotOf(ctx, filler, small)
 		Expect(victim.SnapshotIDs(ctx, precious)).To(HaveLen(2))
+	})
+
+	// The storage filled up right after the 16th manifest content: no pass
+	// came in between. Without the reserve, the victim cannot list until
+	// space comes back.
+	It("compacts in the reserve's space when the volume filled up before a pass could compact", func() {
+		keeper := &readkeeper.Keeper{Repository: pod, Server: control, Log: GinkgoLogr}
+		Expect(keeper.Step(ctx)).To(Succeed())
+		reserve := filepath.Join(server.RepoPath, readkeeper.ReserveName)
+		Expect(os.Stat(reserve)).To(HaveField("Size()", BeNumerically(">=", readkeeper.ReserveSize(0))))
+
+		By("the victim backs up; the filler snapshots until 16 manifest contents wait for compaction")
+		precious := GinkgoT().TempDir()
+		randomFile(filepath.Join(precious, "precious"), 4096)
+		snapshotOf(ctx, victim, precious)
+		small := GinkgoT().TempDir()
+		for i := range 11 {
+			randomFile(filepath.Join(small, fmt.Sprintf("f%d", i)), 1000)
+			snapshotOf(ctx, filler, small)
+		}
+		free, err := testbed.FreeBytes(volume)
+		Expect(err).NotTo(HaveOccurred())
+		big := GinkgoT().TempDir()
+		randomFile(filepath.Join(big, "big"), int(free*3/4))
+		snapshotOf(ctx, filler, big)
+		Expect(manifestContents(ctx, pod)).To(Equal(readkeeper.KopiaThreshold))
+		_, err = testbed.FillVolume(volume, 0)
+		Expect(err).NotTo(HaveOccurred())
+
+		By("the victim's listing needs a write that the full volume refuses")
+		_, err = victim.SnapshotIDs(ctx, precious)
+		Expect(err).To(MatchError(ContainSubstring("error auto-compacting contents")))
+		Expect(err).To(MatchError(ContainSubstring("no space left on device")))
+
+		By("the Keeper's next step compacts in the reserve's space")
+		Expect(keeper.Step(ctx)).To(Succeed())
+		Expect(manifestContents(ctx, pod)).To(Equal(1))
+		Expect(testbed.FreeBytes(volume)).To(BeNumerically("<", readkeeper.ReserveSize(0)), "the volume is still full but for what is left of the reserve")
+
+		By("the victim lists and restores its snapshot")
+		ids, err := victim.SnapshotIDs(ctx, precious)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		target := filepath.Join(GinkgoT().TempDir(), "restored")
+		out, err := victim.Run(ctx, "snapshot", "restore", ids[0], target)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(os.ReadFile(filepath.Join(target, "precious"))).To(Equal(must(os.ReadFile(filepath.Join(precious, "precious")))))
 	})
 })
 

@@ -159,6 +159,12 @@ func list(ctx context.Context, cr content.Reader) (Contents, int64, error) {
 // another replica's): the server counts manifest contents in its own view of
 // the index, and while the replaced ones are there it would still compact
 // them on a guest's read.
+//
+// On a filesystem storage it also holds a reserve (ReserveName, of
+// ReserveSize): when a due compaction fails, most likely because the
+// volume is full, it gives the reserve back and compacts again at once, so
+// that guests read without writing even when the volume filled up before a
+// pass could compact.
 type Keeper struct {
 	// Repository is the server pod's own connection, opened for writing.
 	Repository repo.Repository
@@ -168,11 +174,15 @@ type Keeper struct {
 	Interval time.Duration
 	// Log receives each compaction and each failure.
 	Log logr.Logger
+
+	// served is what the server was last known to have read; nil until
+	// the first refresh, as another writer may have compacted since the
+	// server opened the repository.
+	served Contents
 }
 
-// Start runs the Keeper until ctx ends or stop is called; stop returns
-// once it has.
-func Start(ctx context.Context, k Keeper) (stop func()) {
+// Start runs k until ctx ends or stop is called; stop returns once it has.
+func Start(ctx context.Context, k *Keeper) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -182,48 +192,60 @@ func Start(ctx context.Context, k Keeper) (stop func()) {
 	return func() { cancel(); <-done }
 }
 
-// Run passes every Interval (with jitter, so that a BSLS's replicas spread
-// theirs) until ctx ends. A failed pass is logged and retried at the next:
-// on a full storage a due compaction fails as the guests' own would, and
-// succeeds once space is back.
-func (k Keeper) Run(ctx context.Context) {
-	dr, ok := k.Repository.(repo.DirectRepository)
-	if !ok {
-		k.Log.Error(errors.New("not a direct repository"), "manifest compaction disabled")
-		return
-	}
+// Run steps every Interval (with jitter, so that a BSLS's replicas spread
+// theirs) until ctx ends. A failed step is logged and tried again at the
+// next.
+func (k *Keeper) Run(ctx context.Context) {
 	interval := k.Interval
 	if interval <= 0 {
 		interval = DefaultInterval
 	}
-	// served is what the server was last known to have read; nil until
-	// the first refresh, as another writer may have compacted since the
-	// server opened the repository.
-	var served Contents
 	wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
-		res, err := Pass(ctx, dr)
-		if err != nil {
-			if ctx.Err() == nil {
-				k.Log.Error(err, "manifest compaction failed; guests' reads need a write once Kopia's threshold of manifest contents is reached",
-					"contents", len(res.Before), "threshold", KopiaThreshold)
-			}
-			return
+		if err := k.Step(ctx); err != nil && ctx.Err() == nil {
+			k.Log.Error(err, "guests' reads may need a write", "threshold", KopiaThreshold)
 		}
-		if res.Compacted {
-			k.Log.Info("manifest contents compacted", "before", len(res.Before), "after", len(res.After),
-				"bytesBefore", res.BytesBefore, "bytesAfter", res.BytesAfter)
-		}
-		if k.Server == nil {
-			return
-		}
-		if served == nil || res.Compacted || Replaced(served, res.After) {
-			if err := k.Server.Refresh(ctx); err != nil {
-				if ctx.Err() == nil {
-					k.Log.Error(err, "the Kopia server did not re-read the index; until it does, it may compact manifest contents on a guest's read")
-				}
-				return
-			}
-		}
-		served = res.After
 	}, interval, 0.1, true)
+}
+
+// Step is one pass, with the reserve's release when a due compaction
+// fails, the server's refresh when manifest contents were replaced, and the
+// reserve taken again as the volume allows.
+func (k *Keeper) Step(ctx context.Context) error {
+	dr, ok := k.Repository.(repo.DirectRepository)
+	if !ok {
+		return errors.New("manifest compaction needs a direct repository connection")
+	}
+	rsv := reserveOf(dr)
+	res, err := Pass(ctx, dr)
+	if err != nil && rsv != nil && Due(len(res.Before)) {
+		held, herr := rsv.held()
+		if herr == nil && held > 0 {
+			k.Log.Info("manifest compaction failed; compacting again in the reserve's space", "error", err.Error(), "reserve", held)
+			if rerr := rsv.release(); rerr != nil {
+				return errors.Join(err, rerr)
+			}
+			res, err = Pass(ctx, dr)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("manifest compaction (%d manifest contents): %w", len(res.Before), err)
+	}
+	if res.Compacted {
+		k.Log.Info("manifest contents compacted", "before", len(res.Before), "after", len(res.After),
+			"bytesBefore", res.BytesBefore, "bytesAfter", res.BytesAfter)
+	}
+	if k.Server != nil && (k.served == nil || res.Compacted || Replaced(k.served, res.After)) {
+		if err := k.Server.Refresh(ctx); err != nil {
+			return fmt.Errorf("the Kopia server did not re-read the index; until it does, it may compact manifest contents on a guest's read: %w", err)
+		}
+	}
+	k.served = res.After
+	if rsv != nil {
+		// The next compaction writes about what the manifests take now. A
+		// full volume holds it later: not an error of the Keeper's.
+		if err := rsv.hold(ReserveSize(max(res.BytesBefore, res.BytesAfter))); err != nil {
+			k.Log.V(1).Info("reserve not held yet", "reason", err.Error())
+		}
+	}
+	return nil
 }

@@ -26,6 +26,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/readkeeper"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
 
@@ -119,6 +120,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
 	o.Repository = r
 	o.Server = control
+	defer readkeeper.Start(ctx, &readkeeper.Keeper{Repository: r, Server: control, Log: o.Log.WithName("readkeeper")})()
 	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Log: o.Log.WithName("gate")})
 	if err != nil {
 		return err
