@@ -16,7 +16,11 @@
 // content manager, with a lower threshold), while the storage still takes
 // writes. When the storage then fills up, fewer than Kopia's 16 manifest
 // contents are left, nothing can add more, and the Kopia server loads them
-// without writing: listing and restoring keep working.
+// without writing: listing and restoring keep working. After any
+// compaction it makes the Kopia server re-read the index, and on a
+// filesystem storage it holds a reserve of space for the compaction that a
+// volume filled too early refused (Keeper). docs/operations.md ("A full
+// storage") gives the costs.
 package readkeeper
 
 import (
@@ -193,12 +197,18 @@ func Start(ctx context.Context, k *Keeper) (stop func()) {
 }
 
 // Run steps every Interval (with jitter, so that a BSLS's replicas spread
-// theirs) until ctx ends. A failed step is logged and tried again at the
-// next.
+// theirs) until ctx ends, the first after one Interval: the Kopia server,
+// starting beside it, reads a fresh index as it opens the repository. A
+// failed step is logged and tried again at the next.
 func (k *Keeper) Run(ctx context.Context) {
 	interval := k.Interval
 	if interval <= 0 {
 		interval = DefaultInterval
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(wait.Jitter(interval, 0.1)):
 	}
 	wait.JitterUntilWithContext(ctx, func(ctx context.Context) {
 		if err := k.Step(ctx); err != nil && ctx.Err() == nil {
