@@ -85,42 +85,68 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 	})
 
-	// Without the Keeper the filler's snapshots leave 16 manifest contents,
-	// and the victim's listing fails: "unable to find snapshot manifests:
-	// error auto-compacting contents: ... unable to write session marker:
-	// ... no space left on device".
-	It("lists and restores the victim's snapshots while no byte can be written, and snapshots again once space is back", func() {
-		keeperCtx, stop := context.WithCancel(ctx)
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
-			(&readkeeper.Keeper{Repository: pod, Server: control, Interval: time.Second, Log: GinkgoLogr}).Run(keeperCtx)
-		}()
-		DeferCleanup(func() { stop(); <-done })
-
-		By("the victim backs up its data")
+	// backUp is the victim's snapshot of its precious data, in the folder
+	// it returns.
+	backUp := func() string {
+		GinkgoHelper()
 		precious := GinkgoT().TempDir()
 		randomFile(filepath.Join(precious, "precious"), 4096)
 		snapshotOf(ctx, victim, precious)
+		return precious
+	}
 
-		By("the filler snapshots again and again: one more manifest content each time")
-		// Two users and the victim's snapshot made 4 manifest contents; 11
-		// more, and the filler's big snapshot below makes 16 where nothing
-		// compacts them.
+	// snapshotAgain is the filler's 11 small snapshots of the folder it
+	// returns, one more manifest content each: with the two users and the
+	// victim's snapshot, 15 where nothing compacts them.
+	snapshotAgain := func() string {
+		GinkgoHelper()
 		small := GinkgoT().TempDir()
 		for i := range 11 {
 			randomFile(filepath.Join(small, fmt.Sprintf("f%d", i)), 1000)
 			snapshotOf(ctx, filler, small)
 		}
-		Eventually(func() int { return manifestContents(ctx, pod) }).Should(BeNumerically("<", readkeeper.Threshold),
-			"manifest contents left for the Kopia server to compact on its next load")
+		return small
+	}
 
-		By("the filler takes the whole volume, with one more snapshot")
+	// takeMost is the filler's snapshot of three quarters of what the
+	// volume has left: the 16th manifest content where nothing compacts.
+	takeMost := func() {
+		GinkgoHelper()
 		free, err := testbed.FreeBytes(volume)
 		Expect(err).NotTo(HaveOccurred())
 		big := GinkgoT().TempDir()
 		randomFile(filepath.Join(big, "big"), int(free*3/4))
 		snapshotOf(ctx, filler, big)
+	}
+
+	// restores is the victim listing its one snapshot of precious and
+	// restoring it byte for byte.
+	restores := func(precious string) {
+		GinkgoHelper()
+		ids, err := victim.SnapshotIDs(ctx, precious)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		target := filepath.Join(GinkgoT().TempDir(), "restored")
+		out, err := victim.Run(ctx, "snapshot", "restore", ids[0], target)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(os.ReadFile(filepath.Join(target, "precious"))).To(Equal(must(os.ReadFile(filepath.Join(precious, "precious")))))
+	}
+
+	// Without the Keeper the filler's snapshots leave 16 manifest contents,
+	// and the victim's listing fails: "unable to find snapshot manifests:
+	// error auto-compacting contents: ... unable to write session marker:
+	// ... no space left on device".
+	It("lists and restores the victim's snapshots while no byte can be written, and snapshots again once space is back", func() {
+		DeferCleanup(readkeeper.Start(ctx, &readkeeper.Keeper{Repository: pod, Server: control, Interval: time.Second, Log: GinkgoLogr}))
+
+		By("the victim backs up; the filler snapshots again and again")
+		precious := backUp()
+		small := snapshotAgain()
+		Eventually(func() int { return manifestContents(ctx, pod) }).Should(BeNumerically("<", readkeeper.Threshold),
+			"manifest contents left for the Kopia server to compact on its next load")
+
+		By("the filler takes the whole volume")
+		takeMost()
 		ballast, err := testbed.FillVolume(volume, 0)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(testbed.FreeBytes(volume)).To(BeZero())
@@ -129,16 +155,9 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		Expect(err).To(HaveOccurred(), "a snapshot on a full volume: %s", out)
 		Expect(out).To(ContainSubstring("no space left on device"))
 		contents := manifestContents(ctx, pod)
-		GinkgoLogr.Info("volume full", "manifestContents", contents)
 
 		By("the victim lists and restores its snapshot")
-		ids, err := victim.SnapshotIDs(ctx, precious)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(ids).To(HaveLen(1))
-		target := filepath.Join(GinkgoT().TempDir(), "restored")
-		out, err = victim.Run(ctx, "snapshot", "restore", ids[0], target)
-		Expect(err).NotTo(HaveOccurred(), out)
-		Expect(os.ReadFile(filepath.Join(target, "precious"))).To(Equal(must(os.ReadFile(filepath.Join(precious, "precious")))))
+		restores(precious)
 		Expect(manifestContents(ctx, pod)).To(Equal(contents), "the reads wrote no manifest content")
 
 		By("space comes back: every guest snapshots again, with nothing done in the guest")
@@ -157,22 +176,12 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		reserve := filepath.Join(server.RepoPath, readkeeper.ReserveName)
 		Expect(os.Stat(reserve)).To(HaveField("Size()", BeNumerically(">=", readkeeper.ReserveSize(0))))
 
-		By("the victim backs up; the filler snapshots until 16 manifest contents wait for compaction")
-		precious := GinkgoT().TempDir()
-		randomFile(filepath.Join(precious, "precious"), 4096)
-		snapshotOf(ctx, victim, precious)
-		small := GinkgoT().TempDir()
-		for i := range 11 {
-			randomFile(filepath.Join(small, fmt.Sprintf("f%d", i)), 1000)
-			snapshotOf(ctx, filler, small)
-		}
-		free, err := testbed.FreeBytes(volume)
-		Expect(err).NotTo(HaveOccurred())
-		big := GinkgoT().TempDir()
-		randomFile(filepath.Join(big, "big"), int(free*3/4))
-		snapshotOf(ctx, filler, big)
+		By("the victim backs up; the filler snapshots until 16 manifest contents wait, and fills the volume")
+		precious := backUp()
+		snapshotAgain()
+		takeMost()
 		Expect(manifestContents(ctx, pod)).To(Equal(readkeeper.KopiaThreshold))
-		_, err = testbed.FillVolume(volume, 0)
+		_, err := testbed.FillVolume(volume, 0)
 		Expect(err).NotTo(HaveOccurred())
 
 		By("the victim's listing needs a write that the full volume refuses")
@@ -186,13 +195,7 @@ var _ = Describe("A guest's reads on a storage another guest filled", func() {
 		Expect(testbed.FreeBytes(volume)).To(BeNumerically("<", readkeeper.ReserveSize(0)), "the volume is still full but for what is left of the reserve")
 
 		By("the victim lists and restores its snapshot")
-		ids, err := victim.SnapshotIDs(ctx, precious)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(ids).To(HaveLen(1))
-		target := filepath.Join(GinkgoT().TempDir(), "restored")
-		out, err := victim.Run(ctx, "snapshot", "restore", ids[0], target)
-		Expect(err).NotTo(HaveOccurred(), out)
-		Expect(os.ReadFile(filepath.Join(target, "precious"))).To(Equal(must(os.ReadFile(filepath.Join(precious, "precious")))))
+		restores(precious)
 	})
 })
 
