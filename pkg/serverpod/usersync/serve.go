@@ -26,6 +26,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/readkeeper"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
 
@@ -122,6 +123,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	defer r.Close(context.Background()) //nolint:errcheck // nothing left to flush at exit
 	o.Repository = r
 	o.Server = control
+	defer readkeeper.Start(ctx, &readkeeper.Keeper{Repository: r, Server: control, Log: o.Log.WithName("readkeeper")})()
 	// The gate asks the syncer whom the users Secrets list; the syncer
 	// ends sessions at the gate.
 	syncer := New(o.Options)
