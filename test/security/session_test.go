@@ -23,6 +23,17 @@ import (
 // does not succeed within this is refused.
 const heldCallTimeout = 20 * time.Second
 
+// heldReads sends one request on r's session: what a mounted snapshot or a
+// long restore does again and again.
+func heldReads(r repo.Repository) func() error {
+	return func() error {
+		ctx, cancel := context.WithTimeout(ctx, heldCallTimeout)
+		defer cancel()
+		_, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: "snapshot"})
+		return err
+	}
+}
+
 // A VM's password leaks; its owner rotates it (guestbackup.io/rotate).
 // Whoever holds the old password loses the repository, a session opened
 // before the rotation included: Kopia's server authenticates and authorizes
@@ -36,16 +47,6 @@ var _ = Describe("A session held open with a password that is then rotated", Ord
 		// session for as long as it runs.
 		held repo.Repository
 	)
-	// reads sends one request on r's session.
-	reads := func(r repo.Repository) func() error {
-		return func() error {
-			ctx, cancel := context.WithTimeout(ctx, heldCallTimeout)
-			defer cancel()
-			_, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: "snapshot"})
-			return err
-		}
-	}
-
 	BeforeAll(func() {
 		newNamespace(ns, nil)
 		s = serveBSLS(&v1alpha1.BackupStorageLocationServer{
@@ -55,7 +56,7 @@ var _ = Describe("A session held open with a password that is then rotated", Ord
 		createVM(platform.API.Client, ns, "db", ns+"/main")
 		username, oldPassword = waitProvisioned(s, ns, "db")
 		held = guestOpen(s, username, oldPassword)
-		Expect(reads(held)()).To(Succeed(), "the holder of db's password holds a session")
+		Expect(heldReads(held)()).To(Succeed(), "the holder of db's password holds a session")
 	})
 
 	It("ends the session opened with the old password; the new one logs in", func() {
@@ -72,7 +73,7 @@ var _ = Describe("A session held open with a password that is then rotated", Ord
 			return newPassword
 		}).WithTimeout(provisionTimeout).ShouldNot(Equal(oldPassword))
 
-		Eventually(reads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
+		Eventually(heldReads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
 			"a session opened with db's old password still reads the repository after the rotation")
 		Eventually(guestBSLSEvents(s.BSLS)).WithTimeout(guestACLSyncTimeout).Should(ContainElement(And(
 			HavePrefix("Normal SessionsEnded: "), ContainSubstring(username+": 1 (password changed)"))))
