@@ -35,6 +35,8 @@ import (
 	"github.com/kopia/kopia/repo/content/index"
 	"github.com/kopia/kopia/repo/manifest"
 	"k8s.io/apimachinery/pkg/util/wait"
+
+	"github.com/guestbackup/guestbackup/pkg/storagespace"
 )
 
 // KopiaThreshold is the number of manifest contents at which Kopia
@@ -227,7 +229,10 @@ func (k *Keeper) Step(ctx context.Context) error {
 	}
 	rsv := reserveOf(dr)
 	res, err := Pass(ctx, dr)
-	if err != nil && rsv != nil && Due(len(res.Before)) {
+	// Only a refusal for want of space is worth the reserve: any other
+	// failure (a cancelled context, a manifest that does not parse) would
+	// fail again in its space.
+	if err != nil && rsv != nil && Due(len(res.Before)) && storagespace.Refused(err) {
 		held, herr := rsv.held()
 		if herr == nil && held > 0 {
 			k.Log.Info("manifest compaction failed; compacting again in the reserve's space", "error", err.Error(), "reserve", held)
@@ -238,6 +243,7 @@ func (k *Keeper) Step(ctx context.Context) error {
 		}
 	}
 	if err != nil {
+		k.holdReserve(rsv, res)
 		return fmt.Errorf("manifest compaction (%d manifest contents): %w", len(res.Before), err)
 	}
 	if res.Compacted {
@@ -250,12 +256,18 @@ func (k *Keeper) Step(ctx context.Context) error {
 		}
 	}
 	k.served = res.After
-	if rsv != nil {
-		// The next compaction writes about what the manifests take now. A
-		// full volume holds it later: not an error of the Keeper's.
-		if err := rsv.hold(ReserveSize(max(res.BytesBefore, res.BytesAfter))); err != nil {
-			k.Log.V(1).Info("reserve not held yet", "reason", err.Error())
-		}
-	}
+	k.holdReserve(rsv, res)
 	return nil
+}
+
+// holdReserve takes the reserve (again) for the next compaction, which
+// writes about what the manifests take now; a full volume holds it later,
+// which is not an error of the Keeper's.
+func (k *Keeper) holdReserve(rsv *reserve, res Result) {
+	if rsv == nil {
+		return
+	}
+	if err := rsv.hold(ReserveSize(max(res.BytesBefore, res.BytesAfter))); err != nil {
+		k.Log.V(1).Info("reserve not held yet", "reason", err.Error())
+	}
 }
