@@ -420,6 +420,15 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer finish()
+	ctx, end := context.WithCancelCause(r.Context())
+	defer end(nil)
+	s := &session{end: end}
+	// Tracked before the directory answers, so that an End between its
+	// answer and the Kopia server's reaches this session too.
+	g.track(user, s)
+	// Untracked even when the proxy aborts the stream by a panic
+	// (http.ErrAbortHandler), as it does when End cuts it mid-response.
+	defer g.untrack(user, s)
 	if g.directory != nil {
 		if err := g.directory.Admits(user, password); err != nil {
 			r.Context().Value(loginKey{}).(*loginTicket).done(loginDenied)
@@ -430,13 +439,7 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	ctx, end := context.WithCancelCause(r.Context())
-	defer end(nil)
-	s := &session{end: end}
-	g.track(user, s)
-	// Untracked even when the proxy aborts the stream by a panic
-	// (http.ErrAbortHandler), as it does when End cuts it mid-response.
-	defer g.untrack(user, s)
+	SessionsStarted.Inc()
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }
 
@@ -560,7 +563,6 @@ func (g *Gate) track(user string, s *session) {
 	}
 	g.sessions[user][s] = struct{}{}
 	OpenSessions.Inc()
-	SessionsStarted.Inc()
 }
 
 func (g *Gate) untrack(user string, s *session) {

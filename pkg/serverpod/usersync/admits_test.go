@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
@@ -131,35 +132,58 @@ func TestEndUnwritten(t *testing.T) {
 	}
 }
 
-// A pod that has applied the users serves guests while a sync cannot
-// write (a full storage): the gate enforces the Secrets, and guests must
-// still list and restore. An incomplete view of the Secrets, or no sync
-// applied yet, keeps it out of its Service.
+// A pod serves guests while a sync cannot write the users (a full
+// storage): the gate enforces the Secrets, and guests must still list and
+// restore, a pod that restarted on the full storage included. An
+// incomplete view of the Secrets keeps it out of its Service, and so do
+// access rules not yet guestbackup's before any sync applied the users.
 func TestServing(t *testing.T) {
 	full := errors.New("write users: no space left on device")
 	applied := &Access{Users: map[string]identity.Hash{}}
 	for _, tt := range []struct {
 		name         string
 		inForce      *Access
+		rulesInPlace bool
 		missingShard bool
 		err, want    error
 	}{
-		{name: "a sync that applied everything", inForce: applied},
-		{name: "the first sync, which could not write", err: full, want: full},
-		{name: "a later sync that could not write", inForce: applied, err: full},
-		{name: "a later sync whose view is incomplete", inForce: applied, missingShard: true, err: errShardUnreadable, want: errShardUnreadable},
+		{name: "a sync that applied everything", inForce: applied, rulesInPlace: true},
+		{name: "a later sync that could not write", inForce: applied, rulesInPlace: true, err: full},
+		{name: "a later sync that could not write the access rules", inForce: applied, err: full},
+		{name: "the first sync of a pod restarted on a full storage: the rules are in place, the users not written", rulesInPlace: true, err: full},
+		{name: "the first sync, which could not write the access rules", err: full, want: full},
+		{name: "a sync whose view is incomplete", inForce: applied, rulesInPlace: true, missingShard: true, err: full},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := New(Options{BSLS: "main"})
-			s.inForce = tt.inForce
+			s.inForce, s.rulesInPlace = tt.inForce, tt.rulesInPlace
 			l := listing(t, nil)
 			if tt.missingShard {
 				delete(l.stores, userset.SecretName("main", 3))
 			}
 			got := s.serving(l, tt.err)
-			if (got == nil) != (tt.want == nil) {
+			if tt.missingShard && !apierrors.IsNotFound(got) {
+				t.Errorf("serving: %v, want the missing shard", got)
+			}
+			if !tt.missingShard && !errors.Is(got, tt.want) {
 				t.Errorf("serving: %v, want %v", got, tt.want)
 			}
 		})
+	}
+}
+
+// The storage's words of a refused write are kept from the first refusal
+// until a write is taken, so that retries against the same full storage
+// publish nothing new.
+func TestNoteApplied(t *testing.T) {
+	s := New(Options{})
+	s.noteApplied(errors.New("write p1.tmp.aaaa: no space left on device"))
+	s.noteApplied(errors.New("write p1.tmp.bbbb: no space left on device"))
+	if got := s.NotApplied(); got != "write p1.tmp.aaaa: no space left on device" {
+		t.Errorf("NotApplied after two refusals: %q, want the first's words", got)
+	}
+	s.noteApplied(nil)
+	if got := s.NotApplied(); got != "" {
+		t.Errorf("NotApplied after a write was taken: %q", got)
 	}
 }

@@ -64,9 +64,7 @@ func (s *Syncer) checkStorage(ctx context.Context) {
 	if err != nil {
 		state.Error = err.Error()
 	}
-	if syncErr := s.SyncError(); syncErr != nil {
-		state.UsersNotApplied = syncErr.Error()
-	}
+	state.UsersNotApplied = s.NotApplied()
 	now := time.Now().UTC().Truncate(time.Second)
 	last := s.storage
 	if last != nil && last.Available == state.Available && last.Error == state.Error && last.Refused == state.Refused && last.UsersNotApplied == state.UsersNotApplied &&

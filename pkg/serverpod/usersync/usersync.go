@@ -21,6 +21,7 @@ package usersync
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"strings"
@@ -213,10 +214,11 @@ type Syncer struct {
 	stats *repostats.Collector
 
 	mu sync.Mutex
-	// status is why the pod may not serve guests (Ready); syncErr is the
-	// last sync's error, nil when it applied everything (SyncError).
-	status, syncErr error
-	users           int
+	// status is why the pod may not serve guests (Ready); notApplied the
+	// words of the write the repository refused (NotApplied).
+	status     error
+	notApplied string
+	users      int
 	// lister reads the users Secrets once Run watches them; reports are
 	// the guests' reports not published yet (package clientserver).
 	lister  corelisters.SecretNamespaceLister
@@ -245,6 +247,10 @@ type Syncer struct {
 	inForce *Access
 	changed []kopiauser.Change
 	removed []kopiauser.ACL
+	// rulesInPlace is whether the last sync found or wrote the
+	// repository's access rules exactly guestbackup's. Only Run's
+	// goroutine touches it.
+	rulesInPlace bool
 	// listed are the users the users Secrets listed when their removals
 	// and rotations last had their sessions ended, by a sync that applied
 	// them or one that could not (endUnwritten). Only Run's goroutine
@@ -290,24 +296,38 @@ func New(opts Options) *Syncer {
 	}
 }
 
-// Ready returns nil while the pod may serve guests, else why not: once a
-// sync has applied the users, until a view of the users Secrets is
-// incomplete. A sync that cannot write (a full or failing storage) leaves
+// Ready returns nil while the pod may serve guests, else why not (serving).
+// A sync that cannot write the users (a full or failing storage) leaves
 // it ready: the gate enforces the users Secrets by itself (Admits,
 // endUnwritten), and guests must still list and restore what they have;
-// SyncError says what was not written.
+// NotApplied says what was not written.
 func (s *Syncer) Ready() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.status
 }
 
-// SyncError is why the last sync did not apply the users Secrets to the
-// repository, nil when it did.
-func (s *Syncer) SyncError() error {
+// NotApplied is the storage's words when it refused to take the users or
+// the access rules user sync wrote, "" once a write was taken. The first
+// refusal's words stay until then, so that a sync retried against the
+// same full storage says nothing new.
+func (s *Syncer) NotApplied() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.syncErr
+	return s.notApplied
+}
+
+// noteApplied records whether a sync's write into the repository was
+// taken (err nil) or refused (NotApplied).
+func (s *Syncer) noteApplied(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case err == nil:
+		s.notApplied = ""
+	case s.notApplied == "":
+		s.notApplied = err.Error()
+	}
 }
 
 // Users is the number of users in the last successful sync.
@@ -320,20 +340,27 @@ func (s *Syncer) Users() int {
 func (s *Syncer) setStatus(status, err error, users int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.status, s.syncErr = status, err
+	s.status = status
 	if err == nil {
 		s.users = users
 	}
 }
 
 // serving is why the pod may not serve guests after a sync that ended
-// with err (Ready), nil when it may.
+// with err (Ready), nil when it may: while the view of the users Secrets
+// is complete, the gate enforces it whatever the repository holds, so a
+// failed write of the users keeps the pod serving. Until a sync has
+// applied the users, the access rules must be guestbackup's, as the Kopia
+// server, not the gate, enforces them.
 func (s *Syncer) serving(lister corelisters.SecretNamespaceLister, err error) error {
-	if err == nil || s.inForce == nil {
-		return err
+	if err == nil {
+		return nil
 	}
 	if _, _, viewErr := DesiredUsers(lister, s.opts.BSLS); viewErr != nil {
 		return viewErr
+	}
+	if s.inForce == nil && !s.rulesInPlace {
+		return err
 	}
 	return nil
 }
@@ -458,7 +485,9 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 		}
 	}
 	acls, err := kopiauser.SyncACLs(ctx, r, rules)
+	s.rulesInPlace = err == nil
 	if err != nil {
+		s.noteApplied(err)
 		return 0, err
 	}
 	s.removed = append(s.removed, acls.Removed...)
@@ -490,6 +519,7 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 	if usersErr == nil {
 		changes, err := kopiauser.Sync(ctx, r, desired)
 		if err != nil {
+			s.noteApplied(err)
 			return 0, err
 		}
 		s.changed = append(s.changed, changes...)
@@ -502,6 +532,7 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 	} else if s.inForce != nil {
 		now.Users = s.inForce.Users
 	}
+	s.noteApplied(nil)
 	applied := usersErr == nil || s.inForce != nil
 	revoked := Revocations(s.inForce, now, s.changed, s.removed)
 	if s.inForce == nil && usersErr == nil {
@@ -852,6 +883,11 @@ func (s *Syncer) Admits(user, password string) error {
 	switch {
 	case errors.Is(err, errShardUnreadable):
 		return nil
+	case errors.Is(err, errNotListed):
+		// As long as a wrong password takes, as Kopia does for a user it
+		// does not know: the answer's time tells no one who is listed.
+		decoyHash().Matches(password)
+		return err
 	case err != nil:
 		return err
 	}
@@ -863,6 +899,18 @@ func (s *Syncer) Admits(user, password string) error {
 	}
 	return nil
 }
+
+// decoyHash is a hash of no one's password, which Admits verifies for a
+// user the Secrets do not list.
+var decoyHash = sync.OnceValue(func() identity.Hash {
+	h, err := identity.NewHash(rand.Text(), identity.Scrypt)
+	if err != nil {
+		// Never with a valid version; an empty hash matches nothing
+		// at once, which is only faster.
+		return identity.Hash{}
+	}
+	return h
+})
 
 // Authenticate reports whether password is user's, by the hash the users
 // Secrets hold for it: the one the repository is synced to. Each call costs
