@@ -488,6 +488,23 @@ func notReadyFor(c metav1.Condition) bool {
 // leaves a day of guests' growth on most volumes to grow the claim in.
 const LowSpacePercent = 10
 
+// A volume with less free than fullBelow is full (StorageSpace
+// StorageFull): Kopia writes data in packs of up to FullBelowBytes (its
+// default maximum pack size) and removes a pack it could not finish, so a
+// volume a guest filled is left with less than a pack free, rarely with
+// none. On a small volume, FullBelowPercent of its capacity counts
+// instead, so that LowSpace still warns first.
+const (
+	FullBelowBytes   = 20 << 20
+	FullBelowPercent = 5
+)
+
+// fullBelow is the free space under which a volume of capacity bytes is
+// full.
+func fullBelow(capacity uint64) uint64 {
+	return min(FullBelowBytes, capacity*FullBelowPercent/100)
+}
+
 // spaceCondition is StorageSpace from what the server pods last found of
 // the storage, as of now: StorageFull when any refused write for want of
 // space is reported or the volume has no byte free, LowSpace below
@@ -527,8 +544,9 @@ func spaceCondition(b *v1alpha1.BackupStorageLocationServer, now time.Time, stat
 			msg += "; it has " + measured
 		}
 		return cond(metav1.ConditionFalse, ReasonStorageFull, msg+": "+fullAdvice(b))
-	case lowest != nil && lowest.FreeBytes == 0:
-		return cond(metav1.ConditionFalse, ReasonStorageFull, "The repository's volume ("+where+") is full, "+measured+": "+fullAdvice(b))
+	case lowest != nil && lowest.FreeBytes < fullBelow(lowest.CapacityBytes):
+		return cond(metav1.ConditionFalse, ReasonStorageFull, "The repository's volume ("+where+") is full, "+measured+
+			fmt.Sprintf(", less than Kopia's next pack may need (%s): %s", formatBytes(fullBelow(lowest.CapacityBytes)), fullAdvice(b)))
 	case lowest != nil && lowest.FreeBytes*100 < lowest.CapacityBytes*LowSpacePercent:
 		return cond(metav1.ConditionFalse, ReasonLowSpace, fmt.Sprintf("The repository's volume (%s) has %s, below %d%%: guests' snapshots fail once it is full. %s",
 			where, measured, LowSpacePercent, roomAdvice(b)))

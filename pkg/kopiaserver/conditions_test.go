@@ -269,15 +269,31 @@ var decideCases = []decideCase{
 			// The pods share the volume; the lowest measurement counts.
 			o.Storage = map[string]maintenancestate.StorageState{
 				"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(8<<20, 64<<20)},
-				"main-server-b": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(3<<20, 64<<20)},
+				"main-server-b": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(5<<20, 64<<20)},
 			}
 		},
 		want: map[string]wantCondition{
 			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonLowSpace, []string{
-				"has 3.0 MiB free of 64.0 MiB (4%), as server pod main-server-b measured, below 10%",
+				"has 5.0 MiB free of 64.0 MiB (7%), as server pod main-server-b measured, below 10%",
 				"Grow PersistentVolumeClaim backup/main-repository (its StorageClass must allow volume expansion)", "lower retention (spec.repository.defaultPolicy)",
 			}},
 			v1alpha1.ConditionReady: {metav1.ConditionTrue, ReasonReady, nil},
+		},
+		opened:  true,
+		requeue: maintenancestate.StorageStale + time.Second,
+	},
+	{
+		name: "a guest filled the volume: Kopia removed the pack it could not finish, so less than a pack is free, which is full",
+		obs: func(o *observations) {
+			o.Deployment = deployment(1, 1)
+			o.Users = users("web@backup")
+			o.Storage = map[string]maintenancestate.StorageState{"main-server-a": {Available: true, Since: decideNow, CheckedAt: decideNow, Space: space(7<<20, 100<<30)}}
+		},
+		want: map[string]wantCondition{
+			v1alpha1.ConditionStorageSpace: {metav1.ConditionFalse, ReasonStorageFull, []string{
+				"is full, 7.0 MiB free of 100.0 GiB (0%)", "less than Kopia's next pack may need (20.0 MiB)",
+			}},
+			v1alpha1.ConditionReady: {metav1.ConditionFalse, ReasonNotReady, []string{"Not True: StorageSpace"}},
 		},
 		opened:  true,
 		requeue: maintenancestate.StorageStale + time.Second,

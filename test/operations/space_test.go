@@ -113,7 +113,7 @@ var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func(
 
 	It("warns below 10% free, with what to do, and stays Ready", func() {
 		var err error
-		ballast, err = testbed.FillVolume(volume, 3<<20)
+		ballast, err = testbed.FillVolume(volume, 5<<20)
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(conditions).WithTimeout(toldWithin).WithPolling(time.Second).Should(HaveKeyWithValue(v1alpha1.ConditionStorageSpace,
 			condition(metav1.ConditionFalse, kopiaserver.ReasonLowSpace, "free of 64.0 MiB", "below 10%", "Grow PersistentVolumeClaim "+storageNamespace+"/"+kopiaserver.ClaimName(bsls))), published)
