@@ -1,6 +1,8 @@
 package security
 
 import (
+	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/kopia/kopia/repo"
@@ -86,5 +88,20 @@ var _ = Describe("A deleted VM's leaked password, while the storage is full", Or
 			WithTimeout(15*time.Second).WithPolling(time.Second).Should(Succeed(),
 			"the user-sync container's /readyz, though user sync cannot write")
 		Expect(s.Pod.Containers["user-sync"].Log()).To(ContainSubstring("no space left on device"), "user sync still fails to write")
+	})
+
+	It("serves again, the deleted VM's user refused, after its server pod restarts on the full storage", func() {
+		for _, c := range s.Pod.Containers {
+			c.Stop()
+		}
+		u, err := url.Parse(s.URL)
+		Expect(err).NotTo(HaveOccurred())
+		port, err := strconv.Atoi(u.Port())
+		Expect(err).NotTo(HaveOccurred())
+		pod, err := platform.ServeBSLS(ctx, GinkgoT(), s.BSLS, port)
+		Expect(err).NotTo(HaveOccurred(), "a new server pod on the same full claim becomes ready")
+		Expect(pod.Containers["user-sync"].Log()).To(ContainSubstring("no space left on device"), "its user sync could not write the removal either")
+		_, err = loginAs(s, username, password)
+		Expect(err).To(refusedLogin(), "the leaked password opens no session on the new pod")
 	})
 })
