@@ -867,8 +867,8 @@ var (
 
 // Admits returns nil when user may open a session with password now, by
 // the users Secrets rather than the repository (sessiongate.Directory): a
-// user they do not list is refused at once, whatever the repository still
-// holds. Where the hash they list is not the one the Kopia server enforces
+// user they do not list is refused, whatever the repository still holds,
+// after as long as a wrong password takes. Where the hash they list is not the one the Kopia server enforces
 // (a rotation user sync could not write yet, or before its first sync),
 // the password is verified here, at the cost of one hash; elsewhere the
 // Kopia server verifies it, as it would without the gate. While the user's
