@@ -88,12 +88,7 @@ func (v repositoryView) manifestContents() int {
 
 var _ = Describe("A filesystem BSLS whose volume one guest filled", func() {
 	It("lets the other guest list and restore its snapshot while no byte can be written, and snapshot again once space is back", func() {
-		c := startCluster()
-		DeferCleanup(c.lose)
-		c.createNamespaces()
-		port, err := testbed.FreePorts(2)
-		Expect(err).NotTo(HaveOccurred())
-		b := newBSLS(port)
+		c, b, port := startBSLS()
 		claim := testbed.SmallVolume(GinkgoT(), fullVolumeSize)
 		c.UseClaim(b, claim)
 		c.serve(b, port)

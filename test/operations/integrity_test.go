@@ -123,12 +123,9 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 	}
 
 	BeforeAll(func() {
-		c = startCluster()
-		DeferCleanup(c.lose)
-		c.createNamespaces()
-		port, err := testbed.FreePorts(2)
-		Expect(err).NotTo(HaveOccurred())
-		b := newBSLS(port)
+		var b *v1alpha1.BackupStorageLocationServer
+		var port int
+		c, b, port = startBSLS()
 		b.Spec.Repository.Maintenance = &v1alpha1.MaintenanceSpec{
 			VerifyInterval: &metav1.Duration{Duration: verifyEvery},
 			// More than the repository holds: every pass reads every pack

@@ -85,12 +85,9 @@ var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func(
 	}
 
 	BeforeAll(func() {
-		c = startCluster()
-		DeferCleanup(c.lose)
-		c.createNamespaces()
-		port, err := testbed.FreePorts(2)
-		Expect(err).NotTo(HaveOccurred())
-		b := newBSLS(port)
+		var b *v1alpha1.BackupStorageLocationServer
+		var port int
+		c, b, port = startBSLS()
 		volume = testbed.SmallVolume(GinkgoT(), smallVolume)
 		c.UseClaim(b, volume)
 		_, bsls = c.serve(b, port)

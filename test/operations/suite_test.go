@@ -120,6 +120,20 @@ func (c *cluster) createNamespaces() {
 // newBSLS is the admin's BSLS: a filesystem repository, guests of
 // admitted namespaces, reached on a loopback port (its clientURL, which
 // the server's certificate names).
+// startBSLS starts a cluster, lost when the calling container ends, with
+// its namespaces, and returns it with a BSLS (newBSLS, not created yet)
+// and the free server port it is to be served on (the client port is the
+// next one).
+func startBSLS() (*cluster, *v1alpha1.BackupStorageLocationServer, int) {
+	GinkgoHelper()
+	c := startCluster()
+	DeferCleanup(c.lose)
+	c.createNamespaces()
+	port, err := testbed.FreePorts(2)
+	Expect(err).NotTo(HaveOccurred())
+	return c, newBSLS(port), port
+}
+
 func newBSLS(port int) *v1alpha1.BackupStorageLocationServer {
 	return &v1alpha1.BackupStorageLocationServer{
 		ObjectMeta: metav1.ObjectMeta{Name: bslsName, Namespace: storageNamespace},
