@@ -67,6 +67,20 @@ import (
 // snapshots is absent. It fails when the snapshots cannot be listed, the
 // index cannot be read, or the storage does not answer.
 func Measure(ctx context.Context, r repo.DirectRepository) (map[string]int64, error) {
+	walks, err := measure(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	usage := make(map[string]int64, len(walks))
+	for user, w := range walks {
+		usage[user] = w.bytes
+	}
+	return usage, nil
+}
+
+// measure walks each user's snapshots and returns the walks' results
+// (their sets dropped).
+func measure(ctx context.Context, r repo.DirectRepository) (map[string]walked, error) {
 	ids, err := snapshot.ListSnapshotManifests(ctx, r, nil, nil)
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots: %w", err)
@@ -80,7 +94,7 @@ func Measure(ctx context.Context, r repo.DirectRepository) (map[string]int64, er
 		user := m.Source.UserName + "@" + m.Source.Host
 		byUser[user] = append(byUser[user], m)
 	}
-	usage := make(map[string]int64, len(byUser))
+	out := make(map[string]walked, len(byUser))
 	for user, ms := range byUser {
 		w := newWalk(r)
 		// Sources in order, each oldest first: the result does not
@@ -100,9 +114,18 @@ func Measure(ctx context.Context, r repo.DirectRepository) (map[string]int64, er
 		if err := w.run(ctx); err != nil {
 			return nil, fmt.Errorf("measure %s: %w", user, err)
 		}
-		usage[user] = w.bytes
+		out[user] = w.walked
 	}
-	return usage, nil
+	return out, nil
+}
+
+// walked is what a walk found of one user.
+type walked struct {
+	// bytes is the user's usage.
+	bytes int64
+	// reads counts the directories and lists of indirect objects read:
+	// the walk's work, which tests hold to each object once.
+	reads int
 }
 
 // item is an object the walk has yet to read: a directory, or an
@@ -120,9 +143,7 @@ type walk struct {
 	seen     map[object.ID]struct{}
 	contents map[content.ID]struct{}
 	stack    []item
-	bytes    int64
-	// reads counts the objects read, for tests.
-	reads int
+	walked
 }
 
 func newWalk(rep repo.DirectRepository) *walk {

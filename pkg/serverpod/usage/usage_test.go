@@ -244,6 +244,9 @@ func TestMeasure(t *testing.T) {
 		write func(b *bed)
 		// want is each user's expected contents.
 		want func(b *bed) map[string]contents
+		// reads, when set, is how many directories and lists of
+		// indirect objects the walk reads for each user: each once.
+		reads map[string]int
 	}{{
 		name: "two users, each its own contents",
 		write: func(b *bed) {
@@ -261,9 +264,16 @@ func TestMeasure(t *testing.T) {
 		name: "a file unchanged across snapshots counts once",
 		write: func(b *bed) {
 			for i := range 3 {
-				b.snap(fmt.Sprint("db", i), "db@team-b", dir("data", file("kept", kept), file("fresh", random(4<<10))), false)
+				// Ten directories the same in each snapshot.
+				tree := dir("leaf", file("kept", kept))
+				for j := range 9 {
+					tree = dir(fmt.Sprint("d", j), tree)
+				}
+				b.snap(fmt.Sprint("db", i), "db@team-b", dir("data", file("kept", kept), file("fresh", random(4<<10)), tree), false)
 			}
 		},
+		// Each snapshot's root, and the unchanged directories once.
+		reads: map[string]int{"db@team-b": 3 + 10},
 		want: func(b *bed) map[string]contents {
 			// Only the first snapshot added the kept file's content: each
 			// later one added its fresh file alone.
@@ -330,6 +340,7 @@ func TestMeasure(t *testing.T) {
 			}
 			return map[string]contents{"web@team-a": b.added["web"]}
 		},
+		reads: map[string]int{"web@team-a": 2},
 	}, {
 		name: "a directory listed many times and a deep tree count their contents once",
 		write: func(b *bed) {
@@ -351,6 +362,7 @@ func TestMeasure(t *testing.T) {
 			}
 			return map[string]contents{"web@team-a": b.added["web"]}
 		},
+		reads: map[string]int{"web@team-a": 304},
 	}, {
 		name: "contents the index marks deleted count while referenced",
 		write: func(b *bed) {
@@ -427,6 +439,16 @@ func TestMeasure(t *testing.T) {
 			t.Logf("usage %v", got)
 			if !maps.Equal(got, want) {
 				t.Errorf("usage %v, want %v", got, want)
+			}
+			if tt.reads == nil {
+				return
+			}
+			reads, err := usage.Reads(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !maps.Equal(reads, tt.reads) {
+				t.Errorf("read %v objects, want %v", reads, tt.reads)
 			}
 		})
 	}
