@@ -29,9 +29,9 @@
 // list of an indirect object) whose data does not read back, its pack
 // gone or damaged, counts its own contents as the index holds them but
 // not what it lists, which cannot be known: the integrity verifier
-// (pkg/serverpod/integrity) reports such damage, and the guest's next
-// snapshot uploads the data again. One damaged snapshot never fails the
-// measurement; a storage that does not answer does.
+// (pkg/serverpod/integrity) reports such damage and has the guest upload
+// the data again. One damaged snapshot never fails the measurement; a
+// storage that does not answer does.
 //
 // Cost. Measure reads the snapshot manifests, which Kopia holds in
 // memory, then walks each user's snapshots in turn: each distinct
@@ -47,11 +47,9 @@
 package usage
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/content"
@@ -96,13 +94,9 @@ func measure(ctx context.Context, r repo.DirectRepository) (map[string]walked, e
 	}
 	out := make(map[string]walked, len(byUser))
 	for user, ms := range byUser {
+		// A fresh walk: one user's sets in memory at a time, and
+		// nothing one user references counted as another's.
 		w := newWalk(r)
-		// Sources in order, each oldest first: the result does not
-		// depend on the order, but a repeated measurement then reads in
-		// the same order, which a storage's caches like.
-		slices.SortFunc(ms, func(a, b *snapshot.Manifest) int {
-			return cmp.Or(cmp.Compare(a.Source.Path, b.Source.Path), a.StartTime.ToTime().Compare(b.StartTime.ToTime()))
-		})
 		for _, m := range ms {
 			if m.RootEntry == nil {
 				continue

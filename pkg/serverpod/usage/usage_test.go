@@ -236,6 +236,13 @@ func dir(name string, entries ...kopiafs.Entry) kopiafs.Directory {
 	return virtualfs.NewStaticDirectory(name, entries)
 }
 
+// keptThenNew writes two snapshots of web@team-a: web0 of a file kept,
+// web1 of the same file and a new one.
+func keptThenNew(b *bed, kept []byte) {
+	b.snap("web0", "web@team-a", dir("data", file("kept", kept)), false)
+	b.snap("web1", "web@team-a", dir("data", file("kept", kept), file("new", random(32<<10))), false)
+}
+
 func TestMeasure(t *testing.T) {
 	kept, shared := random(64<<10), random(96<<10)
 	for _, tt := range []struct {
@@ -302,8 +309,7 @@ func TestMeasure(t *testing.T) {
 	}, {
 		name: "deleting the latest snapshot lowers the usage to the earlier one's",
 		write: func(b *bed) {
-			b.snap("web0", "web@team-a", dir("data", file("kept", kept)), false)
-			b.snap("web1", "web@team-a", dir("data", file("kept", kept), file("new", random(32<<10))), false)
+			keptThenNew(b, kept)
 			b.forget("web1")
 		},
 		want: func(b *bed) map[string]contents {
@@ -312,8 +318,7 @@ func TestMeasure(t *testing.T) {
 	}, {
 		name: "deleting the earliest snapshot keeps what the later one references",
 		write: func(b *bed) {
-			b.snap("web0", "web@team-a", dir("data", file("kept", kept)), false)
-			b.snap("web1", "web@team-a", dir("data", file("kept", kept), file("new", random(32<<10))), false)
+			keptThenNew(b, kept)
 			b.forget("web0")
 		},
 		want: func(b *bed) map[string]contents {
