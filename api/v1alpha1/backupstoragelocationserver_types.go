@@ -72,6 +72,64 @@ type BackupStorageLocationServerSpec struct {
 	// +kubebuilder:validation:MaxLength=2048
 	// +optional
 	ClientURL string `json:"clientURL,omitempty"`
+
+	// Quota bounds what each VM may store in the repository, so that one
+	// careless or compromised guest cannot fill the storage for every other.
+	// A VM over its quota has its guest's writes refused (its snapshots
+	// fail, saying so) until it stores less or its quota is raised; it may
+	// still list, restore and delete its snapshots. Unset: no bound.
+	// +optional
+	Quota *QuotaSpec `json:"quota,omitempty"`
+}
+
+// QuotaSpec is what each VM may store in the repository: a default for
+// every VM and overrides for chosen ones. What a VM stores is the size in
+// the storage (compressed and encrypted) of the data its snapshots
+// reference, each piece counted once for the VM however many of its
+// snapshots share it, and counted for every VM that references it
+// (docs/operations.md, "Per-VM quota").
+type QuotaSpec struct {
+	// PerVM is what each VM may store unless an override names it. Unset:
+	// no bound but the overrides'.
+	// +optional
+	PerVM *resource.Quantity `json:"perVM,omitempty"`
+
+	// Overrides set the quota of chosen VMs: the first override that names
+	// a VM comes before the first that names its namespace only, which
+	// comes before PerVM.
+	// Only the BSLS's editors (cluster admins) set them; a VM's owner
+	// cannot.
+	// +kubebuilder:validation:MaxItems=1000
+	// +listType=atomic
+	// +optional
+	Overrides []QuotaOverride `json:"overrides,omitempty"`
+
+	// MeasureInterval is how often each server pod measures what each VM
+	// stores, and so how late a VM that went over (or back under) its quota
+	// is refused (or let write again). A measurement reads every
+	// snapshot's directories, as a verification pass does. Default: 5m; at
+	// least 10s.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s')",message="measureInterval is at least 10s"
+	// +optional
+	MeasureInterval *metav1.Duration `json:"measureInterval,omitempty"`
+}
+
+// QuotaOverride is the quota of one VM, or of every VM of a namespace.
+type QuotaOverride struct {
+	// Namespace of the VMs it applies to.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Namespace string `json:"namespace"`
+
+	// Name of the VirtualMachine it applies to; unset: every VM of
+	// Namespace that no override names.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Name string `json:"name,omitempty"`
+
+	// PerVM is what each of these VMs may store. Unset: no bound.
+	// +optional
+	PerVM *resource.Quantity `json:"perVM,omitempty"`
 }
 
 // StorageSpec names where the repository lives.
@@ -541,6 +599,46 @@ type BackupStorageLocationServerStatus struct {
 	// only a binary that matches it.
 	// +optional
 	Client *ClientStatus `json:"client,omitempty"`
+
+	// Quota is what the server pods' last measurement found of the VMs over
+	// their quota (spec.quota). Unset while no quota is set or before a
+	// measurement was published.
+	// +optional
+	Quota *QuotaStatus `json:"quota,omitempty"`
+}
+
+// QuotaStatus is the last measurement of what the VMs store against their
+// quota. The list is bounded; the count stays exact.
+type QuotaStatus struct {
+	// MeasuredAt is when the measurement ended.
+	// +optional
+	MeasuredAt *metav1.Time `json:"measuredAt,omitempty"`
+
+	// Failure is why the last measurement could not complete; the other
+	// fields are then those of the last complete one.
+	// +optional
+	Failure string `json:"failure,omitempty"`
+
+	// VMsOverQuota is how many VMs store more than their quota: their
+	// guests' writes are refused.
+	// +optional
+	VMsOverQuota int32 `json:"vmsOverQuota,omitempty"`
+
+	// OverQuota are those VMs, the most over first (at most 100).
+	// +kubebuilder:validation:MaxItems=100
+	// +listType=atomic
+	// +optional
+	OverQuota []VMQuotaUse `json:"overQuota,omitempty"`
+}
+
+// VMQuotaUse is what one VM stores against its quota.
+type VMQuotaUse struct {
+	// VM is the VirtualMachine, as <namespace>/<name>.
+	VM string `json:"vm"`
+	// UsedBytes is what it stores.
+	UsedBytes int64 `json:"usedBytes"`
+	// QuotaBytes is its quota.
+	QuotaBytes int64 `json:"quotaBytes"`
 }
 
 // ClientStatus is the kopia client binary a BSLS's server pod serves to its

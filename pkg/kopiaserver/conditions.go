@@ -205,6 +205,15 @@ const (
 	// lost file replaced by a stub: those files are lost from them for
 	// good, every other file restores, under new snapshot IDs.
 	ReasonBackupSettled = "BackupSettled"
+	// ReasonBackupQuotaExceeded (Warning): the VM stores more than its
+	// quota (spec.quota): its guest's writes are refused, so its
+	// snapshots fail, until it stores less or its quota is raised. Its
+	// snapshots still list, restore and delete.
+	ReasonBackupQuotaExceeded = "BackupQuotaExceeded"
+	// ReasonBackupQuotaRestored (Normal): a VM that was over its quota
+	// is under it again, or its quota was lifted: its guest backs up
+	// again with no action in the guest.
+	ReasonBackupQuotaRestored = "BackupQuotaRestored"
 )
 
 // Reasons of the Events the controller records on VMs about restore grants
@@ -285,6 +294,8 @@ type decision struct {
 	RequeueAfter time.Duration
 	// Integrity is status.integrity.
 	Integrity *v1alpha1.IntegrityStatus
+	// Quota is status.quota.
+	Quota *v1alpha1.QuotaStatus
 	// VMNotices are the Events to record on the VMs whose snapshots became
 	// damaged, more damaged or healed since the previous pass's status.
 	VMNotices []vmNotice
@@ -396,6 +407,11 @@ func decide(obs observations) decision {
 	intact := integrityCondition(b, d.Integrity, obs.IntegrityUnreadable != "")
 	intact.ObservedGeneration = b.Generation
 	d.VMNotices = damageNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Integrity, d.Integrity)
+
+	// status.quota and the Events of the VMs that went over their quota
+	// or back under it.
+	d.Quota = quotaStatus(b, obs.Now, obs.Storage)
+	d.VMNotices = append(d.VMNotices, quotaNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Quota, d.Quota)...)
 
 	space := spaceCondition(b, obs.Now, obs.Storage)
 	space.ObservedGeneration = b.Generation

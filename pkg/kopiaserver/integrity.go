@@ -429,12 +429,13 @@ func (r *Reconciler) liveNotices(ctx context.Context, orig *v1alpha1.BackupStora
 	}
 	live := &v1alpha1.BackupStorageLocationServer{}
 	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(orig), live); err != nil {
-		return nil, fmt.Errorf("read BackupStorageLocationServer %s/%s before announcing damaged snapshots: %w", orig.Namespace, orig.Name, err)
+		return nil, fmt.Errorf("read BackupStorageLocationServer %s/%s before announcing Events on its VMs: %w", orig.Namespace, orig.Name, err)
 	}
-	if equality.Semantic.DeepEqual(live.Status.Integrity, orig.Status.Integrity) {
+	if equality.Semantic.DeepEqual(live.Status.Integrity, orig.Status.Integrity) && equality.Semantic.DeepEqual(live.Status.Quota, orig.Status.Quota) {
 		return d.VMNotices, nil
 	}
-	return damageNotices(client.ObjectKeyFromObject(orig), live.Status.Integrity, d.Integrity), nil
+	server := client.ObjectKeyFromObject(orig)
+	return append(damageNotices(server, live.Status.Integrity, d.Integrity), quotaNotices(server, live.Status.Quota, d.Quota)...), nil
 }
 
 // recordVMNotices records each notice on its VM, by the VM's metadata from

@@ -422,6 +422,7 @@ func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocati
 	}
 	b.Status.Maintenance = obs.Maintenance
 	b.Status.Integrity = d.Integrity
+	b.Status.Quota = d.Quota
 	b.Status.Client = obs.Client
 	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
 	namespaces := ServedNamespaces(obs.Users)
@@ -489,7 +490,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 				Labels: labels.Merge(Labels(b), map[string]string{userset.Label: b.Name}),
 			},
 			Type: corev1.SecretTypeOpaque,
-			Data: map[string][]byte{userset.Key: userset.Encode(hashes), userset.GrantsKey: userset.EncodeGrants(users.Grants[shard])},
+			Data: map[string][]byte{
+				userset.Key:       userset.Encode(hashes),
+				userset.GrantsKey: userset.EncodeGrants(users.Grants[shard]),
+				userset.QuotasKey: userset.EncodeQuotas(quotasOf(b.Spec.Quota, hashes)),
+			},
 		}
 		before, err := r.grantsWritten(ctx, s, users.Grants[shard])
 		if err != nil {

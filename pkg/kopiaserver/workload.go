@@ -365,6 +365,12 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	if m != nil && m.VerifyReadBytes != nil {
 		syncArgs = append(syncArgs, "--verify-read-bytes="+strconv.FormatInt(m.VerifyReadBytes.Value(), 10))
 	}
+	// The quotas themselves reach the pod in the users Secrets, so that
+	// setting or changing one restarts nothing; only the cadence is an
+	// argument.
+	if q := b.Spec.Quota; q != nil && q.MeasureInterval != nil {
+		syncArgs = append(syncArgs, "--quota-interval="+q.MeasureInterval.Duration.String())
+	}
 
 	labels := Labels(b)
 	podLabels := labels

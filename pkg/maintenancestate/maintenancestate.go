@@ -123,6 +123,37 @@ type StorageState struct {
 	// once one did: users added since cannot log in through this pod
 	// yet, while its session gate enforces removals and new passwords.
 	UsersNotApplied string `json:"usersNotApplied,omitempty"`
+	// Quota is the pod's last measurement of what its users store against
+	// their quotas; nil before one, or when no user has a quota.
+	Quota *QuotaState `json:"quota,omitempty"`
+}
+
+// MaxListedOverQuota bounds the users a QuotaState lists, so that the
+// ConfigMap holds one per pod whatever the users do: the count stays exact.
+const MaxListedOverQuota = 100
+
+// QuotaState is what a server pod's last measurement of its users' usage
+// found (package usage): the users that store more than their quota, whose
+// writes its session gate refuses. The controller makes it status.quota
+// and the BackupQuotaExceeded and BackupQuotaRestored Events of the VMs.
+type QuotaState struct {
+	// MeasuredAt is when the last complete measurement ended.
+	MeasuredAt time.Time `json:"measuredAt"`
+	// Error is why the last measurement could not complete; Over is then
+	// the last complete one's.
+	Error string `json:"error,omitempty"`
+	// OverCount is how many users are over their quota; Over lists them,
+	// the most over (by the share of their quota) first, at most
+	// MaxListedOverQuota.
+	OverCount int        `json:"overCount"`
+	Over      []QuotaUse `json:"over,omitempty"`
+}
+
+// QuotaUse is what one user (user@host) stores against its quota.
+type QuotaUse struct {
+	User       string `json:"user"`
+	UsedBytes  int64  `json:"usedBytes"`
+	QuotaBytes int64  `json:"quotaBytes"`
 }
 
 // StorageSpace is a filesystem's space, as statfs says: FreeBytes is what

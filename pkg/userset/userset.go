@@ -168,3 +168,52 @@ func DecodeGrants(data []byte) ([]Grant, error) {
 	}
 	return grants, sc.Err()
 }
+
+// QuotasKey is the key of a users Secret that holds the quotas of its
+// shard's users: one line per user with a quota, sorted,
+// "<user@host> <bytes>". A user it does not list has no quota.
+const QuotasKey = "quotas"
+
+// EncodeQuotas renders quotas (bytes by user) as the content of a users
+// Secret's QuotasKey, sorted, so that unchanged quotas give an unchanged
+// Secret.
+func EncodeQuotas(quotas map[string]int64) []byte {
+	names := make([]string, 0, len(quotas))
+	for name := range quotas {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	var b bytes.Buffer
+	for _, name := range names {
+		fmt.Fprintf(&b, "%s %d\n", name, quotas[name])
+	}
+	return b.Bytes()
+}
+
+// DecodeQuotas parses what EncodeQuotas wrote, rejecting any malformed
+// line, invalid user name, negative quota or duplicate user.
+func DecodeQuotas(data []byte) (map[string]int64, error) {
+	quotas := map[string]int64{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	for n := 1; sc.Scan(); n++ {
+		if sc.Text() == "" {
+			continue
+		}
+		fields := strings.Fields(sc.Text())
+		if len(fields) != 2 {
+			return nil, fmt.Errorf("quotas line %d: want \"<user@host> <bytes>\", got %d fields", n, len(fields))
+		}
+		if err := identity.ValidateUsername(fields[0]); err != nil {
+			return nil, fmt.Errorf("quotas line %d: %w", n, err)
+		}
+		quota, err := strconv.ParseInt(fields[1], 10, 64)
+		if err != nil || quota < 0 {
+			return nil, fmt.Errorf("quotas line %d: quota of %s: want a number of bytes, got %q", n, fields[0], fields[1])
+		}
+		if _, dup := quotas[fields[0]]; dup {
+			return nil, fmt.Errorf("quotas line %d: user %s listed twice", n, fields[0])
+		}
+		quotas[fields[0]] = quota
+	}
+	return quotas, sc.Err()
+}

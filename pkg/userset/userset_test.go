@@ -104,3 +104,30 @@ func TestGrants(t *testing.T) {
 		}
 	}
 }
+
+func TestQuotas(t *testing.T) {
+	quotas := map[string]int64{"web@team-a": 1 << 30, "db@team-b": 0}
+	data := EncodeQuotas(quotas)
+	if want := "db@team-b 0\nweb@team-a 1073741824\n"; string(data) != want {
+		t.Fatalf("EncodeQuotas = %q, want %q (sorted)", data, want)
+	}
+	got, err := DecodeQuotas(data)
+	if err != nil || len(got) != 2 || got["web@team-a"] != 1<<30 || got["db@team-b"] != 0 {
+		t.Fatalf("DecodeQuotas = %v, %v", got, err)
+	}
+	if got, err := DecodeQuotas(nil); err != nil || len(got) != 0 {
+		t.Fatalf("DecodeQuotas(nil) = %v, %v; want no quota", got, err)
+	}
+	for _, bad := range []string{
+		"web@team-a\n",
+		"web@team-a 10 extra\n",
+		"web@team-a -1\n",
+		"web@team-a 1Gi\n",
+		"Web@team-a 10\n",
+		"web@team-a 10\nweb@team-a 20\n",
+	} {
+		if _, err := DecodeQuotas([]byte(bad)); err == nil {
+			t.Errorf("DecodeQuotas(%q) accepted", bad)
+		}
+	}
+}
