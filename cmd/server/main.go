@@ -204,6 +204,7 @@ func runSyncUsers(args []string) error {
 	fs.StringVar(&policyJSON, "default-policy", "", "JSON of the BSLS's repository.defaultPolicy: its retention is what an append-only server applies.")
 	fs.DurationVar(&o.RetentionInterval, "retention-interval", time.Hour, "How often an append-only server applies retention.")
 	fs.DurationVar(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.")
+	fs.DurationVar(&o.QuotaInterval, "quota-interval", usersync.DefaultQuotaInterval, "While a user has a quota (spec.quota of the BSLS): how often to measure what each user stores, so that the session gate refuses the writes of those that reached it; 0 disables quotas.")
 	fs.DurationVar(&o.StorageCheckInterval, "storage-check-interval", 10*time.Second, "How often to check that the repository's storage answers (one metadata request) and publish it for the BSLS's StorageAvailable condition; 0 disables it.")
 	fs.DurationVar(&o.StatsInterval, "repository-stats-interval", 15*time.Minute, "How often to measure the repository's size for /metrics (lists every blob of the storage); 0 disables it.")
 	fs.DurationVar(&o.Resync, "resync", 5*time.Minute, "How often to compare the repository with the Secrets even when none changed.")

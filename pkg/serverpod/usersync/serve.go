@@ -164,6 +164,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 func (s *Syncer) Handler() http.Handler {
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats, s.space)
+	metrics.MustRegister(UserQuotaBytes, UsersOverQuota, s.usage)
 	metrics.MustRegister(sessiongate.Collectors()...)
 	metrics.MustRegister(maintenance.Collectors()...)
 	metrics.MustRegister(integrity.Collectors()...)

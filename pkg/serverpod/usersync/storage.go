@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -65,10 +66,11 @@ func (s *Syncer) checkStorage(ctx context.Context) {
 		state.Error = err.Error()
 	}
 	state.UsersNotApplied = s.NotApplied()
+	state.Quota = s.quotas.published()
 	now := time.Now().UTC().Truncate(time.Second)
 	last := s.storage
 	if last != nil && last.Available == state.Available && last.Error == state.Error && last.Refused == state.Refused && last.UsersNotApplied == state.UsersNotApplied &&
-		!spaceMoved(last.Space, state.Space) && now.Sub(last.CheckedAt) < maintenancestate.StorageHeartbeat {
+		reflect.DeepEqual(last.Quota, state.Quota) && !spaceMoved(last.Space, state.Space) && now.Sub(last.CheckedAt) < maintenancestate.StorageHeartbeat {
 		return
 	}
 	state.Since, state.CheckedAt = now, now

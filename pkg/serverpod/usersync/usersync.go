@@ -54,6 +54,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/repostats"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usage"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -154,6 +155,11 @@ type Options struct {
 	// /metrics (repostats.Measure lists every blob of the storage); 0:
 	// never.
 	StatsInterval time.Duration
+	// QuotaInterval is how often what each user stores is measured
+	// (package usage) while some user has a quota in the users Secrets,
+	// so that the gate refuses the writes of those that reached it
+	// (RefusesWrites); 0: never, and nobody is refused.
+	QuotaInterval time.Duration
 	// Resync is how often the repository is compared with the Secrets even
 	// when no Secret changed, to undo changes made by other writers.
 	// Default: 5 minutes.
@@ -193,6 +199,9 @@ const (
 	// measureRepository measures the repository's size for /metrics,
 	// every StatsInterval.
 	measureRepository work = "measure-repository"
+	// measureUsage measures what each user stores against its quota,
+	// every QuotaInterval while some user has one.
+	measureUsage work = "measure-usage"
 )
 
 // Syncer keeps a repository's users equal to the users Secrets.
@@ -212,6 +221,10 @@ type Syncer struct {
 	// stats serves the repository's last measurement and snapshot counts
 	// on /metrics.
 	stats *repostats.Collector
+	// quotas are the users' quotas and what they store (RefusesWrites);
+	// usage serves what they store on /metrics.
+	quotas quotas
+	usage  *usage.Collector
 
 	mu sync.Mutex
 	// status is why the pod may not serve guests (Ready); notApplied the
@@ -292,6 +305,7 @@ func New(opts Options) *Syncer {
 		status:   errNotSynced,
 		activity: activityscan.New(),
 		stats:    &repostats.Collector{},
+		usage:    &usage.Collector{},
 		space:    opts.space,
 	}
 }
@@ -434,10 +448,20 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 			s.opts.Log.Error(err, "repository not measured", "retryIn", s.opts.StatsInterval)
 		}
 		s.queue.AddAfter(measureRepository, s.opts.StatsInterval)
+	case measureUsage:
+		if err := s.measureUsage(ctx); err != nil {
+			s.opts.Log.Error(err, "usage not measured; the last measurement stays in force", "retryIn", s.opts.QuotaInterval)
+		}
+		if s.quotas.hasBounds() {
+			s.queue.AddAfter(measureUsage, s.opts.QuotaInterval)
+		}
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(s.serving(lister, err), err, users)
 		s.noteWrite(err)
+		// The quotas are the Secrets' alone: taken whether or not the
+		// repository took the users.
+		s.applyQuotas(lister)
 		if err != nil {
 			// When is AddRateLimited's delay, taken here to log it.
 			delay := s.backoff.When(syncUsers)

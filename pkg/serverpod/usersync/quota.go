@@ -1,0 +1,248 @@
+package usersync
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dustin/go-humanize"
+	"github.com/kopia/kopia/repo"
+	"github.com/prometheus/client_golang/prometheus"
+	corelisters "k8s.io/client-go/listers/core/v1"
+
+	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/usage"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// DefaultQuotaInterval is how often a server pod measures what its users
+// store while one has a quota (Options.QuotaInterval's default in
+// cmd/server; spec.quota.measureInterval overrides it).
+const DefaultQuotaInterval = 5 * time.Minute
+
+// quotaGauges are the quota metrics on user sync's /metrics; what each
+// user stores is usage's collector, beside them.
+var (
+	// UserQuotaBytes is each user's quota, for users that have one:
+	// against guestbackup_server_user_stored_bytes it is how close each
+	// VM is to having its backups refused.
+	UserQuotaBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "guestbackup_server_user_quota_bytes",
+		Help: "The quota of each user (a VM's identity <vm>@<namespace>) that has one (spec.quota of the BSLS).",
+	}, []string{"user"})
+	// UsersOverQuota is how many users the last measurement found at or
+	// over their quota: the session gate refuses their writes.
+	UsersOverQuota = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "guestbackup_server_users_over_quota",
+		Help: "Users (VMs) whose stored bytes reached their quota at the last measurement: their guests' writes are refused.",
+	})
+)
+
+// quotas is what user sync knows of its users' quotas: the quotas the
+// users Secrets set, what the last measurement found each user stores,
+// and so the users whose writes the gate refuses. RefusesWrites reads it
+// for every request of a session, so the decision is a map lookup, made
+// when either side changes.
+type quotas struct {
+	mu sync.RWMutex
+	// bounds are the quotas of the users that have one, by user.
+	bounds map[string]int64
+	// used is what the last complete measurement found each user stores;
+	// measured whether it completed once.
+	used     map[string]int64
+	measured bool
+	// measureErr is why the last measurement failed, empty once one
+	// completes.
+	measureErr string
+	// state is what the storage check publishes; over the users it lists.
+	state *maintenancestate.QuotaState
+	over  map[string]maintenancestate.QuotaUse
+}
+
+// overQuota is the users of used whose quota (in bounds) they reached, the
+// most over (as a share of their quota) first. A quota of 0 bytes is
+// reached by every user, so that it refuses every write.
+func overQuota(used, bounds map[string]int64) []maintenancestate.QuotaUse {
+	var over []maintenancestate.QuotaUse
+	for user, quota := range bounds {
+		if n := used[user]; n >= quota {
+			over = append(over, maintenancestate.QuotaUse{User: user, UsedBytes: n, QuotaBytes: quota})
+		}
+	}
+	slices.SortFunc(over, func(a, b maintenancestate.QuotaUse) int {
+		// a.Used/a.Quota > b.Used/b.Quota first, without dividing by 0.
+		if c := cmp.Compare(float64(b.UsedBytes)*float64(a.QuotaBytes), float64(a.UsedBytes)*float64(b.QuotaBytes)); c != 0 {
+			return c
+		}
+		return strings.Compare(a.User, b.User)
+	})
+	return over
+}
+
+// set takes new bounds or a measurement (nil: unchanged; measuredAt is
+// when used was measured), or a measurement's failure, and decides again
+// whose writes are refused. A failed measurement keeps the last complete
+// one in force.
+func (q *quotas) set(bounds, used map[string]int64, measuredAt time.Time, measureErr error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if bounds != nil {
+		q.bounds = bounds
+	}
+	if used != nil {
+		q.used, q.measured, q.measureErr = used, true, ""
+	}
+	if measureErr != nil {
+		q.measureErr = measureErr.Error()
+	}
+	UserQuotaBytes.Reset()
+	for user, quota := range q.bounds {
+		UserQuotaBytes.WithLabelValues(user).Set(float64(quota))
+	}
+	if len(q.bounds) == 0 || !q.measured {
+		// Nobody has a quota, or nothing was measured yet: nobody is
+		// refused, and nothing is said.
+		q.over, q.state = nil, nil
+		UsersOverQuota.Set(0)
+		if q.measureErr != "" && len(q.bounds) > 0 {
+			q.state = &maintenancestate.QuotaState{Error: q.measureErr}
+		}
+		return
+	}
+	over := overQuota(q.used, q.bounds)
+	q.over = make(map[string]maintenancestate.QuotaUse, len(over))
+	for _, u := range over {
+		q.over[u.User] = u
+	}
+	UsersOverQuota.Set(float64(len(over)))
+	state := &maintenancestate.QuotaState{OverCount: len(over), Over: over[:min(len(over), maintenancestate.MaxListedOverQuota)]}
+	if q.state != nil {
+		state.MeasuredAt = q.state.MeasuredAt
+	}
+	if used != nil {
+		state.MeasuredAt = measuredAt.UTC().Truncate(time.Second)
+	}
+	state.Error = q.measureErr
+	q.state = state
+}
+
+// refuses is why user may not write, nil when it may.
+func (q *quotas) refuses(user string) error {
+	q.mu.RLock()
+	u, over := q.over[user]
+	at := time.Time{}
+	if q.state != nil {
+		at = q.state.MeasuredAt
+	}
+	q.mu.RUnlock()
+	if !over {
+		return nil
+	}
+	vm, namespace, _ := strings.Cut(user, "@")
+	return &QuotaError{VM: namespace + "/" + vm, Use: u, MeasuredAt: at}
+}
+
+// published is the state the storage check publishes: a copy.
+func (q *quotas) published() *maintenancestate.QuotaState {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if q.state == nil {
+		return nil
+	}
+	s := *q.state
+	s.Over = slices.Clone(q.state.Over)
+	return &s
+}
+
+// hasBounds is whether some user has a quota, so that measuring is worth
+// its walk.
+func (q *quotas) hasBounds() bool {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	return len(q.bounds) > 0
+}
+
+// QuotaError is why the gate refuses a user's writes: its VM stores its
+// quota or more.
+type QuotaError struct {
+	VM         string
+	Use        maintenancestate.QuotaUse
+	MeasuredAt time.Time
+}
+
+func (e *QuotaError) Error() string {
+	return fmt.Sprintf("VirtualMachine %s stores %s, reaching its backup quota of %s (measured at %s): "+
+		"its backups are refused until it stores less. Delete some of its snapshots (kopia snapshot delete), or ask the cluster admin to raise its quota",
+		e.VM, humanize.IBytes(uint64(max(e.Use.UsedBytes, 0))), humanize.IBytes(uint64(max(e.Use.QuotaBytes, 0))), e.MeasuredAt.Format(time.RFC3339))
+}
+
+// RefusesWrites says why user's sessions may not write now (the session
+// gate asks for each write request): its VM's last measured usage reached
+// its quota. Nil when it may.
+func (s *Syncer) RefusesWrites(user string) error { return s.quotas.refuses(user) }
+
+// DesiredQuotas merges the quotas of every shard. It fails while a shard
+// is missing or malformed; then the quotas in force stay.
+func DesiredQuotas(lister corelisters.SecretNamespaceLister, bsls string) (map[string]int64, error) {
+	desired := map[string]int64{}
+	for shard := range userset.Shards {
+		name := userset.SecretName(bsls, shard)
+		secret, err := lister.Get(name)
+		if err != nil {
+			return nil, fmt.Errorf("users Secret %s: %w", name, err)
+		}
+		q, err := userset.DecodeQuotas(secret.Data[userset.QuotasKey])
+		if err != nil {
+			return nil, fmt.Errorf("users Secret %s, key %s: %w", name, userset.QuotasKey, err)
+		}
+		maps.Copy(desired, q)
+	}
+	return desired, nil
+}
+
+// applyQuotas takes the quotas of the users Secrets, after each sync, so
+// that a quota raised or lowered takes effect at once on the last
+// measurement; the first quota set starts the measurements.
+func (s *Syncer) applyQuotas(lister corelisters.SecretNamespaceLister) {
+	bounds, err := DesiredQuotas(lister, s.opts.BSLS)
+	if err != nil {
+		s.opts.Log.Error(err, "quotas not read; those in force stay")
+		return
+	}
+	had := s.quotas.hasBounds()
+	s.quotas.set(bounds, nil, time.Time{}, nil)
+	if !had && len(bounds) > 0 && s.opts.QuotaInterval > 0 {
+		s.queue.Add(measureUsage)
+	}
+}
+
+// measureUsage measures what each user stores (usage.Measure), when some
+// user has a quota, and decides whose writes the gate refuses.
+func (s *Syncer) measureUsage(ctx context.Context) error {
+	if !s.quotas.hasBounds() {
+		return nil
+	}
+	dr, ok := s.opts.Repository.(repo.DirectRepository)
+	if !ok {
+		return errors.New("the repository is not opened directly, so what each user stores cannot be measured")
+	}
+	err := dr.Refresh(ctx)
+	var used map[string]int64
+	if err == nil {
+		used, err = usage.Measure(ctx, dr)
+	}
+	if err != nil {
+		err = fmt.Errorf("measure what each user stores: %w", err)
+		s.quotas.set(nil, nil, time.Time{}, err)
+		return err
+	}
+	s.usage.Set(used)
+	s.quotas.set(nil, used, time.Now(), nil)
+	return nil
+}
