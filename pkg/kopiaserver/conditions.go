@@ -410,7 +410,7 @@ func decide(obs observations) decision {
 
 	// status.quota and the Events of the VMs that went over their quota
 	// or back under it.
-	d.Quota = quotaStatus(b, obs.Now, obs.Storage)
+	d.Quota = quotaStatus(b, obs.Users, obs.Now, obs.Storage)
 	d.VMNotices = append(d.VMNotices, quotaNotices(types.NamespacedName{Namespace: b.Namespace, Name: b.Name}, b.Status.Quota, d.Quota)...)
 
 	space := spaceCondition(b, obs.Now, obs.Storage)

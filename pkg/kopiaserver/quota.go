@@ -65,10 +65,11 @@ func quotasOf[V any](spec *v1alpha1.QuotaSpec, users map[string]V) map[string]in
 
 // quotaStatus is status.quota: from the freshest measurement any server
 // pod published that is not stale, else the previous status (a pod that
-// restarted has measured nothing yet). Nil when spec.quota is unset, which
-// lifts every bound.
-func quotaStatus(b *v1alpha1.BackupStorageLocationServer, now time.Time, states map[string]maintenancestate.StorageState) *v1alpha1.QuotaStatus {
-	if b.Spec.Quota == nil {
+// restarted has measured nothing yet). Nil when no user has a quota
+// (spec.quota unset, or overrides that lift every bound): the pods then
+// measure nothing, and refuse nobody.
+func quotaStatus(b *v1alpha1.BackupStorageLocationServer, users UserSet, now time.Time, states map[string]maintenancestate.StorageState) *v1alpha1.QuotaStatus {
+	if !anyQuota(b.Spec.Quota, users) {
 		return nil
 	}
 	var latest *maintenancestate.QuotaState
@@ -97,6 +98,18 @@ func quotaStatus(b *v1alpha1.BackupStorageLocationServer, now time.Time, states 
 		s.OverQuota = s.OverQuota[:maxListedOverQuota]
 	}
 	return s
+}
+
+// anyQuota is whether some user of users has a quota under spec.
+func anyQuota(spec *v1alpha1.QuotaSpec, users UserSet) bool {
+	for _, shard := range users.Shards {
+		for user := range shard {
+			if _, ok := QuotaOf(spec, user); ok {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // maxListedOverQuota is status.quota.overQuota's bound (its MaxItems).
@@ -141,9 +154,9 @@ func quotaNotices(server types.NamespacedName, before, after *v1alpha1.QuotaStat
 	if before == nil {
 		return notices
 	}
-	why := "the quota was lifted (spec.quota unset)"
+	why := "no quota bounds it any more"
 	if after != nil {
-		why = "it stores less than its quota now (measured at " + measuredAt(after) + ")"
+		why = "it no longer reaches its quota: it stores less, or its quota was raised (measured at " + measuredAt(after) + ")"
 	}
 	for _, u := range before.OverQuota {
 		if is[u.VM] {

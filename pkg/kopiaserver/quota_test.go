@@ -13,7 +13,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 func quantity(s string) *resource.Quantity {
@@ -67,6 +69,14 @@ func quotaState(at time.Time, count int, over ...maintenancestate.QuotaUse) *mai
 func TestQuotaStatus(t *testing.T) {
 	now := decideNow
 	b := &v1alpha1.BackupStorageLocationServer{Spec: v1alpha1.BackupStorageLocationServerSpec{Quota: &v1alpha1.QuotaSpec{PerVM: quantity("1Gi")}}}
+	var users UserSet
+	for _, u := range []string{"web@team-a", "db@team-a"} {
+		shard := userset.ShardOf(u)
+		if users.Shards[shard] == nil {
+			users.Shards[shard] = map[string]identity.Hash{}
+		}
+		users.Shards[shard][u] = identity.Hash{}
+	}
 	web := maintenancestate.QuotaUse{User: "web@team-a", UsedBytes: 3 << 30, QuotaBytes: 1 << 30}
 	db := maintenancestate.QuotaUse{User: "db@team-a", UsedBytes: 2 << 30, QuotaBytes: 1 << 30}
 	fresh := func(q *maintenancestate.QuotaState) maintenancestate.StorageState {
@@ -74,7 +84,7 @@ func TestQuotaStatus(t *testing.T) {
 	}
 	stale := maintenancestate.StorageState{CheckedAt: now.Add(-time.Hour), Quota: quotaState(now.Add(-time.Minute), 1, web)}
 
-	got := quotaStatus(b, now, map[string]maintenancestate.StorageState{
+	got := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{
 		"pod-a": fresh(quotaState(now.Add(-10*time.Minute), 1, db)),
 		"pod-b": fresh(quotaState(now.Add(-5*time.Minute), 2, db, web)),
 		"pod-c": stale,
@@ -85,11 +95,15 @@ func TestQuotaStatus(t *testing.T) {
 	}
 
 	b.Status.Quota = got
-	if kept := quotaStatus(b, now, map[string]maintenancestate.StorageState{"pod-c": stale, "pod-d": fresh(nil)}); kept != got {
+	if kept := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-c": stale, "pod-d": fresh(nil)}); kept != got {
 		t.Errorf("no fresh measurement: %+v, want the previous status kept", kept)
 	}
+	b.Spec.Quota.Overrides = []v1alpha1.QuotaOverride{{Namespace: "team-a"}}
+	if lifted := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-b": fresh(quotaState(now, 1, web))}); lifted != nil {
+		t.Errorf("every user's bound lifted by an override: %+v, want none", lifted)
+	}
 	b.Spec.Quota = nil
-	if lifted := quotaStatus(b, now, map[string]maintenancestate.StorageState{"pod-b": fresh(quotaState(now, 1, web))}); lifted != nil {
+	if lifted := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-b": fresh(quotaState(now, 1, web))}); lifted != nil {
 		t.Errorf("spec.quota unset: %+v, want none", lifted)
 	}
 }
@@ -118,11 +132,11 @@ func TestQuotaNotices(t *testing.T) {
 			"Warning BackupQuotaExceeded team-a/db: This VM stores 1.0 GiB",
 		}},
 		{name: "back under", before: status(2, web, db), after: status(1, web), want: []string{
-			"Normal BackupQuotaRestored team-a/db: This VM's guest may back up to BackupStorageLocationServer backup/main again: it stores less than its quota now",
+			"Normal BackupQuotaRestored team-a/db: This VM's guest may back up to BackupStorageLocationServer backup/main again: it no longer reaches its quota: it stores less, or its quota was raised (measured at " + decideNow.Format(time.RFC3339) + "). Its next scheduled snapshot runs as before",
 		}},
 		{name: "a VM that left a truncated list may still be over", before: status(2, web, db), after: status(300, web)},
-		{name: "the quota lifted", before: status(1, web), after: nil, want: []string{
-			"Normal BackupQuotaRestored team-a/web: This VM's guest may back up to BackupStorageLocationServer backup/main again: the quota was lifted",
+		{name: "no quota left", before: status(1, web), after: nil, want: []string{
+			"Normal BackupQuotaRestored team-a/web: This VM's guest may back up to BackupStorageLocationServer backup/main again: no quota bounds it any more. Its next scheduled snapshot runs as before",
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
