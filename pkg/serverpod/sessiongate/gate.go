@@ -76,8 +76,10 @@ const (
 
 // gRPC status codes the gate answers with (google.golang.org/grpc/codes).
 const (
-	grpcPermissionDenied = 7
-	grpcUnavailable      = 14
+	grpcInvalidArgument   = 3
+	grpcResourceExhausted = 8
+	grpcPermissionDenied  = 7
+	grpcUnavailable       = 14
 )
 
 // ErrSessionEnded is the cause of a session End ended.
@@ -126,6 +128,10 @@ type Options struct {
 	// Directory, when set, decides which users may open a session before
 	// the Kopia server is asked (usersync.Syncer).
 	Directory Directory
+	// Writes, when set, says whose sessions may not write now
+	// (usersync.Syncer: a VM over its backup quota); nil: nobody is
+	// refused.
+	Writes WriteGuard
 	// Clock times the backoff after failed logins; nil: the real clock.
 	Clock clock.WithDelayedExecution
 	Log   logr.Logger
@@ -154,6 +160,8 @@ type Gate struct {
 	conns    *connections
 	// directory is Options.Directory.
 	directory Directory
+	// writes is Options.Writes.
+	writes WriteGuard
 	// idleTimeout is Options.IdleTimeout.
 	idleTimeout time.Duration
 
@@ -215,6 +223,7 @@ func New(o Options) (*Gate, error) {
 		counted:     map[net.Conn]string{},
 		idleTimeout: o.IdleTimeout,
 		directory:   o.Directory,
+		writes:      o.Writes,
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(g.upstream) },
@@ -228,6 +237,9 @@ func New(o Options) (*Gate, error) {
 				login.forwarded.Store(true)
 			}
 			res, err := roundTrip(t, r)
+			if err == nil && isGRPC(r) {
+				res.Body = &endedBody{ReadCloser: res.Body, ctx: r.Context()}
+			}
 			if login != nil {
 				done := login.done
 				switch {
@@ -440,7 +452,34 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	SessionsStarted.Inc()
-	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	if g.writes == nil {
+		g.proxy.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	g.serveGuarded(w, r.WithContext(ctx), user, end)
+}
+
+// serveGuarded forwards session r of user, whose writes g.writes may
+// refuse at each request (guardedBody, answerWriter); end ends it.
+func (g *Gate) serveGuarded(w http.ResponseWriter, r *http.Request, user string, end context.CancelCauseFunc) {
+	answers := &answerWriter{ResponseWriter: w}
+	// Before the handler returns, even when the proxy aborts the stream
+	// by a panic: the guest's body may still be read after it, and no
+	// answer may be written then.
+	defer answers.close()
+	r.Body = &guardedBody{body: r.Body, user: user, guard: g.writes, answers: answers, end: end, log: g.log}
+	g.proxy.ServeHTTP(answers, r)
+	answers.close()
+	// A session the gate ended after the Kopia server's headers went out
+	// ends with the gate's status in the trailers (before them,
+	// proxyError answered).
+	if refused := refusalOf(r.Context()); refused != nil && answers.headersWritten() {
+		h := w.Header()
+		h.Del("Grpc-Status")
+		h.Del("Grpc-Message")
+		h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(refused.code))
+		h.Set(http.TrailerPrefix+"Grpc-Message", url.PathEscape(refused.message))
+	}
 }
 
 // admitLogin waits until the login r may go to the Kopia server
@@ -584,6 +623,10 @@ func (g *Gate) untrack(user string, s *session) {
 func (g *Gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(context.Cause(r.Context()), ErrSessionEnded) {
 		writeGRPCError(w, grpcUnavailable, ErrSessionEnded.Error())
+		return
+	}
+	if refused := refusalOf(r.Context()); refused != nil {
+		writeGRPCError(w, refused.code, refused.message)
 		return
 	}
 	if r.Context().Err() != nil {
