@@ -286,25 +286,52 @@ func (b *guardedBody) inspect(why error) error {
 	case length > maxMessage:
 		return b.refuse(grpcResourceExhausted, fmt.Sprintf("%s: a message of %d bytes, above the %d Kopia takes", refusedWrite(why), length, maxMessage))
 	}
-	msg := bytes.NewBuffer(make([]byte, 0, prefixLen+min(int(length), 64<<10)))
-	msg.Write(prefix[:])
-	if _, err := io.CopyN(msg, src, int64(length)); err != nil {
-		if errors.Is(err, io.EOF) {
-			err = io.ErrUnexpectedEOF
-		}
+	msg, err := readMessage(src, prefix, length)
+	if err != nil {
 		return err
 	}
-	id, writes, err := inspectRequest(msg.Bytes()[prefixLen:])
+	id, writes, err := inspectRequest(msg[prefixLen:])
 	if err != nil {
 		return b.refuse(grpcInvalidArgument, fmt.Sprintf("%s: a message the gate cannot read: %v", refusedWrite(why), err))
 	}
 	if !writes {
-		b.out = msg.Bytes()
+		b.out = msg
 		return nil
 	}
 	b.log.V(1).Info("write refused", "user", b.user, "why", why.Error())
 	b.answers.answer(refusal(id, refusedWrite(why)))
 	return nil
+}
+
+// readMessage reads the length bytes of the message of prefix from src,
+// and returns the message, its prefix included. Memory is taken as the
+// bytes come, not as the prefix says: a guest may announce 20 MiB and
+// send none.
+func readMessage(src io.Reader, prefix [prefixLen]byte, length uint32) ([]byte, error) {
+	const upfront = 64 << 10
+	if length <= upfront {
+		msg := make([]byte, prefixLen+int(length))
+		copy(msg, prefix[:])
+		if _, err := io.ReadFull(src, msg[prefixLen:]); err != nil {
+			return nil, unexpectedEOF(err)
+		}
+		return msg, nil
+	}
+	msg := bytes.NewBuffer(make([]byte, 0, prefixLen+upfront))
+	msg.Write(prefix[:])
+	if _, err := io.CopyN(msg, src, int64(length)); err != nil {
+		return nil, unexpectedEOF(err)
+	}
+	return msg.Bytes(), nil
+}
+
+// unexpectedEOF is err, io.ErrUnexpectedEOF for io.EOF: the stream ended
+// inside a message.
+func unexpectedEOF(err error) error {
+	if errors.Is(err, io.EOF) {
+		return io.ErrUnexpectedEOF
+	}
+	return err
 }
 
 // refuse ends the session with a gRPC status, and returns the error that
