@@ -229,26 +229,16 @@ var _ = Describe("The writes of a user its VM's quota refuses", Ordered, func() 
 
 		It("refuses a write_content put before its request_id", func() {
 			data := "hostile 1 " + testbed.RandomPassword()
-			var msg []byte
-			msg = protowire.AppendTag(msg, 13, protowire.BytesType)
-			msg = protowire.AppendBytes(msg, writeContentRequest(data))
-			msg = protowire.AppendTag(msg, 1, protowire.VarintType)
-			msg = protowire.AppendVarint(msg, 7)
+			msg := withRequestID(withField(nil, 13, writeContentRequest(data)), 7)
 			refusedThenWritten(7, grpcMessage(0, msg), data)
 		})
 
 		It("refuses a message of two requests whose last is a write_content", func() {
 			data := "hostile 2 " + testbed.RandomPassword()
-			var getContent []byte
-			getContent = protowire.AppendTag(getContent, 1, protowire.BytesType)
-			getContent = protowire.AppendString(getContent, "0123456789abcdef0123456789abcdef")
-			msg := sessionRequest(3, 14, getContent)
-			msg = protowire.AppendTag(msg, 13, protowire.BytesType)
-			msg = protowire.AppendBytes(msg, writeContentRequest(data))
+			msg := sessionRequest(3, 14, withField(nil, 1, []byte("0123456789abcdef0123456789abcdef")))
+			msg = withField(msg, 13, writeContentRequest(data))
 			// A request_id given twice: the last counts.
-			msg = protowire.AppendTag(msg, 1, protowire.VarintType)
-			msg = protowire.AppendVarint(msg, 9)
-			refusedThenWritten(9, grpcMessage(0, msg), data)
+			refusedThenWritten(9, grpcMessage(0, withRequestID(msg, 9)), data)
 		})
 
 		It("ends the session of a compressed message, which never reaches Kopia", func() {
@@ -300,7 +290,7 @@ func openRawSession(url, username, password string) *rawSession {
 	body, hold := io.Pipe()
 	DeferCleanup(hold.Close)
 	context.AfterFunc(ctx, func() { hold.CloseWithError(ctx.Err()) })
-	purpose := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "by hand")
+	purpose := withField(nil, 1, []byte("by hand"))
 	go func() { _, _ = hold.Write(grpcMessage(0, sessionRequest(1, 10, purpose))) }()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+sessionPath, body)
 	Expect(err).NotTo(HaveOccurred())
@@ -439,34 +429,37 @@ func grpcMessage(flag byte, msg []byte) []byte {
 // sessionRequest is a SessionRequest: its ID, then request (the encoded
 // message) as the field of its oneof.
 func sessionRequest(requestID int64, field protowire.Number, request []byte) []byte {
-	var m []byte
-	m = protowire.AppendTag(m, 1, protowire.VarintType)
-	m = protowire.AppendVarint(m, uint64(requestID))
-	m = protowire.AppendTag(m, field, protowire.BytesType)
-	return protowire.AppendBytes(m, request)
+	return withField(withRequestID(nil, requestID), field, request)
+}
+
+// withRequestID appends a SessionRequest's request_id to msg.
+func withRequestID(msg []byte, requestID int64) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(msg, 1, protowire.VarintType), uint64(requestID))
+}
+
+// withField appends field num, of wire type bytes, to msg.
+func withField(msg []byte, num protowire.Number, value []byte) []byte {
+	return protowire.AppendBytes(protowire.AppendTag(msg, num, protowire.BytesType), value)
 }
 
 // contentInfoRequest is a SessionRequest of a GetContentInfoRequest of
 // id.
 func contentInfoRequest(requestID int64, id content.ID) []byte {
-	return sessionRequest(requestID, 11, protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), id.String()))
+	return sessionRequest(requestID, 11, withField(nil, 1, []byte(id.String())))
 }
 
 // writeContentRequest is a WriteContentRequest of data, no prefix, not
 // compressed.
 func writeContentRequest(data string) []byte {
-	return protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), []byte(data))
+	return withField(nil, 2, []byte(data))
 }
 
 // putManifestRequest is a PutManifestRequest of an empty JSON object with
 // labels.
 func putManifestRequest(labels map[string]string) []byte {
-	m := protowire.AppendBytes(protowire.AppendTag(nil, 1, protowire.BytesType), []byte("{}"))
+	m := withField(nil, 1, []byte("{}"))
 	for k, v := range labels {
-		var entry []byte
-		entry = protowire.AppendString(protowire.AppendTag(entry, 1, protowire.BytesType), k)
-		entry = protowire.AppendString(protowire.AppendTag(entry, 2, protowire.BytesType), v)
-		m = protowire.AppendBytes(protowire.AppendTag(m, 2, protowire.BytesType), entry)
+		m = withField(m, 2, withField(withField(nil, 1, []byte(k)), 2, []byte(v)))
 	}
 	return m
 }
