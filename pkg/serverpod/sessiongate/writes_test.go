@@ -262,6 +262,20 @@ var _ = Describe("The writes of a user its VM's quota refuses", Ordered, func() 
 			Expect(err).NotTo(HaveOccurred())
 			Expect(found).To(BeEmpty())
 		})
+
+		It("ends a session whose first message is compressed, before Kopia answers", func() {
+			var zipped bytes.Buffer
+			z := gzip.NewWriter(&zipped)
+			_, _ = z.Write(initializeSession())
+			Expect(z.Close()).To(Succeed())
+			s := startRawSession(url, full, fullPassword, grpcMessage(1, zipped.Bytes()))
+			// Kopia, had it got the message, would answer it and end the
+			// session with OK.
+			Expect(s.body.Close()).To(Succeed())
+			status, message := s.status()
+			Expect(status).To(Equal("3"), "InvalidArgument, from the gate: %s", message)
+			Expect(message).To(ContainSubstring(seen + ": a compressed message"))
+		})
 	})
 })
 
@@ -280,18 +294,41 @@ type rawParameters struct{ hash, secret []byte }
 func (p *rawParameters) GetHashFunction() string { return string(p.hash) }
 func (p *rawParameters) GetHmacSecret() []byte   { return p.secret }
 
+// initializeSession is the first request of a session, as a client
+// sends it.
+func initializeSession() []byte {
+	return sessionRequest(1, 10, withField(nil, 1, []byte("by hand")))
+}
+
 // openRawSession opens a session as username through the gate at url,
 // its first message the initialization a client sends, and reads Kopia's
 // answer to it. The session ends with the spec.
 func openRawSession(url, username, password string) *rawSession {
+	GinkgoHelper()
+	s := startRawSession(url, username, password, grpcMessage(0, initializeSession()))
+	Expect(s.res.Header.Get("Grpc-Status")).To(BeEmpty(), "Kopia accepted the session: %s", s.res.Header.Get("Grpc-Message"))
+	first := s.recv()
+	Expect(first.field).To(Equal(protowire.Number(10)), "InitializeSessionResponse")
+	params, err := fieldBytes(first.body, 1)
+	Expect(err).NotTo(HaveOccurred())
+	s.params = &rawParameters{}
+	s.params.hash, err = fieldBytes(params, 1)
+	Expect(err).NotTo(HaveOccurred())
+	s.params.secret, err = fieldBytes(params, 2)
+	Expect(err).NotTo(HaveOccurred())
+	return s
+}
+
+// startRawSession starts a session as username through the gate at url,
+// its first message first, and returns once the answer's headers are in.
+func startRawSession(url, username, password string, first []byte) *rawSession {
 	GinkgoHelper()
 	ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
 	DeferCleanup(cancel)
 	body, hold := io.Pipe()
 	DeferCleanup(hold.Close)
 	context.AfterFunc(ctx, func() { hold.CloseWithError(ctx.Err()) })
-	purpose := withField(nil, 1, []byte("by hand"))
-	go func() { _, _ = hold.Write(grpcMessage(0, sessionRequest(1, 10, purpose))) }()
+	go func() { _, _ = hold.Write(first) }()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+sessionPath, body)
 	Expect(err).NotTo(HaveOccurred())
 	user, host, _ := strings.Cut(username, "@")
@@ -308,18 +345,7 @@ func openRawSession(url, username, password string) *rawSession {
 	res, err := a.client.Do(req)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(res.Body.Close)
-	Expect(res.Header.Get("Grpc-Status")).To(BeEmpty(), "Kopia accepted the session: %s", res.Header.Get("Grpc-Message"))
-	s := &rawSession{body: hold, res: res}
-	first := s.recv()
-	Expect(first.field).To(Equal(protowire.Number(10)), "InitializeSessionResponse")
-	params, err := fieldBytes(first.body, 1)
-	Expect(err).NotTo(HaveOccurred())
-	s.params = &rawParameters{}
-	s.params.hash, err = fieldBytes(params, 1)
-	Expect(err).NotTo(HaveOccurred())
-	s.params.secret, err = fieldBytes(params, 2)
-	Expect(err).NotTo(HaveOccurred())
-	return s
+	return &rawSession{body: hold, res: res}
 }
 
 // send sends a gRPC message (grpcMessage).
@@ -398,15 +424,20 @@ func (s *rawSession) recv() rawResponse {
 	return r
 }
 
-// status reads the session to its end, and returns its gRPC status.
+// status reads the session to its end, and returns its gRPC status, from
+// the trailers or, in an answer of a status alone, the headers.
 func (s *rawSession) status() (code, message string) {
 	GinkgoHelper()
 	_, err := io.Copy(io.Discard, s.res.Body)
 	Expect(err).NotTo(HaveOccurred(), "the session ends with a status, not a reset stream")
+	h := s.res.Trailer
+	if s.res.Header.Get("Grpc-Status") != "" {
+		h = s.res.Header
+	}
 	// Percent-encoded, as gRPC says.
-	message, err = neturl.PathUnescape(s.res.Trailer.Get("Grpc-Message"))
+	message, err = neturl.PathUnescape(h.Get("Grpc-Message"))
 	Expect(err).NotTo(HaveOccurred())
-	return s.res.Trailer.Get("Grpc-Status"), message
+	return h.Get("Grpc-Status"), message
 }
 
 // contentID is the ID Kopia gives a content of data, as its client
