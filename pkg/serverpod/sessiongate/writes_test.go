@@ -11,6 +11,8 @@ import (
 	"net"
 	"net/http"
 	neturl "net/url"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -159,6 +161,25 @@ var _ = Describe("The writes of a user its VM's quota refuses", Ordered, func() 
 		snapshots, err := readSnapshot(fullRepo, full, path)
 		Expect(err).NotTo(HaveOccurred(), "reads pass")
 		Expect(snapshots).To(Equal([]map[string]string{firstFiles}), "the refused snapshot is not there, the earlier one is whole")
+	})
+
+	It("fails the guest's own `kopia snapshot create` with the gate's reason, while `kopia snapshot list` works", func() {
+		ctx, cancel := context.WithTimeout(context.Background(), callTimeout)
+		defer cancel()
+		guest := testbed.NewKopiaClient(GinkgoT())
+		out, err := guest.ConnectPinned(ctx, url, server.CAPin, full, fullPassword)
+		Expect(err).NotTo(HaveOccurred(), out)
+		data := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "notes.txt"), []byte("over the quota"), 0o600)).To(Succeed())
+		guard.refuse(full, errors.New(why))
+		DeferCleanup(func() { guard.refuse(full, nil) })
+
+		out, err = guest.RunWithPassword(ctx, fullPassword, "snapshot", "create", data)
+		Expect(err).To(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(seen), "what the guest's kopia says")
+		ids, err := guest.SnapshotIDs(ctx, path)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1), "the snapshot taken before the quota was reached")
 	})
 
 	It("lets the same session write again once its user is no longer refused, and never touches another user's", func() {
