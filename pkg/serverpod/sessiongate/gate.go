@@ -23,6 +23,18 @@
 // Kopia gets (logins.go): a few at once, only those someone still waits
 // for, and few from any one address, fewer still after one failed. It
 // bounds the connections of an address, and closes idle ones.
+//
+// Kopia's server lets a user write whatever its ACL allows, and trusts a
+// session's read_only flag, which the guest sets. A VM over its backup
+// quota must still list, read and restore its snapshots, and may only
+// stop adding to the repository, so the gate decides each request of a
+// session (writes.go): while Options.Writes refuses a user's writes, its
+// requests are read whole and inspected as Kopia's server would read
+// them, and each write_content or put_manifest is answered by the gate
+// itself with an error saying why (its kopia command fails with it) and
+// never reaches Kopia; reads, flushes and deletions pass, and the session
+// goes on, writing again as soon as the user is no longer refused. The
+// messages of a user it does not refuse go by as they are read.
 package sessiongate
 
 import (
@@ -76,8 +88,10 @@ const (
 
 // gRPC status codes the gate answers with (google.golang.org/grpc/codes).
 const (
-	grpcPermissionDenied = 7
-	grpcUnavailable      = 14
+	grpcInvalidArgument   = 3
+	grpcResourceExhausted = 8
+	grpcPermissionDenied  = 7
+	grpcUnavailable       = 14
 )
 
 // ErrSessionEnded is the cause of a session End ended.
@@ -126,6 +140,10 @@ type Options struct {
 	// Directory, when set, decides which users may open a session before
 	// the Kopia server is asked (usersync.Syncer).
 	Directory Directory
+	// Writes, when set, says whose sessions may not write now
+	// (usersync.Syncer: a VM over its backup quota); nil: nobody is
+	// refused.
+	Writes WriteGuard
 	// Clock times the backoff after failed logins; nil: the real clock.
 	Clock clock.WithDelayedExecution
 	Log   logr.Logger
@@ -154,6 +172,8 @@ type Gate struct {
 	conns    *connections
 	// directory is Options.Directory.
 	directory Directory
+	// writes is Options.Writes.
+	writes WriteGuard
 	// idleTimeout is Options.IdleTimeout.
 	idleTimeout time.Duration
 
@@ -215,6 +235,7 @@ func New(o Options) (*Gate, error) {
 		counted:     map[net.Conn]string{},
 		idleTimeout: o.IdleTimeout,
 		directory:   o.Directory,
+		writes:      o.Writes,
 	}
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(g.upstream) },
@@ -228,6 +249,9 @@ func New(o Options) (*Gate, error) {
 				login.forwarded.Store(true)
 			}
 			res, err := roundTrip(t, r)
+			if err == nil && isGRPC(r) {
+				res.Body = &endedBody{ReadCloser: res.Body, ctx: r.Context()}
+			}
 			if login != nil {
 				done := login.done
 				switch {
@@ -440,7 +464,34 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	SessionsStarted.Inc()
-	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	if g.writes == nil {
+		g.proxy.ServeHTTP(w, r.WithContext(ctx))
+		return
+	}
+	g.serveGuarded(w, r.WithContext(ctx), user, end)
+}
+
+// serveGuarded forwards session r of user, whose writes g.writes may
+// refuse at each request (guardedBody, answerWriter); end ends it.
+func (g *Gate) serveGuarded(w http.ResponseWriter, r *http.Request, user string, end context.CancelCauseFunc) {
+	answers := &answerWriter{ResponseWriter: w}
+	// Before the handler returns, even when the proxy aborts the stream
+	// by a panic: the guest's body may still be read after it, and no
+	// answer may be written then.
+	defer answers.close()
+	r.Body = &guardedBody{body: r.Body, user: user, guard: g.writes, answers: answers, end: end, log: g.log}
+	g.proxy.ServeHTTP(answers, r)
+	answers.close()
+	// A session the gate ended after the Kopia server's headers went out
+	// ends with the gate's status in the trailers (before them,
+	// proxyError answered).
+	if refused := refusalOf(r.Context()); refused != nil && answers.headersWritten() {
+		h := w.Header()
+		h.Del("Grpc-Status")
+		h.Del("Grpc-Message")
+		h.Set(http.TrailerPrefix+"Grpc-Status", strconv.Itoa(refused.code))
+		h.Set(http.TrailerPrefix+"Grpc-Message", url.PathEscape(refused.message))
+	}
 }
 
 // admitLogin waits until the login r may go to the Kopia server
@@ -584,6 +635,10 @@ func (g *Gate) untrack(user string, s *session) {
 func (g *Gate) proxyError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(context.Cause(r.Context()), ErrSessionEnded) {
 		writeGRPCError(w, grpcUnavailable, ErrSessionEnded.Error())
+		return
+	}
+	if refused := refusalOf(r.Context()); refused != nil {
+		writeGRPCError(w, refused.code, refused.message)
 		return
 	}
 	if r.Context().Err() != nil {

@@ -50,7 +50,9 @@ var (
 // Kopia clients (Kopia's own client library, the code behind the CLI).
 var _ = BeforeSuite(func() {
 	server = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{})
-	gate, gateURL = startGate(sessiongate.Options{})
+	// A write guard, as user sync always gives one; it refuses nobody
+	// here, so that every session goes through its path.
+	gate, gateURL = startGate(sessiongate.Options{Writes: &writeGuard{}})
 })
 
 // startGate serves a gate of options o in front of the suite's Kopia
