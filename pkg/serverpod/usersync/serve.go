@@ -127,7 +127,7 @@ func Serve(ctx context.Context, o ServeOptions) error {
 	// The gate asks the syncer whom the users Secrets list; the syncer
 	// ends sessions at the gate.
 	syncer := New(o.Options)
-	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Directory: syncer, Log: o.Log.WithName("gate")})
+	gate, err := sessiongate.New(sessiongate.Options{Upstream: o.ServerURL, TLS: serverpod.TrustChain(cas), Directory: syncer, Writes: syncer, Log: o.Log.WithName("gate")})
 	if err != nil {
 		return err
 	}
