@@ -101,22 +101,29 @@ func TestDamageNotices(t *testing.T) {
 		}()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			for _, n := range damageNotices(server, tc.before, tc.after) {
-				got = append(got, n.Event.Type+" "+n.Event.Reason+" "+n.VM.String()+": "+n.Event.Message)
-				if strings.Contains(n.Event.Message, "%!") {
-					t.Errorf("malformed message %q", n.Event.Message)
-				}
-			}
-			if len(got) != len(tc.want) {
-				t.Fatalf("notices:\n%s\nwant %d:\n%s", strings.Join(got, "\n"), len(tc.want), strings.Join(tc.want, "\n"))
-			}
-			for i := range got {
-				if !strings.HasPrefix(got[i], tc.want[i]) {
-					t.Errorf("notice %d = %q, want it to start %q", i, got[i], tc.want[i])
-				}
-			}
+			expectNotices(t, damageNotices(server, tc.before, tc.after), tc.want)
 		})
+	}
+}
+
+// expectNotices checks notices, each as "<type> <reason> <namespace>/<name>:
+// <message>", against the prefixes want, in order.
+func expectNotices(t *testing.T, notices []vmNotice, want []string) {
+	t.Helper()
+	var got []string
+	for _, n := range notices {
+		got = append(got, n.Event.Type+" "+n.Event.Reason+" "+n.VM.String()+": "+n.Event.Message)
+		if strings.Contains(n.Event.Message, "%!") {
+			t.Errorf("malformed message %q", n.Event.Message)
+		}
+	}
+	if len(got) != len(want) {
+		t.Fatalf("notices:\n%s\nwant %d:\n%s", strings.Join(got, "\n"), len(want), strings.Join(want, "\n"))
+	}
+	for i := range got {
+		if !strings.HasPrefix(got[i], want[i]) {
+			t.Errorf("notice %d = %q, want it to start %q", i, got[i], want[i])
+		}
 	}
 }
 

@@ -2,7 +2,6 @@ package kopiaserver
 
 import (
 	"os"
-	"strings"
 	"testing"
 	"time"
 
@@ -140,21 +139,7 @@ func TestQuotaNotices(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var got []string
-			for _, n := range quotaNotices(server, tc.before, tc.after) {
-				got = append(got, n.Event.Type+" "+n.Event.Reason+" "+n.VM.String()+": "+n.Event.Message)
-				if strings.Contains(n.Event.Message, "%!") {
-					t.Errorf("malformed message %q", n.Event.Message)
-				}
-			}
-			if len(got) != len(tc.want) {
-				t.Fatalf("notices:\n%s\nwant %d:\n%s", strings.Join(got, "\n"), len(tc.want), strings.Join(tc.want, "\n"))
-			}
-			for i := range got {
-				if !strings.HasPrefix(got[i], tc.want[i]) {
-					t.Errorf("notice %d = %q, want it to start %q", i, got[i], tc.want[i])
-				}
-			}
+			expectNotices(t, quotaNotices(server, tc.before, tc.after), tc.want)
 		})
 	}
 }

@@ -151,22 +151,38 @@ func EncodeGrants(grants []Grant) []byte {
 // line or invalid grant.
 func DecodeGrants(data []byte) ([]Grant, error) {
 	var grants []Grant
+	err := eachLine(data, "grants line", "<grantee> <source>", 2, func(fields []string) error {
+		g := Grant{Grantee: fields[0], Source: fields[1]}
+		if err := g.Validate(); err != nil {
+			return err
+		}
+		grants = append(grants, g)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return grants, nil
+}
+
+// eachLine calls fn with the fields of each non-empty line of data, which
+// must have n, wanting the format want; an error names the line, after
+// what ("grants line 3: ...").
+func eachLine(data []byte, what, want string, n int, fn func(fields []string) error) error {
 	sc := bufio.NewScanner(bytes.NewReader(data))
-	for n := 1; sc.Scan(); n++ {
+	for line := 1; sc.Scan(); line++ {
 		if sc.Text() == "" {
 			continue
 		}
 		fields := strings.Fields(sc.Text())
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("grants line %d: want \"<grantee> <source>\", got %d fields", n, len(fields))
+		if len(fields) != n {
+			return fmt.Errorf("%s %d: want %q, got %d fields", what, line, want, len(fields))
 		}
-		g := Grant{Grantee: fields[0], Source: fields[1]}
-		if err := g.Validate(); err != nil {
-			return nil, fmt.Errorf("grants line %d: %w", n, err)
+		if err := fn(fields); err != nil {
+			return fmt.Errorf("%s %d: %w", what, line, err)
 		}
-		grants = append(grants, g)
 	}
-	return grants, sc.Err()
+	return sc.Err()
 }
 
 // QuotasKey is the key of a users Secret that holds the quotas of its
@@ -194,26 +210,22 @@ func EncodeQuotas(quotas map[string]int64) []byte {
 // line, invalid user name, negative quota or duplicate user.
 func DecodeQuotas(data []byte) (map[string]int64, error) {
 	quotas := map[string]int64{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	for n := 1; sc.Scan(); n++ {
-		if sc.Text() == "" {
-			continue
-		}
-		fields := strings.Fields(sc.Text())
-		if len(fields) != 2 {
-			return nil, fmt.Errorf("quotas line %d: want \"<user@host> <bytes>\", got %d fields", n, len(fields))
-		}
+	err := eachLine(data, "quotas line", "<user@host> <bytes>", 2, func(fields []string) error {
 		if err := identity.ValidateUsername(fields[0]); err != nil {
-			return nil, fmt.Errorf("quotas line %d: %w", n, err)
+			return err
 		}
 		quota, err := strconv.ParseInt(fields[1], 10, 64)
 		if err != nil || quota < 0 {
-			return nil, fmt.Errorf("quotas line %d: quota of %s: want a number of bytes, got %q", n, fields[0], fields[1])
+			return fmt.Errorf("quota of %s: want a number of bytes, got %q", fields[0], fields[1])
 		}
 		if _, dup := quotas[fields[0]]; dup {
-			return nil, fmt.Errorf("quotas line %d: user %s listed twice", n, fields[0])
+			return fmt.Errorf("user %s listed twice", fields[0])
 		}
 		quotas[fields[0]] = quota
+		return nil
+	})
+	if err != nil {
+		return nil, err
 	}
-	return quotas, sc.Err()
+	return quotas, nil
 }

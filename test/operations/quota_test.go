@@ -83,12 +83,7 @@ var _ = Describe("A VM that reaches its backup quota", Ordered, func() {
 		b.Spec.Quota = spec()
 		_, bsls = c.serve(b, port)
 
-		Expect(c.API.Client.Create(ctx, newVM())).To(Succeed())
-		Eventually(func() error {
-			var err error
-			guest, err = connect(install(c.vmSecret()))
-			return err
-		}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Succeed(), "the guest logs in with its bootstrap")
+		guest = c.optIn()
 		source = randomFiles(1, 1<<20)
 		out, err := snapshot(source)
 		Expect(err).NotTo(HaveOccurred(), out)

@@ -92,12 +92,7 @@ var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func(
 		c.UseClaim(b, volume)
 		_, bsls = c.serve(b, port)
 
-		Expect(c.API.Client.Create(ctx, newVM())).To(Succeed())
-		Eventually(func() error {
-			var err error
-			guest, err = connect(install(c.vmSecret()))
-			return err
-		}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Succeed(), "the guest logs in with its bootstrap")
+		guest = c.optIn()
 		source = randomFiles(2, 1<<20)
 		out, err := snapshot()
 		Expect(err).NotTo(HaveOccurred(), out)

@@ -164,6 +164,20 @@ func (c *cluster) serve(b *v1alpha1.BackupStorageLocationServer, port int) (*tes
 	return pod, b
 }
 
+// optIn creates newVM in c and returns a kopia client connected with its
+// bootstrap, once the controller has provisioned its user.
+func (c *cluster) optIn() *testbed.KopiaClient {
+	GinkgoHelper()
+	Expect(c.API.Client.Create(ctx, newVM())).To(Succeed())
+	var guest *testbed.KopiaClient
+	Eventually(func() error {
+		var err error
+		guest, err = connect(install(c.vmSecret()))
+		return err
+	}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Succeed(), "the guest logs in with its bootstrap")
+	return guest
+}
+
 // newVM is a small VM opted in to the BSLS, with no cloud-init of its
 // own.
 func newVM() *kubevirtv1.VirtualMachine {
