@@ -54,6 +54,7 @@ import (
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/repo/format"
+	"github.com/kopia/kopia/repo/manifest"
 	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
@@ -79,9 +80,19 @@ func Measure(ctx context.Context, r repo.DirectRepository) (map[string]int64, er
 // measure walks each user's snapshots and returns the walks' results
 // (their sets dropped).
 func measure(ctx context.Context, r repo.DirectRepository) (map[string]walked, error) {
-	ids, err := snapshot.ListSnapshotManifests(ctx, r, nil, nil)
+	entries, err := r.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: snapshot.ManifestType})
 	if err != nil {
 		return nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	// A snapshot counts to the user its labels name, which Kopia's access
+	// rules hold to the writer's own identity, never to the source its
+	// payload names: a guest writes that as it likes, and would charge
+	// its data to another VM.
+	ownerOf := make(map[manifest.ID]string, len(entries))
+	ids := make([]manifest.ID, 0, len(entries))
+	for _, e := range entries {
+		ownerOf[e.ID] = e.Labels[snapshot.UsernameLabel] + "@" + e.Labels[snapshot.HostnameLabel]
+		ids = append(ids, e.ID)
 	}
 	manifests, err := snapshot.LoadSnapshots(ctx, r, ids)
 	if err != nil {
@@ -89,7 +100,7 @@ func measure(ctx context.Context, r repo.DirectRepository) (map[string]walked, e
 	}
 	byUser := map[string][]*snapshot.Manifest{}
 	for _, m := range manifests {
-		user := m.Source.UserName + "@" + m.Source.Host
+		user := ownerOf[m.ID]
 		byUser[user] = append(byUser[user], m)
 	}
 	out := make(map[string]walked, len(byUser))

@@ -290,6 +290,31 @@ func TestMeasure(t *testing.T) {
 			return map[string]contents{"db@team-b": union(b.added["db0"], b.added["db1"], b.added["db2"])}
 		},
 	}, {
+		name: "a snapshot counts to the user its labels name, whatever source its payload claims",
+		write: func(b *bed) {
+			b.snap("web", "web@team-a", dir("data", file("a", random(40<<10))), false)
+			// Web's guest saves a manifest under its own labels, which is
+			// all Kopia's access rules check, naming db's source inside.
+			ctx := context.Background()
+			m, err := snapshot.LoadSnapshot(ctx, b.r, b.ids["web"])
+			if err != nil {
+				b.t.Fatal(err)
+			}
+			labels := map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: "web", snapshot.HostnameLabel: "team-a", snapshot.PathLabel: "/data"}
+			m.ID = ""
+			m.Source = snapshot.SourceInfo{UserName: "db", Host: "team-b", Path: "/data"}
+			err = repo.WriteSession(ctx, b.r, repo.WriteSessionOptions{Purpose: "test spoof"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+				_, err := w.PutManifest(ctx, labels, m)
+				return err
+			})
+			if err != nil {
+				b.t.Fatal(err)
+			}
+		},
+		want: func(b *bed) map[string]contents {
+			return map[string]contents{"web@team-a": b.added["web"]}
+		},
+	}, {
 		name: "a content two users share counts to each",
 		write: func(b *bed) {
 			// A third user writes the shared file first, so that its
