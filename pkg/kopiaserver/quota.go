@@ -3,6 +3,7 @@ package kopiaserver
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -63,18 +64,26 @@ func quotasOf[V any](spec *v1alpha1.QuotaSpec, users map[string]V) map[string]in
 	return quotas
 }
 
-// quotaStatus is status.quota: from the freshest measurement any server
-// pod published that is not stale, else the previous status (a pod that
-// restarted has measured nothing yet). Nil when no user has a quota
-// (spec.quota unset, or overrides that lift every bound): the pods then
-// measure nothing, and refuse nobody.
+// quotaStatus is status.quota: from the freshest complete measurement a
+// server pod published that is not stale (of two equally fresh, the first
+// pod's by name, so that replicas do not take turns), else the previous
+// status, with the failure a pod reports that has measured nothing yet (it
+// restarted, and its first measurement failed): that says nothing of who
+// is over. Nil when no user has a quota (spec.quota unset, or overrides
+// that lift every bound): the pods then measure nothing, and refuse nobody.
 func quotaStatus(b *v1alpha1.BackupStorageLocationServer, users UserSet, now time.Time, states map[string]maintenancestate.StorageState) *v1alpha1.QuotaStatus {
 	if !anyQuota(b.Spec.Quota, users) {
 		return nil
 	}
 	var latest *maintenancestate.QuotaState
-	for _, st := range states {
+	failure := ""
+	for _, pod := range slices.Sorted(maps.Keys(states)) {
+		st := states[pod]
 		if st.Quota == nil || now.Sub(st.CheckedAt) > maintenancestate.StorageStale {
+			continue
+		}
+		if st.Quota.MeasuredAt.IsZero() {
+			failure = cmp.Or(failure, st.Quota.Error)
 			continue
 		}
 		if latest == nil || st.Quota.MeasuredAt.After(latest.MeasuredAt) {
@@ -82,20 +91,23 @@ func quotaStatus(b *v1alpha1.BackupStorageLocationServer, users UserSet, now tim
 		}
 	}
 	if latest == nil {
-		return b.Status.Quota
+		if failure == "" || b.Status.Quota == nil {
+			return b.Status.Quota
+		}
+		kept := b.Status.Quota.DeepCopy()
+		kept.Failure = failure
+		return kept
 	}
 	s := &v1alpha1.QuotaStatus{
 		MeasuredAt:   metaTime(latest.MeasuredAt),
 		Failure:      latest.Error,
 		VMsOverQuota: int32(min(latest.OverCount, 1<<31-1)), //nolint:gosec // bounded above
 	}
-	for _, u := range latest.Over {
+	// In the pod's order (maintenancestate.CompareQuotaUse), bounded as
+	// the CRD's maxItems.
+	for _, u := range latest.Over[:min(len(latest.Over), maintenancestate.MaxListedOverQuota)] {
 		name, namespace, _ := strings.Cut(u.User, "@")
 		s.OverQuota = append(s.OverQuota, v1alpha1.VMQuotaUse{VM: namespace + "/" + name, UsedBytes: u.UsedBytes, QuotaBytes: u.QuotaBytes})
-	}
-	slices.SortStableFunc(s.OverQuota, func(a, b v1alpha1.VMQuotaUse) int { return cmp.Compare(share(b), share(a)) })
-	if len(s.OverQuota) > maxListedOverQuota {
-		s.OverQuota = s.OverQuota[:maxListedOverQuota]
 	}
 	return s
 }
@@ -110,17 +122,6 @@ func anyQuota(spec *v1alpha1.QuotaSpec, users UserSet) bool {
 		}
 	}
 	return false
-}
-
-// maxListedOverQuota is status.quota.overQuota's bound (its MaxItems).
-const maxListedOverQuota = 100
-
-// share is how far over its quota a VM is, as a fraction of the quota.
-func share(u v1alpha1.VMQuotaUse) float64 {
-	if u.QuotaBytes <= 0 {
-		return float64(u.UsedBytes)
-	}
-	return float64(u.UsedBytes) / float64(u.QuotaBytes)
 }
 
 // quotaNotices are the Events for the VMs that went over their quota since

@@ -85,17 +85,34 @@ func TestQuotaStatus(t *testing.T) {
 
 	got := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{
 		"pod-a": fresh(quotaState(now.Add(-10*time.Minute), 1, db)),
-		"pod-b": fresh(quotaState(now.Add(-5*time.Minute), 2, db, web)),
+		"pod-b": fresh(quotaState(now.Add(-5*time.Minute), 2, web, db)),
 		"pod-c": stale,
 	})
 	if got == nil || !got.MeasuredAt.Time.Equal(now.Add(-5*time.Minute)) || got.VMsOverQuota != 2 || len(got.OverQuota) != 2 ||
 		got.OverQuota[0].VM != "team-a/web" || got.OverQuota[1].VM != "team-a/db" {
-		t.Fatalf("quotaStatus = %+v; want pod-b's measurement, the most over first", got)
+		t.Fatalf("quotaStatus = %+v; want pod-b's measurement, in its order", got)
 	}
 
 	b.Status.Quota = got
 	if kept := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-c": stale, "pod-d": fresh(nil)}); kept != got {
 		t.Errorf("no fresh measurement: %+v, want the previous status kept", kept)
+	}
+	failed := &maintenancestate.QuotaState{Error: "storage does not answer"}
+	kept := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-d": fresh(failed)})
+	if kept == nil || kept.Failure != "storage does not answer" || kept.VMsOverQuota != 2 || len(kept.OverQuota) != 2 {
+		t.Errorf("a restarted pod whose first measurement failed: %+v, want the previous list kept, with the failure", kept)
+	}
+	if b.Status.Quota.Failure != "" {
+		t.Error("the previous status was changed in place")
+	}
+	tie := map[string]maintenancestate.StorageState{
+		"pod-b": fresh(quotaState(now.Add(-time.Minute), 1, web)),
+		"pod-a": fresh(quotaState(now.Add(-time.Minute), 1, db)),
+	}
+	for range 20 {
+		if s := quotaStatus(b, users, now, tie); s.OverQuota[0].VM != "team-a/db" {
+			t.Fatalf("equally fresh measurements: %+v, want pod-a's, every time", s)
+		}
 	}
 	b.Spec.Quota.Overrides = []v1alpha1.QuotaOverride{{Namespace: "team-a"}}
 	if lifted := quotaStatus(b, users, now, map[string]maintenancestate.StorageState{"pod-b": fresh(quotaState(now, 1, web))}); lifted != nil {
@@ -155,7 +172,7 @@ func TestQuotaBoundMatchesCRD(t *testing.T) {
 		t.Fatal(err)
 	}
 	over := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["quota"].Properties["overQuota"]
-	if over.MaxItems == nil || *over.MaxItems != maxListedOverQuota {
-		t.Errorf("status.quota.overQuota: maxItems %v, want %d", over.MaxItems, maxListedOverQuota)
+	if over.MaxItems == nil || *over.MaxItems != maintenancestate.MaxListedOverQuota {
+		t.Errorf("status.quota.overQuota: maxItems %v, want %d (maintenancestate)", over.MaxItems, maintenancestate.MaxListedOverQuota)
 	}
 }

@@ -9,9 +9,11 @@
 package maintenancestate
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -154,6 +156,22 @@ type QuotaUse struct {
 	User       string `json:"user"`
 	UsedBytes  int64  `json:"usedBytes"`
 	QuotaBytes int64  `json:"quotaBytes"`
+}
+
+// Share is how far u is over its quota, as a fraction of it: infinite for
+// a quota of 0, which every user reaches.
+func (u QuotaUse) Share() float64 {
+	if u.QuotaBytes <= 0 {
+		return math.Inf(1)
+	}
+	return float64(u.UsedBytes) / float64(u.QuotaBytes)
+}
+
+// CompareQuotaUse orders the users over their quota as a QuotaState lists
+// them: the most over (by Share, then by bytes) first, then by name, so
+// that every pod lists the same users in the same order.
+func CompareQuotaUse(a, b QuotaUse) int {
+	return cmp.Or(cmp.Compare(b.Share(), a.Share()), cmp.Compare(b.UsedBytes, a.UsedBytes), strings.Compare(a.User, b.User))
 }
 
 // StorageSpace is a filesystem's space, as statfs says: FreeBytes is what

@@ -23,7 +23,7 @@ import (
 // the repository by diff. A Secret holds at most 1 MiB, about 8,000 users, so
 // users are spread over Shards Secrets by a hash of their name: 10,000
 // users make about 80 KiB a shard, and a shard stays under its limit up to
-// about 100,000 users.
+// about 100,000 users (about 75,000 when each also has a quota line).
 const (
 	// Shards is the number of users Secrets per BSLS.
 	Shards = 16

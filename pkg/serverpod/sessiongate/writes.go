@@ -1,7 +1,6 @@
 package sessiongate
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -286,6 +285,9 @@ func (b *guardedBody) inspect(why error) error {
 	case length > maxMessage:
 		return b.refuse(grpcResourceExhausted, fmt.Sprintf("%s: a message of %d bytes, above the %d Kopia takes", refusedWrite(why), length, maxMessage))
 	}
+	if length > maxInspected {
+		return b.inspectLarge(src, why, length)
+	}
 	msg, err := readMessage(src, prefix, length)
 	if err != nil {
 		return err
@@ -303,26 +305,87 @@ func (b *guardedBody) inspect(why error) error {
 	return nil
 }
 
-// readMessage reads the length bytes of the message of prefix from src,
-// and returns the message, its prefix included. Memory is taken as the
-// bytes come, not as the prefix says: a guest may announce 20 MiB and
-// send none.
-func readMessage(src io.Reader, prefix [prefixLen]byte, length uint32) ([]byte, error) {
-	const upfront = 64 << 10
-	if length <= upfront {
-		msg := make([]byte, prefixLen+int(length))
-		copy(msg, prefix[:])
-		if _, err := io.ReadFull(src, msg[prefixLen:]); err != nil {
-			return nil, unexpectedEOF(err)
-		}
-		return msg, nil
+// maxInspected bounds what the gate holds of a message of a user refused
+// writes: the requests that read are a few hundred bytes, so only a write
+// (new content, a manifest) is larger, and a session holds no more than
+// this however many streams its guest opens.
+const maxInspected = 64 << 10
+
+// inspectLarge decides about a message of a user refused writes that is
+// larger than maxInspected, holding only its first maxInspected bytes: a
+// write whose payload starts there is answered as refused and the rest of
+// it discarded as it comes; anything else ends the session, as no Kopia
+// client sends it.
+func (b *guardedBody) inspectLarge(src io.Reader, why error, length uint32) error {
+	head := make([]byte, maxInspected)
+	if _, err := io.ReadFull(src, head); err != nil {
+		return unexpectedEOF(err)
 	}
-	msg := bytes.NewBuffer(make([]byte, 0, prefixLen+upfront))
-	msg.Write(prefix[:])
-	if _, err := io.CopyN(msg, src, int64(length)); err != nil {
+	id, err := inspectWriteHead(head)
+	if err != nil {
+		return b.refuse(grpcInvalidArgument, fmt.Sprintf("%s: a message of %d bytes that is no write the gate can read: %v", refusedWrite(why), length, err))
+	}
+	if _, err := io.CopyN(io.Discard, src, int64(length)-maxInspected); err != nil {
+		return unexpectedEOF(err)
+	}
+	b.log.V(1).Info("write refused", "user", b.user, "why", why.Error())
+	b.answers.answer(refusal(id, refusedWrite(why)))
+	return nil
+}
+
+// inspectWriteHead reads head, the start of a SessionRequest, and returns
+// its request ID when a write's payload (write_content, put_manifest)
+// begins in it and runs past its end, as in every large request of a
+// Kopia client (its request ID comes first). Fields after that payload
+// are not seen: a message that would name another request after it is
+// answered as the write it began as, which it is to no client but a
+// hostile one.
+func inspectWriteHead(head []byte) (requestID int64, err error) {
+	for len(head) > 0 {
+		num, typ, n := protowire.ConsumeTag(head)
+		if n < 0 {
+			return 0, fmt.Errorf("a field's tag: %w", protowire.ParseError(n))
+		}
+		head = head[n:]
+		if num == fieldRequestID && typ == protowire.VarintType {
+			v, n := protowire.ConsumeVarint(head)
+			if n < 0 {
+				return 0, fmt.Errorf("request_id: %w", protowire.ParseError(n))
+			}
+			requestID, head = int64(v), head[n:]
+			continue
+		}
+		if typ == protowire.BytesType {
+			size, n := protowire.ConsumeVarint(head)
+			if n < 0 {
+				return 0, fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
+			}
+			if size > uint64(len(head)-n) {
+				if num == fieldWriteContent || num == fieldPutManifest {
+					return requestID, nil
+				}
+				return 0, fmt.Errorf("field %d runs past the first %d bytes", num, maxInspected)
+			}
+			head = head[n+int(size):]
+			continue
+		}
+		if n = protowire.ConsumeFieldValue(num, typ, head); n < 0 {
+			return 0, fmt.Errorf("field %d: %w", num, protowire.ParseError(n))
+		}
+		head = head[n:]
+	}
+	return 0, fmt.Errorf("no field runs past the first %d bytes", maxInspected)
+}
+
+// readMessage reads the length bytes of the message of prefix from src,
+// at most maxInspected, and returns the message, its prefix included.
+func readMessage(src io.Reader, prefix [prefixLen]byte, length uint32) ([]byte, error) {
+	msg := make([]byte, prefixLen+int(length))
+	copy(msg, prefix[:])
+	if _, err := io.ReadFull(src, msg[prefixLen:]); err != nil {
 		return nil, unexpectedEOF(err)
 	}
-	return msg.Bytes(), nil
+	return msg, nil
 }
 
 // unexpectedEOF is err, io.ErrUnexpectedEOF for io.EOF: the stream ended

@@ -359,3 +359,60 @@ func TestAnswerWriterAnswersBetweenMessages(t *testing.T) {
 		}
 	})
 }
+
+// large is a SessionRequest of ID id whose request field num carries size
+// bytes, after a trace context of pad bytes.
+func large(id int64, num protowire.Number, size, pad int) []byte {
+	var m []byte
+	if pad > 0 {
+		m = protowire.AppendTag(m, 2, protowire.BytesType)
+		m = protowire.AppendBytes(m, make([]byte, pad))
+	}
+	m = protowire.AppendTag(m, fieldRequestID, protowire.VarintType)
+	m = protowire.AppendVarint(m, uint64(id))
+	m = protowire.AppendTag(m, num, protowire.BytesType)
+	return protowire.AppendBytes(m, make([]byte, size))
+}
+
+// A refused user's message larger than the gate holds is judged by its
+// start: a write whose payload runs past it is answered, anything else
+// ends the session, and the gate never holds more than maxInspected of it.
+func TestGuardedBodyJudgesLargeMessagesByTheirStart(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		msg      []byte
+		answered int64 // the ID answered; -1: the session ends
+	}{
+		{name: "write_content of 4 MiB, as Kopia's client sends it", msg: large(7, fieldWriteContent, 4<<20, 0), answered: 7},
+		{name: "put_manifest of 100 KiB", msg: large(8, fieldPutManifest, 100<<10, 0), answered: 8},
+		{name: "a read of 1 MiB: no client sends one", msg: large(9, protowire.Number(14), 1<<20, 0), answered: -1},
+		{name: "a write behind a trace context larger than the gate holds", msg: large(10, fieldWriteContent, 1<<20, maxInspected), answered: -1},
+		{name: "a write behind a small trace context", msg: large(11, fieldWriteContent, 1<<20, 100), answered: 11},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			guard := &switchGuard{}
+			guard.refused.Store(true)
+			next := framed(0, request(int64(12), protowire.Number(14)))
+			b, rec, ended := guardedStream(guard, iotest.HalfReader(bytes.NewReader(append(framed(0, tc.msg), next...))))
+			out, err := io.ReadAll(b)
+			if tc.answered < 0 {
+				if *ended == nil && err == nil {
+					t.Fatalf("passed on %d bytes; want the session ended", len(out))
+				}
+				if len(out) != 0 {
+					t.Errorf("passed on %d bytes of a message it ended the session for", len(out))
+				}
+				return
+			}
+			if err != nil || *ended != nil {
+				t.Fatalf("read: %v, ended: %v", err, *ended)
+			}
+			if !bytes.Equal(out, next) {
+				t.Errorf("passed on %d bytes, want the next message alone", len(out))
+			}
+			if id, code, _ := answerOf(t, rec.Body.Bytes()); id != tc.answered || code != codeAccessDenied {
+				t.Errorf("answered ID %d, code %d; want %d refused", id, code, tc.answered)
+			}
+		})
+	}
+}

@@ -1,7 +1,6 @@
 package usersync
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,8 +50,10 @@ var (
 // when either side changes.
 type quotas struct {
 	mu sync.RWMutex
-	// bounds are the quotas of the users that have one, by user.
-	bounds map[string]int64
+	// bounds are the quotas of the users that have one, by user;
+	// exported those UserQuotaBytes has a series of.
+	bounds   map[string]int64
+	exported map[string]int64
 	// used is what the last complete measurement found each user stores;
 	// measured whether it completed once.
 	used     map[string]int64
@@ -65,8 +66,8 @@ type quotas struct {
 	over  map[string]maintenancestate.QuotaUse
 }
 
-// overQuota is the users of used whose quota (in bounds) they reached, the
-// most over (as a share of their quota) first. A quota of 0 bytes is
+// overQuota is the users of used whose quota (in bounds) they reached, in
+// the order a QuotaState lists them (maintenancestate.CompareQuotaUse). A quota of 0 bytes is
 // reached by every user, so that it refuses every write.
 func overQuota(used, bounds map[string]int64) []maintenancestate.QuotaUse {
 	var over []maintenancestate.QuotaUse
@@ -75,13 +76,7 @@ func overQuota(used, bounds map[string]int64) []maintenancestate.QuotaUse {
 			over = append(over, maintenancestate.QuotaUse{User: user, UsedBytes: n, QuotaBytes: quota})
 		}
 	}
-	slices.SortFunc(over, func(a, b maintenancestate.QuotaUse) int {
-		// a.Used/a.Quota > b.Used/b.Quota first, without dividing by 0.
-		if c := cmp.Compare(float64(b.UsedBytes)*float64(a.QuotaBytes), float64(a.UsedBytes)*float64(b.QuotaBytes)); c != 0 {
-			return c
-		}
-		return strings.Compare(a.User, b.User)
-	})
+	slices.SortFunc(over, maintenancestate.CompareQuotaUse)
 	return over
 }
 
@@ -101,9 +96,18 @@ func (q *quotas) set(bounds, used map[string]int64, measuredAt time.Time, measur
 	if measureErr != nil {
 		q.measureErr = measureErr.Error()
 	}
-	UserQuotaBytes.Reset()
-	for user, quota := range q.bounds {
-		UserQuotaBytes.WithLabelValues(user).Set(float64(quota))
+	if bounds != nil {
+		// Series of users that lost their quota go; the others are set
+		// in place, so that no scrape sees them missing.
+		for user := range q.exported {
+			if _, ok := bounds[user]; !ok {
+				UserQuotaBytes.DeleteLabelValues(user)
+			}
+		}
+		for user, quota := range bounds {
+			UserQuotaBytes.WithLabelValues(user).Set(float64(quota))
+		}
+		q.exported = bounds
 	}
 	if len(q.bounds) == 0 || !q.measured {
 		// Nobody has a quota, or nothing was measured yet: nobody is
@@ -171,14 +175,19 @@ func (q *quotas) hasBounds() bool {
 // QuotaError is why the gate refuses a user's writes: its VM stores its
 // quota or more.
 type QuotaError struct {
-	VM         string
-	Use        maintenancestate.QuotaUse
+	// VM is the VirtualMachine, as <namespace>/<name>.
+	VM string
+	// Use is what it stores against its quota.
+	Use maintenancestate.QuotaUse
+	// MeasuredAt is when that was measured.
 	MeasuredAt time.Time
 }
 
+// Error is what the guest's kopia prints: what the VM stores, its quota,
+// and what its owner can do.
 func (e *QuotaError) Error() string {
 	return fmt.Sprintf("VirtualMachine %s stores %s, reaching its backup quota of %s (measured at %s): "+
-		"its backups are refused until it stores less. Delete some of its snapshots (kopia snapshot delete), or ask the cluster admin to raise its quota",
+		"its backups are refused until it stores less. Delete some of its snapshots (kopia snapshot delete; on an append-only server, retention expires them instead), or ask the cluster admin to raise its quota",
 		e.VM, humanize.IBytes(uint64(max(e.Use.UsedBytes, 0))), humanize.IBytes(uint64(max(e.Use.QuotaBytes, 0))), e.MeasuredAt.Format(time.RFC3339))
 }
 
@@ -208,7 +217,7 @@ func DesiredQuotas(lister corelisters.SecretNamespaceLister, bsls string) (map[s
 
 // applyQuotas takes the quotas of the users Secrets, after each sync, so
 // that a quota raised or lowered takes effect at once on the last
-// measurement; the first quota set starts the measurements.
+// measurement; the first quota set has one measured at once.
 func (s *Syncer) applyQuotas(lister corelisters.SecretNamespaceLister) {
 	bounds, err := DesiredQuotas(lister, s.opts.BSLS)
 	if err != nil {
@@ -217,8 +226,32 @@ func (s *Syncer) applyQuotas(lister corelisters.SecretNamespaceLister) {
 	}
 	had := s.quotas.hasBounds()
 	s.quotas.set(bounds, nil, time.Time{}, nil)
-	if !had && len(bounds) > 0 && s.opts.QuotaInterval > 0 {
-		s.queue.Add(measureUsage)
+	if !had && len(bounds) > 0 {
+		select {
+		case s.usageDue <- struct{}{}:
+		default: // a measurement is due already
+		}
+	}
+}
+
+// watchUsage measures what each user stores every QuotaInterval, and at
+// once when the first quota is set, until ctx ends. It runs beside the
+// queue: a walk of a large repository must not hold up the syncs that
+// add users, change passwords and apply the quotas it measures against.
+func (s *Syncer) watchUsage(ctx context.Context) {
+	timer := time.NewTimer(s.opts.QuotaInterval)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.usageDue:
+		case <-timer.C:
+		}
+		if err := s.measureUsage(ctx); err != nil && ctx.Err() == nil {
+			s.opts.Log.Error(err, "usage not measured; the last measurement stays in force", "retryIn", s.opts.QuotaInterval)
+		}
+		timer.Reset(s.opts.QuotaInterval)
 	}
 }
 

@@ -199,9 +199,6 @@ const (
 	// measureRepository measures the repository's size for /metrics,
 	// every StatsInterval.
 	measureRepository work = "measure-repository"
-	// measureUsage measures what each user stores against its quota,
-	// every QuotaInterval while some user has one.
-	measureUsage work = "measure-usage"
 )
 
 // Syncer keeps a repository's users equal to the users Secrets.
@@ -222,9 +219,11 @@ type Syncer struct {
 	// on /metrics.
 	stats *repostats.Collector
 	// quotas are the users' quotas and what they store (RefusesWrites);
-	// usage serves what they store on /metrics.
-	quotas quotas
-	usage  *usage.Collector
+	// usage serves what they store on /metrics; usageDue wakes the
+	// measurements when the first quota is set (watchUsage).
+	quotas   quotas
+	usage    *usage.Collector
+	usageDue chan struct{}
 
 	mu sync.Mutex
 	// status is why the pod may not serve guests (Ready); notApplied the
@@ -306,6 +305,7 @@ func New(opts Options) *Syncer {
 		activity: activityscan.New(),
 		stats:    &repostats.Collector{},
 		usage:    &usage.Collector{},
+		usageDue: make(chan struct{}, 1),
 		space:    opts.space,
 	}
 }
@@ -411,6 +411,9 @@ func (s *Syncer) Run(ctx context.Context) error {
 		<-ctx.Done()
 		s.queue.ShutDown()
 	}()
+	if s.opts.QuotaInterval > 0 {
+		go s.watchUsage(ctx)
+	}
 	if s.opts.StorageCheckInterval > 0 && s.opts.Pod != "" {
 		// Beside the queue: a sync stuck on a storage that hangs must not
 		// delay telling the admin so.
@@ -448,13 +451,6 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 			s.opts.Log.Error(err, "repository not measured", "retryIn", s.opts.StatsInterval)
 		}
 		s.queue.AddAfter(measureRepository, s.opts.StatsInterval)
-	case measureUsage:
-		if err := s.measureUsage(ctx); err != nil {
-			s.opts.Log.Error(err, "usage not measured; the last measurement stays in force", "retryIn", s.opts.QuotaInterval)
-		}
-		if s.quotas.hasBounds() {
-			s.queue.AddAfter(measureUsage, s.opts.QuotaInterval)
-		}
 	case syncUsers:
 		users, err := s.syncOnce(ctx, lister)
 		s.setStatus(s.serving(lister, err), err, users)
