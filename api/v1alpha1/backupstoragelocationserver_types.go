@@ -90,7 +90,8 @@ type BackupStorageLocationServerSpec struct {
 // (docs/operations.md, "Per-VM quota").
 type QuotaSpec struct {
 	// PerVM is what each VM may store unless an override names it. Unset:
-	// no bound but the overrides'.
+	// no bound but the overrides'. 0 refuses every write.
+	// +kubebuilder:validation:XValidation:rule="type(self) == int ? self >= 0 : !self.startsWith('-')",message="a quota is not negative"
 	// +optional
 	PerVM *resource.Quantity `json:"perVM,omitempty"`
 
@@ -127,7 +128,8 @@ type QuotaOverride struct {
 	// +optional
 	Name string `json:"name,omitempty"`
 
-	// PerVM is what each of these VMs may store. Unset: no bound.
+	// PerVM is what each of these VMs may store. Unset: no bound. 0
+	// refuses every write, and so does a negative value.
 	// +optional
 	PerVM *resource.Quantity `json:"perVM,omitempty"`
 }

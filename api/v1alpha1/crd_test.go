@@ -175,5 +175,9 @@ var _ = Describe("BackupStorageLocationServer", func() {
 			GuestSpread: &metav1.Duration{Duration: 25 * time.Hour}}, "guestSpread is between 0s and 24h"),
 		Entry("an unknown password hash", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
 			Access: v1alpha1.AccessSpec{PasswordHash: "md5"}}, "spec.access.passwordHash"),
+		Entry("a negative quota", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Quota: &v1alpha1.QuotaSpec{PerVM: resource.NewQuantity(-50<<30, resource.BinarySI)}}, "a quota is not negative"),
+		Entry("a quota measured every second", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem(),
+			Quota: &v1alpha1.QuotaSpec{MeasureInterval: &metav1.Duration{Duration: time.Second}}}, "measureInterval is at least 10s"),
 	)
 })
