@@ -262,15 +262,7 @@ func TestIntegrityStatus(t *testing.T) {
 // state's bounds, so that the controller's status write never fails on
 // what it copies.
 func TestIntegrityBoundsMatchCRD(t *testing.T) {
-	data, err := os.ReadFile("../../charts/guestbackup/files/crds/guestbackup.io_backupstoragelocationservers.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := yaml.UnmarshalStrict(data, crd); err != nil {
-		t.Fatal(err)
-	}
-	integrity := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["integrity"]
+	integrity := statusSchema(t).Properties["integrity"]
 	damaged := integrity.Properties["damaged"]
 	for field, want := range map[string]struct {
 		schema apiextensionsv1.JSONSchemaProps
@@ -286,6 +278,20 @@ func TestIntegrityBoundsMatchCRD(t *testing.T) {
 			t.Errorf("status.integrity.%s: maxItems %v, want %d (maintenancestate)", field, got, want.bound)
 		}
 	}
+}
+
+// statusSchema is the BSLS CRD's schema of status, as the chart ships it.
+func statusSchema(t *testing.T) apiextensionsv1.JSONSchemaProps {
+	t.Helper()
+	data, err := os.ReadFile("../../charts/guestbackup/files/crds/guestbackup.io_backupstoragelocationservers.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	crd := &apiextensionsv1.CustomResourceDefinition{}
+	if err := yaml.UnmarshalStrict(data, crd); err != nil {
+		t.Fatal(err)
+	}
+	return crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"]
 }
 
 // A pass that follows the last one's status write before the cache does

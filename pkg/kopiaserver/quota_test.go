@@ -1,15 +1,12 @@
 package kopiaserver
 
 import (
-	"os"
 	"testing"
 	"time"
 
-	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"sigs.k8s.io/yaml"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -163,15 +160,7 @@ func TestQuotaNotices(t *testing.T) {
 
 // The bound the controller keeps of status.quota.overQuota is the CRD's.
 func TestQuotaBoundMatchesCRD(t *testing.T) {
-	data, err := os.ReadFile("../../charts/guestbackup/files/crds/guestbackup.io_backupstoragelocationservers.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	crd := &apiextensionsv1.CustomResourceDefinition{}
-	if err := yaml.UnmarshalStrict(data, crd); err != nil {
-		t.Fatal(err)
-	}
-	over := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties["quota"].Properties["overQuota"]
+	over := statusSchema(t).Properties["quota"].Properties["overQuota"]
 	if over.MaxItems == nil || *over.MaxItems != maintenancestate.MaxListedOverQuota {
 		t.Errorf("status.quota.overQuota: maxItems %v, want %d (maintenancestate)", over.MaxItems, maintenancestate.MaxListedOverQuota)
 	}

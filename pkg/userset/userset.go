@@ -10,6 +10,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -49,13 +50,8 @@ func ShardOf(username string) int {
 // user, sorted, "<user@host> <hash version> <base64 of salt||key>". Sorted
 // output keeps a Secret unchanged when its users are.
 func Encode(users map[string]identity.Hash) []byte {
-	names := make([]string, 0, len(users))
-	for name := range users {
-		names = append(names, name)
-	}
-	slices.Sort(names)
 	var b bytes.Buffer
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(users)) {
 		h := users[name]
 		fmt.Fprintf(&b, "%s %d %s\n", name, h.Version, base64.StdEncoding.EncodeToString(h.Value))
 	}
@@ -194,13 +190,8 @@ const QuotasKey = "quotas"
 // Secret's QuotasKey, sorted, so that unchanged quotas give an unchanged
 // Secret.
 func EncodeQuotas(quotas map[string]int64) []byte {
-	names := make([]string, 0, len(quotas))
-	for name := range quotas {
-		names = append(names, name)
-	}
-	slices.Sort(names)
 	var b bytes.Buffer
-	for _, name := range names {
+	for _, name := range slices.Sorted(maps.Keys(quotas)) {
 		fmt.Fprintf(&b, "%s %d\n", name, quotas[name])
 	}
 	return b.Bytes()
