@@ -139,12 +139,14 @@ func TestEndUnwritten(t *testing.T) {
 // access rules not yet guestbackup's before any sync applied the users.
 func TestServing(t *testing.T) {
 	full := errors.New("write users: no space left on device")
+	errIncomplete := errors.New("users Secret main-users-15: not found")
 	applied := &Access{Users: map[string]identity.Hash{}}
 	for _, tt := range []struct {
 		name         string
 		inForce      *Access
 		rulesInPlace bool
 		missingShard bool
+		viewErr      error
 		err, want    error
 	}{
 		{name: "a sync that applied everything", inForce: applied, rulesInPlace: true},
@@ -153,10 +155,16 @@ func TestServing(t *testing.T) {
 		{name: "the first sync of a pod restarted on a full storage: the rules are in place, the users not written", rulesInPlace: true, err: full},
 		{name: "the first sync, which could not write the access rules", err: full, want: full},
 		{name: "a sync whose view is incomplete", inForce: applied, rulesInPlace: true, missingShard: true, err: full},
+		{
+			// The last shard came while it ran: the Secrets are complete
+			// now, but the users it applied are not theirs.
+			name: "a sync that read an incomplete view, the Secrets complete since", rulesInPlace: true,
+			viewErr: errIncomplete, err: errIncomplete, want: errIncomplete,
+		},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := New(Options{BSLS: "main"})
-			s.inForce, s.rulesInPlace = tt.inForce, tt.rulesInPlace
+			s.inForce, s.rulesInPlace, s.viewErr = tt.inForce, tt.rulesInPlace, tt.viewErr
 			l := listing(t, nil)
 			if tt.missingShard {
 				delete(l.stores, userset.SecretName("main", 3))

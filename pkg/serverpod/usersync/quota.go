@@ -221,7 +221,8 @@ func DesiredQuotas(lister corelisters.SecretNamespaceLister, bsls string) (map[s
 func (s *Syncer) applyQuotas(lister corelisters.SecretNamespaceLister) {
 	bounds, err := DesiredQuotas(lister, s.opts.BSLS)
 	if err != nil {
-		s.opts.Log.Error(err, "quotas not read; those in force stay")
+		// The sync says so already, as loud as it matters.
+		s.opts.Log.V(1).Info("quotas not read; those in force stay", "why", err.Error())
 		return
 	}
 	had := s.quotas.hasBounds()

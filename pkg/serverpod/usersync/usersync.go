@@ -260,9 +260,12 @@ type Syncer struct {
 	changed []kopiauser.Change
 	removed []kopiauser.ACL
 	// rulesInPlace is whether the last sync found or wrote the
-	// repository's access rules exactly guestbackup's. Only Run's
-	// goroutine touches it.
+	// repository's access rules exactly guestbackup's; viewErr why the
+	// view of the Secrets it read was incomplete (nil when complete, or
+	// when it failed before reading it). Only Run's goroutine touches
+	// them.
 	rulesInPlace bool
+	viewErr      error
 	// listed are the users the users Secrets listed when their removals
 	// and rotations last had their sessions ended, by a sync that applied
 	// them or one that could not (endUnwritten). Only Run's goroutine
@@ -369,6 +372,11 @@ func (s *Syncer) setStatus(status, err error, users int) {
 func (s *Syncer) serving(lister corelisters.SecretNamespaceLister, err error) error {
 	if err == nil {
 		return nil
+	}
+	// The sync's own view, when it read one: the Secrets may be complete
+	// by now, but the users this sync applied are not theirs.
+	if s.viewErr != nil {
+		return s.viewErr
 	}
 	if _, _, viewErr := DesiredUsers(lister, s.opts.BSLS); viewErr != nil {
 		return viewErr
@@ -486,6 +494,7 @@ func (s *Syncer) syncOnce(ctx context.Context, lister corelisters.SecretNamespac
 // apply is syncOnce's work.
 func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLister) (int, error) {
 	r := s.opts.Repository
+	s.viewErr = nil // not read yet
 	// Another writer (an admin's `kopia server user add`, a guest's forged
 	// ACL) may have changed the repository.
 	if err := r.Refresh(ctx); err != nil {
@@ -494,6 +503,7 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 	// The desired users, and the restore grants among them: read first,
 	// applied after the access rules.
 	desired, grants, usersErr := DesiredUsers(lister, s.opts.BSLS)
+	s.viewErr = usersErr
 	// Access rules before users: a user never exists under rules other
 	// than guestbackup's. A grant is kept only while the view is complete
 	// and its grantee a desired user; otherwise it is revoked, which is
