@@ -54,10 +54,10 @@ type quotas struct {
 	// exported those UserQuotaBytes has a series of.
 	bounds   map[string]int64
 	exported map[string]int64
-	// used is what the last complete measurement found each user stores;
-	// measured whether it completed once.
-	used     map[string]int64
-	measured bool
+	// used is what the last complete measurement found each user stores,
+	// and measuredAt when; zero before one completed.
+	used       map[string]int64
+	measuredAt time.Time
 	// measureErr is why the last measurement failed, empty once one
 	// completes.
 	measureErr string
@@ -67,8 +67,9 @@ type quotas struct {
 }
 
 // overQuota is the users of used whose quota (in bounds) they reached, in
-// the order a QuotaState lists them (maintenancestate.CompareQuotaUse). A quota of 0 bytes is
-// reached by every user, so that it refuses every write.
+// the order a QuotaState lists them (maintenancestate.CompareQuotaUse). A
+// quota of 0 bytes is reached by every user, so that it refuses every
+// write.
 func overQuota(used, bounds map[string]int64) []maintenancestate.QuotaUse {
 	var over []maintenancestate.QuotaUse
 	for user, quota := range bounds {
@@ -91,7 +92,7 @@ func (q *quotas) set(bounds, used map[string]int64, measuredAt time.Time, measur
 		q.bounds = bounds
 	}
 	if used != nil {
-		q.used, q.measured, q.measureErr = used, true, ""
+		q.used, q.measuredAt, q.measureErr = used, measuredAt.UTC().Truncate(time.Second), ""
 	}
 	if measureErr != nil {
 		q.measureErr = measureErr.Error()
@@ -109,7 +110,7 @@ func (q *quotas) set(bounds, used map[string]int64, measuredAt time.Time, measur
 		}
 		q.exported = bounds
 	}
-	if len(q.bounds) == 0 || !q.measured {
+	if len(q.bounds) == 0 || q.measuredAt.IsZero() {
 		// Nobody has a quota, or nothing was measured yet: nobody is
 		// refused, and nothing is said.
 		q.over, q.state = nil, nil
@@ -125,15 +126,12 @@ func (q *quotas) set(bounds, used map[string]int64, measuredAt time.Time, measur
 		q.over[u.User] = u
 	}
 	UsersOverQuota.Set(float64(len(over)))
-	state := &maintenancestate.QuotaState{OverCount: len(over), Over: over[:min(len(over), maintenancestate.MaxListedOverQuota)]}
-	if q.state != nil {
-		state.MeasuredAt = q.state.MeasuredAt
+	q.state = &maintenancestate.QuotaState{
+		MeasuredAt: q.measuredAt,
+		Error:      q.measureErr,
+		OverCount:  len(over),
+		Over:       over[:min(len(over), maintenancestate.MaxListedOverQuota)],
 	}
-	if used != nil {
-		state.MeasuredAt = measuredAt.UTC().Truncate(time.Second)
-	}
-	state.Error = q.measureErr
-	q.state = state
 }
 
 // refuses is why user may not write, nil when it may.

@@ -94,4 +94,8 @@ func TestQuotasRefuse(t *testing.T) {
 	if q.published() != nil || q.hasBounds() {
 		t.Error("no quota left, still said")
 	}
+	q.set(map[string]int64{"web@team-a": 0}, nil, time.Time{}, nil)
+	if s := q.published(); s == nil || s.OverCount != 1 || !s.MeasuredAt.Equal(at.Add(time.Minute)) {
+		t.Errorf("a quota set again, on the last measurement: %+v, want it over, measured then", s)
+	}
 }
