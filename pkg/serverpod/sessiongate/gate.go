@@ -24,13 +24,13 @@
 // for, and few from any one address, fewer still after one failed. It
 // bounds the connections of an address, and closes idle ones.
 //
-// Kopia's server lets a user write whatever its ACL allows, and trusts a
-// session's read_only flag, which the guest sets. A VM over its backup
-// quota must still list, read and restore its snapshots, and may only
-// stop adding to the repository, so the gate decides each request of a
-// session (writes.go): while Options.Writes refuses a user's writes, its
-// requests are read whole and inspected as Kopia's server would read
-// them, and each write_content or put_manifest is answered by the gate
+// Kopia's server lets a user write whatever its ACL allows, and ignores
+// the read_only flag a session declares. A VM over its backup quota must
+// still list, read and restore its snapshots, and may only stop adding to
+// the repository, so the gate decides each request of a session
+// (writes.go): while Options.Writes refuses a user's writes, its requests
+// are inspected as Kopia's server would read them (at most 64 KiB of each
+// held), and each write_content or put_manifest is answered by the gate
 // itself with an error saying why (its kopia command fails with it) and
 // never reaches Kopia; reads, flushes and deletions pass, and the session
 // goes on, writing again as soon as the user is no longer refused. The
