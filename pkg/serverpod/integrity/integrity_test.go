@@ -18,9 +18,7 @@ import (
 	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/repo/content"
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
-	"github.com/kopia/kopia/repo/manifest"
 	"github.com/kopia/kopia/repo/object"
-	"github.com/kopia/kopia/snapshot"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
@@ -562,50 +560,5 @@ func TestALossIsReportedThoughTheServerDidNotRefresh(t *testing.T) {
 	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
 	if ok, out := b.verifies(b.web, lost); !ok {
 		t.Fatalf("after the server was refreshed and the files read again:\n%s", out)
-	}
-}
-
-// TestDamageCountsToTheWriterOfTheSnapshot: Kopia's access rules check a
-// snapshot manifest's labels, not the source its payload names, so a guest
-// may save manifests under its own labels that name another VM's source.
-// Damage to them is that guest's own: its Events, its rehash notices, and
-// a settled rewrite, never another VM's.
-func TestDamageCountsToTheWriterOfTheSnapshot(t *testing.T) {
-	b := newBed(t)
-	ctx := context.Background()
-	rotten := files(t, 2, 1<<20)
-	b.kopia(b.web, "snapshot", "create", rotten)
-
-	// What web's guest may write: a copy of its manifest, under its own
-	// labels, whose payload names db.
-	if err := b.owner.Refresh(ctx); err != nil {
-		t.Fatal(err)
-	}
-	web := snapshot.SourceInfo{UserName: "web", Host: "team-a", Path: rotten}
-	ids, err := snapshot.ListSnapshotManifests(ctx, b.owner, &web, nil)
-	if err != nil || len(ids) != 1 {
-		t.Fatalf("web's snapshots: %v, %v", ids, err)
-	}
-	m, err := snapshot.LoadSnapshot(ctx, b.owner, ids[0])
-	if err != nil {
-		t.Fatal(err)
-	}
-	m.ID = ""
-	m.Source = snapshot.SourceInfo{UserName: "db", Host: "team-a", Path: rotten}
-	labels := map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: "web", snapshot.HostnameLabel: "team-a", snapshot.PathLabel: rotten}
-	err = repo.WriteSession(ctx, b.owner, repo.WriteSessionOptions{Purpose: "test spoof"}, func(ctx context.Context, w repo.RepositoryWriter) error {
-		_, err := w.PutManifest(ctx, labels, m)
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-
-	if err := testbed.RotBlob(ctx, b.storage, b.dataPacks("web", "team-a", rotten)[0]); err != nil {
-		t.Fatal(err)
-	}
-	s := b.pass()
-	if s.DamagedSnapshots != 2 || len(s.Damaged) != 1 || s.Damaged[0].User != "web" || s.Damaged[0].Snapshots != 2 {
-		t.Fatalf("damaged %d snapshots: %+v; want web's two, and nothing of db's", s.DamagedSnapshots, s.Damaged)
 	}
 }
