@@ -19,7 +19,9 @@ import (
 	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/repo/content"
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
+	"github.com/kopia/kopia/repo/manifest"
 	"github.com/kopia/kopia/repo/object"
+	"github.com/kopia/kopia/snapshot"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
@@ -39,8 +41,10 @@ type bed struct {
 	owner    repo.DirectRepository
 	uncached repo.DirectRepository
 	web, db  *testbed.KopiaClient
-	reports  *reports
-	verifier *integrity.Verifier
+	// passwords are the guests' own, by user@host.
+	passwords map[string]string
+	reports   *reports
+	verifier  *integrity.Verifier
 }
 
 type reports []string
@@ -62,7 +66,7 @@ func (r *reports) take() []string {
 func newBed(t *testing.T) *bed {
 	t.Helper()
 	ctx := context.Background()
-	b := &bed{t: t, srv: testbed.StartKopiaServer(t, testbed.KopiaServerOptions{}), reports: &reports{}}
+	b := &bed{t: t, srv: testbed.StartKopiaServer(t, testbed.KopiaServerOptions{}), reports: &reports{}, passwords: map[string]string{}}
 	st, err := filesystem.New(ctx, &filesystem.Options{Path: b.srv.RepoPath}, false)
 	if err != nil {
 		t.Fatal(err)
@@ -100,6 +104,7 @@ func (b *bed) guest(name string) *testbed.KopiaClient {
 	b.t.Helper()
 	password := testbed.RandomPassword()
 	b.srv.AddUser(b.t, name, password)
+	b.passwords[name] = password
 	c := testbed.NewKopiaClient(b.t)
 	if out, err := c.Connect(context.Background(), b.srv.URL, b.srv.CA.CertPEM(), name, password); err != nil {
 		b.t.Fatalf("connect %s: %v\n%s", name, err, out)
@@ -570,5 +575,58 @@ func TestALossIsReportedThoughTheServerDidNotRefresh(t *testing.T) {
 	b.kopia(b.web, "snapshot", "create", "--force-hash=100", lost)
 	if ok, out := b.verifies(b.web, lost); !ok {
 		t.Fatalf("after the server was refreshed and the files read again:\n%s", out)
+	}
+}
+
+// TestDamageCountsToTheWriterOfTheSnapshot: Kopia's access rules check a
+// snapshot manifest's labels, not the source its payload names, so a guest
+// may save manifests under its own labels that name another VM's source.
+// Damage to them is that guest's own: its Events, its rehash notices, and
+// a settled rewrite, never another VM's.
+func TestDamageCountsToTheWriterOfTheSnapshot(t *testing.T) {
+	b := newBed(t)
+	ctx := context.Background()
+	rotten := files(t, 2, 1<<20)
+	b.kopia(b.web, "snapshot", "create", rotten)
+
+	// What web's guest may write through the server: a copy of its
+	// manifest, under its own labels, whose payload names db.
+	config := filepath.Join(t.TempDir(), "web.config")
+	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: b.srv.URL, TrustedServerCertificateFingerprint: b.srv.CAPin}, b.passwords["web@team-a"],
+		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: "web", Hostname: "team-a"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := repo.Open(ctx, config, b.passwords["web@team-a"], &repo.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Close(ctx) })
+	web := snapshot.SourceInfo{UserName: "web", Host: "team-a", Path: rotten}
+	ids, err := snapshot.ListSnapshotManifests(ctx, r, &web, nil)
+	if err != nil || len(ids) != 1 {
+		t.Fatalf("web's snapshots: %v, %v", ids, err)
+	}
+	m, err := snapshot.LoadSnapshot(ctx, r, ids[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.ID = ""
+	m.Source = snapshot.SourceInfo{UserName: "db", Host: "team-a", Path: rotten}
+	labels := map[string]string{manifest.TypeLabelKey: snapshot.ManifestType, snapshot.UsernameLabel: "web", snapshot.HostnameLabel: "team-a", snapshot.PathLabel: rotten}
+	err = repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "test spoof"}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		_, err := w.PutManifest(ctx, labels, m)
+		return err
+	})
+	if err != nil {
+		t.Fatalf("web's guest could not save its manifest naming db: %v", err)
+	}
+
+	if err := testbed.RotBlob(ctx, b.storage, b.dataPacks("web", "team-a", rotten)[0]); err != nil {
+		t.Fatal(err)
+	}
+	s := b.pass()
+	if s.DamagedSnapshots != 2 || len(s.Damaged) != 1 || s.Damaged[0].User != "web" || s.Damaged[0].Snapshots != 2 {
+		t.Fatalf("damaged %d snapshots: %+v; want web's two, and nothing of db's", s.DamagedSnapshots, s.Damaged)
 	}
 }

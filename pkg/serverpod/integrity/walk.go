@@ -10,6 +10,7 @@ import (
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/blob"
 	"github.com/kopia/kopia/repo/content"
+	"github.com/kopia/kopia/repo/manifest"
 	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
@@ -63,9 +64,20 @@ func walk(ctx context.Context, dr repo.DirectRepository, pending map[content.ID]
 	if err := dr.Refresh(ctx); err != nil {
 		return nil, nil, fmt.Errorf("refresh the index: %w", err)
 	}
-	ids, err := snapshot.ListSnapshotManifests(ctx, dr, nil, nil)
+	entries, err := dr.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: snapshot.ManifestType})
 	if err != nil {
 		return nil, nil, fmt.Errorf("list snapshots: %w", err)
+	}
+	// A snapshot belongs to the source its labels name, which Kopia's
+	// access rules hold to the writer's own identity, never to the one its
+	// payload names: a guest writes that as it likes, and would otherwise
+	// have another VM told of its damage, sent its rehash notices, and
+	// given its settled rewrite (which Kopia saves under m.Source).
+	sourceOf := make(map[manifest.ID]snapshot.SourceInfo, len(entries))
+	ids := make([]manifest.ID, 0, len(entries))
+	for _, e := range entries {
+		sourceOf[e.ID] = snapshot.SourceInfo{UserName: e.Labels[snapshot.UsernameLabel], Host: e.Labels[snapshot.HostnameLabel], Path: e.Labels[snapshot.PathLabel]}
+		ids = append(ids, e.ID)
 	}
 	manifests, err := snapshot.LoadSnapshots(ctx, dr, ids)
 	if err != nil {
@@ -74,6 +86,7 @@ func walk(ctx context.Context, dr repo.DirectRepository, pending map[content.ID]
 	w := newWalker(dr, pending, stored)
 	bySource := map[snapshot.SourceInfo][]*snapshot.Manifest{}
 	for _, m := range manifests {
+		m.Source = sourceOf[m.ID]
 		bySource[m.Source] = append(bySource[m.Source], m)
 	}
 	d := &damage{}
