@@ -5,6 +5,15 @@ SHELL := /usr/bin/env bash
 
 # The tests find the test bed's binaries through the environment this prints.
 TOOLS_ENV = eval "$$(hack/tools.sh env)"
+
+# Every Go build here (the tests, vet, the demo, the binaries) is static and
+# trimmed, as the test bed's own tools (hack/tools.sh), the image and
+# KubeVirt's images are: Go's build cache keys a package by these settings,
+# so one setting compiles each package a test and a tool share once, not
+# once per setting. Kubernetes' and Kopia's packages are most of a cold
+# build. Override on the command line, e.g. make unit CGO_ENABLED=1.
+export CGO_ENABLED ?= 0
+export GOFLAGS := $(strip $(GOFLAGS) -trimpath)
 # make test WHAT=./pkg/mutate/... (or PKG=) runs those packages only.
 WHAT ?= $(PKG)
 

@@ -304,11 +304,15 @@ kube_ldflags() {
 # build says v0.0.0. A binary from before the stamp is rebuilt (only its link
 # step, when Go's build cache is warm). The node's commands come from the same
 # module as kube-apiserver: with its packages in Go's build cache they take
-# about a minute each.
+# about a minute each. Each is linked as Kubernetes' release links it
+# (KUBE_STATIC_BINARIES in its hack/lib/golang.sh): static but the kubelet.
+# Static, kube-apiserver shares Go's build cache with the test binaries and
+# the demo, which `make` builds the same way (GO_BUILD_ENV in the Makefile).
 build_kube() {
-	local bin="$CACHE/$1/$KUBERNETES_VERSION/$1"
+	local bin="$CACHE/$1/$KUBERNETES_VERSION/$1" cgo=0
 	[[ "$("$bin" --version 2>/dev/null)" == "Kubernetes $KUBERNETES_VERSION" ]] && return
-	gobuild 1 kube-apiserver "$bin" "k8s.io/kubernetes/cmd/$1" -ldflags "$(kube_ldflags)"
+	[[ $1 == kubelet ]] && cgo=1
+	gobuild $cgo kube-apiserver "$bin" "k8s.io/kubernetes/cmd/$1" -ldflags "$(kube_ldflags)"
 }
 
 # The build of each tool; each runs with its output in the step's log.

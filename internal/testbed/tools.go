@@ -171,18 +171,40 @@ func loadTools() (Tools, error) {
 	return t, nil
 }
 
-// RepoRoot is the repository's root folder: the one holding go.mod.
+// RepoRoot is the repository's root folder: the one holding go.mod. It is
+// found from this package's source when the build kept its path, else (a
+// build with -trimpath, as make's) from the working folder, which go test
+// sets to the package's own.
 func RepoRoot() (string, error) {
 	_, file, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", errors.New("cannot locate the testbed package's source")
+	start := filepath.Dir(file)
+	if !ok || !filepath.IsAbs(file) {
+		wd, err := os.Getwd()
+		if err != nil {
+			return "", fmt.Errorf("locate the repository: %w", err)
+		}
+		start = wd
 	}
-	for dir := filepath.Dir(file); ; dir = filepath.Dir(dir) {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+	for dir := start; ; dir = filepath.Dir(dir) {
+		if mod, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && declares(mod, modulePath) {
 			return dir, nil
 		}
 		if parent := filepath.Dir(dir); parent == dir {
-			return "", fmt.Errorf("no go.mod above %s", file)
+			return "", fmt.Errorf("no go.mod of %s above %s", modulePath, start)
 		}
 	}
+}
+
+// modulePath is the repository's module.
+const modulePath = "github.com/guestbackup/guestbackup"
+
+// declares tells whether the go.mod text mod declares module path: the
+// tool modules under hack/tools hold go.mod files too.
+func declares(mod []byte, path string) bool {
+	for line := range strings.Lines(string(mod)) {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "module" && strings.Trim(f[1], `"`) == path {
+			return true
+		}
+	}
+	return false
 }

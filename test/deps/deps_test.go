@@ -250,3 +250,58 @@ func TestEveryTestBedPackageListsItsTools(t *testing.T) {
 		t.Errorf("%s names a tool hack/tools.sh does not know: %v\n%s", testToolsFile, err, out)
 	}
 }
+
+// sharedBuilds are the tool modules whose commands the test bed builds from
+// source beside the main module, with the commands built: Go's build cache
+// shares a package between two builds only when it and everything it
+// imports are the same version, so a module at another version compiles
+// again for every build that links it (minutes of a cold `make test` and
+// `make demo` go to Kubernetes' and Kopia's packages). KubeVirt's own
+// modules are the exception: the test bed runs KubeVirt's v1.8.1 control
+// plane against the product's v1.9.0 API (see the module's go.mod).
+var sharedBuilds = map[string][]string{
+	"hack/tools/kopia":          {"github.com/kopia/kopia"},
+	"hack/tools/kube-apiserver": {"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"},
+	"hack/tools/kubevirt":       {"kubevirt.io/kubevirt/cmd/virt-api", "kubevirt.io/kubevirt/cmd/virt-controller"},
+}
+
+// TestToolsBuildTheMainModulesVersions: every module a tool's build and
+// the main module's packages and tests both link is at one version.
+func TestToolsBuildTheMainModulesVersions(t *testing.T) {
+	if testing.Short() {
+		t.Skip("reads the tool modules' dependencies, which only a build of the tools downloads: make test runs it")
+	}
+	const format = `{{with .Module}}{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}{{end}}`
+	versions := func(dir string, env []string, args ...string) map[string]string {
+		t.Helper()
+		sourcesTracked.Do(func() { trackSources(t) })
+		cmd := exec.Command("go", append([]string{"list", "-deps", "-f", format}, args...)...)
+		cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("go list in %s: %v\n%s", dir, err, stderr.String())
+		}
+		m := map[string]string{}
+		for line := range strings.Lines(string(out)) {
+			if path, version, ok := strings.Cut(strings.TrimSpace(line), " "); ok && version != "" {
+				m[path] = version
+			}
+		}
+		return m
+	}
+	root := goList(t, "-m", "-f", "{{.Dir}}")[0]
+	main := versions(root, nil, "-test", "./...")
+	for dir, cmds := range sharedBuilds {
+		// GOSUMDB=off and -mod=readonly as hack/tools.sh builds them.
+		tool := versions(filepath.Join(root, dir), []string{"GOSUMDB=off", "GOFLAGS=-mod=readonly"}, cmds...)
+		for _, path := range slices.Sorted(maps.Keys(tool)) {
+			want, shared := main[path]
+			if !shared || tool[path] == want || strings.HasPrefix(path, "kubevirt.io/") {
+				continue
+			}
+			t.Errorf("%s builds %s %s, the main module %s: require the higher in both (go get %s@<version> in each, then go mod tidy)", dir, path, tool[path], want, path)
+		}
+	}
+}
