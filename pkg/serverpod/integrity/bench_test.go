@@ -18,9 +18,8 @@ import (
 	"github.com/kopia/kopia/repo/blob/filesystem"
 	"github.com/kopia/kopia/repo/content"
 	"github.com/kopia/kopia/snapshot"
-	"github.com/kopia/kopia/snapshot/policy"
-	"github.com/kopia/kopia/snapshot/upload"
 
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 )
 
@@ -59,32 +58,14 @@ func BenchmarkVerificationPass(b *testing.B) {
 		_, _ = rand.Read(unchanged[1])
 		for g := range guests {
 			source := snapshot.SourceInfo{Host: "team-a", UserName: fmt.Sprintf("vm-%03d", g), Path: "/data"}
-			// A guest's snapshots in one session: ten times fewer packs
-			// than sessions of their own would write, and minutes less
-			// to set up; a pass's cost grows with snapshots and
-			// directories, which are all there.
-			err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "bench snapshots"}, func(ctx context.Context, w repo.RepositoryWriter) error {
-				tree, err := policy.TreeForSource(ctx, w, source)
-				if err != nil {
-					return err
-				}
-				for range perGuest {
-					fresh := make([]byte, 4<<10)
-					_, _ = rand.Read(fresh)
-					root := virtualfs.NewStaticDirectory("data", []fs.Entry{
-						virtualfs.StreamingFileFromReader("fresh", io.NopCloser(bytes.NewReader(fresh))),
-						virtualfs.StreamingFileFromReader("kept-1", io.NopCloser(bytes.NewReader(unchanged[0]))),
-						virtualfs.StreamingFileFromReader("kept-2", io.NopCloser(bytes.NewReader(unchanged[1]))),
-					})
-					man, err := upload.NewUploader(w).Upload(ctx, root, tree, source)
-					if err != nil {
-						return err
-					}
-					if _, err := snapshot.SaveSnapshot(ctx, w, man); err != nil {
-						return err
-					}
-				}
-				return nil
+			err := testbed.SaveSnapshots(ctx, r, source, perGuest, func(int) fs.Entry {
+				fresh := make([]byte, 4<<10)
+				_, _ = rand.Read(fresh)
+				return virtualfs.NewStaticDirectory("data", []fs.Entry{
+					virtualfs.StreamingFileFromReader("fresh", io.NopCloser(bytes.NewReader(fresh))),
+					virtualfs.StreamingFileFromReader("kept-1", io.NopCloser(bytes.NewReader(unchanged[0]))),
+					virtualfs.StreamingFileFromReader("kept-2", io.NopCloser(bytes.NewReader(unchanged[1]))),
+				})
 			})
 			if err != nil {
 				b.Fatal(err)

@@ -6,11 +6,9 @@ import (
 	"testing"
 
 	kopiafs "github.com/kopia/kopia/fs"
-	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/snapshot"
-	"github.com/kopia/kopia/snapshot/policy"
-	"github.com/kopia/kopia/snapshot/upload"
 
+	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/usage"
 )
 
@@ -35,30 +33,16 @@ func BenchmarkMeasure(b *testing.B) {
 			own[i] = random(4 << 10)
 		}
 		source := snapshot.SourceInfo{UserName: fmt.Sprintf("vm-%03d", g), Host: "team-a", Path: "/data"}
-		err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{Purpose: "bench snapshots"}, func(ctx context.Context, w repo.RepositoryWriter) error {
-			tree, err := policy.TreeForSource(ctx, w, source)
-			if err != nil {
-				return err
+		err := testbed.SaveSnapshots(ctx, r, source, perGuest, func(int) kopiafs.Entry {
+			var osFiles, ownFiles []kopiafs.Entry
+			for i := range files {
+				osFiles = append(osFiles, file(fmt.Sprint("os-", i), common[i]))
+				ownFiles = append(ownFiles, file(fmt.Sprint("own-", i), own[i]))
 			}
-			for range perGuest {
-				var osFiles, ownFiles []kopiafs.Entry
-				for i := range files {
-					osFiles = append(osFiles, file(fmt.Sprint("os-", i), common[i]))
-					ownFiles = append(ownFiles, file(fmt.Sprint("own-", i), own[i]))
-				}
-				root := dir("data",
-					file("fresh-1", random(4<<10)), file("fresh-2", random(4<<10)),
-					dir("usr", dir("lib", osFiles...)),
-					dir("home", dir("docs", ownFiles...)))
-				man, err := upload.NewUploader(w).Upload(ctx, root, tree, source)
-				if err != nil {
-					return err
-				}
-				if _, err := snapshot.SaveSnapshot(ctx, w, man); err != nil {
-					return err
-				}
-			}
-			return nil
+			return dir("data",
+				file("fresh-1", random(4<<10)), file("fresh-2", random(4<<10)),
+				dir("usr", dir("lib", osFiles...)),
+				dir("home", dir("docs", ownFiles...)))
 		})
 		if err != nil {
 			b.Fatal(err)
