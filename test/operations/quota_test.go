@@ -133,7 +133,9 @@ var _ = Describe("A VM that reaches its backup quota", Ordered, func() {
 		target := GinkgoT().TempDir()
 		out, err = guest.Run(ctx, "snapshot", "restore", first, filepath.Join(target, "restored"))
 		Expect(err).NotTo(HaveOccurred(), out)
-		Expect(filepath.Join(target, "restored", "file0")).To(BeARegularFile())
+		want, err := os.ReadFile(filepath.Join(source, "file0"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.ReadFile(filepath.Join(target, "restored", "file0"))).To(Equal(want), "restored byte for byte")
 	})
 
 	It("lets the guest back up again, with no action in it, once the admin raises the VM's quota", func() {
