@@ -12,6 +12,7 @@ import (
 	"github.com/kopia/kopia/repo/content/indexblob"
 	kopiamaintenance "github.com/kopia/kopia/repo/maintenance"
 	"github.com/kopia/kopia/repo/manifest"
+	"k8s.io/utils/clock"
 )
 
 // Marking a lost content deleted is not enough for a guest to upload it
@@ -55,7 +56,18 @@ var gcMargin = kopiamaintenance.SafetyFull.MarginBetweenSnapshotGC + kopiamainte
 
 // forget makes the pending dropped contents absent from the index, and
 // returns those it could not yet.
-func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]int64, pending map[content.ID]loss, now time.Time) (map[content.ID]loss, error) {
+//
+// It never moves the watermark ahead of the clock. Kopia stamps a deletion
+// at least a second after the write it deletes, so a content dropped within
+// a second of its writing carries a stamp up to a second ahead. A guest's
+// upload of that content again within that second would be stamped before
+// the deletion, lose to it in the index, and vanish with it below the
+// watermark: the snapshot that references it would be damaged from the
+// start (seen in the specs that snapshot right after a pass). forget
+// waits on clk until the clock has reached the newest stamp, at most a
+// second, so every later upload is stamped at or after it, and wins.
+func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]int64, pending map[content.ID]loss, clk clock.Clock) (map[content.ID]loss, error) {
+	now := clk.Now()
 	if len(pending) == 0 {
 		return pending, nil
 	}
@@ -130,6 +142,9 @@ func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]in
 		if !at.After(latest) {
 			return still, nil
 		}
+	}
+	if ahead := latest.Sub(clk.Now()); ahead > 0 {
+		clk.Sleep(ahead)
 	}
 	err = repo.DirectWriteSession(ctx, dr, repo.WriteSessionOptions{Purpose: "guestbackup integrity: forget lost contents"},
 		func(ctx context.Context, w repo.DirectRepositoryWriter) error {

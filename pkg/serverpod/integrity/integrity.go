@@ -319,7 +319,7 @@ func (v *Verifier) pass(ctx context.Context) (maintenancestate.IntegrityState, e
 			return state, err
 		}
 		before := len(v.pending)
-		if v.pending, err = forget(ctx, dr, inv.stored, v.pending, v.opts.Clock.Now()); err != nil {
+		if v.pending, err = forget(ctx, dr, inv.stored, v.pending, v.opts.Clock); err != nil {
 			return state, err
 		}
 		forgot = len(v.pending) < before
