@@ -86,7 +86,7 @@ DEMO_TOOLS = $(strip $(if $(findstring -cluster,$(DEMO_ARGS) $(ARGS)),demo-clust
 demo: ## Run the whole product locally and narrate it; MODE=cluster: on real KubeVirt on the test bed's node.
 	hack/tools.sh install $(DEMO_TOOLS)
 	@# The server pod's binary too: the demo builds it as a test does, from Go's build cache.
-	hack/tools.sh step demo 345 go build -o bin/ ./hack/demo ./cmd/server
+	hack/tools.sh step demo 45 go build -o bin/ ./hack/demo ./cmd/server
 	@# Only the tools built above: the test bed checks for no others.
 	eval "$$(hack/tools.sh env $(DEMO_TOOLS))"; bin/demo $(DEMO_ARGS) $(ARGS)
 

@@ -141,26 +141,29 @@ describe() {
 
 # estimate TOOL prints the seconds TOOL took to build on a 2-core machine
 # with empty caches (Go's module and build caches included), measured with
-# this script's own timings on 2026-12-06 (kopia includes the downloads the
-# later Go builds share); a warm Go build cache makes most much shorter.
+# this script's own timings in a cold make demo, then make test, on
+# 2026-12-06, in this order: kopia, apiserver, kubevirt, kopia-arm64, then
+# the rest (kopia includes the downloads the later Go builds share, and each
+# Go build reuses what the ones before it compiled); a warm Go build cache
+# makes most much shorter.
 estimate() {
 	case $1 in
-	apiserver) echo 420 ;;
-	kopia) echo 240 ;;
-	kopia-arm64) echo 150 ;;
-	controller-gen) echo 70 ;;
-	helm) echo 260 ;;
-	kubectl) echo 200 ;;
-	minio) echo 350 ;;
-	fake-gcs) echo 100 ;;
-	azurite) echo 50 ;;
-	kubevirt) echo 250 ;;
+	apiserver) echo 185 ;;
+	kopia) echo 130 ;;
+	kopia-arm64) echo 75 ;;
+	controller-gen) echo 35 ;;
+	helm) echo 65 ;;
+	kubectl) echo 60 ;;
+	minio) echo 110 ;;
+	fake-gcs) echo 35 ;;
+	azurite) echo 45 ;;
+	kubevirt) echo 90 ;;
 	cloud-init) echo 15 ;;
 	linters) echo 10 ;;
-	guest) echo 200 ;;
-	guest-stock) echo 290 ;;
-	node) echo 400 ;;
-	cluster) echo 770 ;;
+	guest) echo 135 ;;
+	guest-stock) echo 135 ;;
+	node) echo 280 ;;
+	cluster) echo 525 ;;
 	*) echo 60 ;;
 	esac
 }
