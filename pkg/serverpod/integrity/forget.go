@@ -58,14 +58,15 @@ var gcMargin = kopiamaintenance.SafetyFull.MarginBetweenSnapshotGC + kopiamainte
 // returns those it could not yet.
 //
 // It never moves the watermark ahead of the clock. Kopia stamps a deletion
-// at least a second after the write it deletes, so a content dropped within
-// a second of its writing carries a stamp up to a second ahead. A guest's
-// upload of that content again within that second would be stamped before
-// the deletion, lose to it in the index, and vanish with it below the
-// watermark: the snapshot that references it would be damaged from the
-// start (seen in the specs that snapshot right after a pass). forget
-// waits on clk until the clock has reached the newest stamp, at most a
-// second, so every later upload is stamped at or after it, and wins.
+// at least a second after the index entry it replaces, so a content written
+// or undeleted shortly before its drop carries a deletion stamp ahead of
+// the clock. A guest's upload of that content again before the clock gets
+// there is stamped before the deletion, loses to it in the index, and
+// vanishes with it below the watermark: the snapshot that references it is
+// damaged from the start (two specs that snapshot right after a pass failed
+// so, 3 times in 3 runs of the package on a fast machine). forget waits on
+// clk until the clock has reached the newest stamp, so that every later
+// upload is stamped at or after it, and wins.
 func forget(ctx context.Context, dr repo.DirectRepository, stored map[blob.ID]int64, pending map[content.ID]loss, clk clock.Clock) (map[content.ID]loss, error) {
 	now := clk.Now()
 	if len(pending) == 0 {
