@@ -310,7 +310,8 @@ kube_ldflags() {
 # about a minute each. Each is linked as Kubernetes' release links it
 # (KUBE_STATIC_BINARIES in its hack/lib/golang.sh): static but the kubelet.
 # Static, kube-apiserver shares Go's build cache with the test binaries and
-# the demo, which `make` builds the same way (GO_BUILD_ENV in the Makefile).
+# the demo, which `make` builds the same way (the Makefile exports
+# CGO_ENABLED=0 and -trimpath).
 build_kube() {
 	local bin="$CACHE/$1/$KUBERNETES_VERSION/$1" cgo=0
 	[[ "$("$bin" --version 2>/dev/null)" == "Kubernetes $KUBERNETES_VERSION" ]] && return
