@@ -8,6 +8,7 @@ package deps
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"io/fs"
 	"maps"
 	"os"
@@ -35,18 +36,29 @@ var binaries = map[string]string{
 // change that makes a binary link what it must not.
 var sourcesTracked sync.Once
 
-// goList runs `go list` with args and returns its lines.
+// goList runs `go list` with args and returns its fields.
 func goList(t *testing.T, args ...string) []string {
+	t.Helper()
+	return strings.Fields(goListIn(t, "", nil, args...))
+}
+
+// goListIn runs `go list` with args in folder dir ("" for this one), with
+// env added to this process's environment, and returns its output.
+func goListIn(t *testing.T, dir string, env []string, args ...string) string {
 	t.Helper()
 	sourcesTracked.Do(func() { trackSources(t) })
 	cmd := exec.Command("go", append([]string{"list"}, args...)...)
+	cmd.Dir = dir
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("go list %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+		t.Fatalf("go list %s in %s: %v\n%s", strings.Join(args, " "), cmp.Or(dir, "."), err, stderr.String())
 	}
-	return strings.Fields(string(out))
+	return string(out)
 }
 
 // trackSources stats every Go source and module file of the module, which
@@ -216,14 +228,8 @@ func TestEveryTestBedPackageListsItsTools(t *testing.T) {
 	names := map[string]bool{}
 	// Test variants' import paths have a space ("p [p.test]"): one line
 	// per package, not one field.
-	sourcesTracked.Do(func() { trackSources(t) })
-	list := exec.Command("go", "list", "-test", "-f", `{{.ImportPath}}|{{join .Deps "|"}}`, "./...")
-	list.Dir = root
-	out, err := list.Output()
-	if err != nil {
-		t.Fatalf("go list -test: %v", err)
-	}
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+	out := goListIn(t, root, nil, "-test", "-f", `{{.ImportPath}}|{{join .Deps "|"}}`, "./...")
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 		deps := strings.Split(line, "|")
 		if !strings.HasSuffix(deps[0], ".test") {
 			continue
@@ -274,17 +280,8 @@ func TestToolsBuildTheMainModulesVersions(t *testing.T) {
 	const format = `{{with .Module}}{{.Path}} {{with .Replace}}{{.Version}}{{else}}{{.Version}}{{end}}{{end}}`
 	versions := func(dir string, env []string, args ...string) map[string]string {
 		t.Helper()
-		sourcesTracked.Do(func() { trackSources(t) })
-		cmd := exec.Command("go", append([]string{"list", "-deps", "-f", format}, args...)...)
-		cmd.Dir, cmd.Env = dir, append(os.Environ(), env...)
-		var stderr bytes.Buffer
-		cmd.Stderr = &stderr
-		out, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("go list in %s: %v\n%s", dir, err, stderr.String())
-		}
 		m := map[string]string{}
-		for line := range strings.Lines(string(out)) {
+		for line := range strings.Lines(goListIn(t, dir, env, append([]string{"-deps", "-f", format}, args...)...)) {
 			if path, version, ok := strings.Cut(strings.TrimSpace(line), " "); ok && version != "" {
 				m[path] = version
 			}
