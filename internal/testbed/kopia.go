@@ -435,3 +435,25 @@ func ephemeralLow() int {
 	}
 	return 32768 // Linux's default
 }
+
+// OpenKopiaSession connects Kopia's own API client (the code behind its
+// CLI) to the server at url, whose certificate has fingerprint pin, as
+// username (user@host), and opens a session: what a guest's kopia command
+// holds, for specs that speak Kopia's protocol beyond what the CLI says.
+// tb's cleanup closes it.
+func OpenKopiaSession(ctx context.Context, tb TB, url, pin, username, password string) (repo.Repository, error) {
+	tb.Helper()
+	user, host, _ := strings.Cut(username, "@")
+	config := filepath.Join(tb.TempDir(), "repository.config")
+	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: url, TrustedServerCertificateFingerprint: pin}, password,
+		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: user, Hostname: host}})
+	if err != nil {
+		return nil, fmt.Errorf("connect to %s as %s: %w", url, username, err)
+	}
+	r, err := repo.Open(ctx, config, password, &repo.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("open a session at %s as %s: %w", url, username, err)
+	}
+	tb.Cleanup(func() { _ = r.Close(context.Background()) })
+	return r, nil
+}

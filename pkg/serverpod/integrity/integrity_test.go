@@ -591,17 +591,10 @@ func TestDamageCountsToTheWriterOfTheSnapshot(t *testing.T) {
 
 	// What web's guest may write through the server: a copy of its
 	// manifest, under its own labels, whose payload names db.
-	config := filepath.Join(t.TempDir(), "web.config")
-	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: b.srv.URL, TrustedServerCertificateFingerprint: b.srv.CAPin}, b.passwords["web@team-a"],
-		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: "web", Hostname: "team-a"}})
+	r, err := testbed.OpenKopiaSession(ctx, t, b.srv.URL, b.srv.CAPin, "web@team-a", b.passwords["web@team-a"])
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := repo.Open(ctx, config, b.passwords["web@team-a"], &repo.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = r.Close(ctx) })
 	web := snapshot.SourceInfo{UserName: "web", Host: "team-a", Path: rotten}
 	ids, err := snapshot.ListSnapshotManifests(ctx, r, &web, nil)
 	if err != nil || len(ids) != 1 {

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -79,20 +78,7 @@ func holdSessionErr(username, password string) (repo.Repository, error) {
 
 // holdSessionAt is holdSessionErr through the gate at url.
 func holdSessionAt(url, username, password string) (repo.Repository, error) {
-	ctx := context.Background()
-	user, host, _ := strings.Cut(username, "@")
-	config := filepath.Join(GinkgoT().TempDir(), "repository.config")
-	err := repo.ConnectAPIServer(ctx, config, &repo.APIServerInfo{BaseURL: url, TrustedServerCertificateFingerprint: server.CAPin}, password,
-		&repo.ConnectOptions{ClientOptions: repo.ClientOptions{Username: user, Hostname: host}})
-	if err != nil {
-		return nil, err
-	}
-	r, err := repo.Open(ctx, config, password, &repo.Options{})
-	if err != nil {
-		return nil, err
-	}
-	DeferCleanup(func() { _ = r.Close(context.Background()) })
-	return r, nil
+	return testbed.OpenKopiaSession(context.Background(), GinkgoT(), url, server.CAPin, username, password)
 }
 
 // call sends one request on r's session: what a mounted snapshot or a long
