@@ -160,8 +160,15 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 					Expect(minio.Restart()).To(Succeed(), "MinIO back for the specs that follow")
 				}
 			})
+			// Kopia retries a refused connection until the check's
+			// timeout and then names only the timeout: the storage's
+			// own words are its last attempt's.
 			Eventually(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)).WithTimeout(outageSeen).
 				Should(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonStorageUnavailable, "no answer within 10s"))
+			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)()).
+				To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonStorageUnavailable, "the last attempt's error: "))
+			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionStorageAvailable)()).
+				To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonStorageUnavailable, "connection refused"))
 			Expect(bslsCondition(ctx, api, s3NS, name, v1alpha1.ConditionReady)()).
 				To(haveCondition(metav1.ConditionFalse, kopiaserver.ReasonNotReady, "StorageAvailable"))
 			Eventually(bslsEvents(ctx, api, s3NS, name)).WithTimeout(reconciled).Should(ContainElement(

@@ -282,11 +282,15 @@ func probeStorage(ctx context.Context, r repo.Repository) error {
 	if !ok {
 		return errNotDirect
 	}
+	attempt, ctx := newLastAttempt(ctx)
 	_, err := dr.BlobReader().GetMetadata(ctx, format.KopiaRepositoryBlobID)
 	if err != nil && ctx.Err() != nil {
 		// Kopia retries what it takes for passing trouble (a refused
 		// connection included) until the context ends, and then says
-		// only that.
+		// only that: the storage's words are its last attempt's.
+		if last := attempt.Error(); last != "" {
+			return fmt.Errorf("no answer within %s (Kopia retried until then); the last attempt's error: %s", storageProbeTimeout, last)
+		}
 		return fmt.Errorf("no answer within %s (Kopia retried until then): %w", storageProbeTimeout, err)
 	}
 	return err //nolint:wrapcheck // the storage's own words are the message
