@@ -266,8 +266,10 @@ func TestEveryTestBedPackageListsItsTools(t *testing.T) {
 // modules are the exception: the test bed runs KubeVirt's v1.8.1 control
 // plane against the product's v1.9.0 API (see the module's go.mod).
 var sharedBuilds = map[string][]string{
+	"hack/tools/helm":           {"helm.sh/helm/v3/cmd/helm"},
 	"hack/tools/kopia":          {"github.com/kopia/kopia"},
 	"hack/tools/kube-apiserver": {"k8s.io/kubernetes/cmd/kube-apiserver", "k8s.io/kubernetes/cmd/kube-scheduler", "k8s.io/kubernetes/cmd/kube-controller-manager", "k8s.io/kubernetes/cmd/kubelet"},
+	"hack/tools/kubectl":        {"."},
 	"hack/tools/kubevirt":       {"kubevirt.io/kubevirt/cmd/virt-api", "kubevirt.io/kubevirt/cmd/virt-controller"},
 }
 
