@@ -120,22 +120,48 @@ func (r *Reconciler) certManagerCA(ctx context.Context, b *v1alpha1.BackupStorag
 	if err != nil && !apierrors.IsNotFound(err) {
 		return nil, fmt.Errorf("get Secret %s: %w", CASecretName(b), err)
 	}
-	selfSigned, caIssuer := ownCAIssuers(b)
 	controllersCA := err == nil && existing.Annotations[certManagerAnnotationCertificate] == "" && len(existing.Data[corev1.TLSCertKey]) > 0
-	if !controllersCA {
-		if err := r.apply(ctx, b, selfSigned); err != nil {
-			return nil, err
+	objs := certManagerObjects(b, tlsOwnCertManagerCA, controllersCA)
+	// The last is the server's Certificate, which certManagerCertificate
+	// applies and reads the status of.
+	for _, obj := range objs[:len(objs)-1] {
+		if obj.GetAnnotations()[AnnotationKeep] == "" {
+			if err := r.apply(ctx, b, obj); err != nil {
+				return nil, err
+			}
+			continue
 		}
-		ca := caCertificate(b)
-		// Not r.apply: no ownerReference, see above.
-		if err := r.Client.Patch(ctx, ca, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
-			return nil, fmt.Errorf("apply Certificate %s/%s: %w", b.Namespace, ca.Name, err)
+		// Not r.apply: what is kept has no ownerReference, see above.
+		if err := r.Client.Patch(ctx, obj, client.Apply, client.FieldOwner(FieldOwner), client.ForceOwnership); err != nil { //nolint:staticcheck // see apply
+			return nil, fmt.Errorf("apply %T %s/%s: %w", obj, b.Namespace, obj.GetName(), err)
 		}
-	}
-	if err := r.apply(ctx, b, caIssuer); err != nil {
-		return nil, err
 	}
 	return ownCAIssuerRef(b), nil
+}
+
+// certManagerObjects are the cert-manager objects that issue b's
+// certificate from src, in the order they are applied: none for a Secret
+// (the admin's, or the controller's own CA); the server's Certificate from
+// the admin's issuer; or, for a CA of b's own, its selfSigned Issuer and
+// CA Certificate (unless controllersCA: Secret <bsls>-ca holds a CA the
+// controller issued, kept as it is), its CA Issuer, and the server's
+// Certificate from it. Those carrying AnnotationKeep get no
+// ownerReference.
+func certManagerObjects(b *v1alpha1.BackupStorageLocationServer, src tlsSource, controllersCA bool) []client.Object {
+	switch src {
+	case tlsAdminIssuer:
+		return []client.Object{servingCertificate(b, b.Spec.TLS.IssuerRef)}
+	case tlsOwnCertManagerCA:
+		selfSigned, ca := ownCAIssuers(b)
+		var objs []client.Object
+		if !controllersCA {
+			objs = append(objs, selfSigned, caCertificate(b))
+		}
+		return append(objs, ca, servingCertificate(b, ownCAIssuerRef(b)))
+	case tlsAdminSecret, tlsOwnControllerCA:
+		// Secrets, checked or issued by the controller.
+	}
+	return nil
 }
 
 // ownCAIssuerRef refers to the CA Issuer of b's own CA (ownCAIssuers).
