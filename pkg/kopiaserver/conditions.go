@@ -240,14 +240,22 @@ type problem struct {
 	Message string
 }
 
-// observations is what one reconcile of a BSLS found, gathered before
-// anything is decided: decide turns them into its conditions.
+// observations is what one reconcile of a BSLS found, prepared and
+// observed before anything is decided: desire turns them into what the
+// pass writes, decide into its conditions.
 type observations struct {
 	// BSLS is the object as read at the start of the pass: its spec, and
 	// the status the previous pass wrote.
 	BSLS *v1alpha1.BackupStorageLocationServer
 	// Now is the reconciler's clock.
 	Now time.Time
+	// ControllerNamespace is the reconciler's: every server's
+	// NetworkPolicy admits it.
+	ControllerNamespace string
+	// Workload is what the server's Deployment is rendered from, as far
+	// as storage and platform tell it: its TLS checksum comes from
+	// Certificate.
+	Workload WorkloadInputs
 	// RepositoryProblem is why the storage or the repository password is
 	// not in place, if it is not.
 	RepositoryProblem *problem

@@ -11,6 +11,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -38,10 +39,11 @@ type goldenInput struct {
 	Namespace *corev1.Namespace `json:"namespace,omitempty"`
 }
 
-// renderServer is what the reconciler writes for in's BSLS from its
-// builders: Service, NetworkPolicy, Deployment and cert-manager's
-// objects. Ownership and the API server's defaults are left to the
-// envtest suite.
+// renderServer is what the reconciler writes for in's BSLS, as desire
+// decides it for a pass that found storage and certificate in place
+// (Service, NetworkPolicy, Deployment; the server's identity has no golden
+// file), and the cert-manager objects its certificate is issued with.
+// Ownership and the API server's defaults are left to the envtest suite.
 func renderServer(in goldenInput) ([]client.Object, error) {
 	b := &in.BSLS
 	var vs *VeleroStorage
@@ -51,24 +53,25 @@ func renderServer(in goldenInput) ([]client.Object, error) {
 			return nil, err
 		}
 	}
-	wi := WorkloadInputs{Image: "guestbackup:golden", TLSChecksum: "golden-tls-checksum", ActivityInterval: time.Minute,
-		PlatformAssignsIDs: AssignsPodIDs(in.Namespace)}
-	wi.setStorage(b, vs)
-	d, err := Deployment(b, wi)
+	obs := observations{
+		BSLS: b, ControllerNamespace: "guestbackup-system",
+		Workload:    WorkloadInputs{Image: "guestbackup:golden", ActivityInterval: time.Minute, PlatformAssignsIDs: AssignsPodIDs(in.Namespace)},
+		Certificate: &certificateResult{material: &tlsMaterial{Checksum: "golden-tls-checksum"}},
+	}
+	obs.Workload.setStorage(b, vs)
+	want, err := desire(obs)
 	if err != nil {
 		return nil, err
 	}
-	objs := []client.Object{Service(b), NetworkPolicy(b, "guestbackup-system"), d}
-	switch chooseTLS(b, in.CertManagerCA, true) {
-	case tlsAdminIssuer:
-		objs = append(objs, servingCertificate(b, b.Spec.TLS.IssuerRef))
-	case tlsOwnCertManagerCA:
-		selfSigned, ca := ownCAIssuers(b)
-		objs = append(objs, selfSigned, caCertificate(b), ca, servingCertificate(b, ownCAIssuerRef(b)))
-	case tlsAdminSecret, tlsOwnControllerCA:
-		// Secrets, checked or issued by the controller: no object to render.
+	var objs []client.Object
+	for _, obj := range want.Objects {
+		switch obj.(type) {
+		case *corev1.Service, *networkingv1.NetworkPolicy, *appsv1.Deployment:
+			objs = append(objs, obj)
+		}
 	}
-	return objs, nil
+	// cert-manager is served in every case; no CA Secret exists yet.
+	return append(objs, certManagerObjects(b, chooseTLS(b, in.CertManagerCA, true), false)...), nil
 }
 
 // goldenYAML renders obj without the fields a builder never sets.

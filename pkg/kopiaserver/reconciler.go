@@ -306,31 +306,37 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, r.finalize(ctx, b)
 	}
-	obs, err := r.gather(ctx, b)
+	obs, err := r.prepare(ctx, b)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	return r.report(ctx, b, obs, decide(obs))
+	if err := r.observe(ctx, b, &obs); err != nil {
+		return ctrl.Result{}, err
+	}
+	want, err := desire(obs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	return r.write(ctx, b, obs, want)
 }
 
-// gather brings everything b's server needs into place, in the order each
-// step needs the one before, and returns what it found. A problem an admin
-// must fix is an observation, not an error: errors are the API's, and are
-// retried.
-func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
-	obs := observations{BSLS: b.DeepCopy(), Now: r.Clock.Now()}
+// prepare runs, in order, the steps of a pass that must write before or
+// while they read, because what they write is what the rest of the pass
+// observes or the server pod needs before it can start, and returns what
+// they found. A problem an admin must fix is an observation, not an error:
+// errors are the API's, and are retried. Everything else the pass writes is
+// decided by desire and written by write.
+func (r *Reconciler) prepare(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
+	obs := observations{
+		BSLS: b.DeepCopy(), Now: r.Clock.Now(), ControllerNamespace: r.ControllerNamespace,
+		Workload: WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval},
+	}
 	var err error
 
-	// Storage and the repository password: the server cannot start without.
-	in := WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval}
-	// Whether the platform assigns the pod's IDs (OpenShift) shapes its
-	// securityContext.
-	ns := &corev1.Namespace{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Namespace}, ns); err != nil {
-		return obs, fmt.Errorf("get namespace %s: %w", b.Namespace, err)
-	}
-	in.PlatformAssignsIDs = AssignsPodIDs(ns)
-	if obs.RepositoryProblem, err = r.storage(ctx, b, &in); err != nil {
+	// Storage and the repository password: the claim, the CA bundle
+	// ConfigMap and a generated password are created here, because the
+	// storage's problem is what they find, and the Deployment mounts them.
+	if obs.RepositoryProblem, err = r.storage(ctx, b, &obs.Workload); err != nil {
 		return obs, err
 	}
 	if obs.RepositoryProblem == nil {
@@ -339,131 +345,100 @@ func (r *Reconciler) gather(ctx context.Context, b *v1alpha1.BackupStorageLocati
 		}
 	}
 
-	// The CA guests trust survives its Secret's deletion (DESIGN.md
-	// decision 28), before anything reads that Secret.
+	// The CA guests trust survives its Secret's deletion
+	// (docs/architecture.md), so it is guarded before anything reads that
+	// Secret.
 	if obs.CAGuardRetry, err = r.guardOwnCA(ctx, b); err != nil {
 		return obs, err
 	}
-	// The certificate, and the CA guests are given to trust.
+	// The certificate, and the CA guests are given to trust: it is issued
+	// (by the controller or cert-manager) before its Secret is read, and
+	// the Secret's checksum restarts the pod on a new one.
 	if obs.Certificate, obs.CertificateProblem, err = r.certificate(ctx, b); err != nil {
 		return obs, err
 	}
-	if obs.CertificateProblem == nil {
-		in.TLSChecksum = obs.Certificate.material.Checksum
-	}
 
-	// The workload. Identity, Service and NetworkPolicy do not depend on
-	// storage or certificate; the Deployment waits for both, and an
-	// existing one keeps running while either is broken.
+	// The server-control password, created once: the Deployment reads it.
 	if err := r.controlSecret(ctx, b); err != nil {
 		return obs, err
 	}
-	sa, role, binding := ServerRole(b)
-	for _, obj := range []client.Object{sa, role, binding, Service(b), NetworkPolicy(b, r.ControllerNamespace)} {
-		if err := r.apply(ctx, b, obj); err != nil {
-			return obs, err
-		}
-	}
+	// The users Secrets: the users they hold, the refused credential
+	// Secrets and the grants are what UsersSynced, status.users and the
+	// quotas report, and their Events are about what was written.
 	if obs.Users, err = r.syncUsers(ctx, b); err != nil {
 		return obs, err
 	}
+	// The ConfigMaps the server pod may only update: they must exist
+	// before it starts.
 	if err := r.activityConfigMaps(ctx, b); err != nil {
 		return obs, err
 	}
+	// The state ConfigMap, created if missing (its pod may only update it)
+	// and cleared of gone pods' states while it is read.
 	state, err := r.serverState(ctx, b)
 	if err != nil {
 		return obs, err
 	}
 	obs.Maintenance, obs.Client, obs.Storage = state.Maintenance, state.Client, state.Storage
 	obs.Integrity, obs.IntegrityUnreadable = state.Integrity, state.IntegrityUnreadable
+	// The Lease several server pods elect their maintenance runner with is
+	// created once and never written again (nor read back), and its
+	// binding goes when the BSLS runs one pod: neither is desired state
+	// applied on every pass.
 	if err := r.maintenanceElection(ctx, b); err != nil {
 		return obs, err
 	}
-	if obs.RepositoryProblem == nil && obs.CertificateProblem == nil {
-		if obs.Deployment, err = Deployment(b, in); err != nil {
-			return obs, err
-		}
-		if err := r.apply(ctx, b, obs.Deployment); err != nil {
-			return obs, err
-		}
-	} else {
-		d := &appsv1.Deployment{}
-		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: DeploymentName(b)}, d); {
-		case err == nil:
-			obs.Deployment = d
-		case !apierrors.IsNotFound(err):
-			return obs, fmt.Errorf("get Deployment %s: %w", DeploymentName(b), err)
-		}
-	}
-	pods := &corev1.PodList{}
-	if err := r.Client.List(ctx, pods, client.InNamespace(b.Namespace), client.MatchingLabels(Labels(b))); err != nil {
-		return obs, fmt.Errorf("list server pods: %w", err)
-	}
-	obs.Pods = pods.Items
 	return obs, nil
 }
 
-// report writes what decide decided into b's status, records an Event for
-// each condition that changed and the metrics, and says when to look
-// again. obs.BSLS is b's status before this pass.
-func (r *Reconciler) report(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs observations, d decision) (ctrl.Result, error) {
-	orig := obs.BSLS
-	if obs.CertificateProblem == nil {
-		b.Status.TLSCA = string(obs.Certificate.material.CA)
-		b.Status.TLSFingerprint = obs.Certificate.material.Pin
-		if msg, changed := caChange(orig.Status.TLSFingerprint, b.Status.TLSFingerprint, obs.Certificate.source); changed {
-			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCAChanged, "%s", msg)
+// observe reads, without writing, what the server runs as: its
+// namespace (whether the platform assigns the pod's IDs shapes its
+// securityContext), its Deployment and its pods.
+func (r *Reconciler) observe(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs *observations) error {
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Name: b.Namespace}, ns); err != nil {
+		return fmt.Errorf("get namespace %s: %w", b.Namespace, err)
+	}
+	obs.Workload.PlatformAssignsIDs = AssignsPodIDs(ns)
+	d := &appsv1.Deployment{}
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: DeploymentName(b)}, d); {
+	case err == nil:
+		obs.Deployment = d
+	case !apierrors.IsNotFound(err):
+		return fmt.Errorf("get Deployment %s: %w", DeploymentName(b), err)
+	}
+	pods := &corev1.PodList{}
+	if err := r.Client.List(ctx, pods, client.InNamespace(b.Namespace), client.MatchingLabels(Labels(b))); err != nil {
+		return fmt.Errorf("list server pods: %w", err)
+	}
+	obs.Pods = pods.Items
+	return nil
+}
+
+// write applies what desire decided: the server's objects, in order, the
+// Events of the pass, then b's status.
+func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs observations, want desired) (ctrl.Result, error) {
+	for _, obj := range want.Objects {
+		if err := r.apply(ctx, b, obj); err != nil {
+			return ctrl.Result{}, err
 		}
 	}
-	b.Status.Endpoint = Endpoint(b)
-	if d.RepositoryOpened && b.Status.RepositoryOpened == nil {
-		// From now on a lost password is reported, never replaced.
-		b.Status.RepositoryOpened = &metav1.Time{Time: obs.Now}
-	}
-	b.Status.Maintenance = obs.Maintenance
-	b.Status.Integrity = d.Integrity
-	b.Status.Quota = d.Quota
-	b.Status.Client = obs.Client
-	b.Status.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
-	namespaces := ServedNamespaces(obs.Users)
-	b.Status.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users
-	if len(namespaces) > 1 && orig.Status.Namespaces <= 1 {
-		r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonSharedAcrossNamespaces, "%s", sharedMessage(namespaces))
-	}
-	for _, c := range d.Conditions {
-		meta.SetStatusCondition(&b.Status.Conditions, c)
-	}
-	b.Status.ObservedGeneration = b.Generation
+	orig := obs.BSLS
+	b.Status = want.Status
 	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
-	notices, err := r.liveNotices(ctx, orig, d)
+	notices, err := r.liveNotices(ctx, orig, want.decision)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	r.recordTransitions(b, orig.Status.Conditions)
+	for _, e := range want.Events {
+		r.Recorder.Event(b, e.Type, e.Reason, e.Message)
+	}
 	r.recordVMNotices(ctx, notices)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
 	}
-	return ctrl.Result{RequeueAfter: d.RequeueAfter}, nil
-}
-
-// recordTransitions emits an Event for every condition whose status or
-// reason changed: Normal when it became True, else Warning.
-func (r *Reconciler) recordTransitions(b *v1alpha1.BackupStorageLocationServer, before []metav1.Condition) {
-	for _, c := range b.Status.Conditions {
-		old := meta.FindStatusCondition(before, c.Type)
-		if old != nil && old.Status == c.Status && old.Reason == c.Reason {
-			continue
-		}
-		kind := corev1.EventTypeWarning
-		if c.Status == metav1.ConditionTrue {
-			kind = corev1.EventTypeNormal
-		} else if c.Status == metav1.ConditionUnknown {
-			kind = corev1.EventTypeNormal
-		}
-		r.Recorder.Eventf(b, kind, c.Reason, "%s: %s", c.Type, c.Message)
-	}
+	return ctrl.Result{RequeueAfter: want.RequeueAfter}, nil
 }
 
 // syncUsers writes the users Secrets from the credential Secrets.
