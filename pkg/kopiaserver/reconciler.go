@@ -415,8 +415,11 @@ func (r *Reconciler) observe(ctx context.Context, b *v1alpha1.BackupStorageLocat
 	return nil
 }
 
-// write applies what desire decided: the server's objects, in order, the
-// Events of the pass, then b's status.
+// write applies what desire decided: the server's objects, in order, then
+// b's status; the Events of the pass only once that status is written, so
+// that a pass whose status write fails (a conflict with another writer)
+// announces nothing its successor announces again. The VMs' notices go
+// before it: see recordVMNotices.
 func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs observations, want desired) (ctrl.Result, error) {
 	for _, obj := range want.Objects {
 		if err := r.apply(ctx, b, obj); err != nil {
@@ -427,16 +430,23 @@ func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 	b.Status = want.Status
 	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
+	// A VM's notice is recorded before the status that makes it old news
+	// is written: after it, a controller that stopped between the two
+	// would never announce it (the next pass diffs against the new
+	// status), and the VM's owner, who may read no BSLS, would not learn
+	// that its backups are damaged or over quota. A repeat after a failed
+	// write is the lesser harm. The BSLS's own Events repeat what its
+	// status says, so they wait for it.
 	notices, err := r.liveNotices(ctx, orig, want.decision)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	for _, e := range want.Events {
-		r.Recorder.Event(b, e.Type, e.Reason, e.Message)
-	}
 	r.recordVMNotices(ctx, notices)
 	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
 		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	for _, e := range want.Events {
+		r.Recorder.Event(b, e.Type, e.Reason, e.Message)
 	}
 	return ctrl.Result{RequeueAfter: want.RequeueAfter}, nil
 }
