@@ -32,10 +32,33 @@ type desireCase struct {
 // certificate: the server's identity, Service and NetworkPolicy.
 var serverObjects = []string{"ServiceAccount main-server", "Role main-server", "RoleBinding main-server", "Service main", "NetworkPolicy main-server"}
 
+// allObjects are serverObjects and the Deployment.
+var allObjects = append(slices.Clone(serverObjects), "Deployment main-server")
+
+// servingTwoNamespaces are the observations of a pass that finds users of
+// two namespaces, after a pass that wrote status.namespaces before and
+// the conditions this one sets.
+func servingTwoNamespaces(before int32) func(*observations) {
+	return func(o *observations) {
+		o.Users = users("a@backup", "b@other")
+		o.BSLS.Status.Namespaces = before
+		o.BSLS.Status.Conditions = steady(*o)
+	}
+}
+
+// serverAvailableIs checks that the status's ServerAvailable has reason.
+func serverAvailableIs(reason string) func(*testing.T, v1alpha1.BackupStorageLocationServerStatus) {
+	return func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
+		if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionServerAvailable); c == nil || c.Reason != reason {
+			t.Errorf("ServerAvailable %v, want %s", c, reason)
+		}
+	}
+}
+
 var desireCases = []desireCase{
 	{
 		name:    "storage and certificate in place: the Deployment too, and the certificate's CA in status",
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		objects: allObjects,
 		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
 			if st.TLSCA != "ca" || st.TLSFingerprint != "pin" {
 				t.Errorf("tlsCA %q, tlsFingerprint %q, want the certificate's", st.TLSCA, st.TLSFingerprint)
@@ -57,12 +80,8 @@ var desireCases = []desireCase{
 			o.Deployment = deployment(1, 1)
 		},
 		objects: serverObjects,
-		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
-			if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionServerAvailable); c == nil || c.Reason != ReasonServerAvailable {
-				t.Errorf("ServerAvailable %v, want the running Deployment's ServerAvailable", c)
-			}
-		},
-		events: []string{ReasonCertificateIssued, ReasonClaimNotFound, ReasonServerAvailable, ReasonUsersSynced, ReasonStorageNotChecked, ReasonNotMeasured, ReasonNotVerified, ReasonNotReady},
+		check:   serverAvailableIs(ReasonServerAvailable),
+		events:  []string{ReasonCertificateIssued, ReasonClaimNotFound, ReasonServerAvailable, ReasonUsersSynced, ReasonStorageNotChecked, ReasonNotMeasured, ReasonNotVerified, ReasonNotReady},
 	},
 	{
 		name: "a certificate problem: no Deployment, and the CA guests trust stays in status",
@@ -84,7 +103,7 @@ var desireCases = []desireCase{
 			o.BSLS.Status.TLSFingerprint = "old pin"
 			o.BSLS.Status.Conditions = steady(*o)
 		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		objects: allObjects,
 		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
 			if st.TLSFingerprint != "pin" {
 				t.Errorf("tlsFingerprint %q, want the new CA's", st.TLSFingerprint)
@@ -98,7 +117,7 @@ var desireCases = []desireCase{
 			o.Deployment = deployment(1, 1)
 			o.Users = users("vm@backup")
 		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		objects: allObjects,
 		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
 			if st.RepositoryOpened == nil || !st.RepositoryOpened.Time.Equal(decideNow) {
 				t.Errorf("repositoryOpened %v, want %s", st.RepositoryOpened, decideNow)
@@ -116,7 +135,7 @@ var desireCases = []desireCase{
 			o.Deployment = deployment(1, 1)
 			o.BSLS.Status.Conditions = steady(*o)
 		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		objects: allObjects,
 		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
 			if want := decideNow.Add(-time.Hour); st.RepositoryOpened == nil || !st.RepositoryOpened.Time.Equal(want) {
 				t.Errorf("repositoryOpened %v, want %s", st.RepositoryOpened, want)
@@ -124,13 +143,9 @@ var desireCases = []desireCase{
 		},
 	},
 	{
-		name: "VMs of a second namespace: SharedAcrossNamespaces, once",
-		obs: func(o *observations) {
-			o.Users = users("a@backup", "b@other")
-			o.BSLS.Status.Namespaces = 1
-			o.BSLS.Status.Conditions = steady(*o)
-		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		name:    "VMs of a second namespace: SharedAcrossNamespaces, once",
+		obs:     servingTwoNamespaces(1),
+		objects: allObjects,
 		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
 			if st.Namespaces != 2 {
 				t.Errorf("namespaces %d, want 2", st.Namespaces)
@@ -139,13 +154,9 @@ var desireCases = []desireCase{
 		events: []string{ReasonSharedAcrossNamespaces},
 	},
 	{
-		name: "shared already: no Event again",
-		obs: func(o *observations) {
-			o.Users = users("a@backup", "b@other")
-			o.BSLS.Status.Namespaces = 2
-			o.BSLS.Status.Conditions = steady(*o)
-		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
+		name:    "shared already: no Event again",
+		obs:     servingTwoNamespaces(2),
+		objects: allObjects,
 	},
 	{
 		name: "spec.replicas 0: ScaledToZero at once, as the apply leaves the Deployment",
@@ -153,13 +164,9 @@ var desireCases = []desireCase{
 			o.BSLS.Spec.Replicas = ptr.To[int32](0)
 			o.Deployment = deployment(1, 1)
 		},
-		objects: append(slices.Clone(serverObjects), "Deployment main-server"),
-		check: func(t *testing.T, st v1alpha1.BackupStorageLocationServerStatus) {
-			if c := meta.FindStatusCondition(st.Conditions, v1alpha1.ConditionServerAvailable); c == nil || c.Reason != ReasonScaledToZero {
-				t.Errorf("ServerAvailable %v, want ScaledToZero", c)
-			}
-		},
-		events: []string{ReasonCertificateIssued, ReasonStorageResolved, ReasonScaledToZero, ReasonWaitingForServer, ReasonStorageNotChecked, ReasonNotMeasured, ReasonNotVerified, ReasonNotReady},
+		objects: allObjects,
+		check:   serverAvailableIs(ReasonScaledToZero),
+		events:  []string{ReasonCertificateIssued, ReasonStorageResolved, ReasonScaledToZero, ReasonWaitingForServer, ReasonStorageNotChecked, ReasonNotMeasured, ReasonNotVerified, ReasonNotReady},
 	},
 }
 
