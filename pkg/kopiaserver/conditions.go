@@ -309,9 +309,10 @@ type decision struct {
 	VMNotices []vmNotice
 }
 
-// decide is the policy of the BSLS reconciler: from what a pass found, it
-// decides every condition, its reason and its message, and when to look
-// again. It reads nothing but obs.
+// decide is the condition policy of the BSLS reconciler, the part of
+// desire that judges: from what a pass found, it decides every condition,
+// its reason and its message, the VMs' notices, and when to look again.
+// It reads nothing but obs.
 func decide(obs observations) decision {
 	b := obs.BSLS
 	d := decision{RequeueAfter: RecheckSecrets}

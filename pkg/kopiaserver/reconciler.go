@@ -346,7 +346,7 @@ func (r *Reconciler) prepare(ctx context.Context, b *v1alpha1.BackupStorageLocat
 	}
 
 	// The CA guests trust survives its Secret's deletion
-	// (docs/architecture.md), so it is guarded before anything reads that
+	// (docs/security.md), so it is guarded before anything reads that
 	// Secret.
 	if obs.CAGuardRetry, err = r.guardOwnCA(ctx, b); err != nil {
 		return obs, err
@@ -419,7 +419,7 @@ func (r *Reconciler) observe(ctx context.Context, b *v1alpha1.BackupStorageLocat
 // b's status; the Events of the pass only once that status is written, so
 // that a pass whose status write fails (a conflict with another writer)
 // announces nothing its successor announces again. The VMs' notices go
-// before it: see recordVMNotices.
+// before it (why: below).
 func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, obs observations, want desired) (ctrl.Result, error) {
 	for _, obj := range want.Objects {
 		if err := r.apply(ctx, b, obj); err != nil {
