@@ -21,6 +21,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/serverargs"
 	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -38,6 +39,15 @@ const (
 	tlsDir        = "/tls"
 	repositoryDir = "/repository"
 	s3CADir       = "/s3-ca"
+
+	// configFile is the repository connection init writes for the Kopia
+	// server and user sync.
+	configFile = configDir + "/repository.config"
+	// chainFile is the TLS chain (leaf + CA) init writes, which the Kopia
+	// server, the session gate and the client port present.
+	chainFile  = configDir + "/tls-chain.pem"
+	tlsKeyFile = tlsDir + "/tls.key"
+	tlsCAFile  = tlsDir + "/ca.crt"
 
 	// ControlUsername is the server-control user of every managed server.
 	ControlUsername = "server-control"
@@ -221,9 +231,6 @@ func restricted() *corev1.SecurityContext {
 // container, on the pod's loopback, and the user-sync container beside it,
 // whose session gate serves guests on the server port.
 func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*appsv1.Deployment, error) {
-	configFile := path.Join(configDir, "repository.config")
-	chainFile := path.Join(configDir, "tls-chain.pem")
-	local := "127.0.0.1:" + strconv.Itoa(KopiaLocalPort)
 	password := secretEnv(kopiaenv.RepositoryPassword, RepositoryPassword(b), false)
 	control := secretEnv(kopiaenv.ControlPassword, secretKey(ControlSecretName(b), "password"), false)
 	// Kopia keeps its caches and logs under HOME; the root filesystem is read-only.
@@ -245,16 +252,6 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 	// the pod, so a filesystem repository is mounted there in every
 	// container.
 	serverMounts := []corev1.VolumeMount{configMount, tlsMount}
-	initArgs := []string{
-		"init",
-		"--config-file=" + configFile,
-		"--tls-cert-file=" + path.Join(tlsDir, "tls.crt"),
-		"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
-		"--tls-chain-file=" + chainFile,
-		// Access rules are written before the server starts, so that it
-		// never serves under Kopia's legacy rules.
-		"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
-	}
 	initEnv := []corev1.EnvVar{password, home, noUpdates}
 
 	switch {
@@ -265,29 +262,13 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		repositoryMount := corev1.VolumeMount{Name: "repository", MountPath: repositoryDir}
 		initMounts = append(initMounts, repositoryMount)
 		serverMounts = append(serverMounts, repositoryMount)
-		initArgs = append(initArgs, "--filesystem-path="+path.Join(repositoryDir, b.Spec.Repository.PathPrefix))
 	case in.S3 != nil:
-		s3 := in.S3
-		initArgs = append(initArgs, "--s3-bucket="+s3.Bucket)
-		if prefix := repositoryPrefix(s3.Prefix, b); prefix != "" {
-			initArgs = append(initArgs, "--s3-prefix="+prefix)
-		}
-		if s3.Endpoint != "" {
-			initArgs = append(initArgs, "--s3-endpoint="+s3.Endpoint)
-		}
-		if s3.Region != "" {
-			initArgs = append(initArgs, "--s3-region="+s3.Region)
-		}
-		if s3.DisableTLS {
-			initArgs = append(initArgs, "--s3-disable-tls")
-		}
 		if in.S3CABundleConfigMap != "" {
 			volumes = append(volumes, corev1.Volume{Name: "s3-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: in.S3CABundleConfigMap},
 				Items:                []corev1.KeyToPath{{Key: "ca.crt", Path: "ca.crt"}},
 			}}})
 			initMounts = append(initMounts, corev1.VolumeMount{Name: "s3-ca", MountPath: s3CADir, ReadOnly: true})
-			initArgs = append(initArgs, "--s3-ca-file="+path.Join(s3CADir, "ca.crt"))
 		}
 		if in.VeleroCredentials == nil && !in.WorkloadIdentity {
 			initEnv = append(initEnv,
@@ -296,80 +277,15 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 				secretEnv(storagecreds.SessionToken, secretKey(in.S3CredentialsSecret, storagecreds.SessionToken), true),
 			)
 		}
-	case in.GCS != nil:
-		initArgs = append(initArgs, "--gcs-bucket="+in.GCS.Bucket)
-		if prefix := repositoryPrefix(in.GCS.Prefix, b); prefix != "" {
-			initArgs = append(initArgs, "--gcs-prefix="+prefix)
-		}
-	case in.Azure != nil:
-		az := in.Azure
-		initArgs = append(initArgs, "--azure-container="+az.Container, "--azure-storage-account="+az.StorageAccount)
-		if prefix := repositoryPrefix(az.Prefix, b); prefix != "" {
-			initArgs = append(initArgs, "--azure-prefix="+prefix)
-		}
-		if az.StorageDomain != "" {
-			initArgs = append(initArgs, "--azure-storage-domain="+az.StorageDomain)
-		}
-		if az.DisableTLS {
-			initArgs = append(initArgs, "--azure-disable-tls")
-		}
+	case in.GCS != nil, in.Azure != nil:
+		// Their credentials come from a Velero Secret, through the API,
+		// or from the pod's cloud identity (initArgs).
 	default:
 		return nil, fmt.Errorf("BackupStorageLocationServer %s/%s: no storage to run a server on", b.Namespace, b.Name)
 	}
-	switch v := in.VeleroCredentials; {
-	case in.WorkloadIdentity:
-		initArgs = append(initArgs, "--workload-identity")
-	case v != nil:
-		// A Secret in another namespace cannot be mounted: read it
-		// through the API, as the service account's Role allows.
-		initArgs = append(initArgs, "--credentials-secret="+v.Namespace+"/"+v.Secret, "--credentials-key="+v.Key)
-		if in.S3 != nil {
-			initArgs = append(initArgs, "--credentials-profile="+v.Profile)
-		}
-		if v.AzureStorageKeyVariable != "" {
-			initArgs = append(initArgs, "--azure-storage-key-variable="+v.AzureStorageKeyVariable)
-		}
-	}
-	var policyArgs []string
-	m := b.Spec.Repository.Maintenance
-	if p := b.Spec.Repository.DefaultPolicy; p != nil {
-		data, err := json.Marshal(p)
-		if err != nil {
-			return nil, fmt.Errorf("encode default policy: %w", err)
-		}
-		policyArgs = []string{"--default-policy=" + string(data)}
-		initArgs = append(initArgs, policyArgs...)
-	}
-	// Maintenance: init claims the owner and sets the schedule; user sync
-	// runs the cycles (package serverpod/maintenance).
-	maintenanceArgs := []string{"--maintenance=" + strconv.FormatBool(m == nil || !m.Disabled)}
-	if m != nil && m.QuickInterval != nil {
-		maintenanceArgs = append(maintenanceArgs, "--maintenance-quick-interval="+m.QuickInterval.Duration.String())
-	}
-	if m != nil && m.FullInterval != nil {
-		maintenanceArgs = append(maintenanceArgs, "--maintenance-full-interval="+m.FullInterval.Duration.String())
-	}
-	initArgs = append(initArgs, "--namespace="+b.Namespace, "--bsls="+b.Name)
-	initArgs = append(initArgs, maintenanceArgs...)
-	// User sync's further arguments. Several pods: the one holding the
-	// Lease runs maintenance, the pod's name its identity there.
-	var syncArgs []string
-	if SharesMaintenance(b) {
-		syncArgs = []string{"--maintenance-lease=" + maintenancestate.LeaseName(b.Name)}
-	}
-	// Verification runs beside maintenance (package
-	// serverpod/integrity); the pod's defaults are the API's.
-	if m != nil && m.VerifyInterval != nil {
-		syncArgs = append(syncArgs, "--verify-interval="+m.VerifyInterval.Duration.String())
-	}
-	if m != nil && m.VerifyReadBytes != nil {
-		syncArgs = append(syncArgs, "--verify-read-bytes="+strconv.FormatInt(m.VerifyReadBytes.Value(), 10))
-	}
-	// The quotas themselves reach the pod in the users Secrets, so that
-	// setting or changing one restarts nothing; only the cadence is an
-	// argument.
-	if q := b.Spec.Quota; q != nil && q.MeasureInterval != nil {
-		syncArgs = append(syncArgs, "--quota-interval="+q.MeasureInterval.Duration.String())
+	policy, err := defaultPolicy(b)
+	if err != nil {
+		return nil, err
 	}
 
 	labels := Labels(b)
@@ -385,7 +301,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 		SecurityContext:    podSecurityContext(in),
 		InitContainers: []corev1.Container{{
 			Name: "init", Image: in.Image,
-			Command: []string{ServerBinary}, Args: initArgs,
+			Command: []string{ServerBinary}, Args: initArgs(b, in, policy).Args(),
 			Env: initEnv, VolumeMounts: initMounts,
 			// Its last log lines say why the repository did not open; the
 			// controller puts them in RepositoryReady.
@@ -396,7 +312,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			{
 				Name: "kopia", Image: in.Image,
 				Command:      []string{KopiaBinary},
-				Args:         kopiaServerArgs(b, configFile, local, chainFile, path.Join(tlsDir, "tls.key")),
+				Args:         kopiaServerArgs(b),
 				Env:          []corev1.EnvVar{password, control, home, noUpdates},
 				VolumeMounts: serverMounts,
 				// No probe: the kubelet's reach the pod's address, not its
@@ -409,28 +325,7 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			{
 				Name: "user-sync", Image: in.Image,
 				Command: []string{ServerBinary},
-				Args: append([]string{
-					"sync-users",
-					"--namespace=$(POD_NAMESPACE)",
-					"--bsls=" + b.Name,
-					"--bsls-uid=" + string(b.UID),
-					"--config-file=" + configFile,
-					"--server-url=https://" + local,
-					// Guests' sessions, through the gate (package sessiongate).
-					"--gate-addr=0.0.0.0:" + strconv.Itoa(v1alpha1.DefaultServerPort),
-					"--tls-ca-file=" + path.Join(tlsDir, "ca.crt"),
-					"--health-addr=0.0.0.0:" + strconv.Itoa(HealthPort),
-					"--append-only=" + strconv.FormatBool(b.Spec.Access.AppendOnly),
-					"--activity-interval=" + in.ActivityInterval.String(),
-					maintenanceArgs[0],
-					// The kopia client for guests (package clientserver).
-					"--client-addr=0.0.0.0:" + strconv.Itoa(clientdist.DefaultPort),
-					"--client-binary=amd64=" + KopiaBinary,
-					"--client-binary=arm64=" + ClientBinaryARM64,
-					// Both ports present the server's own certificate.
-					"--tls-chain-file=" + chainFile,
-					"--tls-key-file=" + path.Join(tlsDir, "tls.key"),
-				}, append(syncArgs, policyArgs...)...), // an append-only server applies its retention
+				Args:    syncUsersArgs(b, in, policy).Args(),
 				Env: []corev1.EnvVar{
 					{Name: "POD_NAMESPACE", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.namespace"}}},
 					password, control, home, noUpdates,
@@ -482,6 +377,124 @@ func Deployment(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs) (*ap
 			},
 		},
 	}, nil
+}
+
+// kopiaLocalAddr is where the Kopia server listens: the pod's loopback.
+var kopiaLocalAddr = "127.0.0.1:" + strconv.Itoa(KopiaLocalPort)
+
+// defaultPolicy is b's repository.defaultPolicy as init and user sync
+// read it: JSON, or empty for none.
+func defaultPolicy(b *v1alpha1.BackupStorageLocationServer) (string, error) {
+	p := b.Spec.Repository.DefaultPolicy
+	if p == nil {
+		return "", nil
+	}
+	data, err := json.Marshal(p)
+	if err != nil {
+		return "", fmt.Errorf("encode default policy: %w", err)
+	}
+	return string(data), nil
+}
+
+// initArgs is the init container's command line: b's storage as in
+// resolved it, how to reach it, and the repository's access rules,
+// default policy and maintenance. Deployment has checked that in names a
+// storage.
+func initArgs(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs, policy string) serverargs.Init {
+	a := serverargs.NewInit()
+	a.ConfigFile = configFile
+	a.TLSCertFile = path.Join(tlsDir, "tls.crt")
+	a.TLSCAFile = tlsCAFile
+	a.ChainFile = chainFile
+	// Access rules are written before the server starts, so that it
+	// never serves under Kopia's legacy rules.
+	a.AppendOnly = b.Spec.Access.AppendOnly
+	switch {
+	case b.Spec.Storage.Filesystem != nil:
+		a.FilesystemPath = path.Join(repositoryDir, b.Spec.Repository.PathPrefix)
+	case in.S3 != nil:
+		a.S3Bucket, a.S3Prefix = in.S3.Bucket, repositoryPrefix(in.S3.Prefix, b)
+		a.S3Endpoint, a.S3Region, a.S3DisableTLS = in.S3.Endpoint, in.S3.Region, in.S3.DisableTLS
+		if in.S3CABundleConfigMap != "" {
+			a.S3CAFile = path.Join(s3CADir, "ca.crt")
+		}
+	case in.GCS != nil:
+		a.GCSBucket, a.GCSPrefix = in.GCS.Bucket, repositoryPrefix(in.GCS.Prefix, b)
+	case in.Azure != nil:
+		az := in.Azure
+		a.AzureContainer, a.AzureStorageAccount, a.AzurePrefix = az.Container, az.StorageAccount, repositoryPrefix(az.Prefix, b)
+		a.AzureStorageDomain, a.AzureDisableTLS = az.StorageDomain, az.DisableTLS
+	}
+	switch v := in.VeleroCredentials; {
+	case in.WorkloadIdentity:
+		a.WorkloadIdentity = true
+	case v != nil:
+		// A Secret in another namespace cannot be mounted: read it
+		// through the API, as the service account's Role allows.
+		a.CredentialsSecret, a.CredentialsKey = v.Namespace+"/"+v.Secret, v.Key
+		if in.S3 != nil {
+			a.CredentialsProfile = v.Profile
+		}
+		a.AzureStorageKeyVariable = v.AzureStorageKeyVariable
+	}
+	a.DefaultPolicy = policy
+	// Maintenance: init claims the owner and sets the schedule; user sync
+	// runs the cycles (package serverpod/maintenance).
+	a.Namespace, a.BSLS = b.Namespace, b.Name
+	m := b.Spec.Repository.Maintenance
+	a.Maintenance = m == nil || !m.Disabled
+	if m != nil && m.QuickInterval != nil {
+		a.MaintenanceQuickInterval = m.QuickInterval.Duration
+	}
+	if m != nil && m.FullInterval != nil {
+		a.MaintenanceFullInterval = m.FullInterval.Duration
+	}
+	return a
+}
+
+// syncUsersArgs is the user-sync container's command line.
+func syncUsersArgs(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs, policy string) serverargs.SyncUsers {
+	a := serverargs.NewSyncUsers()
+	a.Namespace = "$(POD_NAMESPACE)"
+	a.BSLS, a.BSLSUID = b.Name, string(b.UID)
+	a.ConfigFile = configFile
+	a.ServerURL = "https://" + kopiaLocalAddr
+	a.ControlUsername = ControlUsername
+	// Guests' sessions, through the gate (package sessiongate).
+	a.GateAddr = "0.0.0.0:" + strconv.Itoa(v1alpha1.DefaultServerPort)
+	a.CAFile = tlsCAFile
+	a.HealthAddr = "0.0.0.0:" + strconv.Itoa(HealthPort)
+	a.AppendOnly = b.Spec.Access.AppendOnly
+	a.ActivityInterval = in.ActivityInterval
+	m := b.Spec.Repository.Maintenance
+	a.Maintenance = m == nil || !m.Disabled
+	// The kopia client for guests (package clientserver).
+	a.ClientAddr = "0.0.0.0:" + strconv.Itoa(clientdist.DefaultPort)
+	a.ClientBinaries = map[string]string{"amd64": KopiaBinary, "arm64": ClientBinaryARM64}
+	// Both ports present the server's own certificate.
+	a.ChainFile, a.KeyFile = chainFile, tlsKeyFile
+	// Several pods: the one holding the Lease runs maintenance, the pod's
+	// name its identity there.
+	if SharesMaintenance(b) {
+		a.MaintenanceLease = maintenancestate.LeaseName(b.Name)
+	}
+	// Verification runs beside maintenance (package
+	// serverpod/integrity); the pod's defaults are the API's.
+	if m != nil && m.VerifyInterval != nil {
+		a.VerifyInterval = m.VerifyInterval.Duration
+	}
+	if m != nil && m.VerifyReadBytes != nil {
+		a.VerifyReadBytes = m.VerifyReadBytes.Value()
+	}
+	// The quotas themselves reach the pod in the users Secrets, so that
+	// setting or changing one restarts nothing; only the cadence is an
+	// argument.
+	if q := b.Spec.Quota; q != nil && q.MeasureInterval != nil {
+		a.QuotaInterval = q.MeasureInterval.Duration
+	}
+	// An append-only server applies its retention.
+	a.DefaultPolicy = policy
+	return a
 }
 
 // repositoryPrefix is where the repository's objects go in a bucket or
@@ -612,15 +625,15 @@ const ReplicaRefreshInterval = 3 * time.Second
 
 // kopiaServerArgs are the arguments of the kopia container's `kopia
 // server start`.
-func kopiaServerArgs(b *v1alpha1.BackupStorageLocationServer, configFile, address, chainFile, keyFile string) []string {
+func kopiaServerArgs(b *v1alpha1.BackupStorageLocationServer) []string {
 	args := []string{
 		"server", "start",
 		"--config-file=" + configFile,
 		// Loopback only: a session that bypassed the gate would outlive
 		// its access.
-		"--address=" + address,
+		"--address=" + kopiaLocalAddr,
 		"--tls-cert-file=" + chainFile,
-		"--tls-key-file=" + keyFile,
+		"--tls-key-file=" + tlsKeyFile,
 		"--server-control-username=" + ControlUsername,
 		"--no-ui",
 	}
