@@ -15,6 +15,7 @@ package serverargs
 
 import (
 	"flag"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -76,49 +77,47 @@ func (f *flags) int64(p *int64, name string, def int64, usage string) *param {
 	return f.add(name)
 }
 
-// pairs declares a repeated flag of <key>=<value> pairs, empty by default.
-func (f *flags) pairs(p *map[string]string, name, usage string) *param {
+// pairs declares a repeated flag of <key>=<value> pairs, empty by
+// default; key and value name them in its errors.
+func (f *flags) pairs(p *map[string]string, name, key, value, usage string) *param {
 	*p = nil
-	f.fs.Var((*pairsValue)(p), name, usage)
+	f.fs.Var(&pairsValue{pairs: p, key: key, value: value}, name, usage)
 	return f.add(name)
 }
 
 // pairsValue is a repeatable <key>=<value> flag collected into a map.
-type pairsValue map[string]string
+type pairsValue struct {
+	pairs      *map[string]string
+	key, value string
+}
 
 func (v *pairsValue) Set(s string) error {
 	key, value, ok := strings.Cut(s, "=")
 	if !ok || key == "" || value == "" {
-		return &pairError{s}
+		return fmt.Errorf("%q: want <%s>=<%s>", s, v.key, v.value)
 	}
-	if *v == nil {
-		*v = map[string]string{}
+	if *v.pairs == nil {
+		*v.pairs = map[string]string{}
 	}
-	(*v)[key] = value
+	(*v.pairs)[key] = value
 	return nil
 }
 
 // String is the pairs by key, comma-separated (the flag package's
 // default and what Args compares with it).
-func (v *pairsValue) String() string {
-	if v == nil {
-		return ""
-	}
-	return strings.Join(v.each(), ",")
-}
+func (v *pairsValue) String() string { return strings.Join(v.each(), ",") }
 
 // each is the flag's values, one per pair, by key.
 func (v *pairsValue) each() []string {
+	if v.pairs == nil {
+		return nil // the flag package's zero value, for its -help
+	}
 	var out []string
-	for _, key := range slices.Sorted(maps.Keys(*v)) {
-		out = append(out, key+"="+(*v)[key])
+	for _, key := range slices.Sorted(maps.Keys(*v.pairs)) {
+		out = append(out, key+"="+(*v.pairs)[key])
 	}
 	return out
 }
-
-type pairError struct{ value string }
-
-func (e *pairError) Error() string { return "\"" + e.value + "\": want <key>=<value>" }
 
 // args is command's line for v: the command, then, in declaration order,
 // each flag whose value is not its default or that is always written. A

@@ -122,7 +122,7 @@ func (o *SyncUsers) declare(f *flags) {
 	f.duration(&o.ActivityInterval, "activity-interval", time.Minute, "How often to publish the guests' new snapshots for the controller's audit; 0 disables it.").always = true
 	f.bool(&o.Maintenance, "maintenance", "Run the repository's maintenance as the owner init connected (when it owns it).").always = true
 	f.string(&o.ClientAddr, "client-addr", "", "Address of the client port, which serves the kopia client to guests and takes their reports; empty: none.")
-	f.pairs(&o.ClientBinaries, "client-binary", "<arch>=<path> of a kopia client served on the client port (repeat per architecture).")
+	f.pairs(&o.ClientBinaries, "client-binary", "arch", "path", "<arch>=<path> of a kopia client served on the client port (repeat per architecture).")
 	f.string(&o.ChainFile, "tls-chain-file", "", "The certificate chain the Kopia server presents (leaf + CA), for the gate's port and the client port.")
 	f.string(&o.KeyFile, "tls-key-file", "", "Its key.")
 	f.string(&o.MaintenanceLease, "maintenance-lease", "", "With --maintenance: run it only while this pod holds this coordination.k8s.io Lease of --namespace, so that one of several server pods runs it.")
@@ -138,8 +138,9 @@ func (o *SyncUsers) declare(f *flags) {
 }
 
 // Defaults of sync-users' flags that the API documents as its own
-// (spec.repository.maintenance, spec.quota). Package integrity's tests
-// hold the verification ones equal to its defaults.
+// (spec.repository.maintenance, spec.quota). Package serverpod's tests
+// hold the verification ones equal to package integrity's, which this
+// package cannot link.
 const (
 	DefaultVerifyInterval  = 10 * time.Minute
 	DefaultVerifyReadBytes = 256 << 20

@@ -20,11 +20,6 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
-// DefaultQuotaInterval is how often a server pod measures what its users
-// store while one has a quota (Options.QuotaInterval's default in
-// cmd/server; spec.quota.measureInterval overrides it).
-const DefaultQuotaInterval = 5 * time.Minute
-
 // quotaGauges are the quota metrics on user sync's /metrics; what each
 // user stores is usage's collector, beside them.
 var (
