@@ -98,15 +98,7 @@ func TestInitRoundTrip(t *testing.T) {
 				"--maintenance-quick-interval=30m0s", "--maintenance-full-interval=12h0m0s"},
 		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := tc.in.Args()
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("Args (-want +got):\n%s", diff)
-			}
-			if diff := cmp.Diff(tc.in, parse(t, initCommand, got)); diff != "" {
-				t.Errorf("bound from %q (-wrote +bound):\n%s", got, diff)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { roundTrip(t, initCommand, tc.in, tc.want) })
 	}
 }
 
@@ -155,15 +147,20 @@ func TestSyncUsersRoundTrip(t *testing.T) {
 				"--repository-stats-interval=1h0m0s", "--resync=1m0s", "--server-control-username=control"},
 		},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got := tc.in.Args()
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("Args (-want +got):\n%s", diff)
-			}
-			if diff := cmp.Diff(tc.in, parse(t, syncCommand, got)); diff != "" {
-				t.Errorf("bound from %q (-wrote +bound):\n%s", got, diff)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { roundTrip(t, syncCommand, tc.in, tc.want) })
+	}
+}
+
+// roundTrip checks that c's Args writes want for in, from which the
+// server binds in again.
+func roundTrip[T any](t *testing.T, c command[T], in T, want []string) {
+	t.Helper()
+	got := c.args(in)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("Args (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(in, parse(t, c, got)); diff != "" {
+		t.Errorf("bound from %q (-wrote +bound):\n%s", got, diff)
 	}
 }
 
