@@ -576,7 +576,7 @@ type BackupStorageLocationServerStatus struct {
 	// when it verified the repository: whether the storage still holds
 	// every content the index names and whether what it read back
 	// decrypts, and which snapshots reference data the storage lost
-	// (condition RepositoryIntact; DESIGN.md decision 27). Unset before
+	// (condition RepositoryIntact; docs/design.md, decision 27). Unset before
 	// the pod published a verification.
 	// +optional
 	Integrity *IntegrityStatus `json:"integrity,omitempty"`
@@ -596,7 +596,7 @@ type BackupStorageLocationServerStatus struct {
 	RepositoryOpened *metav1.Time `json:"repositoryOpened,omitempty"`
 
 	// Client is the kopia client the server pod hands out to guests that
-	// have none of its build (DESIGN.md decision 18), as its server pod
+	// have none of its build (docs/design.md, decision 18), as its server pod
 	// published it: the bootstrap carries its SHA-256, and a guest runs
 	// only a binary that matches it.
 	// +optional

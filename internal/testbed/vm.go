@@ -42,7 +42,7 @@ func SmallVM(namespace, name string, annotations map[string]string) *kubevirtv1.
 // CredentialSecret is the credential Secret of VM namespace/vm as
 // guestbackup's webhook writes it for the BSLS server ("<namespace>/<name>",
 // the VM's annotation): the per-VM Secret contract's name, labels and keys
-// (api/v1alpha1, DESIGN.md), stamped as issued now, with the password of
+// (api/v1alpha1, pkg/vmsecret), stamped as issued now, with the password of
 // generation and a cloud-config payload.
 func CredentialSecret(namespace, vm, server, password, generation string) *corev1.Secret {
 	serverNamespace, serverName, _ := strings.Cut(server, "/")

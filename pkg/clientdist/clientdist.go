@@ -1,8 +1,8 @@
 // Package clientdist is the contract of the kopia client a server pod hands
-// out to its guests (DESIGN.md decision 18), shared by the server pod (which
-// serves the binaries and publishes their SHA-256), the controller (which
-// copies what it published into the BSLS's status) and the bootstrap (which
-// carries the SHA-256 into the guest). The guest fetches
+// out to its guests (docs/design.md, decision 18), shared by the server pod
+// (which serves the binaries and publishes their SHA-256), the controller
+// (which copies what it published into the BSLS's status) and the bootstrap
+// (which carries the SHA-256 into the guest). The guest fetches
 // <URL>/kopia/linux-<arch> over the server's own TLS endpoint, trusting the
 // BSLS's CA only, and runs the binary only when its SHA-256 is the one its
 // bootstrap carries; a guest that cannot POSTs a report to <URL>/report,

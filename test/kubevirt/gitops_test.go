@@ -35,7 +35,7 @@ func manifest(vm *kubevirtv1.VirtualMachine) map[string]any {
 	return m
 }
 
-// GitOps tools apply the owner's manifest again and again (DESIGN.md
+// GitOps tools apply the owner's manifest again and again (docs/design.md,
 // decision 17): each apply must converge to one VM that carries its
 // bootstrap once, with the owner's own cloud-init, and issue nothing new.
 var _ = Describe("Re-applying the owner's manifest, as GitOps tools do", Ordered, func() {

@@ -20,7 +20,7 @@ import (
 	"github.com/guestbackup/guestbackup/test/story"
 )
 
-// The webhook never stands in a VM's life (DESIGN.md decision 16): only
+// The webhook never stands in a VM's life (docs/design.md, decision 16): only
 // creation and changes to what guestbackup manages reach it; an injected VM
 // is never denied because its server is unhealthy or gone; deletion always
 // passes.

@@ -39,7 +39,7 @@ func withOwnCloudInit(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachine 
 	return vm
 }
 
-// What the owner wrote is theirs (DESIGN.md decision 17): whatever they
+// What the owner wrote is theirs (docs/design.md, decision 17): whatever they
 // remove, their cloud-init comes back as it was; a copy gets an identity
 // of its own; the audit is where an admin looks.
 var _ = Describe("The owner's VM, with the webhook and the controller", Ordered, func() {
