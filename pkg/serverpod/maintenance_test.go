@@ -94,10 +94,11 @@ func (r *reports) Report(warning bool, reason, message string) {
 	*r = append(*r, reason+": "+message)
 }
 
-// TestMaintenanceShrinksStorage is issue 21's acceptance: a repository
-// guestbackup created gets guestbackup's maintenance owner, snapshots that
-// retention expires are garbage-collected by guestbackup's run, the stored
-// bytes shrink, and the admin's kopia CLI sees the owner and the run.
+// TestMaintenanceShrinksStorage proves that guestbackup owns maintenance
+// (docs/design.md, decision 19): a repository guestbackup created gets
+// guestbackup's maintenance owner, snapshots that retention expires are
+// garbage-collected by guestbackup's run, the stored bytes shrink, and the
+// admin's kopia CLI sees the owner and the run.
 //
 // Kopia deletes data only hours after its snapshots expired (its safety
 // margins, on its own clock); the run here uses Kopia's SafetyNone, the
@@ -117,7 +118,7 @@ func TestMaintenanceShrinksStorage(t *testing.T) {
 
 	admin := filepath.Join(t.TempDir(), "admin.config")
 	mustKopia(t, admin, password, "repository", "connect", "filesystem", "--path="+dir, "--override-hostname=admin", "--override-username=admin")
-	// What the issue measured: a repository created by the library has
+	// Without guestbackup's claim, a repository created by the library has
 	// no owner, and nobody may run maintenance.
 	if info := infoOf(t, admin, password); info.Owner != "" {
 		t.Fatalf("owner before claim: %q, want none", info.Owner)

@@ -8,8 +8,8 @@ import (
 	"github.com/guestbackup/guestbackup/test/story"
 )
 
-// The zero-touch story (issue 5's specs 1–7), as test/kubevirt runs it on
-// the local bed, here on real KubeVirt.
+// The zero-touch story (test/story's seven specs), as test/kubevirt runs it
+// on the local bed, here on real KubeVirt.
 var _ = Describe("Zero touch on real KubeVirt: an opted-in VM's guest backs itself up", Ordered, func() {
 	story.ZeroTouch(func(ctx context.Context, bslsNS string, namespaces ...string) story.Bed {
 		return startClusterBed(ctx, bslsNS, namespaces...)

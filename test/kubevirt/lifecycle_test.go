@@ -250,10 +250,10 @@ var _ = Describe("A VM's life: every boot and every change reach its guest", Ord
 		Expect(seen).To(HaveKeyWithValue("/srv/data", 1))
 	})
 
-	// Issue 15: KubeVirt reads the Secret when the launcher pod starts,
-	// not when the instance is created: a rotation while the pod is Pending
-	// reaches this very boot, and the server must take the new password at
-	// once (the guest would otherwise be refused for the grace period).
+	// KubeVirt reads the Secret when the launcher pod starts, not when the
+	// instance is created: a rotation while the pod is Pending reaches this
+	// very boot, and the server must take the new password at once (the
+	// guest would otherwise be refused for the grace period).
 	It("gives the guest the rotated password and the new paths at its next boot, rotated again while its launcher pod was Pending: the newest password works, the older ones are refused, no snapshot is missed", func() {
 		second, _ := hashedGeneration()
 		var third string

@@ -67,10 +67,10 @@ func docRunner(blocks []docBlock, tags ...string) string {
 	return b.String()
 }
 
-// The admin's and the owner's half of issue 19 on real guests: a guest
-// that cannot reach its server is reported and clears; the restore guide
-// runs as written in the guest; a file of a deleted VM is restored in
-// another VM of its namespace through the annotation.
+// What the admin and the owner see, on real guests: a guest that cannot
+// reach its server is reported and clears; the restore guide runs as
+// written in the guest; a file of a deleted VM is restored in another VM of
+// its namespace through the annotation.
 var _ = Describe("Restore on their own, and a guest that does not connect", Ordered, func() {
 	const (
 		bslsNS = "backup"

@@ -53,14 +53,15 @@ const (
 	db = "db"
 )
 
-// Issue 48.1 with the product as it runs: the storage under a BSLS loses a
-// pack, and rots another. Without verification, every later backup of the
-// same files reports success and cannot be read back, and nothing says so.
-// With it, the server pod that runs maintenance names the pack in a Warning
-// Event on the BSLS and in the state it publishes for the controller, and
-// the guests whose snapshots reference it read their files again at their
-// next snapshot, which uploads what was lost: every snapshot of those files,
-// the earlier ones too, verifies and restores again.
+// Verification (docs/design.md, decision 27) with the product as it runs:
+// the storage under a BSLS loses a pack, and rots another. Without
+// verification, every later backup of the same files reports success and
+// cannot be read back, and nothing says so. With it, the server pod that
+// runs maintenance names the pack in a Warning Event on the BSLS and in the
+// state it publishes for the controller, and the guests whose snapshots
+// reference it read their files again at their next snapshot, which uploads
+// what was lost: every snapshot of those files, the earlier ones too,
+// verifies and restores again.
 //
 // The guests run the bootstrap's own scripts, as the real cloud-init
 // installed them from their VMs' Secrets: the connect script (which installs
@@ -180,7 +181,7 @@ var _ = Describe("A BSLS whose storage loses a pack, then rots another", Ordered
 		}
 		deleted := time.Now()
 
-		By("what the issue found: a plain snapshot of the same files reports success and cannot be read back")
+		By("without verification: a plain snapshot of the same files reports success and cannot be read back")
 		// Kopia's client keeps an unchanged file's previous entries
 		// without reading it: this snapshot references the lost data
 		// whether or not a pass has run yet. Only reading the files again
@@ -500,8 +501,8 @@ func (v *storageView) dataPacks(user, host, path string) []blob.ID {
 	return packs
 }
 
-// rot flips bytes inside pack, as the issue's reproduction did: its name
-// and length stay, its contents do not decrypt.
+// rot flips bytes inside pack, as storage that rots does: its name and
+// length stay, its contents do not decrypt.
 func (v *storageView) rot(pack blob.ID) {
 	GinkgoHelper()
 	Expect(testbed.RotBlob(ctx, v, pack)).To(Succeed())

@@ -17,14 +17,14 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
-// Issue 46.4's per-VM quota, with the product as it runs: nothing bounded
-// what one VM stores, so one careless or compromised guest could fill the
-// storage for every other. Now the admin sets spec.quota; each server pod
-// measures what each VM stores and its session gate refuses the writes of
-// a VM that reached its quota, with the reason in the guest's kopia, an
-// Event on the VM and status.quota on the BSLS. The VM's snapshots still
-// list, restore and delete, and its guest backs up again, with no action
-// in it, once it stores less or its quota is raised.
+// The per-VM quota, with the product as it runs: nothing bounded what one
+// VM stores, so one careless or compromised guest could fill the storage
+// for every other. Now the admin sets spec.quota; each server pod measures
+// what each VM stores and its session gate refuses the writes of a VM that
+// reached its quota, with the reason in the guest's kopia, an Event on the
+// VM and status.quota on the BSLS. The VM's snapshots still list, restore
+// and delete, and its guest backs up again, with no action in it, once it
+// stores less or its quota is raised.
 var _ = Describe("A VM that reaches its backup quota", Ordered, func() {
 	const quota = 3 << 20 // a few MiB of random files reach it
 	var (

@@ -24,14 +24,14 @@ import (
 // space specs: a few guests' snapshots fill it.
 const smallVolume = 64 << 20
 
-// Issue 46.4 with the product as it runs: a guest fills the small volume
-// of a filesystem BSLS. Before, the BSLS stayed Ready=True with no byte
-// free, and nobody was told. Now the server pod measures the volume at
-// each storage check and the BSLS says how much is free in its
-// StorageSpace condition: a Warning LowSpace below 10%, which leaves it
-// Ready, and StorageFull, which does not, at no byte free or when the
-// storage refuses a write of the server pod's; both clear once there is
-// space again, and the guest snapshots again by itself.
+// Storage space (docs/design.md, decision 29) with the product as it runs:
+// a guest fills the small volume of a filesystem BSLS. Before, the BSLS
+// stayed Ready=True with no byte free, and nobody was told. Now the server
+// pod measures the volume at each storage check and the BSLS says how much
+// is free in its StorageSpace condition: a Warning LowSpace below 10%,
+// which leaves it Ready, and StorageFull, which does not, at no byte free
+// or when the storage refuses a write of the server pod's; both clear once
+// there is space again, and the guest snapshots again by itself.
 var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func() {
 	var (
 		c       *cluster
@@ -128,7 +128,7 @@ var _ = Describe("A filesystem BSLS whose small volume fills up", Ordered, func(
 		), published)
 		Eventually(events).Should(ContainElement(HavePrefix("Warning " + kopiaserver.ReasonStorageFull + ": " + v1alpha1.ConditionStorageSpace + ": ")))
 
-		By("what the issue saw: the guest's snapshot fails")
+		By("a full volume: the guest's snapshot fails")
 		Expect(os.WriteFile(source+"/new", []byte("written while the volume is full\n"), 0o600)).To(Succeed())
 		out, err := snapshot()
 		Expect(err).To(HaveOccurred(), "a snapshot onto a full volume succeeded:\n%s", out)

@@ -22,12 +22,12 @@ import (
 // at once, big enough for the repository and its users.
 const fullVolumeSize = 64 << 20
 
-// Issue 46, 4: a guest fills the storage, and then a VM whose password
-// had leaked is deleted. User sync cannot write the user's removal into
-// the repository, and Kopia's server, which knows only the repository,
-// let the thief log in, list and restore for as long as the storage stayed
-// full. Revocation never waits for space: the gate refuses whom the users
-// Secrets no longer list, and the sessions end.
+// A guest fills the storage, and then a VM whose password had leaked is
+// deleted. User sync cannot write the user's removal into the repository,
+// and Kopia's server, which knows only the repository, let the thief log
+// in, list and restore for as long as the storage stayed full. Revocation
+// never waits for space: the gate refuses whom the users Secrets no longer
+// list, and the sessions end.
 var _ = Describe("A deleted VM's leaked password, while the storage is full", Ordered, func() {
 	const ns = "full-storage"
 	var (

@@ -17,9 +17,10 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
 
-// Issue 14, attacks 2, 6 and 8's over-long names: identity comes from facts
-// (the VM that controls its Secret), never from what a tenant writes into a
-// Secret, and the webhook never takes over a Secret that is not its own.
+// Forged Secrets, and VM names too long for a label: identity comes from
+// facts (the VM that controls its Secret), never from what a tenant writes
+// into a Secret, and the webhook never takes over a Secret that is not its
+// own.
 var _ = Describe("A tenant who writes Secrets", Ordered, func() {
 	const (
 		storageNS = "identity-storage"

@@ -18,11 +18,11 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 )
 
-// Issue 46, 1: a VM deleted while its credential Secret outlives it
-// (kubectl delete --cascade=orphan, the garbage collector's window, the
-// controller's settle time) and created again from a manifest that kept
-// its volumes is the same VM. Its owner's cloud-init, merged into that
-// Secret and nowhere else, is never rendered away.
+// A VM deleted while its credential Secret outlives it (kubectl delete
+// --cascade=orphan, the garbage collector's window, the controller's settle
+// time) and created again from a manifest that kept its volumes is the same
+// VM. Its owner's cloud-init, merged into that Secret and nowhere else, is
+// never rendered away.
 var _ = Describe("A VM deleted and created again while its credential Secret outlives it", Ordered, func() {
 	const (
 		storageNS = "recreate-storage"
@@ -116,11 +116,11 @@ var _ = Describe("A VM deleted and created again while its credential Secret out
 	})
 })
 
-// Issue 46, 6: the status annotation is the webhook's record of what it
-// injected, and a tenant can write it too. A tenant of a namespace the
-// BSLS does not admit who writes it, naming the BSLS, is refused by the
-// webhook itself, at CREATE and at UPDATE: the annotation is never proof
-// of an earlier injection.
+// The status annotation is the webhook's record of what it injected, and a
+// tenant can write it too. A tenant of a namespace the BSLS does not admit
+// who writes it, naming the BSLS, is refused by the webhook itself, at
+// CREATE and at UPDATE: the annotation is never proof of an earlier
+// injection.
 var _ = Describe("A tenant forging the status annotation", Ordered, func() {
 	const (
 		storageNS = "forged-storage"

@@ -302,11 +302,11 @@ var (
 	attacker = net.IPv4(127, 0, 0, 2)
 )
 
-// Issue 46.3: with no credentials, one host opens MaxDownloads downloads
-// and never reads them. A guest booting then still gets its client,
-// fetching as the bootstrap's curl does (--retry 3 --retry-delay 5): the
-// host holds only MaxDownloadsPerSource slots. Before, it held every slot
-// and the guest got 503 four times.
+// Downloads need no credentials, so one host can open MaxDownloads
+// downloads and never reads them. A guest booting then still gets its
+// client, fetching as the bootstrap's curl does (--retry 3 --retry-delay
+// 5): the host holds only MaxDownloadsPerSource slots. Before, it held
+// every slot and the guest got 503 four times.
 func TestStalledDownloadsLockNoGuestOut(t *testing.T) {
 	srv, err := Open(Options{Binaries: map[string]string{"amd64": bigKopia(t)}})
 	if err != nil {

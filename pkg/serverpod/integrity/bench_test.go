@@ -23,14 +23,13 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
 )
 
-// BenchmarkVerificationPass is what issue 48 asks `make bench` to print:
-// the cost of one verification pass over 10,000 snapshots (100 guests,
-// 100 snapshots each of a directory of one fresh 4 KiB file and two
-// unchanged ones). It reports
-// the first pass of a pod (which walks every snapshot), a later pass of an
-// intact repository (which does not), and the pass that finds a lost pack
-// (which walks them again and writes the rehash notices), with the bytes
-// read back. Writing the snapshots is not timed.
+// BenchmarkVerificationPass prints, in `make bench`, the cost of one
+// verification pass over 10,000 snapshots (100 guests, 100 snapshots each
+// of a directory of one fresh 4 KiB file and two unchanged ones). It
+// reports the first pass of a pod (which walks every snapshot), a later
+// pass of an intact repository (which does not), and the pass that finds a
+// lost pack (which walks them again and writes the rehash notices), with
+// the bytes read back. Writing the snapshots is not timed.
 func BenchmarkVerificationPass(b *testing.B) {
 	const guests, perGuest = 100, 100
 	ctx := context.Background()

@@ -167,13 +167,13 @@ func (b *bed) notices(c *testbed.KopiaClient) string {
 	return strings.TrimSpace(b.kopia(c, "manifest", "list", "--filter=type:"+rehash.ManifestType))
 }
 
-// TestALostPackIsFoundAndHealedForward is issue 48.1 on a real Kopia
-// server with real kopia guests: the storage loses the pack holding one
-// path's data; without verification the guest's next snapshot "succeeds"
-// and cannot be read back; a pass names the pack, the damaged snapshots and
-// their guest, and tells the guest's client to read its files again; the
-// snapshot that does uploads what was lost, and every snapshot of the
-// same data reads back again.
+// TestALostPackIsFoundAndHealedForward proves verification (docs/design.md,
+// decision 27) on a real Kopia server with real kopia guests: the storage
+// loses the pack holding one path's data; without verification the guest's
+// next snapshot "succeeds" and cannot be read back; a pass names the pack,
+// the damaged snapshots and their guest, and tells the guest's client to
+// read its files again; the snapshot that does uploads what was lost, and
+// every snapshot of the same data reads back again.
 func TestALostPackIsFoundAndHealedForward(t *testing.T) {
 	b := newBed(t)
 	ctx := context.Background()
@@ -193,8 +193,8 @@ func TestALostPackIsFoundAndHealedForward(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// What the issue found: the next snapshot of the same files succeeds
-	// and cannot be read back.
+	// Why verification is needed: the next snapshot of the same files
+	// succeeds and cannot be read back.
 	b.kopia(b.web, "snapshot", "create", lost)
 	if ok, out := b.verifies(b.web, lost); ok {
 		t.Fatalf("the snapshots of %s verify with their pack deleted:\n%s", lost, out)

@@ -11,17 +11,19 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
 
-// floodSenders is the flood of issue 46: 64 concurrent wrong logins.
+// floodSenders is the flood docs/operations.md measures: 64 concurrent
+// wrong logins.
 const floodSenders = 64
 
 // BenchmarkLoginUnderFlood measures a guest's login through the gate (one
 // session, as `kopia repository status` makes) while floodSenders
 // concurrent logins with a wrong password come from another address, each
 // sent again as soon as it is answered. Its time per op is the guest's
-// login under the flood; it reports the login with no flood
-// (unloaded-ms), the ratio of the two (x-unloaded; issue 46's goal: at
-// most 3), and the first login once the flood stopped (after-ms), which
-// waits for every login the flood left with Kopia.
+// login under the flood; it reports the login with no flood (unloaded-ms),
+// the ratio of the two (x-unloaded; the goal, docs/operations.md "Logins
+// nobody should pay for": at most 3), and the first login once the flood
+// stopped (after-ms), which waits for every login the flood left with
+// Kopia.
 func BenchmarkLoginUnderFlood(b *testing.B) {
 	testbed.RequireTestBed(b)
 	server := testbed.StartKopiaServer(b, testbed.KopiaServerOptions{})

@@ -195,10 +195,10 @@ type directoryFunc func(user, password string) error
 
 func (f directoryFunc) Admits(user, password string) error { return f(user, password) }
 
-// Issue 46, 4: the Kopia server knows the users user sync could write into
-// the repository; on a full storage a deleted VM's user stays there, and
-// its leaked password would still log in. The gate asks the directory
-// first, and the Kopia server never sees the login.
+// The Kopia server knows the users user sync could write into the
+// repository; on a full storage a deleted VM's user stays there, and its
+// leaked password would still log in. The gate asks the directory first,
+// and the Kopia server never sees the login.
 var _ = Describe("A session of a user the directory does not admit", Ordered, func() {
 	const (
 		removed = "removed@team-c"
@@ -239,9 +239,9 @@ var _ = Describe("A session of a user the directory does not admit", Ordered, fu
 	})
 })
 
-// Issue 46, 2: anyone who reaches the port can send logins with wrong
-// passwords, and Kopia verifies one password at a time for everyone. The
-// gate hands Kopia few of them, and none whose client went away.
+// Anyone who reaches the port can send logins with wrong passwords, and
+// Kopia verifies one password at a time for everyone. The gate hands Kopia
+// few of them, and none whose client went away.
 var _ = Describe("A flood of wrong logins from one address", Ordered, func() {
 	const victim = "victim@team-b"
 	var (
@@ -282,8 +282,8 @@ var _ = Describe("A flood of wrong logins from one address", Ordered, func() {
 	})
 })
 
-// Issue 46, 6: connections cost the pod a file descriptor each, and an
-// upstream transport; no address may hold many, and none stays idle long.
+// Connections cost the pod a file descriptor each, and an upstream
+// transport; no address may hold many, and none stays idle long.
 var _ = Describe("Connections held open by one address", func() {
 	It("are bounded per address, and closed when idle", func() {
 		const bound = 4

@@ -12,11 +12,10 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
 )
 
-// BenchmarkSnapshotWrite is the write guard's cost where it shows most, on
-// issue 49's path: a guest's kopia writing through the gate (TLS, HTTP/2,
-// the Kopia server) 16 MiB of fresh data in one object and flushing it,
-// with no guard, and with one that refuses nobody (each message's prefix
-// followed both ways).
+// BenchmarkSnapshotWrite is the write guard's cost where it shows most: a
+// guest's kopia writing through the gate (TLS, HTTP/2, the Kopia server) 16
+// MiB of fresh data in one object and flushing it, with no guard, and with
+// one that refuses nobody (each message's prefix followed both ways).
 func BenchmarkSnapshotWrite(b *testing.B) {
 	testbed.RequireTestBed(b)
 	server := testbed.StartKopiaServer(b, testbed.KopiaServerOptions{})

@@ -118,11 +118,11 @@ func readSnapshot(r repo.Repository, username, path string) ([]map[string]string
 	return all, nil
 }
 
-// Issue 46, 4 (per-VM quota): a VM over its backup quota may read and
-// restore its snapshots, and may not add to the repository. Kopia's
-// server cannot tell (it trusts a session's read_only flag, which the
-// guest sets), so the gate refuses each write of the session itself,
-// answering it with the reason; the session goes on.
+// Per-VM quota: a VM over its backup quota may read and restore its
+// snapshots, and may not add to the repository. Kopia's server cannot tell
+// (it trusts a session's read_only flag, which the guest sets), so the gate
+// refuses each write of the session itself, answering it with the reason;
+// the session goes on.
 var _ = Describe("The writes of a user its VM's quota refuses", Ordered, func() {
 	const (
 		full  = "full@team-d"
