@@ -2,7 +2,8 @@
 // the controller never open a Kopia repository, so they link none of
 // Kopia's code; the server pod runs beside Kopia and links no cert-manager;
 // the test bed stands apart from the code its tests prove. It also holds
-// docs/architecture.md's package map to what `go list` says.
+// docs/architecture.md's package map to what `go list` says, and every
+// tracked file to citing nothing a reader of the repository does not have.
 package deps
 
 import (
