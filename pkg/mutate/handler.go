@@ -42,6 +42,10 @@ var admissionsTotal = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Help: "VirtualMachine admissions by the guestbackup webhook, by outcome: ignored, denied, issued, rotated, updated, unchanged, removed or error.",
 }, []string{"outcome"})
 
+// outcomeError counts an admission that failed: nothing was decided, or
+// what was decided could not be written.
+const outcomeError = "error"
+
 func init() {
 	metrics.Registry.MustRegister(admissionsTotal)
 }
@@ -118,12 +122,12 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		d, err = h.decide(ctx, req, read, name, h.Reader)
 	}
 	if err != nil {
-		admissionsTotal.WithLabelValues("error").Inc()
+		admissionsTotal.WithLabelValues(outcomeError).Inc()
 		return admission.Errored(http.StatusInternalServerError, err)
 	}
-	admissionsTotal.WithLabelValues(d.Outcome).Inc()
 	dryRun := req.DryRun != nil && *req.DryRun
 	if d.Denied != "" {
+		admissionsTotal.WithLabelValues(d.Outcome).Inc()
 		if !dryRun {
 			h.record(req, head, d.Events)
 		}
@@ -131,9 +135,13 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	}
 	if d.Secret != nil && !dryRun {
 		if err := h.writeSecret(ctx, d.Secret); err != nil {
+			// Nothing was issued or updated: the client retries, and
+			// the retry's outcome is the one counted.
+			admissionsTotal.WithLabelValues(outcomeError).Inc()
 			return admission.Errored(http.StatusInternalServerError, err)
 		}
 	}
+	admissionsTotal.WithLabelValues(d.Outcome).Inc()
 	if !dryRun {
 		h.record(req, head, d.Events)
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	admissionv1 "k8s.io/api/admission/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -135,6 +136,38 @@ func TestHandlerFailsTheAdmissionOnAWriteConflict(t *testing.T) {
 	}
 	if w.n != 1 {
 		t.Errorf("%d writes, want the one that conflicted", w.n)
+	}
+}
+
+// TestHandlerCountsAnOutcomeOnceItsSecretIsWritten: an admission whose
+// Secret cannot be written issued nothing; it counts as an error, never as
+// the outcome it was decided to have.
+func TestHandlerCountsAnOutcomeOnceItsSecretIsWritten(t *testing.T) {
+	scheme := handlerScheme(t)
+	w := writes{fail: apierrors.NewServiceUnavailable("etcd is away")}
+	api := fake.NewClientBuilder().WithScheme(scheme).WithObjects(apiObjects()...).WithInterceptorFuncs(w.funcs()).Build()
+	h := &Handler{Reader: api, Writer: api}
+	issued, failed := admissionsTotal.WithLabelValues(OutcomeIssued), admissionsTotal.WithLabelValues(outcomeError)
+	issuedBefore, failedBefore := testutil.ToFloat64(issued), testutil.ToFloat64(failed)
+
+	resp := h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init")))
+	if resp.Allowed || resp.Result.Code != http.StatusInternalServerError || w.n != 1 {
+		t.Fatalf("allowed %t, code %d, %d writes: want the admission failed on its one write", resp.Allowed, resp.Result.Code, w.n)
+	}
+	if got := testutil.ToFloat64(issued) - issuedBefore; got != 0 {
+		t.Errorf("%v admissions counted as %s, want none: no credentials were issued", got, OutcomeIssued)
+	}
+	if got := testutil.ToFloat64(failed) - failedBefore; got != 1 {
+		t.Errorf("%v admissions counted as error, want 1", got)
+	}
+
+	w.fail = nil
+	resp = h.Handle(context.Background(), admissionRequest(t, admissionv1.Create, readVM(t, "no-cloud-init")))
+	if !resp.Allowed || w.n != 2 {
+		t.Fatalf("allowed %t (%s), %d writes: want the retry admitted and its Secret written", resp.Allowed, resp.Result.Message, w.n)
+	}
+	if got := testutil.ToFloat64(issued) - issuedBefore; got != 1 {
+		t.Errorf("%v admissions counted as %s, want the retry's 1", got, OutcomeIssued)
 	}
 }
 
