@@ -31,6 +31,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -186,18 +187,19 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if len(d.Annotations) > 0 {
 		// Recorded before the Events are made: a lost process costs an
 		// Event, the other order would repeat one.
-		patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		if secret.Annotations == nil {
-			secret.Annotations = map[string]string{}
-		}
-		for k, v := range d.Annotations {
-			if v == "" {
-				delete(secret.Annotations, k)
-			} else {
-				secret.Annotations[k] = v
+		err := optimistic.Patch(ctx, r.Client, secret, func() {
+			if secret.Annotations == nil {
+				secret.Annotations = map[string]string{}
 			}
-		}
-		if err := r.Client.Patch(ctx, secret, patch); err != nil {
+			for k, v := range d.Annotations {
+				if v == "" {
+					delete(secret.Annotations, k)
+				} else {
+					secret.Annotations[k] = v
+				}
+			}
+		})
+		if err != nil {
 			if apierrors.IsConflict(err) {
 				return ctrl.Result{RequeueAfter: time.Second}, nil
 			}

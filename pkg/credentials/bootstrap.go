@@ -25,6 +25,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -146,8 +147,7 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	}
 	// Exactly the version decided on: a Secret the webhook rewrote since
 	// is decided again.
-	patch := client.MergeFromWithOptions(secret, client.MergeFromWithOptimisticLock{})
-	if err := r.Client.Patch(ctx, rr.secret, patch); err != nil {
+	if err := optimistic.Patch(ctx, r.Client, secret, func() { rr.secret.DeepCopyInto(secret) }); err != nil {
 		switch {
 		case apierrors.IsNotFound(err):
 			return ctrl.Result{}, nil

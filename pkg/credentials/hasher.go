@@ -27,6 +27,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -148,8 +149,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		keep = KeepPrevious(GraceStart(secret), instance, h.Clock.Now(), grace)
 	}
 
-	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	var event func()
+	var change, event func()
 	switch {
 	case !hashed:
 		password := vmsecret.Password(secret)
@@ -167,18 +167,23 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
 		}
 		observeHash(version)
-		vmsecret.SetPasswordHash(secret, hash.String())
-		switch {
-		case !keep.Keep:
-			vmsecret.SetPreviousHash(secret, nil)
-		case rotating:
+		if keep.Keep && rotating {
 			// Rotated again before the guest restarted: it still has the
 			// password kept for it, not the one in between.
 			staleGeneration = previous.Generation
-		case stale:
-			vmsecret.SetPreviousHash(secret, &vmsecret.Previous{
-				Hash: staleHash, Generation: staleGeneration, Server: vmsecret.Server(secret).String(), Since: vmsecret.IssuedAt(secret),
-			})
+		}
+		change = func() {
+			vmsecret.SetPasswordHash(secret, hash.String())
+			switch {
+			case !keep.Keep:
+				vmsecret.SetPreviousHash(secret, nil)
+			case rotating:
+				// The previous hash stays: the one kept for the guest.
+			case stale:
+				vmsecret.SetPreviousHash(secret, &vmsecret.Previous{
+					Hash: staleHash, Generation: staleGeneration, Server: vmsecret.Server(secret).String(), Since: vmsecret.IssuedAt(secret),
+				})
+			}
 		}
 		if keep.Keep {
 			event = func() {
@@ -188,7 +193,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 			}
 		}
 	case !keep.Keep:
-		vmsecret.SetPreviousHash(secret, nil)
+		change = func() { vmsecret.SetPreviousHash(secret, nil) }
 		if keep.Forced {
 			event = func() {
 				h.record(secret, corev1.EventTypeWarning, ReasonRotationForced,
@@ -201,7 +206,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 	}
 	// The patch carries the resourceVersion: a password rotated since the
 	// read makes it conflict instead of storing a stale hash.
-	if err := h.Client.Patch(ctx, secret, patch); err != nil {
+	if err := optimistic.Patch(ctx, h.Client, secret, change); err != nil {
 		return ctrl.Result{}, fmt.Errorf("store password hash of %s: %w", req.NamespacedName, err)
 	}
 	if event != nil {

@@ -26,6 +26,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -283,10 +284,11 @@ func getVM(ctx context.Context, c client.Reader, key types.NamespacedName) (*met
 func (r *VMReconciler) adopt(ctx context.Context, vm *metav1.PartialObjectMetadata, secret *corev1.Secret) error {
 	// Optimistic lock: a merge patch replaces the whole list, so it must
 	// apply to the list it was computed from.
-	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	refs := slices.DeleteFunc(slices.Clone(secret.OwnerReferences), vmsecret.IsVMReference)
-	secret.OwnerReferences = append(refs, vmsecret.OwnerReference(vm.Name, vm.UID))
-	if err := r.Client.Patch(ctx, secret, patch); err != nil {
+	err := optimistic.Patch(ctx, r.Client, secret, func() {
+		refs := slices.DeleteFunc(slices.Clone(secret.OwnerReferences), vmsecret.IsVMReference)
+		secret.OwnerReferences = append(refs, vmsecret.OwnerReference(vm.Name, vm.UID))
+	})
+	if err != nil {
 		return fmt.Errorf("adopt Secret %s/%s for VirtualMachine %s: %w", secret.Namespace, secret.Name, vm.Name, err)
 	}
 	return nil
@@ -300,9 +302,7 @@ func (r *VMReconciler) announceIssued(ctx context.Context, vm *metav1.PartialObj
 		// Removed before it is recorded: should the Event then be lost
 		// with the process, that costs one Event, while the other order
 		// would repeat it.
-		patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-		delete(secret.Annotations, vmsecret.AnnotationIssuedEvent)
-		if err := r.Client.Patch(ctx, secret, patch); err != nil {
+		if err := optimistic.Patch(ctx, r.Client, secret, func() { delete(secret.Annotations, vmsecret.AnnotationIssuedEvent) }); err != nil {
 			if apierrors.IsConflict(err) {
 				return ctrl.Result{RequeueAfter: retryConflict}, nil
 			}
@@ -350,9 +350,7 @@ func (r *VMReconciler) announce(ctx context.Context, vm *metav1.PartialObjectMet
 	// Record the announcement before making it: should the Event then be
 	// lost with the process, that costs one Event, while the other order
 	// would repeat it.
-	patch := client.MergeFromWithOptions(secret.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	vmsecret.SetAnnounced(secret, bsls.String(), generation)
-	if err := r.Client.Patch(ctx, secret, patch); err != nil {
+	if err := optimistic.Patch(ctx, r.Client, secret, func() { vmsecret.SetAnnounced(secret, bsls.String(), generation) }); err != nil {
 		if apierrors.IsConflict(err) {
 			// Rotated or re-hashed meanwhile: look at the new version.
 			return ctrl.Result{RequeueAfter: retryConflict}, nil

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
@@ -540,18 +541,19 @@ func (r *Reconciler) restoreCA(ctx context.Context, ca, restored *corev1.Secret)
 		}
 		return nil
 	}
-	patch := client.MergeFromWithOptions(ca.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if ca.Data == nil {
-		ca.Data = map[string][]byte{}
-	}
-	for k, v := range restored.Data {
-		ca.Data[k] = v
-	}
-	for k, v := range restored.Annotations {
-		metav1.SetMetaDataAnnotation(&ca.ObjectMeta, k, v)
-	}
-	controllerutil.AddFinalizer(ca, FinalizerCAGuard)
-	if err := r.Client.Patch(ctx, ca, patch); err != nil && !apierrors.IsConflict(err) {
+	err := optimistic.Patch(ctx, r.Client, ca, func() {
+		if ca.Data == nil {
+			ca.Data = map[string][]byte{}
+		}
+		for k, v := range restored.Data {
+			ca.Data[k] = v
+		}
+		for k, v := range restored.Annotations {
+			metav1.SetMetaDataAnnotation(&ca.ObjectMeta, k, v)
+		}
+		controllerutil.AddFinalizer(ca, FinalizerCAGuard)
+	})
+	if err := optimistic.IgnoreConflict(err); err != nil {
 		return fmt.Errorf("put the CA back into Secret %s: %w", ca.Name, err)
 	}
 	return nil
@@ -562,13 +564,14 @@ func (r *Reconciler) restoreCA(ctx context.Context, ca, restored *corev1.Secret)
 // replaced as a whole, so another writer's finalizer added meanwhile must
 // not be lost.
 func (r *Reconciler) setCAFinalizer(ctx context.Context, ca *corev1.Secret, on bool) error {
-	patch := client.MergeFromWithOptions(ca.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	if on {
-		controllerutil.AddFinalizer(ca, FinalizerCAGuard)
-	} else {
-		controllerutil.RemoveFinalizer(ca, FinalizerCAGuard)
-	}
-	if err := r.Client.Patch(ctx, ca, patch); err != nil && !apierrors.IsNotFound(err) {
+	err := optimistic.Patch(ctx, r.Client, ca, func() {
+		if on {
+			controllerutil.AddFinalizer(ca, FinalizerCAGuard)
+		} else {
+			controllerutil.RemoveFinalizer(ca, FinalizerCAGuard)
+		}
+	})
+	if err != nil && !apierrors.IsNotFound(err) {
 		return fmt.Errorf("set finalizer %s on Secret %s (%t): %w", FinalizerCAGuard, ca.Name, on, err)
 	}
 	return nil

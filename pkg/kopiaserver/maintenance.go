@@ -17,6 +17,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 )
 
 // published is what a BSLS's server pods last published in its state
@@ -108,12 +109,13 @@ func (r *Reconciler) forgetGonePods(ctx context.Context, cm *corev1.ConfigMap, s
 	if len(gone) == 0 {
 		return nil
 	}
-	patch := client.MergeFromWithOptions(cm.DeepCopy(), client.MergeFromWithOptimisticLock{})
-	for _, pod := range gone {
-		delete(cm.Data, maintenancestate.StorageKey(pod))
-		delete(states, pod)
-	}
-	if err := r.Client.Patch(ctx, cm, patch); err != nil && !apierrors.IsConflict(err) {
+	err := optimistic.Patch(ctx, r.Client, cm, func() {
+		for _, pod := range gone {
+			delete(cm.Data, maintenancestate.StorageKey(pod))
+			delete(states, pod)
+		}
+	})
+	if err := optimistic.IgnoreConflict(err); err != nil {
 		return fmt.Errorf("forget the storage state of gone server pods %v in ConfigMap %s: %w", gone, cm.Name, err)
 	}
 	return nil

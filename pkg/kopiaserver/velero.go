@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/optimistic"
 	"github.com/guestbackup/guestbackup/pkg/storagecreds"
 )
 
@@ -403,31 +404,23 @@ func (r *Reconciler) finalize(ctx context.Context, b *v1alpha1.BackupStorageLoca
 
 // addFinalizer puts finalizer on b, by a patch, unless it is there: b's
 // deletion then waits for finalizeWith to run its clean-up. The patch is
-// guarded by b's resourceVersion (patchFinalizers).
+// guarded by b's resourceVersion (optimistic.Patch): a JSON merge patch
+// replaces the list as a whole, and a finalizer another party added since
+// must not be dropped, so the patch fails with a conflict instead, which
+// the caller returns (the reconcile is retried from a fresh read).
 func (r *Reconciler) addFinalizer(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, finalizer string) error {
 	if controllerutil.ContainsFinalizer(b, finalizer) {
 		return nil
 	}
-	patch := patchFinalizers(b)
-	controllerutil.AddFinalizer(b, finalizer)
-	if err := r.Client.Patch(ctx, b, patch); err != nil {
+	if err := optimistic.Patch(ctx, r.Client, b, func() { controllerutil.AddFinalizer(b, finalizer) }); err != nil {
 		return fmt.Errorf("add finalizer %s: %w", finalizer, err)
 	}
 	return nil
 }
 
-// patchFinalizers is the patch of b's finalizers, from b as read: a JSON
-// merge patch replaces the list as a whole, so it carries b's
-// resourceVersion, and a finalizer another party added since is not
-// dropped: the patch fails with a conflict, which the caller returns (the
-// reconcile is retried from a fresh read).
-func patchFinalizers(b *v1alpha1.BackupStorageLocationServer) client.Patch {
-	return client.MergeFromWithOptions(b.DeepCopy(), client.MergeFromWithOptimisticLock{})
-}
-
 // finalizeWith runs cleanUp, then removes finalizer from b, when b carries
 // it (addFinalizer), by a patch guarded by b's resourceVersion
-// (patchFinalizers).
+// (optimistic.Patch).
 func (r *Reconciler) finalizeWith(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, finalizer string, cleanUp func() error) error {
 	if !controllerutil.ContainsFinalizer(b, finalizer) {
 		return nil
@@ -435,9 +428,7 @@ func (r *Reconciler) finalizeWith(ctx context.Context, b *v1alpha1.BackupStorage
 	if err := cleanUp(); err != nil {
 		return err
 	}
-	patch := patchFinalizers(b)
-	controllerutil.RemoveFinalizer(b, finalizer)
-	if err := r.Client.Patch(ctx, b, patch); err != nil {
+	if err := optimistic.Patch(ctx, r.Client, b, func() { controllerutil.RemoveFinalizer(b, finalizer) }); err != nil {
 		return fmt.Errorf("remove finalizer %s: %w", finalizer, err)
 	}
 	return nil
