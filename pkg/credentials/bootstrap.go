@@ -2,7 +2,6 @@ package credentials
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"strings"
@@ -215,9 +214,8 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	if !ok || vmsecret.Password(secret) == "" {
 		return leaveBootstrap("holds no credentials")
 	}
-	var st v1alpha1.InjectionStatus
-	if err := json.Unmarshal([]byte(vm.Annotations[v1alpha1.AnnotationStatus]), &st); err != nil ||
-		st.Secret != secret.Name || st.Server != server.String() || st.Generation != generation {
+	st, ok, err := vmsecret.ParseStatus(vm.Annotations)
+	if err != nil || !ok || st.Secret != secret.Name || st.Server != server.String() || st.Generation != generation {
 		// The webhook wrote the Secret for an admission whose VM is not
 		// stored yet (or never will be): its status annotation says
 		// what the payload is, once it is.
@@ -240,20 +238,14 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	if err != nil {
 		return leaveBootstrap("%v", err)
 	}
-	payload, err := cloudinit.Payload(cloudinit.Bootstrap{
-		ServerURL: endpoint, CA: ca,
+	s := secret.DeepCopy()
+	guest := vmsecret.Guest{
 		Username: vmsecret.Identity(secret), Password: vmsecret.Password(secret), Generation: generation,
-		Paths: paths, Schedule: schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread), Client: kopiaClient,
-	}, p)
-	if err != nil {
+		Paths: paths, Schedule: schedule,
+	}
+	if err := vmsecret.Render(s, bsls, guest, p); err != nil {
 		return leaveBootstrap("cannot render with what BackupStorageLocationServer %s publishes: %v", server, err)
 	}
-
-	s := secret.DeepCopy()
-	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
-	maps.Copy(s.Data, payload)
-	vmsecret.SetRendered(s, endpoint, ca)
-	vmsecret.SetRenderedClient(s, clientdist.Digest(kopiaClient))
 	rr := rendering{secret: s, why: "rendered for the endpoint, CA and client the server publishes"}
 	if maps.EqualFunc(secret.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) {
 		return rr

@@ -582,32 +582,9 @@ func volumeReading(vm *kubevirtv1.VirtualMachine, name string) string {
 		return ""
 	}
 	for _, v := range vm.Spec.Template.Spec.Volumes {
-		if slices.Contains(secretsOf(v.VolumeSource), name) {
+		if slices.Contains(vmsecret.SecretsRead(v.VolumeSource), name) {
 			return v.Name
 		}
 	}
 	return ""
-}
-
-// secretsOf names the Secrets a volume reads.
-func secretsOf(v kubevirtv1.VolumeSource) []string {
-	var names []string
-	ref := func(r *corev1.LocalObjectReference) {
-		if r != nil {
-			names = append(names, r.Name)
-		}
-	}
-	switch {
-	case v.Secret != nil:
-		names = append(names, v.Secret.SecretName)
-	case v.CloudInitNoCloud != nil:
-		ref(v.CloudInitNoCloud.UserDataSecretRef)
-		ref(v.CloudInitNoCloud.NetworkDataSecretRef)
-	case v.CloudInitConfigDrive != nil:
-		ref(v.CloudInitConfigDrive.UserDataSecretRef)
-		ref(v.CloudInitConfigDrive.NetworkDataSecretRef)
-	case v.Sysprep != nil:
-		ref(v.Sysprep.Secret)
-	}
-	return names
 }

@@ -72,8 +72,10 @@ func TestACopyGetsItsOwnIdentity(t *testing.T) {
 					t.Fatal(err)
 				}
 				for _, v := range vm.Spec.Template.Spec.Volumes {
-					if refs := secretsRead(v); len(refs) > 0 && refs[0] != "copy-guestbackup" {
-						t.Errorf("volume %s still reads %v", v.Name, refs)
+					for _, name := range vmsecret.SecretsRead(v.VolumeSource) {
+						if name != "copy-guestbackup" {
+							t.Errorf("volume %s still reads Secret %s", v.Name, name)
+						}
 					}
 				}
 				var st v1alpha1.InjectionStatus
@@ -137,15 +139,4 @@ func equalSecrets(a, b *corev1.Secret) bool {
 	x, _ := json.Marshal(a)
 	y, _ := json.Marshal(b)
 	return bytes.Equal(x, y)
-}
-
-// secretsRead names the Secrets a volume reads.
-func secretsRead(v kubevirtv1.Volume) []string {
-	switch {
-	case v.Secret != nil:
-		return []string{v.Secret.SecretName}
-	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
-		return []string{v.CloudInitNoCloud.UserDataSecretRef.Name}
-	}
-	return nil
 }

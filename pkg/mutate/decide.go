@@ -18,7 +18,6 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -402,7 +401,7 @@ type prior struct {
 }
 
 func priorInjection(annotations map[string]string, oldObject []byte) (prior, error) {
-	st, ok, err := parseStatus(annotations)
+	st, ok, err := vmsecret.ParseStatus(annotations)
 	if err != nil || ok {
 		p := prior{status: st, known: ok, written: ok}
 		if ok && oldObject != nil {
@@ -412,7 +411,7 @@ func priorInjection(annotations map[string]string, oldObject []byte) (prior, err
 		return p, err
 	}
 	if oldObject != nil {
-		if st, ok, err := parseStatus(headOf(oldObject).Annotations); err == nil && ok {
+		if st, ok, err := vmsecret.ParseStatus(headOf(oldObject).Annotations); err == nil && ok {
 			return prior{status: st, known: true, proven: true}, nil
 		}
 	}
@@ -437,7 +436,7 @@ func (p prior) withOwnSecret(vm *kubevirtv1.VirtualMachine, secret *corev1.Secre
 	own := SecretName(vm.Name)
 	spec := &vm.Spec.Template.Spec
 	for _, v := range spec.Volumes {
-		if readsSecret(v) == own {
+		if bootstrapSecret(v) == own {
 			st := injectedThrough(spec, v, secret)
 			// The credentials are the Secret's: the rotation the VM asks
 			// for is the one they were issued under, not a new one.
@@ -497,20 +496,25 @@ func copySources(vm *kubevirtv1.VirtualMachine) []string {
 			names = append(names, name)
 		}
 	}
-	if st, ok, err := parseStatus(vm.Annotations); err == nil && ok {
+	if st, ok, err := vmsecret.ParseStatus(vm.Annotations); err == nil && ok {
 		add(st.Secret)
 	}
 	if vm.Spec.Template != nil {
 		for _, v := range vm.Spec.Template.Spec.Volumes {
-			add(readsSecret(v))
+			add(bootstrapSecret(v))
 		}
 	}
 	return names
 }
 
-// readsSecret is the Secret a cloud-init (user-data) or secret volume
-// reads, "" for none.
-func readsSecret(v kubevirtv1.Volume) string {
+// bootstrapSecret is the Secret volume v reads a bootstrap from in one of
+// the two shapes guestbackup places it (place): a cloudInitNoCloud
+// volume's user-data, or a secret disk; "" for none. It is the one
+// reference a copy's volume is repointed by (adoptCopy) and the one a VM's
+// injection is recovered from (withOwnSecret): any other reference (network
+// data, a config drive, sysprep) is the owner's, and guestbackup never
+// rewrites it. Which Secrets a volume reads at all is vmsecret.SecretsRead.
+func bootstrapSecret(v kubevirtv1.Volume) string {
 	switch {
 	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
 		return v.CloudInitNoCloud.UserDataSecretRef.Name
@@ -547,7 +551,7 @@ func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*core
 		from = pr.status.Secret
 	case !pr.known:
 		for _, v := range spec.Volumes {
-			if name := readsSecret(v); name != own && source(sources, name, vm.Name) != nil {
+			if name := bootstrapSecret(v); name != own && source(sources, name, vm.Name) != nil {
 				from = name
 				break
 			}
@@ -561,7 +565,7 @@ func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*core
 	first := -1
 	for i := range spec.Volumes {
 		v := &spec.Volumes[i]
-		if readsSecret(*v) != from {
+		if bootstrapSecret(*v) != from {
 			continue
 		}
 		base := fmt.Sprintf("/spec/template/spec/volumes/%d", i)
@@ -609,19 +613,6 @@ func statusOp(st v1alpha1.InjectionStatus, replace bool) (jsonpatch.JsonPatchOpe
 		op = "replace"
 	}
 	return jsonpatch.NewOperation(op, "/metadata/annotations/"+escape(v1alpha1.AnnotationStatus), string(data)), nil
-}
-
-// parseStatus reads the status annotation the webhook wrote.
-func parseStatus(annotations map[string]string) (v1alpha1.InjectionStatus, bool, error) {
-	var st v1alpha1.InjectionStatus
-	value, ok := annotations[v1alpha1.AnnotationStatus]
-	if !ok {
-		return st, false, nil
-	}
-	if err := json.Unmarshal([]byte(value), &st); err != nil || st.Volume == "" || st.Secret == "" {
-		return st, false, fmt.Errorf("annotation %s is not what guestbackup wrote (it is managed by the webhook): remove it and admit the VM again", v1alpha1.AnnotationStatus)
-	}
-	return st, true, nil
 }
 
 // credentials are a VM's Kopia identity, password and generation.
@@ -708,18 +699,11 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 		return deny("%s", refusal), nil
 	}
 
-	bsls := in.Server.BSLS
-	b := cloudinit.Bootstrap{
-		ServerURL: bsls.Status.Endpoint, CA: []byte(bsls.Status.TLSCA),
-		Username: o.user, Password: creds.password, Generation: creds.generation,
-		Paths: o.paths, Schedule: o.schedule, Spread: cloudinit.SpreadOf(bsls.Spec.GuestSpread),
-		Client: cloudinit.UsableClient(bsls.Status.Client),
-	}
-	payload, err := render(b, p)
+	secret, err := desiredSecret(vm, o, creds, in.Server.BSLS, p, in.Secret, in.OldObject == nil)
 	if err != nil {
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
-	d.Secret = desiredSecret(vm, o, creds, b, payload, in.Secret, in.OldObject == nil)
+	d.Secret = secret
 	if creds.issued && d.Secret != nil {
 		if d.Secret.Annotations == nil {
 			d.Secret.Annotations = map[string]string{}
@@ -792,11 +776,13 @@ func keepsOwnersPart(vm *kubevirtv1.VirtualMachine, p placement, pr prior, in In
 	own := SecretName(vm.Name)
 	reads := false
 	for _, v := range vm.Spec.Template.Spec.Volumes {
+		// Any field that names the Secret reads it: a config drive reads
+		// its user-data as the NoCloud volume did.
+		readsOwn := slices.Contains(vmsecret.SecretsRead(v.VolumeSource), own)
 		switch {
-		case v.CloudInitConfigDrive != nil,
-			v.CloudInitNoCloud != nil && readsSecret(v) != own:
+		case (v.CloudInitConfigDrive != nil || v.CloudInitNoCloud != nil) && !readsOwn:
 			return "" // the owner's cloud-init is elsewhere now
-		case readsSecret(v) == own:
+		case readsOwn:
 			reads = true
 		}
 	}
@@ -915,21 +901,21 @@ func place(vm *kubevirtv1.VirtualMachine, s shape, mode string) (placement, []js
 	return p, appendVolumeAndDisk(s, vol, disk), ""
 }
 
-// render is the Secret's payload for a placement.
-func render(b cloudinit.Bootstrap, p placement) (map[string][]byte, error) {
+// rendered is the placement as cloudinit renders it: the owner's part
+// only when it was merged.
+func (p placement) rendered() cloudinit.Placement {
 	cp := cloudinit.Placement{Mode: p.mode}
 	if p.mergedFrom != "" {
 		cp.UserPart = p.userPart
 	}
-	return cloudinit.Payload(b, cp)
+	return cp
 }
 
-// desiredSecret is the VM's Secret after admission, or nil when the
-// existing one already is. Keys the controller adds (the hash) and
-// metadata others set are kept; the server's endpoint and CA the payload
-// is rendered with (b's) are recorded, for the controller to render it
-// again when they change.
-func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cloudinit.Bootstrap, payload map[string][]byte, existing *corev1.Secret, creating bool) *corev1.Secret {
+// desiredSecret is the VM's Secret after admission, with its payload
+// rendered for server (vmsecret.Render), or nil when the existing one
+// already is. Keys the controller adds (the hash) and metadata others set
+// are kept.
+func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, server *v1alpha1.BackupStorageLocationServer, p placement, existing *corev1.Secret, creating bool) (*corev1.Secret, error) {
 	s := &corev1.Secret{}
 	if existing != nil {
 		s = existing.DeepCopy()
@@ -947,13 +933,10 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cl
 		s.Labels = map[string]string{}
 	}
 	maps.Copy(s.Labels, vmsecret.Labels(vm.Name, o.server))
-	if s.Data == nil {
-		s.Data = map[string][]byte{}
+	guest := vmsecret.Guest{Username: o.user, Password: c.password, Generation: c.generation, Paths: o.paths, Schedule: o.schedule}
+	if err := vmsecret.Render(s, server, guest, p.rendered()); err != nil {
+		return nil, err
 	}
-	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
-	maps.Copy(s.Data, payload)
-	vmsecret.SetRendered(s, b.ServerURL, b.CA)
-	vmsecret.SetRenderedClient(s, clientdist.Digest(b.Client))
 	// The username key is for the guest; the server's user comes from
 	// the VM that controls the Secret (vmsecret.Identity), never from it.
 	s.Data[vmsecret.KeyUsername] = []byte(o.user)
@@ -962,9 +945,9 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, b cl
 	if existing != nil && maps.EqualFunc(existing.Data, s.Data, func(a, b []byte) bool { return string(a) == string(b) }) &&
 		maps.Equal(existing.Labels, s.Labels) && maps.Equal(existing.Annotations, s.Annotations) &&
 		len(existing.OwnerReferences) == len(s.OwnerReferences) {
-		return nil
+		return nil, nil //nolint:nilnil // nil: the existing Secret already is what it must be
 	}
-	return s
+	return s, nil
 }
 
 // optOut removes what the status says was injected and gives the VM its
@@ -1018,13 +1001,7 @@ func removeItem(path string, i, n int) jsonpatch.JsonPatchOperation {
 
 // owned reports whether a volume is the one guestbackup added.
 func owned(v kubevirtv1.Volume, st v1alpha1.InjectionStatus) bool {
-	switch {
-	case v.Secret != nil:
-		return v.Secret.SecretName == st.Secret
-	case v.CloudInitNoCloud != nil && v.CloudInitNoCloud.UserDataSecretRef != nil:
-		return v.CloudInitNoCloud.UserDataSecretRef.Name == st.Secret
-	}
-	return false
+	return st.Secret != "" && bootstrapSecret(v) == st.Secret
 }
 
 func volumeIndex(spec *kubevirtv1.VirtualMachineInstanceSpec, name string) int {

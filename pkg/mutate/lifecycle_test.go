@@ -305,8 +305,8 @@ func TestReCreatingAVMLosesNothing(t *testing.T) {
 				t.Fatalf("denied: %s", d.Denied)
 			}
 			got := apply(t, recreated, d)
-			gotStatus, _, _ := parseStatus(headOf(got).Annotations)
-			wantStatus, _, _ := parseStatus(headOf(stored).Annotations)
+			gotStatus, _, _ := vmsecret.ParseStatus(headOf(got).Annotations)
+			wantStatus, _, _ := vmsecret.ParseStatus(headOf(stored).Annotations)
 			if wantStatus.MergedFrom != "" {
 				// The field it was merged from is recorded nowhere else.
 				wantStatus.MergedFrom = "userData"
@@ -379,7 +379,7 @@ func TestAForgedStatusSkipsNoCheck(t *testing.T) {
 // from. Each is refused saying where the user-data is.
 func TestTheOwnersPartIsNeverRenderedAway(t *testing.T) {
 	stored, secret := injected(t, "inline-cloud-config")
-	st, _, _ := parseStatus(headOf(stored).Annotations)
+	st, _, _ := vmsecret.ParseStatus(headOf(stored).Annotations)
 	notMerged := st
 	notMerged.MergedFrom = ""
 	claim, err := json.Marshal(notMerged)
@@ -397,12 +397,24 @@ func TestTheOwnersPartIsNeverRenderedAway(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A config drive reads the Secret's user-data as the NoCloud volume did.
+	if err := decodeJSON(stored, &m); err != nil {
+		t.Fatal(err)
+	}
+	volume := m["spec"].(map[string]any)["template"].(map[string]any)["spec"].(map[string]any)["volumes"].([]any)[1].(map[string]any)
+	volume["cloudInitConfigDrive"] = volume["cloudInitNoCloud"]
+	delete(volume, "cloudInitNoCloud")
+	toConfigDrive, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, tt := range []struct {
 		name     string
 		obj, old []byte
 	}{
 		{"a re-creation whose status says nothing was merged", withAnnotation(t, stored, v1alpha1.AnnotationStatus, string(claim)), nil},
 		{"an update that removed the volume it was merged from", withField(t, withoutVolume, "uid-1", "metadata", "uid"), withField(t, stored, "uid-1", "metadata", "uid")},
+		{"an update that made the volume a config drive reading the Secret", withField(t, toConfigDrive, "uid-1", "metadata", "uid"), withField(t, stored, "uid-1", "metadata", "uid")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			d, err := Decide(Input{Object: tt.obj, OldObject: tt.old, Namespace: "team-a", Server: readyServer(), Secret: secret, NewPassword: (&passwords{}).next})

@@ -27,6 +27,12 @@
 //   - The controller's audit (pkg/audit): the last-snapshot,
 //     backup-stale and client-report annotations.
 //
+// The payload is rendered by Render alone, so that the webhook and the
+// bootstrap reconciler write the same bytes for the same input; the VM's
+// status annotation (ParseStatus) records how it was placed, and
+// SecretsRead says which Secrets a VM's volume reads, so whether the VM
+// still reads its own.
+//
 // Identity comes from facts, never from data (DESIGN.md decision 10): the
 // Kopia user of a Secret is Username(<vm>, <namespace>) of the VM that
 // controls it, never its username key, which is there for the guest only.
@@ -51,6 +57,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/utils/ptr"
+	kubevirtv1 "kubevirt.io/api/core/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -144,9 +151,8 @@ const (
 	AnnotationRenderedClient = v1alpha1.AnnotationPrefix + "rendered-client"
 )
 
-// vmKind is what an ownerReference to a KubeVirt VirtualMachine says; the
-// contract names it without linking KubeVirt's API types.
-var vmKind = schema.GroupVersionKind{Group: "kubevirt.io", Version: "v1", Kind: "VirtualMachine"}
+// vmKind is what an ownerReference to a KubeVirt VirtualMachine says.
+var vmKind = kubevirtv1.VirtualMachineGroupVersionKind
 
 // Name is the Secret of VM vm, in the VM's namespace.
 func Name(vm string) string { return v1alpha1.CredentialSecretName(vm) }
