@@ -144,19 +144,13 @@ func deny(format string, args ...any) Decision {
 // (adoptCopy).
 func Decide(in Input) (Decision, error) {
 	r := in.read
-	vm := (*kubevirtv1.VirtualMachine)(nil)
-	if r != nil {
-		// decideOn changes the VM it is given (a copy's volumes, its
-		// namespace): the caller's read stays as it was.
-		vm = r.vm.DeepCopy()
-	} else {
+	if r == nil {
 		var err error
 		if r, err = readAdmitted(in.Object); err != nil {
 			return deny("guestbackup cannot read this VirtualMachine: %v", err), nil
 		}
-		vm = r.vm
 	}
-	d, err := decideOn(vm, r.shape, in)
+	d, err := decideOn(r.vm, r.shape, in)
 	if err != nil || len(d.Patch) == 0 {
 		return d, err
 	}
@@ -166,11 +160,11 @@ func Decide(in Input) (Decision, error) {
 	return d, nil
 }
 
-// decideOn is Decide on the VM as readVM read it, of shape s.
-func decideOn(vm *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error) {
-	if vm.Namespace == "" {
-		vm.Namespace = in.Namespace
-	}
+// decideOn is Decide on the VM as readAdmitted read it, of shape s. It
+// never changes read: each step takes the VM it decides on and returns the
+// one the next step sees (a copy's volumes repointed, adoptCopy).
+func decideOn(read *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error) {
+	vm := inNamespace(read, in.Namespace)
 	if vm.DeletionTimestamp != nil {
 		// Nothing guestbackup does may hold up a deletion, and a VM on
 		// its way out gets no new credentials.
@@ -185,20 +179,46 @@ func decideOn(vm *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error
 	}
 	value, optedIn := vm.Annotations[v1alpha1.AnnotationServer]
 	if !optedIn {
-		if !pr.known {
-			return Decision{Outcome: OutcomeIgnored}, nil
-		}
-		if pr.status.Secret != SecretName(vm.Name) && pr.status.MergedFrom != "" {
-			// A copy that does not opt in: its own cloud-init is in its
-			// source's Secret. Patching it into this VM's spec would hand
-			// another VM's user-data to anyone who may create VMs (a dry
-			// run leaves no trace), which is why it was moved into a
-			// Secret: the owner decides instead.
-			return deny("VirtualMachine %s/%s carries annotation %s of another VM's injection: its cloud-init is in Secret %s of that VM, which guestbackup gives back to that VM only; opt this copy in (annotation %s) so that it gets credentials and a Secret of its own, or remove annotation %s and give volume %s cloud-init of its own",
-				vm.Namespace, vm.Name, v1alpha1.AnnotationStatus, pr.status.Secret, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus, pr.status.Volume), nil
-		}
-		return optOut(vm, pr, in.Secret), nil
+		return notOptedIn(vm, pr, in.Secret), nil
 	}
+	return optedInDecision(vm, s, value, pr, in)
+}
+
+// inNamespace is vm in namespace when it names none (an object being
+// created may not): a shallow copy, vm itself when it names one.
+func inNamespace(vm *kubevirtv1.VirtualMachine, namespace string) *kubevirtv1.VirtualMachine {
+	if vm.Namespace != "" {
+		return vm
+	}
+	c := *vm
+	c.Namespace = namespace
+	return &c
+}
+
+// notOptedIn is the decision on a VM without the server annotation: left
+// alone when nothing was injected, else what was injected removed
+// (optOut), unless it is a copy whose own cloud-init is in its source's
+// Secret.
+func notOptedIn(vm *kubevirtv1.VirtualMachine, pr prior, secret *corev1.Secret) Decision {
+	if !pr.known {
+		return Decision{Outcome: OutcomeIgnored}
+	}
+	if pr.status.Secret != SecretName(vm.Name) && pr.status.MergedFrom != "" {
+		// A copy that does not opt in: its own cloud-init is in its
+		// source's Secret. Patching it into this VM's spec would hand
+		// another VM's user-data to anyone who may create VMs (a dry
+		// run leaves no trace), which is why it was moved into a
+		// Secret: the owner decides instead.
+		return deny("VirtualMachine %s/%s carries annotation %s of another VM's injection: its cloud-init is in Secret %s of that VM, which guestbackup gives back to that VM only; opt this copy in (annotation %s) so that it gets credentials and a Secret of its own, or remove annotation %s and give volume %s cloud-init of its own",
+			vm.Namespace, vm.Name, v1alpha1.AnnotationStatus, pr.status.Secret, v1alpha1.AnnotationServer, v1alpha1.AnnotationStatus, pr.status.Volume)
+	}
+	return optOut(vm, pr, secret)
+}
+
+// optedInDecision is the decision on a VM whose server annotation is
+// value: refused, admitted as it is while its server cannot serve
+// (keepInjection), or injected, as a copy's own when it is one.
+func optedInDecision(vm *kubevirtv1.VirtualMachine, s shape, value string, pr prior, in Input) (Decision, error) {
 	o, refusal := readOptions(vm, value)
 	if refusal != "" {
 		return deny("%s", refusal), nil
@@ -219,8 +239,8 @@ func decideOn(vm *kubevirtv1.VirtualMachine, s shape, in Input) (Decision, error
 		// the annotation is not.
 		pr = pr.withOwnSecret(vm, in.Secret)
 	}
-	var copyOps []jsonpatch.JsonPatchOperation
-	if pr, copyOps, refusal = adoptCopy(vm, pr, in.Sources); refusal != "" {
+	vm, pr, copyOps, refusal := adoptCopy(vm, pr, in.Sources)
+	if refusal != "" {
 		return deny("%s", refusal), nil
 	}
 	if pr.injectedFor(vm, o.server) {
@@ -538,11 +558,12 @@ func source(sources map[string]*corev1.Secret, name, vm string) *corev1.Secret {
 // VM reads its source's credential Secret, and the status it carries (if
 // any) is its source's: left so, it would boot as the source's identity
 // and write into its history. Its volumes are pointed at the VM's own
-// Secret (the patch returned), vm is changed to match, and what was
-// injected (the copied status, or, without one, what the volumes show) is
-// taken as this VM's, to be issued its own credentials. The source's
-// Secret is only read, for the owner's own user-data when it was merged.
-func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*corev1.Secret) (prior, []jsonpatch.JsonPatchOperation, string) {
+// Secret (the patch returned, and the VM returned, with those volumes; vm
+// itself stays as it is), and what was injected (the copied status, or,
+// without one, what the volumes show) is taken as this VM's, to be issued
+// its own credentials. The source's Secret is only read, for the owner's
+// own user-data when it was merged.
+func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*corev1.Secret) (*kubevirtv1.VirtualMachine, prior, []jsonpatch.JsonPatchOperation, string) {
 	own := SecretName(vm.Name)
 	spec := &vm.Spec.Template.Spec
 	from := ""
@@ -558,33 +579,14 @@ func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*core
 		}
 	}
 	if from == "" {
-		return pr, nil, ""
+		return vm, pr, nil, ""
 	}
 	src := source(sources, from, vm.Name)
-	var ops []jsonpatch.JsonPatchOperation
-	first := -1
-	for i := range spec.Volumes {
-		v := &spec.Volumes[i]
-		if bootstrapSecret(*v) != from {
-			continue
-		}
-		base := fmt.Sprintf("/spec/template/spec/volumes/%d", i)
-		if v.Secret != nil {
-			ops = append(ops, jsonpatch.NewOperation("replace", base+"/secret/secretName", own))
-			v.Secret = &kubevirtv1.SecretVolumeSource{SecretName: own, VolumeLabel: v.Secret.VolumeLabel, Optional: v.Secret.Optional}
-		} else {
-			ops = append(ops, jsonpatch.NewOperation("replace", base+"/cloudInitNoCloud/secretRef/name", own))
-			nc := *v.CloudInitNoCloud
-			nc.UserDataSecretRef = &corev1.LocalObjectReference{Name: own}
-			v.CloudInitNoCloud = &nc
-		}
-		if first < 0 {
-			first = i
-		}
-	}
+	volumes, ops := repoint(spec.Volumes, from, own)
+	first := slices.IndexFunc(spec.Volumes, func(v kubevirtv1.Volume) bool { return bootstrapSecret(v) == from })
 	if first < 0 {
 		// Only the annotation was copied: nothing was injected here.
-		return prior{written: pr.written}, nil, ""
+		return vm, prior{written: pr.written}, nil, ""
 	}
 	st := pr.status
 	v := spec.Volumes[first]
@@ -594,11 +596,46 @@ func adoptCopy(vm *kubevirtv1.VirtualMachine, pr prior, sources map[string]*core
 		st = injectedThrough(spec, v, src)
 	}
 	if st.MergedFrom != "" && src == nil {
-		return pr, nil, fmt.Sprintf("VirtualMachine %s/%s is a copy of a VM guestbackup injected: its volume %s reads Secret %s, which does not exist any more, and only it held the owner's own user-data; put the VM's own cloud-init back into volume %s (%s) and remove annotation %s",
+		return vm, pr, nil, fmt.Sprintf("VirtualMachine %s/%s is a copy of a VM guestbackup injected: its volume %s reads Secret %s, which does not exist any more, and only it held the owner's own user-data; put the VM's own cloud-init back into volume %s (%s) and remove annotation %s",
 			vm.Namespace, vm.Name, v.Name, from, v.Name, st.MergedFrom, v1alpha1.AnnotationStatus)
 	}
 	st.Secret = own
-	return prior{status: st, known: true, written: pr.written, copied: true, source: src}, ops, ""
+	return withVolumes(vm, volumes), prior{status: st, known: true, written: pr.written, copied: true, source: src}, ops, ""
+}
+
+// repoint is volumes with every bootstrap volume that reads Secret from
+// (bootstrapSecret) reading Secret to instead, and the patch that does the
+// same to the object; volumes itself stays as it is.
+func repoint(volumes []kubevirtv1.Volume, from, to string) ([]kubevirtv1.Volume, []jsonpatch.JsonPatchOperation) {
+	out := slices.Clone(volumes)
+	var ops []jsonpatch.JsonPatchOperation
+	for i := range out {
+		v := &out[i]
+		if bootstrapSecret(*v) != from {
+			continue
+		}
+		base := fmt.Sprintf("/spec/template/spec/volumes/%d", i)
+		if v.Secret != nil {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/secret/secretName", to))
+			v.Secret = &kubevirtv1.SecretVolumeSource{SecretName: to, VolumeLabel: v.Secret.VolumeLabel, Optional: v.Secret.Optional}
+		} else {
+			ops = append(ops, jsonpatch.NewOperation("replace", base+"/cloudInitNoCloud/secretRef/name", to))
+			nc := *v.CloudInitNoCloud
+			nc.UserDataSecretRef = &corev1.LocalObjectReference{Name: to}
+			v.CloudInitNoCloud = &nc
+		}
+	}
+	return out, ops
+}
+
+// withVolumes is vm with its template's volumes replaced: a shallow copy
+// that shares everything else with vm.
+func withVolumes(vm *kubevirtv1.VirtualMachine, volumes []kubevirtv1.Volume) *kubevirtv1.VirtualMachine {
+	c := *vm
+	template := *vm.Spec.Template
+	template.Spec.Volumes = volumes
+	c.Spec.Template = &template
+	return &c
 }
 
 // statusOp writes st as the status annotation; replace says the object
@@ -620,6 +657,7 @@ type credentials struct {
 	password   string
 	generation int64
 	issued     bool // new ones, for an Event
+	rotated    bool // new ones the VM asked for (its rotate annotation)
 }
 
 func currentCredentials(secret *corev1.Secret, server types.NamespacedName) (credentials, bool) {
@@ -646,113 +684,138 @@ type placement struct {
 	diskWhy string
 }
 
+// inject gives vm (of shape s) its bootstrap: its credentials, where the
+// bootstrap goes, the Secret that carries it and the status annotation
+// that records it, and tells what was issued.
 func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Input) (Decision, error) {
-	var d Decision
-	spec := &vm.Spec.Template.Spec
-	old, hasStatus := pr.status, pr.known
-
-	creds, ok := currentCredentials(in.Secret, o.server)
-	rotated := hasStatus && ok && old.Rotate != o.rotate
-	if !ok || rotated {
-		password, err := in.NewPassword()
-		if err != nil {
-			return Decision{}, fmt.Errorf("generate a password: %w", err)
-		}
-		generation := int64(1)
-		if in.Secret != nil {
-			if g, ok := vmsecret.GenerationNumber(in.Secret); ok {
-				generation = g + 1
-			}
-		}
-		creds = credentials{password: password, generation: generation, issued: true}
+	creds, err := credentialsFor(in.Secret, o.server, o.rotate, pr, in.NewPassword)
+	if err != nil {
+		return Decision{}, err
 	}
-
-	// Where: what the status says, while it is still in the template;
-	// else chosen afresh.
-	var p placement
-	var ops []jsonpatch.JsonPatchOperation
-	if hasStatus && o.mode != "" && o.mode != old.Mode && stillInjected(spec, old) {
-		return deny("annotation %s changed from %s to %s after the bootstrap was injected: remove annotation %s (guestbackup then removes what it added), then opt in again with the new mode", v1alpha1.AnnotationMode, old.Mode, o.mode, v1alpha1.AnnotationServer), nil
-	}
-	if hasStatus && stillInjected(spec, old) {
-		p = placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
-		if p.mergedFrom != "" {
-			from := in.Secret
-			if pr.copied {
-				from = pr.source
-			}
-			part, err := cloudinit.UserPart(secretData(from, vmsecret.KeyUserData))
-			if err != nil {
-				return deny("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus), nil
-			}
-			p.userPart = part
-		}
-	} else {
-		var refusal string
-		p, ops, refusal = place(vm, s, o.mode)
-		if refusal != "" {
-			return deny("%s", refusal), nil
-		}
-	}
-
-	if refusal := keepsOwnersPart(vm, p, pr, in); refusal != "" {
+	where, patch, refusal := placementFor(vm, s, o.mode, pr, in.Secret)
+	if refusal != "" {
 		return deny("%s", refusal), nil
 	}
-
-	secret, err := desiredSecret(vm, o, creds, in.Server.BSLS, p, in.Secret, in.OldObject == nil)
+	if refusal := keepsOwnersPart(vm, where, pr, in); refusal != "" {
+		return deny("%s", refusal), nil
+	}
+	secret, err := desiredSecret(vm, o, creds, in.Server.BSLS, where, in.Secret, in.OldObject == nil)
 	if err != nil {
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
-	d.Secret = secret
-	if creds.issued && d.Secret != nil {
-		if d.Secret.Annotations == nil {
-			d.Secret.Annotations = map[string]string{}
-		}
-		d.Secret.Annotations[vmsecret.AnnotationIssuedAt] = in.Now.UTC().Format(time.RFC3339Nano)
-	}
-
-	st := v1alpha1.InjectionStatus{
-		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm.Name), User: o.user,
-		Generation: creds.generation, Rotate: o.rotate, Volume: p.volume, Disk: p.disk, MergedFrom: p.mergedFrom,
-	}
-	if !pr.written || st != old {
-		op, err := statusOp(st, pr.written)
+	if status := injectionStatus(vm.Name, o, creds, where); !pr.written || status != pr.status {
+		op, err := statusOp(status, pr.written)
 		if err != nil {
 			return Decision{}, err
 		}
-		ops = append(ops, op)
+		patch = append(patch, op)
 	}
-	d.Patch = ops
-	switch {
-	case rotated:
-		d.Outcome = OutcomeRotated
-	case creds.issued:
-		d.Outcome = OutcomeIssued
-	case len(ops) > 0 || d.Secret != nil:
-		d.Outcome = OutcomeUpdated
-	default:
-		d.Outcome = OutcomeUnchanged
-	}
+	d := Decision{Patch: patch, Secret: secret, Outcome: injectionOutcome(creds, len(patch) > 0 || secret != nil)}
 	if creds.issued {
-		what := "Issued"
-		if rotated {
-			what = "Rotated"
+		// New credentials always change the Secret: it is never nil here.
+		msg := issuedMessage(vm.Name, o, creds, where)
+		if secret.Annotations == nil {
+			secret.Annotations = map[string]string{}
 		}
-		mode := p.mode + " mode"
-		if p.diskWhy != "" {
-			mode += " because " + p.diskWhy + ": the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)"
-		}
-		msg := fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s, Secret %s)", what, o.user, o.server, creds.generation, mode, SecretName(vm.Name))
+		secret.Annotations[vmsecret.AnnotationIssuedAt] = in.Now.UTC().Format(time.RFC3339Nano)
 		if vm.UID == "" {
 			// A VM being created has no UID: an Event now would never
 			// show in kubectl describe. The controller records it once
 			// the VM exists.
-			d.Secret.Annotations[vmsecret.AnnotationIssuedEvent] = msg
+			secret.Annotations[vmsecret.AnnotationIssuedEvent] = msg
 		} else {
 			d.Events = append(d.Events, vmevent.Normal(ReasonCredentialsIssued, msg))
 		}
 	}
 	return d, nil
+}
+
+// credentialsFor is the VM's credentials after admission: its Secret's
+// while they are for server, and no rotation was asked since they were
+// issued (rotate, the VM's rotate annotation, differs from the one the
+// status recorded); else new ones, of the generation after the Secret's.
+func credentialsFor(secret *corev1.Secret, server types.NamespacedName, rotate string, pr prior, newPassword func() (string, error)) (credentials, error) {
+	creds, ok := currentCredentials(secret, server)
+	rotated := pr.known && ok && pr.status.Rotate != rotate
+	if ok && !rotated {
+		return creds, nil
+	}
+	password, err := newPassword()
+	if err != nil {
+		return credentials{}, fmt.Errorf("generate a password: %w", err)
+	}
+	generation := int64(1)
+	if g, ok := vmsecret.GenerationNumber(secret); ok {
+		generation = g + 1
+	}
+	return credentials{password: password, generation: generation, issued: true, rotated: rotated}, nil
+}
+
+// placementFor is where vm's bootstrap goes, with the patch that puts it
+// there, or why it cannot go anywhere: where the status says, while the
+// template still has it (the owner's part read back from the Secret it was
+// merged into: secret, or a copy's source's); else chosen afresh (place).
+// A mode annotation that changed since the bootstrap was injected is
+// refused: its volume would be left behind.
+func placementFor(vm *kubevirtv1.VirtualMachine, s shape, mode string, pr prior, secret *corev1.Secret) (placement, []jsonpatch.JsonPatchOperation, string) {
+	old := pr.status
+	if !pr.known || !stillInjected(&vm.Spec.Template.Spec, old) {
+		return place(vm, s, mode)
+	}
+	if mode != "" && mode != old.Mode {
+		return placement{}, nil, fmt.Sprintf("annotation %s changed from %s to %s after the bootstrap was injected: remove annotation %s (guestbackup then removes what it added), then opt in again with the new mode", v1alpha1.AnnotationMode, old.Mode, mode, v1alpha1.AnnotationServer)
+	}
+	p := placement{mode: old.Mode, volume: old.Volume, disk: old.Disk, mergedFrom: old.MergedFrom}
+	if p.mergedFrom == "" {
+		return p, nil, ""
+	}
+	if pr.copied {
+		secret = pr.source
+	}
+	part, err := cloudinit.UserPart(secretData(secret, vmsecret.KeyUserData))
+	if err != nil {
+		return placement{}, nil, fmt.Sprintf("Secret %s/%s no longer holds the VM's own user-data (%v): remove annotation %s, restore the VM's cloud-init, and admit it again", vm.Namespace, old.Secret, err, v1alpha1.AnnotationStatus)
+	}
+	p.userPart = part
+	return p, nil, ""
+}
+
+// injectionStatus is the status annotation that records the injection of
+// VM vm's bootstrap at p, with creds.
+func injectionStatus(vm string, o options, creds credentials, p placement) v1alpha1.InjectionStatus {
+	return v1alpha1.InjectionStatus{
+		Mode: p.mode, Server: o.server.String(), Secret: SecretName(vm), User: o.user,
+		Generation: creds.generation, Rotate: o.rotate, Volume: p.volume, Disk: p.disk, MergedFrom: p.mergedFrom,
+	}
+}
+
+// injectionOutcome names an injection for metrics: credentials rotated or
+// issued, else whether it changed anything (the VM or its Secret).
+func injectionOutcome(creds credentials, changed bool) string {
+	switch {
+	case creds.rotated:
+		return OutcomeRotated
+	case creds.issued:
+		return OutcomeIssued
+	case changed:
+		return OutcomeUpdated
+	}
+	return OutcomeUnchanged
+}
+
+// issuedMessage is the CredentialsIssued Event's message about new
+// credentials creds of VM vm, placed at p: a guest given disk mode it did
+// not ask for needs guestbackup's disk unit, and its owner is told.
+func issuedMessage(vm string, o options, creds credentials, p placement) string {
+	what := "Issued"
+	if creds.rotated {
+		what = "Rotated"
+	}
+	mode := p.mode + " mode"
+	if p.diskWhy != "" {
+		mode += " because " + p.diskWhy + ": the guest needs guestbackup's disk unit (docs/guest.md, Disk mode)"
+	}
+	return fmt.Sprintf("%s Kopia credentials for %s on BackupStorageLocationServer %s (generation %d, %s, Secret %s)", what, o.user, o.server, creds.generation, mode, SecretName(vm))
 }
 
 // keepsOwnersPart says why the payload placement p would lose the owner's
