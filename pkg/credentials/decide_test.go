@@ -283,26 +283,27 @@ func TestVMChanged(t *testing.T) {
 	}
 }
 
+// TestVolumeReading: which of a VM's volumes reads the Secret; which
+// fields read one is vmsecret.SecretsRead's (its own table).
 func TestVolumeReading(t *testing.T) {
-	ref := &corev1.LocalObjectReference{Name: "web-guestbackup"}
-	other := &corev1.LocalObjectReference{Name: "web-own"}
+	reads := func(name string) kubevirtv1.Volume {
+		return kubevirtv1.Volume{Name: name, VolumeSource: kubevirtv1.VolumeSource{CloudInitConfigDrive: &kubevirtv1.CloudInitConfigDriveSource{
+			UserData: "#cloud-config\n", NetworkDataSecretRef: &corev1.LocalObjectReference{Name: "web-guestbackup"},
+		}}}
+	}
+	other := kubevirtv1.Volume{Name: "own", VolumeSource: kubevirtv1.VolumeSource{Secret: &kubevirtv1.SecretVolumeSource{SecretName: "web-own"}}}
 	for _, tt := range []struct {
-		name   string
-		source kubevirtv1.VolumeSource
-		want   string
+		name    string
+		volumes []kubevirtv1.Volume
+		want    string
 	}{
-		{"cloud-init user-data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: ref}}, "v"},
-		{"cloud-init network data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: other, NetworkDataSecretRef: ref}}, "v"},
-		{"a config drive", kubevirtv1.VolumeSource{CloudInitConfigDrive: &kubevirtv1.CloudInitConfigDriveSource{UserDataSecretRef: ref}}, "v"},
-		{"a secret disk", kubevirtv1.VolumeSource{Secret: &kubevirtv1.SecretVolumeSource{SecretName: "web-guestbackup"}}, "v"},
-		{"sysprep", kubevirtv1.VolumeSource{Sysprep: &kubevirtv1.SysprepSource{Secret: ref}}, "v"},
-		{"another Secret", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserDataSecretRef: other}}, ""},
-		{"inline user-data", kubevirtv1.VolumeSource{CloudInitNoCloud: &kubevirtv1.CloudInitNoCloudSource{UserData: "#cloud-config\n"}}, ""},
-		{"a container disk", kubevirtv1.VolumeSource{ContainerDisk: &kubevirtv1.ContainerDiskSource{Image: "web-guestbackup"}}, ""},
+		{"the one that reads it", []kubevirtv1.Volume{other, reads("v")}, "v"},
+		{"the first of two", []kubevirtv1.Volume{reads("a"), reads("b")}, "a"},
+		{"none", []kubevirtv1.Volume{other}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			vm := &kubevirtv1.VirtualMachine{Spec: kubevirtv1.VirtualMachineSpec{Template: &kubevirtv1.VirtualMachineInstanceTemplateSpec{
-				Spec: kubevirtv1.VirtualMachineInstanceSpec{Volumes: []kubevirtv1.Volume{{Name: "v", VolumeSource: tt.source}}},
+				Spec: kubevirtv1.VirtualMachineInstanceSpec{Volumes: tt.volumes},
 			}}}
 			if got := volumeReading(vm, "web-guestbackup"); got != tt.want {
 				t.Errorf("volumeReading = %q, want %q", got, tt.want)
