@@ -824,8 +824,10 @@ func issuedMessage(vm string, o options, creds credentials, p placement) string 
 // owner's is never written over one with it while the VM still counts on
 // it: an update (the status annotation says nothing was merged, or the
 // volume it was merged from was removed), or a VM whose volume reads the
-// Secret. An owner who moved their cloud-init elsewhere (a volume of its
-// own, a Secret of theirs, a config drive) no longer needs it; a VM
+// Secret by any field (vmsecret.SecretsRead: a config drive reads its
+// user-data too). An owner who moved their cloud-init elsewhere (a volume
+// of its own, a Secret of theirs, a config drive that reads neither) no
+// longer needs it; a VM
 // created anew that reads nothing of it finds the Secret of a deleted VM
 // of the same name. A copy's Secret is its own and holds no part yet.
 func keepsOwnersPart(vm *kubevirtv1.VirtualMachine, p placement, pr prior, in Input) string {
