@@ -1,5 +1,5 @@
 // Package credentials reconciles the per-VM credential Secrets the webhook
-// writes (see DESIGN.md, "the per-VM Secret"): the controller's side of that
+// writes (pkg/vmsecret states that contract): the controller's side of that
 // contract.
 package credentials
 

@@ -72,7 +72,7 @@ const (
 )
 
 // VMReconciler is the controller's side of the per-VM credential Secret
-// (DESIGN.md decisions 8 and 9). Keyed by the VM's namespace and name, it
+// (docs/design.md, decisions 8 and 9). Keyed by the VM's namespace and name, it
 // adopts the Secret once the VM is stored (the webhook writes the Secret at
 // admission, before the VM has a UID), deletes it when the VM is deleted or
 // opts out (the BSLS reconciler then drops the user), deletes Secrets whose

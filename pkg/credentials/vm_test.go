@@ -514,7 +514,7 @@ var _ = Describe("The VM credential reconciler", Ordered, func() {
 			Consistently(events(vm)).WithTimeout(2 * time.Second).Should(HaveLen(before))
 		})
 
-		// Issue 15: KubeVirt reads the Secret when the launcher pod
+		// KubeVirt reads the Secret when the launcher pod
 		// starts, not when the instance is created. An instance whose pod
 		// waits (for a node, an image) across a rotation boots with the
 		// new password: keeping the old one would lock it out for a day.

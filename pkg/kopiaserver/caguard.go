@@ -33,7 +33,7 @@ import (
 // FinalizerCAGuard is on Secret <bsls>-ca while its BSLS exists and has a
 // CA of its own: a deletion then leaves the Secret readable (terminating)
 // until the controller has re-created it with the same key pair. Guests
-// trust that CA alone (DESIGN.md decisions 3 and 28), so a Secret lost to
+// trust that CA alone (docs/design.md, decisions 3 and 28), so a Secret lost to
 // a namespace clean-up, a restore that skipped it or a mistake would
 // otherwise cost every running guest its backups until its VM restarts.
 //

@@ -21,7 +21,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
-// Issue 48.2: the CA guests trust survives the deletion of its Secret, and
+// The CA guests trust survives the deletion of its Secret, and
 // nothing a tenant writes can put another CA in its place.
 var _ = Describe("The CA guard", Ordered, func() {
 	const ns = "guarded"

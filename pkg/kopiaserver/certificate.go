@@ -49,7 +49,7 @@ const (
 
 // chooseTLS decides where b's certificate comes from. An admin's Secret or
 // issuer is their choice, and shares trust with whatever else it signs;
-// otherwise each BSLS gets a CA of its own (DESIGN.md decision 13), from
+// otherwise each BSLS gets a CA of its own (docs/design.md, decision 13), from
 // cert-manager when the controller is asked to use it and it is served.
 func chooseTLS(b *v1alpha1.BackupStorageLocationServer, certManagerCA, certManagerServed bool) tlsSource {
 	switch {

@@ -137,7 +137,7 @@ func TestCollectUsers(t *testing.T) {
 		},
 		{
 			name: "a Secret not named after the VM it is labelled for is refused",
-			// The forged Secret of issue 14: another name, labelled for a VM.
+			// A forged Secret: another name, labelled for a VM.
 			secrets:     []corev1.Secret{credential("a", "evil", true, labelVM("web"))},
 			wantRefused: map[string]string{"a/evil-guestbackup": "its label guestbackup.io/vm=web names VirtualMachine web, whose credential Secret can only be web-guestbackup"},
 		},
@@ -192,7 +192,7 @@ func TestCollectUsers(t *testing.T) {
 		},
 		{
 			name: "a username key that names another identity is refused, and claims nothing",
-			// Issue 14's attack: a Secret in a says it is db@b; db@b's own
+			// The attack: a Secret in a says it is db@b; db@b's own
 			// Secret is untouched by it.
 			secrets:     []corev1.Secret{credential("a", "web", true, username("db@b")), credential("b", "db", true)},
 			wantUsers:   []string{"db@b"},

@@ -183,7 +183,7 @@ const (
 	ReasonServingCertificateIssued = "ServingCertificateIssued"
 	// ReasonSharedAcrossNamespaces (Warning): the BSLS started serving VMs
 	// of more than one namespace, which share the repository's
-	// deduplication (DESIGN.md decision 14).
+	// deduplication (docs/design.md, decision 14).
 	ReasonSharedAcrossNamespaces = "SharedAcrossNamespaces"
 )
 

@@ -88,7 +88,7 @@ func credentialSecret(vm, namespace, bslsNamespace, bslsName, password, generati
 // createCredential creates, as the cluster admin, the VirtualMachine a
 // credential Secret is labelled for (opted in to the Secret's server), then
 // the Secret as the VM reconciler leaves it adopted: controlled by that VM.
-// A user is provisioned from those facts only (DESIGN.md decision 10).
+// A user is provisioned from those facts only (docs/design.md, decision 10).
 func createCredential(ctx context.Context, api *testbed.APIServer, s *corev1.Secret) error {
 	server := types.NamespacedName{Namespace: s.Labels[v1alpha1.LabelServerNamespace], Name: s.Labels[v1alpha1.LabelServerName]}
 	vm := &kubevirtv1.VirtualMachine{
@@ -404,7 +404,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Expect(bslsNamed(name).Status.TLSFingerprint).To(Equal(pin))
 			})
 
-			// Issue 48.2: a namespace clean-up, a restore that skipped
+			// A namespace clean-up, a restore that skipped
 			// Secrets or a mistake must not cost running guests their trust.
 			It("re-creates a deleted CA Secret with the same certificate and key, says so, and keeps the leaf under it", func() {
 				ca := &corev1.Secret{}

@@ -19,7 +19,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 )
 
-// Issue 48.1: storage that lost or damaged a pack is named in the BSLS's
+// Verification (docs/design.md, decision 27): storage that lost or damaged a pack is named in the BSLS's
 // RepositoryIntact condition, its status and an Event on each VM that owns
 // a damaged snapshot, and its healing too. The server pod's verification
 // is played here by writing what it publishes into the state ConfigMap.

@@ -143,7 +143,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			Expect(connect(pod, bsls, "web@"+s3NS, "wrong")()).To(MatchError(ContainSubstring("access denied")))
 		})
 
-		// Issue 48, 3 (DESIGN.md decision 29): an outage of the storage
+		// Storage health (docs/design.md, decision 29): an outage of the storage
 		// is a condition and a Warning Event while it lasts, with the
 		// storage's own error, and clears on recovery. The server pod
 		// checks every 10 s; the bound here is generous for CI's cores.
@@ -251,7 +251,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			}
 		})
 
-		// Issue 48, 0 (DESIGN.md decision 26): each replica serves from
+		// Replicas agree (docs/design.md, decision 26): each replica serves from
 		// what it last read of the bucket; what one acknowledged, the
 		// other lists, verifies and restores within seconds.
 		It("lists, verifies and restores through each replica a snapshot written through the other", func() {

@@ -71,7 +71,7 @@ type UserInputs struct {
 
 // CollectUsers decides the users of a BSLS from the per-VM credential
 // Secrets labelled for it. Identity comes from facts, never from data
-// (DESIGN.md decision 10): a Secret's user is <vm>@<namespace> of the
+// (docs/design.md, decision 10): a Secret's user is <vm>@<namespace> of the
 // VirtualMachine that controls it, and it is provisioned only when the
 // Secret is named for that VM (vmsecret.Name), the VM exists in the
 // Secret's namespace with the UID of the Secret's controller reference, the

@@ -618,7 +618,7 @@ func NetworkPolicy(b *v1alpha1.BackupStorageLocationServer, controllerNamespace 
 // --refresh-interval, 4 h by default). Replicas share one repository and
 // each serves from what it last read: without it, a snapshot written
 // through one pod stays unseen through another until something else
-// refreshes it (DESIGN.md decision 26: seen through every replica within
+// refreshes it (docs/design.md, decision 26: seen through every replica within
 // 5 s). Each refresh lists the repository's index blobs and reads the new
 // ones; docs/operations.md gives its cost in storage requests.
 const ReplicaRefreshInterval = 3 * time.Second

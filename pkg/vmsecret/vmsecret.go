@@ -33,7 +33,7 @@
 // SecretsRead says which Secrets a VM's volume reads, so whether the VM
 // still reads its own.
 //
-// Identity comes from facts, never from data (DESIGN.md decision 10): the
+// Identity comes from facts, never from data (docs/design.md, decision 10): the
 // Kopia user of a Secret is Username(<vm>, <namespace>) of the VM that
 // controls it, never its username key, which is there for the guest only.
 // The constants of the API (label names, key names) stay in api/v1alpha1,

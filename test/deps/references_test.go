@@ -24,30 +24,6 @@ var outsideNames = []string{
 	"seeds" + "/",
 }
 
-// citesOutside lists the files that still cite the design notes outside
-// the repository. They were being changed on other branches when this
-// check came, so their references wait for those changes to merge: each
-// cites a decision that docs/design.md states under the same number, or
-// the per-VM Secret contract, which pkg/vmsecret states.
-// Remove an entry once its file cites docs/design.md instead; an entry
-// whose file cites nothing outside fails, so the list only shrinks, and
-// it is meant to be empty.
-var citesOutside = []string{
-	"pkg/credentials/hasher.go",
-	"pkg/credentials/vm.go",
-	"pkg/kopiaserver/caguard.go",
-	"pkg/kopiaserver/certificate.go",
-	"pkg/kopiaserver/conditions.go",
-	"pkg/kopiaserver/controller_test.go",
-	"pkg/kopiaserver/reconciler.go",
-	"pkg/kopiaserver/s3_test.go",
-	"pkg/kopiaserver/users.go",
-	"pkg/kopiaserver/workload.go",
-	"pkg/vmsecret/vmsecret.go",
-	"test/operations/replicas_test.go",
-	"test/scale/replicas_bench_test.go",
-}
-
 // outsideReferences returns each line of content, numbered from 1, that
 // names something outside the repository, with the name it cites.
 func outsideReferences(content []byte) []string {
@@ -112,7 +88,7 @@ func TestBinary(t *testing.T) {
 }
 
 // TestNothingCitesFilesOutsideTheRepository: no tracked text file names a
-// file a reader of the repository does not have (citesOutside aside).
+// file a reader of the repository does not have.
 func TestNothingCitesFilesOutsideTheRepository(t *testing.T) {
 	root, err := filepath.Abs(filepath.Join("..", ".."))
 	if err != nil {
@@ -123,10 +99,6 @@ func TestNothingCitesFilesOutsideTheRepository(t *testing.T) {
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("git ls-files in %s (this check reads the tracked files of a checkout): %v", root, err)
-	}
-	allowed := map[string]bool{}
-	for _, f := range citesOutside {
-		allowed[f] = true
 	}
 	dirs := map[string]bool{}
 	for name := range strings.SplitSeq(strings.TrimSuffix(string(out), "\x00"), "\x00") {
@@ -146,19 +118,9 @@ func TestNothingCitesFilesOutsideTheRepository(t *testing.T) {
 		if binary(content) {
 			continue
 		}
-		found := outsideReferences(content)
-		switch {
-		case allowed[name] && len(found) == 0:
-			t.Errorf("%s cites nothing outside the repository any more: remove it from citesOutside", name)
-		case !allowed[name]:
-			for _, f := range found {
-				t.Errorf("%s:%s names a file outside the repository: cite docs/ (docs/design.md, decision N, for a design decision) or state the rule where it is used", name, f)
-			}
+		for _, f := range outsideReferences(content) {
+			t.Errorf("%s:%s names a file outside the repository: cite docs/ (docs/design.md, decision N, for a design decision) or state the rule where it is used", name, f)
 		}
-		delete(allowed, name)
-	}
-	for name := range allowed {
-		t.Errorf("citesOutside lists %s, which git does not track", name)
 	}
 	for dir := range dirs {
 		if _, err := os.ReadDir(filepath.Join(root, dir)); err != nil && !os.IsNotExist(err) {

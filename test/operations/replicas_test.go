@@ -19,7 +19,7 @@ import (
 )
 
 // seenWithin bounds how long a snapshot written through one server pod
-// may stay unseen through another: DESIGN.md decision 26 asks for 5 s on
+// may stay unseen through another: docs/design.md, decision 26, asks for 5 s on
 // a cluster (kopiaserver.ReplicaRefreshInterval and one refresh); this is
 // generous for CI's busy cores, and far below Kopia's own 4 h.
 const seenWithin = 45 * time.Second
@@ -29,7 +29,7 @@ const seenWithin = 45 * time.Second
 // that reads everything (pkg/kopiaserver's S3 specs run two).
 const replicas = 3
 
-// Issue 48, 0 (DESIGN.md decision 26): a BSLS's replicas share one
+// Replicas agree (docs/design.md, decision 26): a BSLS's replicas share one
 // repository, and each serves from what it last read of it. What a guest
 // wrote through one pod is listed, verifiable and restorable through every
 // other, as a Service balancing over them would send the guest's next
