@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"net/http/httptrace"
+	"regexp"
 	"strings"
 	"sync"
 
@@ -46,6 +47,10 @@ func newLastAttempt(ctx context.Context) (*lastAttempt, context.Context) {
 		DNSDone:          func(i httptrace.DNSDoneInfo) { w.note(i.Err) },
 		ConnectDone:      func(_, _ string, err error) { w.note(err) },
 		TLSHandshakeDone: func(_ tls.ConnectionState, err error) { w.note(err) },
+		// A request that got a connection went further than any failure
+		// before it (another of the name's addresses refused, an earlier
+		// attempt): what stopped it is not theirs to say.
+		GotConn: func(httptrace.GotConnInfo) { w.forget() },
 	})
 }
 
@@ -68,8 +73,22 @@ func (w *lastAttempt) noteText(text string) {
 	if text == "" || strings.HasSuffix(text, context.DeadlineExceeded.Error()) || strings.HasSuffix(text, context.Canceled.Error()) {
 		return
 	}
+	// The same trouble reads the same at every check, so that it is
+	// published once: a connection's own port changes at each.
+	text = localEndpoint.ReplaceAllString(text, "")
 	w.mu.Lock()
 	w.last = text
+	w.mu.Unlock()
+}
+
+// localEndpoint is the local address in Go's errors of an open connection
+// ("read tcp 10.244.0.7:41234->10.96.0.9:9000: ... reset by peer").
+var localEndpoint = regexp.MustCompile(`\S+:\d+->`)
+
+// forget drops what was noted.
+func (w *lastAttempt) forget() {
+	w.mu.Lock()
+	w.last = ""
 	w.mu.Unlock()
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -84,5 +85,43 @@ func TestLastAttemptSeesWhatARequestMet(t *testing.T) {
 	logging.Module(retryModule)(ctx).Debugf("got error %v when %v (#%v), sleeping for %v before retrying", context.DeadlineExceeded, "GetMetadata(kopia.repository)", 2, "1s")
 	if got := w.Error(); !strings.Contains(got, "connection refused") {
 		t.Errorf("after an attempt the deadline cut short: Error() = %q, want the refused connection kept", got)
+	}
+}
+
+// A request that got a connection went further than the failures before
+// it: a storage that accepts and then does not answer is not described by
+// an earlier refusal.
+func TestLastAttemptForgetsWhatAConnectionWentPast(t *testing.T) {
+	w, ctx := newLastAttempt(context.Background())
+	w.note(errors.New("dial tcp [::1]:9000: connect: network is unreachable"))
+	server := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer server.Close()
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, server.URL+"/bucket/kopia.repository", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := server.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if got := w.Error(); got != "" {
+		t.Errorf("after a request that connected: Error() = %q, want nothing", got)
+	}
+}
+
+// The same trouble reads the same at every check: a connection's own
+// address, which changes at each, is not part of it.
+func TestLastAttemptLeavesOutTheLocalEndpoint(t *testing.T) {
+	for _, tc := range []struct{ err, want string }{
+		{"read tcp 10.244.0.7:41234->10.96.0.9:9000: read: connection reset by peer", "read tcp 10.96.0.9:9000: read: connection reset by peer"},
+		{"write tcp [fd00::7]:41234->[fd00::9]:443: write: broken pipe", "write tcp [fd00::9]:443: write: broken pipe"},
+		{"dial tcp 127.0.0.1:9000: connect: connection refused", "dial tcp 127.0.0.1:9000: connect: connection refused"},
+	} {
+		w, _ := newLastAttempt(context.Background())
+		w.note(errors.New(tc.err))
+		if got := w.Error(); got != tc.want {
+			t.Errorf("note(%q): Error() = %q, want %q", tc.err, got, tc.want)
+		}
 	}
 }
