@@ -8,7 +8,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/record"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -19,9 +18,10 @@ import (
 )
 
 // The Events of a pass say what its status write says: a pass whose
-// status patch loses a conflict records none (the pass that follows, from
-// a fresh read, finds the same changes and records them once), and a pass
-// whose patch succeeds records each change.
+// status patch fails (the API server unavailable for a moment) records
+// none (the pass that follows, from a fresh read, finds the same changes
+// and records them once), and a pass whose patch succeeds records each
+// change.
 func TestWriteRecordsEventsOnlyAfterTheStatusIsWritten(t *testing.T) {
 	scheme := runtime.NewScheme()
 	for _, add := range []func(*runtime.Scheme) error{v1alpha1.AddToScheme, clientgoscheme.AddToScheme} {
@@ -33,12 +33,12 @@ func TestWriteRecordsEventsOnlyAfterTheStatusIsWritten(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup", Generation: 1},
 		Spec:       v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}},
 	}
-	conflicts := 1
+	failures := 1
 	c := fake.NewClientBuilder().WithScheme(scheme).WithObjects(b).WithStatusSubresource(b).
 		WithInterceptorFuncs(interceptor.Funcs{SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
-			if conflicts > 0 {
-				conflicts--
-				return apierrors.NewConflict(schema.GroupResource{Group: v1alpha1.GroupVersion.Group, Resource: "backupstoragelocationservers"}, obj.GetName(), nil)
+			if failures > 0 {
+				failures--
+				return apierrors.NewServiceUnavailable("etcd leader changed")
 			}
 			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
 		}}).Build()
@@ -55,8 +55,8 @@ func TestWriteRecordsEventsOnlyAfterTheStatusIsWritten(t *testing.T) {
 		return writePass(r, read, obs)
 	}
 
-	if err := pass(); !apierrors.IsConflict(err) {
-		t.Fatalf("first pass: error %v, want the status patch's conflict", err)
+	if err := pass(); !apierrors.IsServiceUnavailable(err) {
+		t.Fatalf("first pass: error %v, want the status patch's", err)
 	}
 	if n := len(recorder.Events); n != 0 {
 		t.Fatalf("the pass whose status patch failed recorded %d Events, e.g. %q: the next pass records them again", n, <-recorder.Events)
