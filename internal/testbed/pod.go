@@ -267,8 +267,6 @@ func (r *podRunner) serviceAccount() error {
 	return nil
 }
 
-var varRef = regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
-
 // container resolves a container's binary, arguments and environment.
 func (r *podRunner) container(c corev1.Container) (string, []string, []string, error) {
 	if len(c.Command) == 0 {
@@ -300,16 +298,6 @@ func (r *podRunner) container(c corev1.Container) (string, []string, []string, e
 		args = append(args, rewrite(expand(a, vars)))
 	}
 	return path, args, append(env, r.env...), nil
-}
-
-// expand replaces $(VAR) with earlier variables' values, as the kubelet does.
-func expand(s string, vars map[string]string) string {
-	return varRef.ReplaceAllStringFunc(s, func(ref string) string {
-		if v, ok := vars[ref[2:len(ref)-1]]; ok {
-			return v
-		}
-		return ref
-	})
 }
 
 // rewriter maps a container's mount paths to their folders and its ports

@@ -25,6 +25,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/storagecreds"
@@ -304,6 +305,43 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 				}
 				return b.Status.Maintenance.Owner + " " + b.Status.Maintenance.Failure, nil
 			}).WithTimeout(reconciled).Should(Equal("guestbackup-maintenance@" + name + "." + s3NS + " "))
+		})
+	})
+
+	// The kubelet replaces $(VAR) in a container's arguments with the
+	// container's variables, and the init container holds the
+	// repository's password in one. A prefix that names it must reach
+	// Kopia as written: expanded, it would put the password into every
+	// object name of the bucket, for whoever lists it to read.
+	Describe("a BSLS whose S3 prefix names one of the server pod's variables", Ordered, func() {
+		const (
+			name   = "literal"
+			bucket = "literal"
+			prefix = "leak-$(" + kopiaenv.RepositoryPassword + ")"
+		)
+
+		It("writes the repository under the prefix as written, never the variable's value", func() {
+			Expect(minio.CreateBucket(bucket)).To(Succeed())
+			createS3Credentials("literal-credentials")
+			b := &v1alpha1.BackupStorageLocationServer{
+				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+					Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion, Prefix: prefix,
+					CredentialsSecret: corev1.LocalObjectReference{Name: "literal-credentials"},
+					DisableTLS:        true,
+				}}},
+			}
+			Expect(api.Client.Create(ctx, b)).To(Succeed())
+			runServer(b)
+			Eventually(objects(bucket, "")).WithTimeout(reconciled).Should(ContainElement(prefix + "/kopia.repository"))
+			keys, err := minio.Objects(bucket, "")
+			Expect(err).NotTo(HaveOccurred())
+			Expect(keys).To(HaveEach(HavePrefix(prefix + "/")))
+			sel := kopiaserver.RepositoryPassword(b)
+			secret := &corev1.Secret{}
+			Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: s3NS, Name: sel.Name}, secret)).To(Succeed())
+			Expect(secret.Data[sel.Key]).NotTo(BeEmpty())
+			Expect(keys).NotTo(ContainElement(ContainSubstring(string(secret.Data[sel.Key]))), "the repository's password in an object's name")
 		})
 	})
 

@@ -46,6 +46,14 @@ type param struct {
 	// with: Args writes it whenever this other field is not empty, even
 	// at its default (the key of a credential Secret that Args names).
 	with *string
+	// expands: the kubelet is to replace $(VAR) in it with the
+	// container's variable VAR ($(POD_NAMESPACE)). In every other flag a
+	// $ is written $$, which the kubelet reads as one $ and expands
+	// nothing: a value from a BSLS or a Velero BSL ("$(KOPIA_PASSWORD)"
+	// as a bucket prefix) must never reach the server as the variable's
+	// value, which would name the repository's password in its object
+	// names or its DNS queries.
+	expands bool
 }
 
 func (f *flags) add(name string) *param {
@@ -134,18 +142,31 @@ func args[T any](command string, v T, declare func(*T, *flags)) []string {
 		if value == fl.DefValue && !p.always && (p.with == nil || *p.with == "") {
 			continue
 		}
+		literal := func(s string) string {
+			if p.expands {
+				return s
+			}
+			return escapeExpansion(s)
+		}
 		switch v := fl.Value.(type) {
 		case *pairsValue:
 			for _, pair := range v.each() {
-				out = append(out, "--"+p.name+"="+pair)
+				out = append(out, "--"+p.name+"="+literal(pair))
 			}
 		default:
 			if b, ok := v.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() && value == "true" && !p.always {
 				out = append(out, "--"+p.name)
 				continue
 			}
-			out = append(out, "--"+p.name+"="+value)
+			out = append(out, "--"+p.name+"="+literal(value))
 		}
 	}
 	return out
+}
+
+// escapeExpansion writes s so that the kubelet's expansion of a
+// container's arguments gives s back: it reads $$ as $, and leaves no
+// $(VAR) to replace.
+func escapeExpansion(s string) string {
+	return strings.ReplaceAll(s, "$", "$$")
 }

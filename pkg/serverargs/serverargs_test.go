@@ -250,3 +250,29 @@ func TestClientBinaryWantsPairs(t *testing.T) {
 		}
 	}
 }
+
+// TestNoValueExpandsAPodVariable: the kubelet replaces $(VAR) in a
+// container's arguments with the container's variables, the repository's
+// password among them. A value from a BSLS or a Velero BSL is written so
+// that it reaches the server as it was; only the pod's own namespace is a
+// reference to expand.
+func TestNoValueExpandsAPodVariable(t *testing.T) {
+	in := NewInit()
+	in.S3Bucket, in.S3Prefix, in.S3Endpoint = "b", "leak-$(KOPIA_PASSWORD)/", "$(KOPIA_PASSWORD).example:9000"
+	in.DefaultPolicy = `{"description":"costs $5, or $$(X)"}`
+	sync := NewSyncUsers()
+	sync.Namespace = "$(POD_NAMESPACE)"
+	sync.ClientBinaries = map[string]string{"amd64": "/clients/$(KOPIA_PASSWORD)"}
+	got := slices.Concat(in.Args(), sync.Args())
+	for _, want := range []string{
+		"--s3-prefix=leak-$$(KOPIA_PASSWORD)/",
+		"--s3-endpoint=$$(KOPIA_PASSWORD).example:9000",
+		`--default-policy={"description":"costs $$5, or $$$$(X)"}`,
+		"--namespace=$(POD_NAMESPACE)",
+		"--client-binary=amd64=/clients/$$(KOPIA_PASSWORD)",
+	} {
+		if !slices.Contains(got, want) {
+			t.Errorf("args %q lack %q", got, want)
+		}
+	}
+}

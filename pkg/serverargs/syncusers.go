@@ -110,7 +110,8 @@ func (o SyncUsers) Args() []string { return args(CommandSyncUsers, o, (*SyncUser
 // declare declares sync-users' flags, in the order Args writes them. The
 // usage strings are the -help a person running the command reads.
 func (o *SyncUsers) declare(f *flags) {
-	f.string(&o.Namespace, "namespace", "", "Namespace of the BSLS and its users Secrets.")
+	// The pod's own namespace, $(POD_NAMESPACE): see param.expands.
+	f.string(&o.Namespace, "namespace", "", "Namespace of the BSLS and its users Secrets.").expands = true
 	f.string(&o.BSLS, "bsls", "", "Name of the BSLS.")
 	f.string(&o.BSLSUID, "bsls-uid", "", "UID of the BSLS, which Events name.")
 	f.string(&o.ConfigFile, "config-file", "", "The repository connection written by init.")
