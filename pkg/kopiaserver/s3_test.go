@@ -72,6 +72,18 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			},
 		})).To(Succeed())
 	}
+	// s3BSLS is BSLS name of s3NS on the MinIO's bucket under prefix, with
+	// the credentials of Secret secret (createS3Credentials).
+	s3BSLS := func(name, bucket, prefix, secret string) *v1alpha1.BackupStorageLocationServer {
+		return &v1alpha1.BackupStorageLocationServer{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
+			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
+				Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion, Prefix: prefix,
+				CredentialsSecret: corev1.LocalObjectReference{Name: secret},
+				DisableTLS:        true,
+			}}},
+		}
+	}
 	// connect connects a guest with a fresh kopia client, pinned to the
 	// fingerprint the BSLS reports.
 	connect := func(pod *testbed.Pod, b *v1alpha1.BackupStorageLocationServer, user, password string) func() error {
@@ -111,14 +123,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		BeforeAll(func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
 			createS3Credentials("s3-credentials")
-			bsls = &v1alpha1.BackupStorageLocationServer{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
-				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
-					Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion, Prefix: prefix,
-					CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"},
-					DisableTLS:        true,
-				}}},
-			}
+			bsls = s3BSLS(name, bucket, prefix, "s3-credentials")
 			Expect(api.Client.Create(ctx, bsls)).To(Succeed())
 			pod = runServer(bsls)
 		})
@@ -216,17 +221,8 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		BeforeAll(func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
 			createS3Credentials("s3-credentials-scaled")
-			bsls = &v1alpha1.BackupStorageLocationServer{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
-				Spec: v1alpha1.BackupStorageLocationServerSpec{
-					Replicas: ptr.To[int32](2),
-					Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
-						Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
-						CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials-scaled"},
-						DisableTLS:        true,
-					}},
-				},
-			}
+			bsls = s3BSLS(name, bucket, "", "s3-credentials-scaled")
+			bsls.Spec.Replicas = ptr.To[int32](2)
 			Expect(api.Client.Create(ctx, bsls)).To(Succeed())
 			d := &appsv1.Deployment{}
 			Eventually(func() error {
@@ -323,14 +319,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 		It("writes the repository under the prefix as written, never the variable's value", func() {
 			Expect(minio.CreateBucket(bucket)).To(Succeed())
 			createS3Credentials("literal-credentials")
-			b := &v1alpha1.BackupStorageLocationServer{
-				ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: s3NS},
-				Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
-					Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion, Prefix: prefix,
-					CredentialsSecret: corev1.LocalObjectReference{Name: "literal-credentials"},
-					DisableTLS:        true,
-				}}},
-			}
+			b := s3BSLS(name, bucket, prefix, "literal-credentials")
 			Expect(api.Client.Create(ctx, b)).To(Succeed())
 			runServer(b)
 			Eventually(objects(bucket, "")).WithTimeout(reconciled).Should(ContainElement(prefix + "/kopia.repository"))
@@ -462,14 +451,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 	It("keeps the repository at the bucket's root when the BSLS names no prefix", func() {
 		const bucket = "no-prefix"
 		Expect(minio.CreateBucket(bucket)).To(Succeed())
-		b := &v1alpha1.BackupStorageLocationServer{
-			ObjectMeta: metav1.ObjectMeta{Name: "no-prefix", Namespace: s3NS},
-			Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
-				Bucket: bucket, Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
-				CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"},
-				DisableTLS:        true,
-			}}},
-		}
+		b := s3BSLS("no-prefix", bucket, "", "s3-credentials")
 		Expect(api.Client.Create(ctx, b)).To(Succeed())
 		runServer(b)
 		Expect(objects(bucket, "")()).To(ContainElement("kopia.repository"))
@@ -498,10 +480,7 @@ var _ = Describe("S3 storage, on a real S3 server", Ordered, func() {
 			if err != nil {
 				return err
 			}
-			cur.Spec.Storage = v1alpha1.StorageSpec{S3: &v1alpha1.S3Storage{
-				Bucket: "guestbackup", Prefix: "switched", Endpoint: minio.Endpoint, Region: testbed.MinIORegion,
-				CredentialsSecret: corev1.LocalObjectReference{Name: "s3-credentials"}, DisableTLS: true,
-			}}
+			cur.Spec.Storage = s3BSLS("", "guestbackup", "switched", "s3-credentials").Spec.Storage
 			return api.Client.Update(ctx, cur)
 		}).WithTimeout(reconciled).Should(Succeed())
 		// The binding goes first, then the Role: wait for both.
