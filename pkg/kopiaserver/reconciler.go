@@ -426,7 +426,15 @@ func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 			return ctrl.Result{}, err
 		}
 	}
-	orig := obs.BSLS
+	// The status is written locked to the version the pass read (or
+	// wrote itself: prepare's finalizer patch is locked too), so that a
+	// pass that read a BSLS older than the API server's, from a cache
+	// that had not caught up, cannot write over a newer status with what
+	// it derived from the old one ("keeps what it knew" of a verification
+	// would keep what it knew before). It fails with a conflict, and the
+	// next pass reads again.
+	orig := b.DeepCopy()
+	orig.Status = obs.BSLS.Status
 	b.Status = want.Status
 	recordMetrics(b, obs.Users, meta.IsStatusConditionTrue(b.Status.Conditions, v1alpha1.ConditionReady))
 
@@ -437,12 +445,12 @@ func (r *Reconciler) write(ctx context.Context, b *v1alpha1.BackupStorageLocatio
 	// that its backups are damaged or over quota. A repeat after a failed
 	// write is the lesser harm. The BSLS's own Events repeat what its
 	// status says, so they wait for it.
-	notices, err := r.liveNotices(ctx, orig, want.decision)
+	notices, err := r.liveNotices(ctx, obs.BSLS, want.decision)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
 	r.recordVMNotices(ctx, notices)
-	if err := r.Client.Status().Patch(ctx, b, client.MergeFrom(orig)); err != nil {
+	if err := r.Client.Status().Patch(ctx, b, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
 		return ctrl.Result{}, fmt.Errorf("update status of %s/%s: %w", b.Namespace, b.Name, err)
 	}
 	for _, e := range want.Events {
