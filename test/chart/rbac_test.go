@@ -161,8 +161,12 @@ var _ = Describe("The chart's RBAC, enforced by a real API server", Ordered, fun
 		Expect(binding.RoleRef).To(Equal(rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: rbacRelease + "-guestbackup-server-maintenance"}))
 		maintenanceLease := &coordinationv1.Lease{}
 		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: maintenancestate.LeaseName("scaled")}, maintenanceLease)).To(Succeed())
+		// The controller writes the server's Role with its other objects,
+		// after the maintenance binding (a pass's write step).
 		role := &rbacv1.Role{}
-		Expect(apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "scaled-server"}, role)).To(Succeed())
+		Eventually(func() error {
+			return apiServer.Client.Get(ctx, types.NamespacedName{Namespace: bsNS, Name: "scaled-server"}, role)
+		}).WithTimeout(30 * time.Second).Should(Succeed())
 		Expect(role.Rules).NotTo(ContainElement(HaveField("Resources", ContainElement("leases"))), "the server's own Role grants no Lease")
 		// A pod of the BSLS takes the Lease as client-go's LeaseLock does.
 		pod := clientAs(serviceAccount(bsNS, "scaled-server"))
