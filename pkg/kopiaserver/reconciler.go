@@ -288,8 +288,13 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 }
 
 func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	// The BSLS is read around the cache: a pass judges what changed
+	// against the status it reads, and announces it (the BSLS's Events,
+	// the VMs' notices). Read from a cache that has not yet seen the
+	// previous pass's status, it would announce the same change twice,
+	// and its status write, locked to that old version, would fail.
 	b := &v1alpha1.BackupStorageLocationServer{}
-	if err := r.Client.Get(ctx, req.NamespacedName, b); err != nil {
+	if err := r.APIReader.Get(ctx, req.NamespacedName, b); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.forget(req.NamespacedName)
 			return ctrl.Result{}, r.releaseCA(ctx, req.NamespacedName)
