@@ -418,11 +418,13 @@ func settledVMMessage(server types.NamespacedName, d v1alpha1.DamagedVM) string 
 }
 
 // liveNotices returns the notices of decision d for BSLS orig (as read
-// from the cache at the start of the pass), diffed again against the
-// status the API server holds when they are not none: a pass that follows
-// the last one's status write before the cache does would otherwise
-// announce the same damage again. Read around the cache only then, so
-// that a pass with nothing to announce costs no request.
+// at the start of the pass), diffed again against the status the API
+// server holds when they are not none. The pass reads its BSLS around the
+// cache already (reconcile), so this second read only catches a status
+// written since by another writer; it stays because a notice, unlike the
+// BSLS's Events, is recorded before the status write and cannot be taken
+// back. Read only then, so that a pass with nothing to announce costs no
+// request.
 func (r *Reconciler) liveNotices(ctx context.Context, orig *v1alpha1.BackupStorageLocationServer, d decision) ([]vmNotice, error) {
 	if len(d.VMNotices) == 0 {
 		return nil, nil
