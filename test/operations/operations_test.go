@@ -52,7 +52,6 @@ var _ = Describe("An admin over the years", Ordered, func() {
 
 	BeforeAll(func() {
 		first = startCluster()
-		DeferCleanup(first.lose)
 		first.createNamespaces()
 		var err error
 		port, err = testbed.FreePorts(2)
@@ -157,7 +156,6 @@ var _ = Describe("An admin over the years", Ordered, func() {
 
 		By("restoring the kept objects into a new cluster, then attaching the same storage")
 		second := startCluster()
-		DeferCleanup(second.lose)
 		second.createNamespaces()
 		for _, obj := range []client.Object{carried.repositoryPassword.DeepCopy(), carried.ca.DeepCopy(), carried.vmSecret.DeepCopy(), carried.vm.DeepCopy()} {
 			Expect(second.API.Client.Create(ctx, obj)).To(Succeed(), "restore %T %s", obj, obj.GetName())
@@ -191,7 +189,6 @@ var _ = Describe("An admin over the years", Ordered, func() {
 
 	It("without the old CA: a new pin, the VM's bootstrap rendered again, and the guest reconnects at its next boot", func() {
 		third := startCluster()
-		DeferCleanup(third.lose)
 		third.createNamespaces()
 		for _, obj := range []client.Object{carried.repositoryPassword.DeepCopy(), carried.vmSecret.DeepCopy(), carried.vm.DeepCopy()} {
 			Expect(third.API.Client.Create(ctx, obj)).To(Succeed(), "restore %T %s", obj, obj.GetName())

@@ -45,7 +45,6 @@ var _ = Describe("A BSLS with three server pods on one shared claim", Ordered, f
 
 	BeforeAll(func() {
 		c = startCluster()
-		DeferCleanup(c.lose)
 		c.createNamespaces()
 		first, err := testbed.FreePorts(2 * replicas)
 		Expect(err).NotTo(HaveOccurred())

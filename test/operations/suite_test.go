@@ -63,20 +63,40 @@ var _ = BeforeSuite(func() { ctx = context.Background() })
 // storage. Temporary folders (the repository claim) outlive it.
 type cluster struct {
 	testbed.TB
+	// root holds every folder the cluster asks for (TempDir).
+	root     string
 	mu       sync.Mutex
 	cleanups []func()
 	*local.Platform
 }
 
 // startCluster starts a new cluster: its own API server, KubeVirt and
-// guestbackup.
+// guestbackup, lost when the calling node ends at the latest.
 func startCluster() *cluster {
 	GinkgoHelper()
 	// cluster cannot skip: GinkgoT() can.
 	testbed.RequireTestBed(GinkgoT())
-	c := &cluster{TB: GinkgoT()}
+	// The root is asked for before the caller registers lose, so Ginkgo,
+	// which runs cleanups last registered first, removes it only once
+	// every process of the cluster has stopped.
+	c := &cluster{TB: GinkgoT(), root: GinkgoT().TempDir()}
+	// Registered before it starts, so a start that fails halfway stops
+	// what it started.
+	DeferCleanup(c.lose)
 	c.Platform = local.Start(c, local.Options{Logger: GinkgoLogr})
 	return c
+}
+
+// TempDir returns a new folder under the cluster's root. GinkgoT's own
+// would be removed at the end of the node that asked for it, before lose
+// when asked for after it was registered: a repository claim removed under
+// a running Kopia server, which fails the removal ("directory not empty")
+// as the server writes its session markers.
+func (c *cluster) TempDir() string {
+	GinkgoHelper()
+	dir, err := os.MkdirTemp(c.root, "")
+	Expect(err).NotTo(HaveOccurred())
+	return dir
 }
 
 // Cleanup registers f to run when the cluster is lost.
@@ -120,14 +140,13 @@ func (c *cluster) createNamespaces() {
 // newBSLS is the admin's BSLS: a filesystem repository, guests of
 // admitted namespaces, reached on a loopback port (its clientURL, which
 // the server's certificate names).
-// startBSLS starts a cluster, lost when the calling container ends, with
+// startBSLS starts a cluster, lost when the calling node ends, with
 // its namespaces, and returns it with a BSLS (newBSLS, not created yet)
 // and the free server port it is to be served on (the client port is the
 // next one).
 func startBSLS() (*cluster, *v1alpha1.BackupStorageLocationServer, int) {
 	GinkgoHelper()
 	c := startCluster()
-	DeferCleanup(c.lose)
 	c.createNamespaces()
 	port, err := testbed.FreePorts(2)
 	Expect(err).NotTo(HaveOccurred())
