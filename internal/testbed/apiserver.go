@@ -146,15 +146,18 @@ func StartAPIServer(tb TB, opts APIServerOptions) *APIServer {
 			tb.Fatalf("configure API server: %v", err)
 		}
 	}
-	cfg, err := env.Start()
-	if err != nil {
-		tb.Fatalf("start API server (kube-apiserver and etcd from %s): %v", tools.Assets, err)
-	}
+	// Registered before the start: envtest stops nothing when it fails
+	// after the control plane is up (installing a CRD or a webhook), and
+	// Stop stops only what started.
 	tb.Cleanup(func() {
 		if err := env.Stop(); err != nil {
 			tb.Logf("stop API server: %v", err)
 		}
 	})
+	cfg, err := env.Start()
+	if err != nil {
+		tb.Fatalf("start API server (kube-apiserver and etcd from %s): %v", tools.Assets, err)
+	}
 	c, err := client.New(cfg, client.Options{Scheme: scheme})
 	if err != nil {
 		tb.Fatalf("API server client: %v", err)
