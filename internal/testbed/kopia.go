@@ -353,8 +353,16 @@ func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
 // RunWithPassword runs a kopia command with the client's configuration and
 // password in KOPIA_PASSWORD, never in its arguments.
 func (c *KopiaClient) RunWithPassword(ctx context.Context, password string, args ...string) (string, error) {
+	return c.RunWithEnv(ctx, []string{"KOPIA_PASSWORD=" + password}, args...)
+}
+
+// RunWithEnv runs a kopia command with the client's configuration and env
+// added to its environment: the repository password and a storage's
+// credentials (a client that connects to the storage itself), never in
+// its arguments.
+func (c *KopiaClient) RunWithEnv(ctx context.Context, env []string, args ...string) (string, error) {
 	args = append(args, "--config-file="+c.ConfigFile)
-	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia, args...)
+	return Run(ctx, kopiaCommandTimeout, c.dir, c.env(env...), c.tools.Kopia, args...)
 }
 
 // env is kopiaEnv with the client's trust: Go reads its roots from these
