@@ -7,7 +7,6 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
-	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -16,11 +15,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
 	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
@@ -75,25 +76,28 @@ type dataPath struct {
 	// clients are connected kopia CLIs, parallelUploads of them: the first
 	// takes the serial rounds.
 	clients []*testbed.KopiaClient
-	// server are the processes whose CPU the path's server side spends;
-	// none when the client writes the storage itself.
-	server []*testbed.Process
+	// server are the processes whose CPU the path's server side spends,
+	// by name (a server pod's containers); none when the client writes the
+	// storage itself.
+	server map[string]*testbed.Process
 
 	snapshot, restore, cpuPerGiB, parallel []float64
+	// cpuPerGiBOf is cpuPerGiB by server process, where there are several.
+	cpuPerGiBOf map[string][]float64
 }
 
-// serverCPU is what the path's server processes have spent so far.
-func (p *dataPath) serverCPU(b *testing.B) time.Duration {
+// serverCPU is what each of the path's server processes has spent so far.
+func (p *dataPath) serverCPU(b *testing.B) map[string]time.Duration {
 	b.Helper()
-	var sum time.Duration
-	for _, proc := range p.server {
+	spent := map[string]time.Duration{}
+	for name, proc := range p.server {
 		cpu, err := proc.CPU()
 		if err != nil {
-			b.Fatalf("%s: CPU of the server: %v", p.name, err)
+			b.Fatalf("%s: CPU of %s: %v", p.name, name, err)
 		}
-		sum += cpu
+		spent[name] = cpu
 	}
-	return sum
+	return spent
 }
 
 func measureDataPath(b *testing.B, s3 bool) {
@@ -125,6 +129,9 @@ func measureDataPath(b *testing.B, s3 bool) {
 	}
 	for _, p := range []*dataPath{server, product} {
 		b.ReportMetric(median(p.cpuPerGiB), "server-cpu-s/GiB/"+p.name)
+		for name, of := range p.cpuPerGiBOf {
+			b.ReportMetric(median(of), "server-cpu-s/GiB/"+p.name+"/"+name)
+		}
 	}
 	b.ReportMetric(median(product.snapshot)/median(server.snapshot), "snapshot-ratio")
 	b.ReportMetric(median(product.restore)/median(server.restore), "restore-ratio")
@@ -146,8 +153,15 @@ func (p *dataPath) measureSerial(ctx context.Context, b *testing.B, source strin
 		b.Fatalf("%s: snapshot: %v\n%s", p.name, err, out)
 	}
 	p.snapshot = append(p.snapshot, time.Since(start).Seconds())
-	spent := p.serverCPU(b) - cpu
-	p.cpuPerGiB = append(p.cpuPerGiB, spent.Seconds()/(float64(dataPathBytes)/(1<<30)))
+	const gib = float64(dataPathBytes) / (1 << 30)
+	var spent time.Duration
+	for name, after := range p.serverCPU(b) {
+		spent += after - cpu[name]
+		if len(p.server) > 1 {
+			p.cpuPerGiBOf[name] = append(p.cpuPerGiBOf[name], (after-cpu[name]).Seconds()/gib)
+		}
+	}
+	p.cpuPerGiB = append(p.cpuPerGiB, spent.Seconds()/gib)
 	ids, err := c.SnapshotIDs(ctx, source)
 	if err != nil || len(ids) != 1 {
 		b.Fatalf("%s: snapshots of %s: %v %v, want the one just taken", p.name, source, ids, err)
@@ -244,7 +258,7 @@ func plainServerPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *d
 	const user = "guest@bench"
 	password := testbed.RandomPassword()
 	server.AddUser(b, user, password)
-	p := &dataPath{name: "server", server: []*testbed.Process{server.Process}}
+	p := &dataPath{name: "server", server: map[string]*testbed.Process{"kopia": server.Process}}
 	for range parallelUploads {
 		c := testbed.NewKopiaClient(b)
 		if out, err := c.Connect(ctx, server.URL, server.CA.CertPEM(), user, password); err != nil {
@@ -260,6 +274,8 @@ func plainServerPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *d
 func productPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *dataPath {
 	b.Helper()
 	const ns, vm = "bench", "web"
+	// The managers log through controller-runtime's global logger.
+	ctrllog.SetLogger(logr.Discard())
 	platform := local.Start(b, local.Options{})
 	c := platform.API.Client
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}); err != nil {
@@ -312,10 +328,9 @@ func productPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *dataP
 	if err := c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls); err != nil {
 		b.Fatal(err)
 	}
-	p := &dataPath{name: "product"}
-	for _, name := range slices.Sorted(maps.Keys(pod.Containers)) {
-		p.server = append(p.server, pod.Containers[name])
-	}
+	// The session gate runs in container user-sync, Kopia's server in
+	// container kopia.
+	p := &dataPath{name: "product", server: pod.Containers, cpuPerGiBOf: map[string][]float64{}}
 	user, password := string(secret.Data[v1alpha1.SecretKeyUsername]), string(secret.Data[v1alpha1.SecretKeyPassword])
 	first := testbed.NewKopiaClient(b)
 	// The server pod provisions the VM's user shortly after the webhook
