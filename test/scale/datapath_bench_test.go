@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -55,10 +56,11 @@ const (
 // or rounds), snapshots them on each path in turn (the order rotates per
 // round), restores each snapshot and checks it byte for byte, then runs
 // parallelUploads snapshots at once per path. It reports the medians of
-// the rounds: seconds per snapshot and restore on each path, the server
-// side's CPU seconds per GiB uploaded (the server pod's containers, the
-// session gate with Kopia's server; the plain server's process), the
-// aggregate MiB/s of the parallel uploads, and product ÷ server ratios.
+// the rounds: seconds per snapshot and restore on each path; the server
+// side's CPU seconds per GiB snapshotted and per GiB restored (the plain
+// server's process; the server pod's, in all and by container: the
+// session gate in user-sync, Kopia's server in kopia); the aggregate MiB/s
+// of the parallel uploads; and product ÷ server ratios.
 func BenchmarkDataPath(b *testing.B) {
 	testbed.RequireTestBed(b)
 	for _, storage := range []string{"filesystem", "s3"} {
@@ -81,9 +83,11 @@ type dataPath struct {
 	// storage itself.
 	server map[string]*testbed.Process
 
-	snapshot, restore, cpuPerGiB, parallel []float64
-	// cpuPerGiBOf is cpuPerGiB by server process, where there are several.
-	cpuPerGiBOf map[string][]float64
+	snapshot, restore, parallel []float64
+	// cpuPerGiB is the server side's CPU seconds per GiB snapshotted
+	// ("snapshot") and restored ("restore"), in all and, where there are
+	// several server processes, by process ("snapshot/<name>").
+	cpuPerGiB map[string][]float64
 }
 
 // serverCPU is what each of the path's server processes has spent so far.
@@ -128,14 +132,16 @@ func measureDataPath(b *testing.B, s3 bool) {
 		b.ReportMetric(median(p.parallel), "parallel-MiB/s/"+p.name)
 	}
 	for _, p := range []*dataPath{server, product} {
-		b.ReportMetric(median(p.cpuPerGiB), "server-cpu-s/GiB/"+p.name)
-		for name, of := range p.cpuPerGiBOf {
-			b.ReportMetric(median(of), "server-cpu-s/GiB/"+p.name+"/"+name)
+		for key, of := range p.cpuPerGiB {
+			// server-cpu-s/GiB-snapshot/product/user-sync
+			what, process, _ := strings.Cut(key, "/")
+			b.ReportMetric(median(of), strings.TrimSuffix("server-cpu-s/GiB-"+what+"/"+p.name+"/"+process, "/"))
 		}
 	}
 	b.ReportMetric(median(product.snapshot)/median(server.snapshot), "snapshot-ratio")
 	b.ReportMetric(median(product.restore)/median(server.restore), "restore-ratio")
-	b.ReportMetric(median(product.cpuPerGiB)/median(server.cpuPerGiB), "cpu-ratio")
+	b.ReportMetric(median(product.cpuPerGiB["snapshot"])/median(server.cpuPerGiB["snapshot"]), "cpu-ratio")
+	b.ReportMetric(median(product.cpuPerGiB["restore"])/median(server.cpuPerGiB["restore"]), "restore-cpu-ratio")
 	b.ReportMetric(median(product.parallel)/median(server.parallel), "parallel-ratio")
 	b.Logf("per round, snapshot s: direct %v server %v product %v; restore s: direct %v server %v product %v; server CPU s/GiB: server %v product %v; %d×%d MiB at once, MiB/s: direct %v server %v product %v",
 		direct.snapshot, server.snapshot, product.snapshot, direct.restore, server.restore, product.restore,
@@ -147,21 +153,11 @@ func measureDataPath(b *testing.B, s3 bool) {
 func (p *dataPath) measureSerial(ctx context.Context, b *testing.B, source string, sums map[string][32]byte) {
 	b.Helper()
 	c := p.clients[0]
-	cpu := p.serverCPU(b)
-	start := time.Now()
-	if out, err := c.Run(ctx, "snapshot", "create", source); err != nil {
-		b.Fatalf("%s: snapshot: %v\n%s", p.name, err, out)
-	}
-	p.snapshot = append(p.snapshot, time.Since(start).Seconds())
-	const gib = float64(dataPathBytes) / (1 << 30)
-	var spent time.Duration
-	for name, after := range p.serverCPU(b) {
-		spent += after - cpu[name]
-		if len(p.server) > 1 {
-			p.cpuPerGiBOf[name] = append(p.cpuPerGiBOf[name], (after-cpu[name]).Seconds()/gib)
+	p.snapshot = append(p.snapshot, p.timed(b, "snapshot", func() {
+		if out, err := c.Run(ctx, "snapshot", "create", source); err != nil {
+			b.Fatalf("%s: snapshot: %v\n%s", p.name, err, out)
 		}
-	}
-	p.cpuPerGiB = append(p.cpuPerGiB, spent.Seconds()/gib)
+	}))
 	ids, err := c.SnapshotIDs(ctx, source)
 	if err != nil || len(ids) != 1 {
 		b.Fatalf("%s: snapshots of %s: %v %v, want the one just taken", p.name, source, ids, err)
@@ -169,17 +165,39 @@ func (p *dataPath) measureSerial(ctx context.Context, b *testing.B, source strin
 	id := ids[0]
 
 	target := filepath.Join(b.TempDir(), "restored")
-	start = time.Now()
-	if out, err := c.Run(ctx, "snapshot", "restore", id, target); err != nil {
-		b.Fatalf("%s: restore: %v\n%s", p.name, err, out)
-	}
-	p.restore = append(p.restore, time.Since(start).Seconds())
+	p.restore = append(p.restore, p.timed(b, "restore", func() {
+		if out, err := c.Run(ctx, "snapshot", "restore", id, target); err != nil {
+			b.Fatalf("%s: restore: %v\n%s", p.name, err, out)
+		}
+	}))
 	if err := sameFiles(target, sums); err != nil {
 		b.Fatalf("%s: restored %s: %v", p.name, id, err)
 	}
 	if err := os.RemoveAll(target); err != nil {
 		b.Fatal(err)
 	}
+}
+
+// timed runs f, which moves dataPathBytes, and returns its seconds; it
+// records what the server side spent meanwhile under what.
+func (p *dataPath) timed(b *testing.B, what string, f func()) float64 {
+	b.Helper()
+	before := p.serverCPU(b)
+	start := time.Now()
+	f()
+	elapsed := time.Since(start).Seconds()
+	const gib = float64(dataPathBytes) / (1 << 30)
+	var spent time.Duration
+	for name, after := range p.serverCPU(b) {
+		spent += after - before[name]
+		if len(p.server) > 1 {
+			p.cpuPerGiB[what+"/"+name] = append(p.cpuPerGiB[what+"/"+name], (after-before[name]).Seconds()/gib)
+		}
+	}
+	if len(p.server) > 0 {
+		p.cpuPerGiB[what] = append(p.cpuPerGiB[what], spent.Seconds()/gib)
+	}
+	return elapsed
 }
 
 // measureParallel snapshots parallelUploads fresh trees at once, one per
@@ -228,7 +246,7 @@ func directPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *dataPa
 	} else {
 		storage = []string{"filesystem", "--path=" + filepath.Join(b.TempDir(), "repository")}
 	}
-	p := &dataPath{name: "direct"}
+	p := &dataPath{name: "direct", cpuPerGiB: map[string][]float64{}}
 	for i := range parallelUploads {
 		c := testbed.NewKopiaClient(b)
 		verb := "connect"
@@ -258,7 +276,7 @@ func plainServerPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *d
 	const user = "guest@bench"
 	password := testbed.RandomPassword()
 	server.AddUser(b, user, password)
-	p := &dataPath{name: "server", server: map[string]*testbed.Process{"kopia": server.Process}}
+	p := &dataPath{name: "server", server: map[string]*testbed.Process{"kopia": server.Process}, cpuPerGiB: map[string][]float64{}}
 	for range parallelUploads {
 		c := testbed.NewKopiaClient(b)
 		if out, err := c.Connect(ctx, server.URL, server.CA.CertPEM(), user, password); err != nil {
@@ -330,7 +348,7 @@ func productPath(ctx context.Context, b *testing.B, minio *testbed.MinIO) *dataP
 	}
 	// The session gate runs in container user-sync, Kopia's server in
 	// container kopia.
-	p := &dataPath{name: "product", server: pod.Containers, cpuPerGiBOf: map[string][]float64{}}
+	p := &dataPath{name: "product", server: pod.Containers, cpuPerGiB: map[string][]float64{}}
 	user, password := string(secret.Data[v1alpha1.SecretKeyUsername]), string(secret.Data[v1alpha1.SecretKeyPassword])
 	first := testbed.NewKopiaClient(b)
 	// The server pod provisions the VM's user shortly after the webhook
