@@ -56,6 +56,10 @@ type KopiaServerOptions struct {
 	// RefreshInterval is the server's --refresh-interval; zero: Kopia's
 	// default (4 h).
 	RefreshInterval time.Duration
+	// Htpasswd starts the server with --htpasswd-file, as a server pod
+	// does: an empty file at KopiaServer.HtpasswdFile, which the test
+	// writes (user sync does in a pod) and a refresh reloads.
+	Htpasswd bool
 }
 
 // refreshArgs is `kopia server start`'s flag for a refresh interval d,
@@ -91,6 +95,9 @@ type KopiaServer struct {
 	// ControlPassword is the password of the server's control user (its
 	// name is ControlUsername).
 	ControlPassword string
+	// HtpasswdFile is the server's --htpasswd-file (KopiaServerOptions.
+	// Htpasswd); empty without one.
+	HtpasswdFile string
 
 	tools       Tools
 	dir         string
@@ -161,6 +168,14 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		tb.Fatalf("%v", err)
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
+	var htpasswd []string
+	if opts.Htpasswd {
+		s.HtpasswdFile = filepath.Join(s.dir, "htpasswd")
+		if err := os.WriteFile(s.HtpasswdFile, nil, 0o600); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		htpasswd = []string{"--htpasswd-file=" + s.HtpasswdFile}
+	}
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),
 		Path: tools.Kopia,
@@ -172,7 +187,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 			"--tls-key-file=" + keyFile,
 			"--server-control-username=" + ControlUsername,
 			"--no-ui",
-		}, refreshArgs(opts.RefreshInterval)...),
+		}, append(refreshArgs(opts.RefreshInterval), htpasswd...)...),
 		Env: kopiaEnv(
 			"KOPIA_PASSWORD="+s.RepoPassword,
 			"KOPIA_SERVER_CONTROL_PASSWORD="+s.ControlPassword,

@@ -84,7 +84,7 @@ type Verifier struct {
 }
 
 // New returns a Verifier.
-func New(o Options) (*Verifier, error) {
+func New(o Options) *Verifier {
 	if o.Parallel <= 0 {
 		o.Parallel = runtime.GOMAXPROCS(0)
 	}
@@ -94,16 +94,15 @@ func New(o Options) (*Verifier, error) {
 	if o.Match == nil {
 		o.Match = identity.Hash.Matches
 	}
+	// crypto/rand.Read never fails: it crashes the program rather.
 	key := make([]byte, 32)
-	if _, err := rand.Read(key); err != nil {
-		return nil, fmt.Errorf("generate the key of remembered verifications: %w", err)
-	}
+	_, _ = rand.Read(key)
 	v := &Verifier{
 		key: key, slots: make(chan struct{}, o.Parallel), capacity: o.Capacity, match: o.Match,
 		known: map[string][sha256.Size]byte{},
 	}
 	v.macs.New = func() any { return hmac.New(sha256.New, v.key) }
-	return v, nil
+	return v
 }
 
 // Verify reports whether password matches h, user's stored hash now. A
