@@ -37,6 +37,7 @@ import (
 	"hash"
 	"runtime"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -54,6 +55,15 @@ var Verifications = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "guestbackup_server_password_verifications_total",
 	Help: "Guests' passwords the server pod verified: by a hash, or from memory of an earlier verification of the same password against the same stored hash.",
 }, []string{"by", "result"})
+
+// HashSeconds is the time the pod's verifications spent hashing
+// (guestbackup_server_password_hash_seconds_total): its rate is how many
+// hashes ran at once on average, which the pod's cores and Options.Parallel
+// bound.
+var HashSeconds = prometheus.NewCounter(prometheus.CounterOpts{
+	Name: "guestbackup_server_password_hash_seconds_total",
+	Help: "Time guests' password verifications spent hashing; its rate is the hashes running at once on average.",
+})
 
 // Options configure a Verifier.
 type Options struct {
@@ -169,6 +179,8 @@ func (v *Verifier) hash(ctx context.Context, h identity.Hash, password string) (
 		return false, fmt.Errorf("wait to verify a password: %w", context.Cause(ctx))
 	}
 	defer func() { <-v.slots }()
+	start := time.Now()
+	defer func() { HashSeconds.Add(time.Since(start).Seconds()) }()
 	return v.match(h, password), nil
 }
 

@@ -155,6 +155,11 @@ var _ = Describe("Logins verified by the server pod's gate", Ordered, func() {
 		Expect(pod.open(GinkgoT(), victim.user, victim.password)).To(Succeed())
 		Expect(verifications("hash", "match")).To(Equal(hashed), "hashes for a returning guest")
 		Expect(verifications("memory", "match")).To(BeNumerically(">=", remembered+1))
+
+		remembered = verifications("memory", "match")
+		Expect(pod.syncer.Authenticate(victim.user, victim.password)).To(BeTrue(), "a report to the client port, by the same path")
+		Expect(verifications("hash", "match")).To(Equal(hashed), "hashes for a returning guest's report")
+		Expect(verifications("memory", "match")).To(Equal(remembered + 1))
 	})
 
 	It("refuses a wrong password for a remembered user, at the cost of a hash, as for a user nobody lists", func() {
