@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -471,4 +473,23 @@ func OpenKopiaSession(ctx context.Context, tb TB, url, pin, username, password s
 	}
 	tb.Cleanup(func() { _ = r.Close(context.Background()) })
 	return r, nil
+}
+
+// NewKopiaSessionRequest is the request that opens a Kopia session at
+// baseURL (a server or a server pod's gate) by hand, as Kopia's client
+// would: its one gRPC method, with the credentials of username (user@host)
+// in the metadata and body as its messages. Tests send it over HTTP/2 to
+// do what anyone who reaches the port can, without a Kopia client.
+func NewKopiaSessionRequest(ctx context.Context, baseURL, username, password string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/kopia_repository.KopiaRepository/Session", body)
+	if err != nil {
+		return nil, err
+	}
+	user, host, _ := strings.Cut(username, "@")
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("Kopia-Username", user)
+	req.Header.Set("Kopia-Hostname", host)
+	req.Header.Set("Kopia-Password", password)
+	return req, nil
 }

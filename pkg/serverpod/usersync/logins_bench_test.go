@@ -1,6 +1,7 @@
 package usersync_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -10,7 +11,6 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -48,16 +48,10 @@ func newLoginClient(url string, ca *x509.Certificate) *loginClient {
 // the session right after the login (its handshake wants more), with a
 // status other than the ones of a refused login.
 func (c *loginClient) login(ctx context.Context, username, password string) error {
-	user, host, _ := strings.Cut(username, "@")
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url+"/kopia_repository.KopiaRepository/Session", strings.NewReader("\x00\x00\x00\x00\x00"))
+	req, err := testbed.NewKopiaSessionRequest(ctx, c.url, username, password, bytes.NewReader(make([]byte, 5)))
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("Te", "trailers")
-	req.Header.Set("Kopia-Username", user)
-	req.Header.Set("Kopia-Hostname", host)
-	req.Header.Set("Kopia-Password", password)
 	resp, err := c.client.Do(req)
 	if err != nil {
 		return err
