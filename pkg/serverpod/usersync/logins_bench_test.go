@@ -8,15 +8,19 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"golang.org/x/sync/errgroup"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -34,12 +38,18 @@ type loginClient struct {
 	client *http.Client
 }
 
-func newLoginClient(url string, ca *x509.Certificate) *loginClient {
+// newLoginClient is a loginClient of the gate at url, trusting ca, its
+// connections from loopback address ip (nil: any).
+func newLoginClient(url string, ca *x509.Certificate, ip net.IP) *loginClient {
 	pool := x509.NewCertPool()
 	pool.AddCert(ca)
 	protocols := new(http.Protocols)
 	protocols.SetHTTP2(true)
-	t := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Protocols: protocols}
+	dialer := &net.Dialer{}
+	if ip != nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	t := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Protocols: protocols, DialContext: dialer.DialContext}
 	return &loginClient{url: url, client: &http.Client{Transport: t, Timeout: 5 * time.Minute}}
 }
 
@@ -91,48 +101,15 @@ func (c *loginClient) close() { c.client.CloseIdleConnections() }
 // HTTP/2 (loginClient), 4 at a time from each of 2 connections, so that
 // what is measured is the pod's side of a login.
 func BenchmarkPodLogins(b *testing.B) {
-	testbed.RequireTestBed(b)
-	ctx := context.Background()
-	api := testbed.StartAPIServer(b, testbed.APIServerOptions{})
-	clientset := kubernetes.NewForConfigOrDie(api.Config)
-	if _, err := clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
-		b.Fatal(err)
-	}
-	pod := startGatedPod(b, api.Config, "bench", logr.Discard())
-
-	// First logins: 4 a core, each its own guest, hashed once by the
-	// controller beforehand.
-	cold := 4 * runtime.GOMAXPROCS(0)
-	passwords := map[string]string{}
-	users := map[string]identity.Hash{}
-	for i := range cold + 1 {
-		user, password := fmt.Sprintf("vm-%02d@bench", i), testbed.RandomPassword()
-		h, err := identity.NewHash(password, identity.Scrypt)
-		if err != nil {
-			b.Fatal(err)
-		}
-		passwords[user], users[user] = password, h
-	}
-	pod.setUsers(b, users)
-	warm := "vm-00@bench"
-	clients := []*loginClient{newLoginClient(pod.url, pod.server.CA.Cert), newLoginClient(pod.url, pod.server.CA.Cert)}
+	// First logins: 4 a core, each its own guest.
+	bench := startBenchPod(b, 4*runtime.GOMAXPROCS(0))
+	pod, users, passwords, warm := bench.pod, bench.users, bench.passwords, bench.warm
+	clients := []*loginClient{newLoginClient(pod.url, pod.server.CA.Cert, nil), newLoginClient(pod.url, pod.server.CA.Cert, nil)}
 	defer func() {
 		for _, c := range clients {
 			c.close()
 		}
 	}()
-	// Once the pod answers warm from memory, the Kopia server holds the
-	// credentials: every user sync wrote came with the same refresh.
-	err := testbed.WaitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
-		remembered := verifications("memory", "match")
-		if err := clients[0].login(ctx, warm, passwords[warm]); err != nil {
-			return false, err
-		}
-		return verifications("memory", "match") > remembered, nil
-	})
-	if err != nil {
-		b.Fatalf("the pod never answered a returning guest from memory: %v", err)
-	}
 
 	coldUsers := slices.DeleteFunc(slices.Sorted(maps.Keys(users)), func(u string) bool { return u == warm })
 	hashed, hashing := verifications("hash", "match"), testutil.ToFloat64(logins.HashSeconds)
@@ -178,6 +155,109 @@ func BenchmarkPodLogins(b *testing.B) {
 	b.ReportMetric(returningRate, "returning-per-s")
 	b.ReportMetric(returningRate/firstRate, "returning-x-first")
 }
+
+// benchPod is a gatedPod serving guests of its own, each hashed once
+// beforehand (the controller's work), and the warm one, which the pod has
+// verified already.
+type benchPod struct {
+	pod       *gatedPod
+	users     map[string]identity.Hash
+	passwords map[string]string
+	warm      string
+}
+
+// startBenchPod starts a gatedPod with n guests besides the warm one, and
+// returns once the Kopia server holds their credentials.
+func startBenchPod(b *testing.B, n int) *benchPod {
+	testbed.RequireTestBed(b)
+	ctx := context.Background()
+	api := testbed.StartAPIServer(b, testbed.APIServerOptions{})
+	clientset := kubernetes.NewForConfigOrDie(api.Config)
+	if _, err := clientset.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}, metav1.CreateOptions{}); err != nil {
+		b.Fatal(err)
+	}
+	p := &benchPod{pod: startGatedPod(b, api.Config, "bench", logr.Discard()), users: map[string]identity.Hash{}, passwords: map[string]string{}}
+	var mu sync.Mutex
+	var g errgroup.Group
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i := range n + 1 {
+		g.Go(func() error {
+			user, password := fmt.Sprintf("vm-%04d@bench", i), testbed.RandomPassword()
+			h, err := identity.NewHash(password, identity.Scrypt)
+			mu.Lock()
+			defer mu.Unlock()
+			p.passwords[user], p.users[user] = password, h
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatal(err)
+	}
+	p.pod.setUsers(b, p.users)
+	p.warm = "vm-0000@bench"
+	// Once the pod answers warm from memory, the Kopia server holds the
+	// credentials: every user sync wrote came with the same refresh.
+	c := newLoginClient(p.pod.url, p.pod.server.CA.Cert, nil)
+	defer c.close()
+	err := testbed.WaitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
+		remembered := verifications("memory", "match")
+		if err := c.login(ctx, p.warm, p.passwords[p.warm]); err != nil {
+			return false, err
+		}
+		return verifications("memory", "match") > remembered, nil
+	})
+	if err != nil {
+		b.Fatalf("the pod never answered a returning guest from memory: %v", err)
+	}
+	return p
+}
+
+// BenchmarkPodLoginStorm has N distinct guests (GUESTBACKUP_BENCH_STORM,
+// default 32; docs/operations.md gives 1000) log in for the first time at
+// once through one server pod, each from a loopback address of its own as
+// guests of many VMs do, and reports the time until all are in (storm-s)
+// against its floor, N × one hash ÷ the cores (floor-s), and their ratio
+// (x-floor; issue 44's goal: within 1.2).
+func BenchmarkPodLoginStorm(b *testing.B) {
+	n := 32
+	if v := os.Getenv(stormEnv); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			b.Fatalf("%s=%q: want a positive count", stormEnv, v)
+		}
+	}
+	bench := startBenchPod(b, n)
+	guests := slices.DeleteFunc(slices.Sorted(maps.Keys(bench.users)), func(u string) bool { return u == bench.warm })
+	clients := make([]*loginClient, len(guests))
+	for i := range guests {
+		clients[i] = newLoginClient(bench.pod.url, bench.pod.server.CA.Cert, net.IPv4(127, 1, byte(i/250), byte(1+i%250)))
+		defer clients[i].close()
+	}
+	hash := hashTime(b, bench.users[bench.warm], bench.passwords[bench.warm])
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
+	defer cancel()
+	b.ResetTimer()
+	start := time.Now()
+	var g errgroup.Group
+	for i, u := range guests {
+		g.Go(func() error { return clients[i].login(ctx, u, bench.passwords[u]) })
+	}
+	if err := g.Wait(); err != nil {
+		b.Fatalf("storm of %d guests: %v", n, err)
+	}
+	storm := time.Since(start)
+	b.StopTimer()
+	// The hash again, after: the host's load moves it.
+	hash = (hash + hashTime(b, bench.users[bench.warm], bench.passwords[bench.warm])) / 2
+	floor := time.Duration(n) * hash / time.Duration(runtime.GOMAXPROCS(0))
+	b.ReportMetric(storm.Seconds(), "storm-s")
+	b.ReportMetric(floor.Seconds(), "floor-s")
+	b.ReportMetric(storm.Seconds()/floor.Seconds(), "x-floor")
+	b.ReportMetric(float64(n), "guests")
+}
+
+// stormEnv sizes BenchmarkPodLoginStorm, as test/scale's BenchmarkLoginStorm.
+const stormEnv = "GUESTBACKUP_BENCH_STORM"
 
 // hashTime is the least of 3 verifications of password against h in this
 // process, one at a time.
