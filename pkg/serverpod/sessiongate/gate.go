@@ -18,11 +18,14 @@
 // that HTTP/2 flow control between guests stays what it is without the
 // gate: one guest's stalled session never holds up another's.
 //
-// Anyone who reaches the port can make Kopia verify a password, one at a
-// time for every guest of the pod, so the gate also decides which logins
-// Kopia gets (logins.go): a few at once, only those someone still waits
-// for, and few from any one address, fewer still after one failed. It
-// bounds the connections of an address, and closes idle ones.
+// Anyone who reaches the port can make the pod verify a password, so the
+// gate also decides which logins go on (logins.go): a few at once (one per
+// core), only those someone still waits for, and few from any one
+// address, fewer still after one failed. It bounds the connections of an
+// address, and closes idle ones. The directory verifies an admitted
+// login's password itself where it can, and names the credential Kopia
+// gets in its place (package logins): Kopia's own verification holds one
+// mutex around the hash for every guest of the pod.
 //
 // Kopia's server lets a user write whatever its ACL allows, and ignores
 // the read_only flag a session declares. A VM over its backup quota must
