@@ -5,8 +5,10 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,6 +58,10 @@ type KopiaServerOptions struct {
 	// RefreshInterval is the server's --refresh-interval; zero: Kopia's
 	// default (4 h).
 	RefreshInterval time.Duration
+	// Htpasswd starts the server with --htpasswd-file, as a server pod
+	// does: an empty file at KopiaServer.HtpasswdFile, which the test
+	// writes (user sync does in a pod) and a refresh reloads.
+	Htpasswd bool
 }
 
 // refreshArgs is `kopia server start`'s flag for a refresh interval d,
@@ -91,6 +97,9 @@ type KopiaServer struct {
 	// ControlPassword is the password of the server's control user (its
 	// name is ControlUsername).
 	ControlPassword string
+	// HtpasswdFile is the server's --htpasswd-file (KopiaServerOptions.
+	// Htpasswd); empty without one.
+	HtpasswdFile string
 
 	tools       Tools
 	dir         string
@@ -161,6 +170,14 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 		tb.Fatalf("%v", err)
 	}
 	s.URL = "https://127.0.0.1:" + strconv.Itoa(port)
+	var htpasswd []string
+	if opts.Htpasswd {
+		s.HtpasswdFile = filepath.Join(s.dir, "htpasswd")
+		if err := os.WriteFile(s.HtpasswdFile, nil, 0o600); err != nil {
+			tb.Fatalf("%v", err)
+		}
+		htpasswd = []string{"--htpasswd-file=" + s.HtpasswdFile}
+	}
 	s.Process = StartProcess(tb, ProcessSpec{
 		Name: "kopia-server-" + strconv.Itoa(port),
 		Path: tools.Kopia,
@@ -172,7 +189,7 @@ func StartKopiaServer(tb TB, opts KopiaServerOptions) *KopiaServer {
 			"--tls-key-file=" + keyFile,
 			"--server-control-username=" + ControlUsername,
 			"--no-ui",
-		}, refreshArgs(opts.RefreshInterval)...),
+		}, append(refreshArgs(opts.RefreshInterval), htpasswd...)...),
 		Env: kopiaEnv(
 			"KOPIA_PASSWORD="+s.RepoPassword,
 			"KOPIA_SERVER_CONTROL_PASSWORD="+s.ControlPassword,
@@ -464,4 +481,23 @@ func OpenKopiaSession(ctx context.Context, tb TB, url, pin, username, password s
 	}
 	tb.Cleanup(func() { _ = r.Close(context.Background()) })
 	return r, nil
+}
+
+// NewKopiaSessionRequest is the request that opens a Kopia session at
+// baseURL (a server or a server pod's gate) by hand, as Kopia's client
+// would: its one gRPC method, with the credentials of username (user@host)
+// in the metadata and body as its messages. Tests send it over HTTP/2 to
+// do what anyone who reaches the port can, without a Kopia client.
+func NewKopiaSessionRequest(ctx context.Context, baseURL, username, password string, body io.Reader) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, baseURL+"/kopia_repository.KopiaRepository/Session", body)
+	if err != nil {
+		return nil, err
+	}
+	user, host, _ := strings.Cut(username, "@")
+	req.Header.Set("Content-Type", "application/grpc")
+	req.Header.Set("Te", "trailers")
+	req.Header.Set("Kopia-Username", user)
+	req.Header.Set("Kopia-Hostname", host)
+	req.Header.Set("Kopia-Password", password)
+	return req, nil
 }

@@ -102,6 +102,7 @@ func TestServerCommandLines(t *testing.T) {
 func defaultServerArgs() serverargs.Init {
 	a := serverargs.NewInit()
 	a.ConfigFile, a.TLSCertFile, a.TLSCAFile, a.ChainFile = "/config/repository.config", "/tls/tls.crt", "/tls/ca.crt", "/config/tls-chain.pem"
+	a.HtpasswdFile = "/config/gate.htpasswd"
 	a.FilesystemPath, a.Namespace, a.BSLS, a.Maintenance = "/repository", "backup", "main", true
 	return a
 }
@@ -115,5 +116,6 @@ func defaultSyncArgs() serverargs.SyncUsers {
 	a.ClientAddr = "0.0.0.0:51516"
 	a.ClientBinaries = map[string]string{"amd64": "/usr/local/bin/kopia", "arm64": "/usr/local/share/guestbackup/kopia-linux-arm64"}
 	a.ChainFile, a.KeyFile = "/config/tls-chain.pem", "/tls/tls.key"
+	a.HtpasswdFile = "/config/gate.htpasswd"
 	return a
 }

@@ -45,9 +45,14 @@ const (
 	configFile = configDir + "/repository.config"
 	// chainFile is the TLS chain (leaf + CA) init writes, which the Kopia
 	// server, the session gate and the client port present.
-	chainFile  = configDir + "/tls-chain.pem"
-	tlsKeyFile = tlsDir + "/tls.key"
-	tlsCAFile  = tlsDir + "/ca.crt"
+	chainFile = configDir + "/tls-chain.pem"
+	// htpasswdFile is the Kopia server's --htpasswd-file, in the pod's
+	// own volume: init creates it, user sync writes the credentials the
+	// session gate hands the server for passwords it verified itself
+	// (package logins).
+	htpasswdFile = configDir + "/gate.htpasswd"
+	tlsKeyFile   = tlsDir + "/tls.key"
+	tlsCAFile    = tlsDir + "/ca.crt"
 
 	// ControlUsername is the server-control user of every managed server.
 	ControlUsername = "server-control"
@@ -406,6 +411,7 @@ func initArgs(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs, policy
 	a.TLSCertFile = path.Join(tlsDir, "tls.crt")
 	a.TLSCAFile = tlsCAFile
 	a.ChainFile = chainFile
+	a.HtpasswdFile = htpasswdFile
 	// Access rules are written before the server starts, so that it
 	// never serves under Kopia's legacy rules.
 	a.AppendOnly = b.Spec.Access.AppendOnly
@@ -473,6 +479,7 @@ func syncUsersArgs(b *v1alpha1.BackupStorageLocationServer, in WorkloadInputs, p
 	a.ClientBinaries = map[string]string{"amd64": KopiaBinary, "arm64": ClientBinaryARM64}
 	// Both ports present the server's own certificate.
 	a.ChainFile, a.KeyFile = chainFile, tlsKeyFile
+	a.HtpasswdFile = htpasswdFile
 	// Several pods: the one holding the Lease runs maintenance, the pod's
 	// name its identity there.
 	if SharesMaintenance(b) {
@@ -635,6 +642,9 @@ func kopiaServerArgs(b *v1alpha1.BackupStorageLocationServer) []string {
 		"--tls-cert-file=" + chainFile,
 		"--tls-key-file=" + tlsKeyFile,
 		"--server-control-username=" + ControlUsername,
+		// Checked before the repository's users, without their hash or
+		// its mutex: the gate verified the password (docs/security.md).
+		"--htpasswd-file=" + htpasswdFile,
 		"--no-ui",
 	}
 	if SharesMaintenance(b) {

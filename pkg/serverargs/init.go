@@ -22,6 +22,10 @@ type Init struct {
 	// ChainFile is where init writes the leaf and its CA, which the Kopia
 	// server presents.
 	ChainFile string
+	// HtpasswdFile is where init creates the Kopia server's
+	// --htpasswd-file, empty: user sync writes into it the credentials
+	// the session gate hands the server for passwords it verified.
+	HtpasswdFile string
 	// AppendOnly writes the append-only access rules (guests create and
 	// read their snapshots but cannot delete them) instead of the default
 	// ones, before the server starts, so that it never serves under
@@ -122,6 +126,7 @@ func (o *Init) declare(f *flags) {
 	f.string(&o.TLSCertFile, "tls-cert-file", "", "The server's certificate (tls.crt).")
 	f.string(&o.TLSCAFile, "tls-ca-file", "", "The CA that signed it (ca.crt).")
 	f.string(&o.ChainFile, "tls-chain-file", "", "Where to write leaf + CA for the server.")
+	f.string(&o.HtpasswdFile, "htpasswd-file", "", "Where to create the Kopia server's --htpasswd-file, empty: user sync writes the session gate's credentials into it.")
 	f.bool(&o.AppendOnly, "append-only", "Write the append-only access rules instead of the default ones.").always = true
 	f.string(&o.FilesystemPath, "filesystem-path", "", "Folder of a filesystem repository.")
 	f.string(&o.S3Bucket, "s3-bucket", "", "Bucket of an S3 repository.")

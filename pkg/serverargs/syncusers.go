@@ -53,6 +53,12 @@ type SyncUsers struct {
 	ChainFile string
 	// KeyFile is its key.
 	KeyFile string
+	// HtpasswdFile is the Kopia server's --htpasswd-file: user sync
+	// writes into it a credential for each user the server enforces,
+	// which the session gate hands the server for a password it verified
+	// itself (usersync.Options.HtpasswdFile); empty: the server verifies
+	// every password.
+	HtpasswdFile string
 	// MaintenanceLease, with Maintenance: run it only while this pod holds
 	// this coordination.k8s.io Lease of Namespace, so that one of several
 	// server pods runs it.
@@ -126,6 +132,7 @@ func (o *SyncUsers) declare(f *flags) {
 	f.pairs(&o.ClientBinaries, "client-binary", "arch", "path", "<arch>=<path> of a kopia client served on the client port (repeat per architecture).")
 	f.string(&o.ChainFile, "tls-chain-file", "", "The certificate chain the Kopia server presents (leaf + CA), for the gate's port and the client port.")
 	f.string(&o.KeyFile, "tls-key-file", "", "Its key.")
+	f.string(&o.HtpasswdFile, "htpasswd-file", "", "The Kopia server's --htpasswd-file: user sync writes into it the credentials the session gate hands the server for passwords it verified itself; empty: the server verifies every password.")
 	f.string(&o.MaintenanceLease, "maintenance-lease", "", "With --maintenance: run it only while this pod holds this coordination.k8s.io Lease of --namespace, so that one of several server pods runs it.")
 	f.duration(&o.VerifyInterval, "verify-interval", DefaultVerifyInterval, "With --maintenance: how often to verify the repository (every indexed content's pack is in the storage, whole; a share of packs reads back), drop lost contents so that guests upload them again, and publish it for the BSLS's RepositoryIntact condition; 0 disables it.")
 	f.int64(&o.VerifyReadBytes, "verify-read-bytes", DefaultVerifyReadBytes, "Pack bytes each verification pass reads back from the storage and decrypts; passes take the packs in turn. 0 reads none.")

@@ -18,6 +18,7 @@ func InitOptionsFrom(a serverargs.Init) (InitOptions, error) {
 	o := InitOptions{
 		PrepareOptions: PrepareOptions{
 			ConfigFile: a.ConfigFile, TLSCertFile: a.TLSCertFile, TLSCAFile: a.TLSCAFile, ChainFile: a.ChainFile,
+			HtpasswdFile: a.HtpasswdFile,
 		},
 		WorkloadIdentity: a.WorkloadIdentity,
 		AppendOnly:       a.AppendOnly,

@@ -21,6 +21,10 @@ type PrepareOptions struct {
 	// TLSCertFile and TLSCAFile are the mounted certificate Secret's
 	// tls.crt and ca.crt; ChainFile receives leaf + CA for the server.
 	TLSCertFile, TLSCAFile, ChainFile string
+	// HtpasswdFile, when set, is created empty: the Kopia server's
+	// --htpasswd-file must exist when it starts, and user sync writes the
+	// credentials of its own process there.
+	HtpasswdFile string
 }
 
 // Prepare connects to (or creates) the repository and writes the chain the
@@ -40,6 +44,11 @@ func Prepare(ctx context.Context, o PrepareOptions) (created bool, err error) {
 	}
 	if err := os.WriteFile(o.ChainFile, chain, 0o600); err != nil {
 		return false, fmt.Errorf("write %s: %w", o.ChainFile, err)
+	}
+	if o.HtpasswdFile != "" {
+		if err := os.WriteFile(o.HtpasswdFile, nil, 0o600); err != nil {
+			return false, fmt.Errorf("create %s: %w", o.HtpasswdFile, err)
+		}
 	}
 	return ConnectOrCreate(ctx, o.Storage, o.ConfigFile, o.Password, o.Defaults)
 }

@@ -40,6 +40,7 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
+	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -108,8 +109,9 @@ type Server struct {
 	// mu guards sources: the downloads in flight per source address.
 	mu      sync.Mutex
 	sources map[string]int
-	// logins allows one password check at a time: each costs Kopia's
-	// hash (64 MiB for scrypt).
+	// logins bounds the password checks under way, one per core: each
+	// may cost a hash (64 MiB for scrypt), which user sync's verifier
+	// runs on any free core, or none for a password it verified before.
 	logins chan struct{}
 }
 
@@ -145,7 +147,7 @@ func Open(o Options) (*Server, error) {
 		status:    v1alpha1.ClientStatus{SHA256: map[string]string{}},
 		downloads: make(chan struct{}, o.MaxDownloads),
 		sources:   map[string]int{},
-		logins:    make(chan struct{}, 1),
+		logins:    make(chan struct{}, runtime.GOMAXPROCS(0)),
 	}
 	for _, arch := range slices.Sorted(maps.Keys(o.Binaries)) {
 		b, sum, version, err := openBinary(o.Binaries[arch])

@@ -58,9 +58,6 @@ func serveGate(tb testbed.TB, srv *testbed.KopiaServer, o sessiongate.Options) (
 	return g, "https://" + ln.Addr().String()
 }
 
-// sessionPath is Kopia's one gRPC method, the session.
-const sessionPath = "/kopia_repository.KopiaRepository/Session"
-
 // attacker sends Kopia session requests by hand, from one loopback
 // address, over one HTTP/2 connection: what anyone who reaches the port
 // can do without a password.
@@ -95,16 +92,10 @@ func (a *attacker) login(ctx context.Context, username, password string) (status
 	// A first message, as a client sends at once (an empty one: Kopia
 	// verifies the password before it reads any), then nothing more.
 	go func() { _, _ = hold.Write(make([]byte, 5)) }()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, a.url+sessionPath, body)
+	req, err := testbed.NewKopiaSessionRequest(ctx, a.url, username, password, body)
 	if err != nil {
 		return "", "", err
 	}
-	user, host, _ := strings.Cut(username, "@")
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("Te", "trailers")
-	req.Header.Set("Kopia-Username", user)
-	req.Header.Set("Kopia-Hostname", host)
-	req.Header.Set("Kopia-Password", password)
 	resp, err := a.client.Do(req)
 	if err != nil {
 		return "", "", err

@@ -18,11 +18,14 @@
 // that HTTP/2 flow control between guests stays what it is without the
 // gate: one guest's stalled session never holds up another's.
 //
-// Anyone who reaches the port can make Kopia verify a password, one at a
-// time for every guest of the pod, so the gate also decides which logins
-// Kopia gets (logins.go): a few at once, only those someone still waits
-// for, and few from any one address, fewer still after one failed. It
-// bounds the connections of an address, and closes idle ones.
+// Anyone who reaches the port can make the pod verify a password, so the
+// gate also decides which logins go on (logins.go): a few at once (one per
+// core), only those someone still waits for, and few from any one
+// address, fewer still after one failed. It bounds the connections of an
+// address, and closes idle ones. The directory verifies an admitted
+// login's password itself where it can, and names the credential Kopia
+// gets in its place (package logins): Kopia's own verification holds one
+// mutex around the hash for every guest of the pod.
 //
 // Kopia's server lets a user write whatever its ACL allows, and ignores
 // the read_only flag a session declares. A VM over its backup quota must
@@ -50,6 +53,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -106,12 +110,12 @@ var OpenSessions = prometheus.NewGauge(prometheus.GaugeOpts{
 })
 
 // SessionsStarted counts the Kopia sessions guests opened through the gate
-// (guestbackup_server_sessions_started_total): each is one password the
-// Kopia server verified, accepted or not, so its rate is the server's
-// login rate.
+// (guestbackup_server_sessions_started_total): each is one login the
+// directory admitted, whose password the Kopia server or the directory
+// verified, so its rate is the pod's login rate.
 var SessionsStarted = prometheus.NewCounter(prometheus.CounterOpts{
 	Name: "guestbackup_server_sessions_started_total",
-	Help: "Kopia sessions guests opened with this server pod: each one a password the server verified.",
+	Help: "Kopia sessions guests opened with this server pod: each one a login, its password verified by a hash or from memory (guestbackup_server_password_verifications_total).",
 })
 
 // Collectors are the gate's metrics, for the user-sync container's
@@ -128,8 +132,9 @@ type Options struct {
 	// TLS is how the gate trusts it (serverpod.TrustChain).
 	TLS *tls.Config
 	// LoginsInFlight, LoginsPerSource and ConnectionsPerSource bound what
-	// guests may cost the server; zero: DefaultLoginsInFlight,
-	// DefaultLoginsPerSource, DefaultConnectionsPerSource.
+	// guests may cost the server; zero: DefaultLoginsInFlight or
+	// GOMAXPROCS, whichever is more, DefaultLoginsPerSource,
+	// DefaultConnectionsPerSource.
 	LoginsInFlight       int
 	LoginsPerSource      int
 	ConnectionsPerSource int
@@ -155,10 +160,14 @@ type Options struct {
 // a user removed from the BSLS, or the old password of a rotated one,
 // would still open sessions, for as long as the storage refuses writes.
 type Directory interface {
-	// Admits returns nil when user (user@host) may open a session with
-	// password, else why not. It may verify the password (one hash), so
-	// the gate asks only for a login the login limiter admitted.
-	Admits(user, password string) error
+	// Admits returns the password to hand the Kopia server when user
+	// (user@host) may open a session with password, else why not. It may
+	// verify the password (one hash, on any free core), so the gate asks
+	// only for a login the login limiter admitted, and gives up with ctx.
+	// The password it returns is password itself, for the server to
+	// verify, or a credential of the pod's own that the server checks
+	// without a slow hash, for a password it verified.
+	Admits(ctx context.Context, user, password string) (string, error)
 }
 
 // Gate forwards guests' requests to the Kopia server and can end the
@@ -215,7 +224,9 @@ func New(o Options) (*Gate, error) {
 		o.Clock = clock.RealClock{}
 	}
 	if o.LoginsInFlight <= 0 {
-		o.LoginsInFlight = DefaultLoginsInFlight
+		// A directory that verifies passwords itself does so on every
+		// core.
+		o.LoginsInFlight = max(DefaultLoginsInFlight, runtime.GOMAXPROCS(0))
 	}
 	if o.LoginsPerSource <= 0 {
 		o.LoginsPerSource = DefaultLoginsPerSource
@@ -454,14 +465,21 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// (http.ErrAbortHandler), as it does when End cuts it mid-response.
 	defer g.untrack(user, s)
 	if g.directory != nil {
-		if err := g.directory.Admits(user, password); err != nil {
+		upstream, err := g.directory.Admits(r.Context(), user, password)
+		if err != nil {
 			r.Context().Value(loginKey{}).(*loginTicket).done(loginDenied)
+			if r.Context().Err() != nil {
+				return // the guest went away
+			}
 			g.log.V(1).Info("session refused before the Kopia server", "user", user, "source", sourceOf(r.RemoteAddr), "why", err.Error())
 			// Kopia's own words for a login it refuses, so that the
 			// guest's client says "access denied" as it would there.
 			writeGRPCError(w, grpcPermissionDenied, "access denied for "+user)
 			return
 		}
+		// The proxy copies the guest's header: what Kopia reads is the
+		// credential the directory chose.
+		r.Header.Set("Kopia-Password", upstream)
 	}
 	SessionsStarted.Inc()
 	if g.writes == nil {

@@ -193,7 +193,10 @@ var _ = Describe("The session gate", Ordered, func() {
 // a server pod.
 type directoryFunc func(user, password string) error
 
-func (f directoryFunc) Admits(user, password string) error { return f(user, password) }
+// Admits leaves the password to the Kopia server.
+func (f directoryFunc) Admits(_ context.Context, user, password string) (string, error) {
+	return password, f(user, password)
+}
 
 // The Kopia server knows the users user sync could write into the
 // repository; on a full storage a deleted VM's user stays there, and its

@@ -350,17 +350,11 @@ func startRawSession(url, username, password string, first []byte) *rawSession {
 	DeferCleanup(hold.Close)
 	context.AfterFunc(ctx, func() { hold.CloseWithError(ctx.Err()) })
 	go func() { _, _ = hold.Write(first) }()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+sessionPath, body)
+	req, err := testbed.NewKopiaSessionRequest(ctx, url, username, password, body)
 	Expect(err).NotTo(HaveOccurred())
-	user, host, _ := strings.Cut(username, "@")
-	req.Header.Set("Content-Type", "application/grpc")
-	req.Header.Set("Te", "trailers")
 	// Messages may come compressed, as gRPC lets a client say (Kopia's
 	// never does).
 	req.Header.Set("Grpc-Encoding", "gzip")
-	req.Header.Set("Kopia-Username", user)
-	req.Header.Set("Kopia-Hostname", host)
-	req.Header.Set("Kopia-Password", password)
 	a := newAttacker(url, server.CA.Cert, net.IPv4(127, 0, 0, 1))
 	DeferCleanup(a.close)
 	res, err := a.client.Do(req)

@@ -1,6 +1,7 @@
 package usersync
 
 import (
+	"context"
 	"errors"
 	"maps"
 	"slices"
@@ -56,12 +57,17 @@ func TestAdmits(t *testing.T) {
 	oldHash, newHash, otherHash := hashOf(t, "old"), hashOf(t, "new"), hashOf(t, "other")
 	secrets := map[string]identity.Hash{"db@team-a": newHash, "web@team-a": otherHash}
 	for _, tt := range []struct {
-		name           string
-		lister         bool
-		missingShard   bool
-		enforced       map[string]identity.Hash
+		name         string
+		lister       bool
+		missingShard bool
+		enforced     map[string]identity.Hash
+		// handed are the users whose credential the server loaded.
+		handed         map[string]bool
 		user, password string
 		want           error
+		// credential: the server is handed the user's credential rather
+		// than the password.
+		credential bool
 	}{
 		{name: "a user the Secrets no longer list (its VM deleted), still in the repository",
 			lister: true, enforced: map[string]identity.Hash{"gone@team-a": oldHash}, user: "gone@team-a", password: "old", want: errNotListed},
@@ -77,6 +83,16 @@ func TestAdmits(t *testing.T) {
 			user: "db@team-a", password: "new", want: errNotSynced},
 		{name: "while the user's shard is missing (a new cluster on old storage), the repository decides",
 			lister: true, missingShard: true, enforced: map[string]identity.Hash{"gone@team-a": oldHash}, user: "gone@team-a", password: "old"},
+		{name: "a handed user whose hash the server enforces: its password verified here, the server handed its credential",
+			lister: true, enforced: secrets, handed: map[string]bool{"web@team-a": true}, user: "web@team-a", password: "other", credential: true},
+		{name: "a handed user whose hash the server enforces, with a wrong password",
+			lister: true, enforced: secrets, handed: map[string]bool{"web@team-a": true}, user: "web@team-a", password: "wrong", want: errWrongPassword},
+		{name: "a handed user whose rotation is not written yet: the new password goes on as it is, for the server to verify",
+			lister: true, enforced: map[string]identity.Hash{"db@team-a": oldHash}, handed: map[string]bool{"db@team-a": true}, user: "db@team-a", password: "new"},
+		{name: "a handed user whose rotation is not written yet: the old password is refused",
+			lister: true, enforced: map[string]identity.Hash{"db@team-a": oldHash}, handed: map[string]bool{"db@team-a": true}, user: "db@team-a", password: "old", want: errNotCurrent},
+		{name: "a handed user the Secrets no longer list",
+			lister: true, enforced: map[string]identity.Hash{"gone@team-a": oldHash}, handed: map[string]bool{"gone@team-a": true}, user: "gone@team-a", password: "old", want: errNotListed},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			s := New(Options{BSLS: "main"})
@@ -87,9 +103,20 @@ func TestAdmits(t *testing.T) {
 				}
 				s.lister = l
 			}
-			s.enforced = tt.enforced
-			if err := s.Admits(tt.user, tt.password); !errors.Is(err, tt.want) {
-				t.Errorf("Admits(%s): %v, want %v", tt.user, err, tt.want)
+			s.enforced, s.handed = tt.enforced, tt.handed
+			upstream, err := s.Admits(context.Background(), tt.user, tt.password)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("Admits(%s): %v, want %v", tt.user, err, tt.want)
+			}
+			want := tt.password
+			switch {
+			case err != nil:
+				want = ""
+			case tt.credential:
+				want = s.credentials.For(tt.user)
+			}
+			if upstream != want {
+				t.Errorf("Admits(%s) hands the server %q, want %q", tt.user, upstream, want)
 			}
 		})
 	}

@@ -25,7 +25,7 @@ func ServeOptionsFrom(a serverargs.SyncUsers, pod string) (ServeOptions, error) 
 			Namespace: a.Namespace, BSLS: a.BSLS, BSLSUID: types.UID(a.BSLSUID), Pod: pod,
 			AppendOnly: a.AppendOnly, RetentionInterval: a.RetentionInterval,
 			ActivityInterval: a.ActivityInterval, StatsInterval: a.StatsInterval, QuotaInterval: a.QuotaInterval,
-			Resync: a.Resync, StorageCheckInterval: a.StorageCheckInterval,
+			Resync: a.Resync, StorageCheckInterval: a.StorageCheckInterval, HtpasswdFile: a.HtpasswdFile,
 		},
 		ConfigFile: a.ConfigFile, ServerURL: a.ServerURL, ControlUsername: a.ControlUsername, CAFile: a.CAFile,
 		HealthAddr: a.HealthAddr, GateAddr: a.GateAddr, ChainFile: a.ChainFile, KeyFile: a.KeyFile,

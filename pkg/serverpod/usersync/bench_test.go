@@ -47,7 +47,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	shards := make([]map[string]identity.Hash, userset.Shards)
 	for i := range shards {
 		shards[i] = map[string]identity.Hash{}
-		putShard(b, clientset, i, shards[i])
+		putShard(b, clientset, bsls, i, shards[i])
 	}
 	if err := testbed.WaitFor(time.Minute, 50*time.Millisecond, func() (bool, error) { return s.Ready() == nil, s.Ready() }); err != nil {
 		b.Fatal(err)
@@ -70,7 +70,7 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 			b.StartTimer()
 
 			start := time.Now()
-			putShard(b, clientset, shard, shards[shard])
+			putShard(b, clientset, bsls, shard, shards[shard])
 			err = testbed.WaitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
 				_, err := testbed.NewKopiaClient(b).Connect(ctx, srv.URL, srv.CA.CertPEM(), user, password)
 				return err == nil, err
@@ -86,12 +86,13 @@ func BenchmarkProvisioningLatency(b *testing.B) {
 	b.ReportMetric(float64(len(latencies)), "users")
 }
 
-func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]identity.Hash) {
-	b.Helper()
+// putShard writes shard Secret shard of BSLS name, listing users.
+func putShard(tb testbed.TB, c kubernetes.Interface, name string, shard int, users map[string]identity.Hash) {
+	tb.Helper()
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
-			Name: userset.SecretName(bsls, shard), Namespace: namespace,
-			Labels: map[string]string{userset.Label: bsls},
+			Name: userset.SecretName(name, shard), Namespace: namespace,
+			Labels: map[string]string{userset.Label: name},
 		},
 		Data: map[string][]byte{userset.Key: userset.Encode(users)},
 	}
@@ -101,6 +102,6 @@ func putShard(b *testing.B, c kubernetes.Interface, shard int, users map[string]
 		_, err = c.CoreV1().Secrets(namespace).Create(ctx, secret, metav1.CreateOptions{})
 	}
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatalf("write users Secret %s: %v", secret.Name, err)
 	}
 }

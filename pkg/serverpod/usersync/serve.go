@@ -25,6 +25,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/integrity"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/logins"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/maintenance"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/readkeeper"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/sessiongate"
@@ -166,6 +167,7 @@ func (s *Syncer) Handler() http.Handler {
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats, s.space)
 	metrics.MustRegister(UserQuotaBytes, UsersOverQuota, s.usage)
 	metrics.MustRegister(sessiongate.Collectors()...)
+	metrics.MustRegister(logins.Verifications, logins.HashSeconds)
 	metrics.MustRegister(maintenance.Collectors()...)
 	metrics.MustRegister(integrity.Collectors()...)
 	mux := http.NewServeMux()

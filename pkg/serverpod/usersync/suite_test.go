@@ -51,7 +51,9 @@ var _ = BeforeSuite(func() {
 	ctx := context.Background()
 	apiServer = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
 	Expect(apiServer.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}})).To(Succeed())
-	server = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{})
+	// With the file a server pod's user sync writes the gate's credentials
+	// into: what guests' clients reach directly is unchanged by it.
+	server = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{Htpasswd: true})
 
 	r, err := repo.Open(ctx, server.ConfigFile, server.RepoPassword, &repo.Options{})
 	Expect(err).NotTo(HaveOccurred())
@@ -67,13 +69,14 @@ var _ = BeforeSuite(func() {
 	DeferCleanup(broadcaster.Shutdown)
 
 	syncer = usersync.New(usersync.Options{
-		Client:     clientset,
-		Namespace:  namespace,
-		BSLS:       bsls,
-		BSLSUID:    bslsUID,
-		Events:     broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"}),
-		Repository: r,
-		Server:     controlOf(GinkgoT(), server),
+		Client:       clientset,
+		Namespace:    namespace,
+		BSLS:         bsls,
+		BSLSUID:      bslsUID,
+		Events:       broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "guestbackup-server"}),
+		Repository:   r,
+		Server:       controlOf(GinkgoT(), server),
+		HtpasswdFile: server.HtpasswdFile,
 		// Short, so that a spec can watch a resync undo another writer's change.
 		Resync: 3 * time.Second,
 		Log:    GinkgoLogr,

@@ -21,11 +21,13 @@ package usersync
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -52,6 +54,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/logins"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/repostats"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/retention"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/usage"
@@ -167,6 +170,13 @@ type Options struct {
 	// RetryAfter is the first delay after a failed sync; it doubles up to
 	// Resync. Default: 1 second.
 	RetryAfter time.Duration
+	// HtpasswdFile is the Kopia server's --htpasswd-file; empty: none.
+	// With it, the gate verifies every guest's password itself (Admits),
+	// on any free core and from memory for a returning guest, and hands
+	// the server a credential of this process (logins.Credentials) that
+	// it checks without a hash: user sync writes there the credentials of
+	// the users the server enforces, before the refresh that applies them.
+	HtpasswdFile string
 	// Pod is this server pod's name; StorageCheckInterval is how often it
 	// checks the repository's storage and publishes what it finds
 	// (checkStorage). 0, or no Pod: never.
@@ -240,6 +250,23 @@ type Syncer struct {
 	// never changed in place: Admits leaves a password to the server
 	// only where the users Secrets hold the same hash.
 	enforced map[string]identity.Hash
+	// handed are the users whose credential the Kopia server has loaded
+	// from HtpasswdFile since the last sync that applied them, never
+	// changed in place; nil without the file.
+	handed map[string]bool
+
+	// verifier verifies the passwords of the gate's sessions and of the
+	// client port's reports; credentials are what the gate hands the
+	// server for a password the verifier accepted.
+	verifier    *logins.Verifier
+	credentials *logins.Credentials
+	// decoyVersion is the hash version of the last listed user Admits
+	// saw: what an unknown user's login costs, as a known one's would.
+	decoyVersion atomic.Int32
+	// written are the users whose credentials HtpasswdFile holds, as this
+	// process last wrote it; nil: not written yet. Only Run's goroutine
+	// touches it.
+	written map[string]bool
 
 	// refreshPending is set when users were written but the server has not
 	// confirmed a refresh since (it may not be listening yet): the next
@@ -310,6 +337,10 @@ func New(opts Options) *Syncer {
 		usage:    &usage.Collector{},
 		usageDue: make(chan struct{}, 1),
 		space:    opts.space,
+		verifier: logins.New(logins.Options{}),
+		// Derived anew by each process: the file's credentials of an
+		// earlier one mean nothing to this one's gate.
+		credentials: logins.NewCredentials(),
 	}
 }
 
@@ -574,6 +605,9 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 	if applied && !s.inForce.equal(&now) {
 		s.refreshPending = true
 	}
+	if applied {
+		s.writeCredentials(now.Users)
+	}
 	if s.refreshPending {
 		if err := s.opts.Server.Refresh(ctx); err != nil {
 			return 0, fmt.Errorf("repository written, but the server did not refresh: %w", err)
@@ -588,10 +622,14 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 		s.inForce = &now
 		s.mu.Lock()
 		s.enforced = now.Users
+		s.handed = s.written
 		s.mu.Unlock()
 	}
 	if usersErr == nil {
 		s.listed = desired
+		// What the gate remembers of users no longer listed is of no use:
+		// it could never match again (Admits refuses them first).
+		s.verifier.Retain(func(user string) bool { _, ok := desired[user]; return ok })
 	}
 	// Reported once the server no longer applies them (a refresh reloads
 	// its ACLs), so that what the report says is already true.
@@ -604,6 +642,42 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 		return 0, policiesErr
 	}
 	return len(desired), nil
+}
+
+// writeCredentials writes the credentials of users into HtpasswdFile when
+// it holds other users, and has the server refresh so that it loads them.
+// Should the write fail, the gate hands no credential until one succeeds,
+// and the server verifies every password itself, as without the file.
+func (s *Syncer) writeCredentials(users map[string]identity.Hash) {
+	if s.opts.HtpasswdFile == "" {
+		return
+	}
+	if s.written != nil && len(s.written) == len(users) && allIn(users, s.written) {
+		return
+	}
+	if err := logins.WriteFile(s.opts.HtpasswdFile, s.credentials.Htpasswd(slices.Collect(maps.Keys(users)))); err != nil {
+		s.opts.Log.Error(err, "the gate's credentials for the Kopia server not written: the server verifies every password itself meanwhile")
+		s.written = nil
+		s.mu.Lock()
+		s.handed = nil
+		s.mu.Unlock()
+		return
+	}
+	s.written = make(map[string]bool, len(users))
+	for user := range users {
+		s.written[user] = true
+	}
+	s.refreshPending = true
+}
+
+// allIn is whether every user of users is in set.
+func allIn(users map[string]identity.Hash, set map[string]bool) bool {
+	for user := range users {
+		if !set[user] {
+			return false
+		}
+	}
+	return true
 }
 
 // reportForeign tells the admin about ACL manifests guestbackup removed:
@@ -892,65 +966,81 @@ func (s *Syncer) endUnwritten(lister corelisters.SecretNamespaceLister) {
 var (
 	errNotListed       = errors.New("not a user of this server: the users Secrets do not list it")
 	errNotCurrent      = errors.New("not its current password: the users Secrets hold another one, which user sync has not written into the repository yet")
+	errWrongPassword   = errors.New("not its password")
 	errShardUnreadable = errors.New("its users Secret cannot be read")
 )
 
-// Admits returns nil when user may open a session with password now, by
-// the users Secrets rather than the repository (sessiongate.Directory): a
-// user they do not list is refused, whatever the repository still holds,
-// after as long as a wrong password takes. Where the hash they list is not the one the Kopia server enforces
-// (a rotation user sync could not write yet, or before its first sync),
-// the password is verified here, at the cost of one hash; elsewhere the
-// Kopia server verifies it, as it would without the gate. While the user's
-// shard is missing or does not parse, the repository decides, as user
-// sync deletes nobody then (a new cluster attached to old storage); until
-// the Secrets are first listed, nobody is admitted.
-func (s *Syncer) Admits(user, password string) error {
+// Admits returns the password to hand the Kopia server when user may open
+// a session with password now, by the users Secrets rather than the
+// repository (sessiongate.Directory): a user they do not list is refused,
+// whatever the repository still holds, after as long as a wrong password
+// takes.
+//
+// With HtpasswdFile, where the server enforces the hash the Secrets list
+// and has loaded the user's credential, the password is verified here (on
+// any free core, from memory for a password verified against this very
+// hash before) and the server gets the credential. Where the hash the
+// Secrets list is not the one the server enforces (a rotation user sync
+// could not write yet, or before its first sync), the password is verified
+// here and handed on as it is, so that the server verifies it too;
+// elsewhere, without the file, the server alone verifies it, as it would
+// without the gate. While the user's shard is missing or does not parse,
+// the repository decides, as user sync deletes nobody then (a new cluster
+// attached to old storage); until the Secrets are first listed, nobody is
+// admitted.
+func (s *Syncer) Admits(ctx context.Context, user, password string) (string, error) {
 	s.mu.Lock()
-	lister, enforced := s.lister, s.enforced
+	lister, enforced, handed := s.lister, s.enforced, s.handed
 	s.mu.Unlock()
 	h, err := s.listedHash(lister, user)
 	switch {
 	case errors.Is(err, errShardUnreadable):
-		return nil
+		return password, nil
 	case errors.Is(err, errNotListed):
 		// As long as a wrong password takes, as Kopia does for a user it
 		// does not know: the answer's time tells no one who is listed.
-		decoyHash().Matches(password)
-		return err
+		if err := s.verifier.Unknown(ctx, identity.HashVersion(s.decoyVersion.Load()), password); err != nil {
+			return "", err
+		}
+		return "", errNotListed
 	case err != nil:
-		return err
+		return "", err
 	}
-	if have, ok := enforced[user]; ok && have.Equal(h) {
-		return nil
+	s.decoyVersion.Store(int32(h.Version))
+	have, ok := enforced[user]
+	inForce := ok && have.Equal(h)
+	if inForce && !handed[user] {
+		return password, nil
 	}
-	if !h.Matches(password) {
-		return errNotCurrent
+	matched, err := s.verifier.Verify(ctx, user, h, password)
+	switch {
+	case err != nil:
+		return "", err
+	case !matched && inForce:
+		return "", errWrongPassword
+	case !matched:
+		return "", errNotCurrent
+	case inForce:
+		return s.credentials.For(user), nil
 	}
-	return nil
+	return password, nil
 }
 
-// decoyHash is a hash of no one's password, which Admits verifies for a
-// user the Secrets do not list.
-var decoyHash = sync.OnceValue(func() identity.Hash {
-	h, err := identity.NewHash(rand.Text(), identity.Scrypt)
-	if err != nil {
-		// Never with a valid version; an empty hash matches nothing
-		// at once, which is only faster.
-		return identity.Hash{}
-	}
-	return h
-})
-
 // Authenticate reports whether password is user's, by the hash the users
-// Secrets hold for it: the one the repository is synced to. Each call costs
-// one password hash (clientserver runs one at a time).
+// Secrets hold for it: the one the repository is synced to. It verifies
+// as Admits does, on any free core and from memory for a password it
+// verified before; a user they do not list costs a hash all the same.
 func (s *Syncer) Authenticate(user, password string) bool {
 	s.mu.Lock()
 	lister := s.lister
 	s.mu.Unlock()
 	h, err := s.listedHash(lister, user)
-	return err == nil && h.Matches(password)
+	if err != nil {
+		_ = s.verifier.Unknown(context.Background(), identity.HashVersion(s.decoyVersion.Load()), password)
+		return false
+	}
+	matched, err := s.verifier.Verify(context.Background(), user, h, password)
+	return err == nil && matched
 }
 
 // listedHash is the password hash the users Secrets list for user.
