@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -44,6 +45,31 @@ func (c *ControlClient) Connected(ctx context.Context) (bool, error) {
 // periodic refresh.
 func (c *ControlClient) Refresh(ctx context.Context) error {
 	return c.call(ctx, http.MethodPost, "refresh", nil)
+}
+
+// Accepts reports whether the server authenticates user with password,
+// by the answer to a control request it makes as them: refused as
+// unauthenticated (401), or let through authentication to its
+// authorization (403 for anyone but the control user).
+func (c *ControlClient) Accepts(ctx context.Context, user, password string) (bool, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/api/v1/control/status", http.NoBody)
+	if err != nil {
+		return false, err
+	}
+	req.SetBasicAuth(user, password)
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return false, fmt.Errorf("kopia control API status as %s: %w", user, err)
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		return false, nil
+	case http.StatusOK, http.StatusForbidden:
+		return true, nil
+	}
+	return false, fmt.Errorf("kopia control API status as %s: %s", user, resp.Status)
 }
 
 // Close releases idle connections.

@@ -40,7 +40,6 @@ import (
 	"net/http"
 	"net/netip"
 	"os"
-	"runtime"
 	"runtime/debug"
 	"slices"
 	"strings"
@@ -109,9 +108,11 @@ type Server struct {
 	// mu guards sources: the downloads in flight per source address.
 	mu      sync.Mutex
 	sources map[string]int
-	// logins bounds the password checks under way, one per core: each
-	// may cost a hash (64 MiB for scrypt), which user sync's verifier
-	// runs on any free core, or none for a password it verified before.
+	// logins allows one password check at a time. A check may cost a hash
+	// (64 MiB for scrypt) in the verifier whose slots the session gate's
+	// logins wait for, and this port limits no address: one slot is all
+	// that reports with wrong passwords can take from guests' logins. A
+	// returning guest's check costs no hash, so the slot passes quickly.
 	logins chan struct{}
 }
 
@@ -147,7 +148,7 @@ func Open(o Options) (*Server, error) {
 		status:    v1alpha1.ClientStatus{SHA256: map[string]string{}},
 		downloads: make(chan struct{}, o.MaxDownloads),
 		sources:   map[string]int{},
-		logins:    make(chan struct{}, runtime.GOMAXPROCS(0)),
+		logins:    make(chan struct{}, 1),
 	}
 	for _, arch := range slices.Sorted(maps.Keys(o.Binaries)) {
 		b, sum, version, err := openBinary(o.Binaries[arch])

@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 )
 
 // Credentials are what the gate hands the Kopia server of its pod in place
@@ -45,15 +46,30 @@ func (c *Credentials) For(user string) string {
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// Htpasswd is the htpasswd file of users' credentials, one line each in
-// name order. User names (identity.ValidateUsername) hold no ':' or line
-// break.
-func (c *Credentials) Htpasswd(users []string) []byte {
-	users = slices.Sorted(slices.Values(users))
+// CheckUser is the one user of the htpasswd file that is no guest (a
+// guest's name always holds an '@'). Its credential changes with every
+// file written, so that a login as CheckUser tells whether the Kopia
+// server loaded the newest file: Kopia's refresh answers OK even when it
+// failed before it reloaded the file.
+const CheckUser = "guestbackup-gate-check"
+
+// Check is CheckUser's credential in the file of generation g.
+func (c *Credentials) Check(g uint64) string {
+	return c.For(CheckUser + "#" + strconv.FormatUint(g, 10))
+}
+
+// Htpasswd is the htpasswd file of generation g: CheckUser's credential,
+// then users', one line each in name order. User names
+// (identity.ValidateUsername) hold no ':' or line break.
+func (c *Credentials) Htpasswd(users []string, g uint64) []byte {
 	var b bytes.Buffer
-	for _, u := range users {
-		sum := sha1.Sum([]byte(c.For(u))) //nolint:gosec // see Credentials
-		fmt.Fprintf(&b, "%s:{SHA}%s\n", u, base64.StdEncoding.EncodeToString(sum[:]))
+	line := func(user, credential string) {
+		sum := sha1.Sum([]byte(credential)) //nolint:gosec // see Credentials
+		fmt.Fprintf(&b, "%s:{SHA}%s\n", user, base64.StdEncoding.EncodeToString(sum[:]))
+	}
+	line(CheckUser, c.Check(g))
+	for _, u := range slices.Sorted(slices.Values(users)) {
+		line(u, c.For(u))
 	}
 	return b.Bytes()
 }

@@ -28,21 +28,25 @@ func TestCredentialFor(t *testing.T) {
 }
 
 // The file holds one {SHA} line per user, in name order, of its
-// credential: what Kopia's htpasswd authenticator reads.
+// credential, after CheckUser's of its generation: what Kopia's htpasswd
+// authenticator reads.
 func TestHtpasswd(t *testing.T) {
 	c := NewCredentials()
-	lines := strings.Split(strings.TrimSuffix(string(c.Htpasswd([]string{"web@team-a", "db@team-a"})), "\n"), "\n")
-	if len(lines) != 2 {
-		t.Fatalf("%d lines, want 2: %q", len(lines), lines)
+	lines := strings.Split(strings.TrimSuffix(string(c.Htpasswd([]string{"web@team-a", "db@team-a"}, 7)), "\n"), "\n")
+	if len(lines) != 3 {
+		t.Fatalf("%d lines, want 3: %q", len(lines), lines)
 	}
-	for i, user := range []string{"db@team-a", "web@team-a"} {
-		sum := sha1.Sum([]byte(c.For(user))) //nolint:gosec // the scheme under test
-		if want := user + ":{SHA}" + base64.StdEncoding.EncodeToString(sum[:]); lines[i] != want {
-			t.Errorf("line %d: %q, want %q", i, lines[i], want)
+	for i, want := range [][2]string{{CheckUser, c.Check(7)}, {"db@team-a", c.For("db@team-a")}, {"web@team-a", c.For("web@team-a")}} {
+		sum := sha1.Sum([]byte(want[1])) //nolint:gosec // the scheme under test
+		if line := want[0] + ":{SHA}" + base64.StdEncoding.EncodeToString(sum[:]); lines[i] != line {
+			t.Errorf("line %d: %q, want %q", i, lines[i], line)
 		}
 	}
-	if got := c.Htpasswd(nil); len(got) != 0 {
-		t.Errorf("no users: %q, want an empty file", got)
+	if got := strings.Count(string(c.Htpasswd(nil, 7)), "\n"); got != 1 {
+		t.Errorf("no users: %d lines, want CheckUser's alone", got)
+	}
+	if c.Check(7) == c.Check(8) || c.Check(8) == c.For(CheckUser) {
+		t.Error("CheckUser's credential is the same in two files: a login as it would not tell which file the server loaded")
 	}
 }
 

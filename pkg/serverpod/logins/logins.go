@@ -203,8 +203,12 @@ func (v *Verifier) remember(user string, tag [sha256.Size]byte) {
 // length-prefixed so that no two triples share an input.
 func (v *Verifier) tag(user string, h identity.Hash, password string) [sha256.Size]byte {
 	m := v.macs.Get().(hash.Hash)
-	defer v.macs.Put(m)
-	m.Reset()
+	defer func() {
+		// A state put back as it is would keep the last bytes written:
+		// the password's end.
+		m.Reset()
+		v.macs.Put(m)
+	}()
 	var n [8]byte
 	for _, part := range [][]byte{[]byte(user), binary.BigEndian.AppendUint64(nil, uint64(h.Version)), h.Value, []byte(password)} {
 		binary.BigEndian.PutUint64(n[:], uint64(len(part)))

@@ -467,10 +467,14 @@ func (g *Gate) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if g.directory != nil {
 		upstream, err := g.directory.Admits(r.Context(), user, password)
 		if err != nil {
-			r.Context().Value(loginKey{}).(*loginTicket).done(loginDenied)
+			ticket := r.Context().Value(loginKey{}).(*loginTicket)
 			if r.Context().Err() != nil {
-				return // the guest went away
+				// The guest went away while it waited for a hash: no
+				// failure of its address's, which would slow its retry.
+				ticket.done(loginUnknown)
+				return
 			}
+			ticket.done(loginDenied)
 			g.log.V(1).Info("session refused before the Kopia server", "user", user, "source", sourceOf(r.RemoteAddr), "why", err.Error())
 			// Kopia's own words for a login it refuses, so that the
 			// guest's client says "access denied" as it would there.

@@ -39,7 +39,7 @@ var _ = Describe("A session whose password the directory verified", Ordered, fun
 	)
 	BeforeAll(func() {
 		kopia = testbed.StartKopiaServer(GinkgoT(), testbed.KopiaServerOptions{Htpasswd: true})
-		Expect(logins.WriteFile(kopia.HtpasswdFile, credentials.Htpasswd([]string{guest}))).To(Succeed())
+		Expect(logins.WriteFile(kopia.HtpasswdFile, credentials.Htpasswd([]string{guest}, 1))).To(Succeed())
 		Expect(kopia.Refresh(context.Background())).To(Succeed())
 	})
 

@@ -222,3 +222,21 @@ func TestNoteApplied(t *testing.T) {
 		t.Errorf("NotApplied after a write was taken: %q", got)
 	}
 }
+
+func TestCommonVersion(t *testing.T) {
+	scrypt, pbkdf2 := identity.Hash{Version: identity.Scrypt}, identity.Hash{Version: identity.PBKDF2}
+	for _, tc := range []struct {
+		name  string
+		users map[string]identity.Hash
+		want  identity.HashVersion
+	}{
+		{"no users: Kopia's default", nil, identity.Scrypt},
+		{"all PBKDF2", map[string]identity.Hash{"a@x": pbkdf2, "b@x": pbkdf2}, identity.PBKDF2},
+		{"most PBKDF2, one hashed before a change", map[string]identity.Hash{"a@x": pbkdf2, "b@x": pbkdf2, "c@x": scrypt}, identity.PBKDF2},
+		{"a tie: the lower", map[string]identity.Hash{"a@x": pbkdf2, "b@x": scrypt}, identity.Scrypt},
+	} {
+		if got := commonVersion(tc.users); got != tc.want {
+			t.Errorf("%s: commonVersion = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

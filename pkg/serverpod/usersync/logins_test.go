@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -41,6 +42,14 @@ type gatedPod struct {
 // through config, every process stopped when tb ends.
 func startGatedPod(tb testbed.TB, config *rest.Config, name string, log logr.Logger) *gatedPod {
 	tb.Helper()
+	return startGatedPodWriting(tb, config, name, log, "")
+}
+
+// startGatedPodWriting starts a gatedPod whose user sync writes the
+// gate's credentials into htpasswd, when not empty, rather than into the
+// file the Kopia server reads: a server that never loads them.
+func startGatedPodWriting(tb testbed.TB, config *rest.Config, name string, log logr.Logger, htpasswd string) *gatedPod {
+	tb.Helper()
 	ctx := context.Background()
 	p := &gatedPod{bsls: name, client: kubernetes.NewForConfigOrDie(config)}
 	p.server = testbed.StartKopiaServer(tb, testbed.KopiaServerOptions{Htpasswd: true})
@@ -49,9 +58,12 @@ func startGatedPod(tb testbed.TB, config *rest.Config, name string, log logr.Log
 		tb.Fatalf("open repository: %v", err)
 	}
 	tb.Cleanup(func() { _ = r.Close(context.Background()) })
+	if htpasswd == "" {
+		htpasswd = p.server.HtpasswdFile
+	}
 	p.syncer = usersync.New(usersync.Options{
 		Client: p.client, Namespace: namespace, BSLS: name, Repository: r, Server: controlOf(tb, p.server),
-		HtpasswdFile: p.server.HtpasswdFile, Log: log,
+		HtpasswdFile: htpasswd, Log: log,
 	})
 	cas := []*x509.Certificate{p.server.CA.Cert}
 	gate, err := sessiongate.New(sessiongate.Options{Upstream: p.server.URL, TLS: serverpod.TrustChain(cas), Directory: p.syncer, Log: log})
@@ -147,6 +159,8 @@ var _ = Describe("Logins verified by the server pod's gate", Ordered, func() {
 		users = map[string]identity.Hash{victim.user: victim.hash}
 		pod.setUsers(GinkgoT(), users)
 		Eventually(func() error { return pod.open(GinkgoT(), victim.user, victim.password) }).WithTimeout(provisioned).Should(Succeed())
+		Eventually(func() float64 { return testutil.ToFloat64(usersync.GateCredentialsLoaded) }).WithTimeout(provisioned).Should(Equal(1.0),
+			"the server loaded the gate's credentials: guests' logins cost it no hash")
 	})
 
 	It("answers a returning guest from memory: its logins cost no hash", func() {
@@ -205,5 +219,21 @@ var _ = Describe("Logins verified by the server pod's gate", Ordered, func() {
 		Eventually(func() error { return pod.open(GinkgoT(), marker.user, marker.password) }).WithTimeout(provisioned).Should(MatchError(ContainSubstring("access denied")),
 			"the marker's rotation, in the victim's Secret")
 		Expect(pod.open(GinkgoT(), victim.user, victim.password)).To(MatchError(ContainSubstring("access denied")))
+	})
+})
+
+// Kopia's refresh answers OK even when its repository's refresh failed
+// before it reloaded the htpasswd file. A gate that took that answer for
+// the file loaded would hand every guest a credential the server refuses:
+// no guest could log in until the next refresh, 4 hours away on a BSLS of
+// one server. The server here never loads the file user sync writes.
+var _ = Describe("A Kopia server that did not load the gate's credentials", func() {
+	It("still lets a guest in with its own password, which the server verifies", func() {
+		pod := startGatedPodWriting(GinkgoT(), apiServer.Config, "unloaded", GinkgoLogr, filepath.Join(GinkgoT().TempDir(), "htpasswd"))
+		guest := newGuest("guest@team-u")
+		pod.setUsers(GinkgoT(), map[string]identity.Hash{guest.user: guest.hash})
+		Eventually(func() error { return pod.open(GinkgoT(), guest.user, guest.password) }).WithTimeout(provisioned).Should(Succeed())
+		Expect(pod.open(GinkgoT(), guest.user, guest.password)).To(Succeed(), "a returning guest")
+		Expect(testutil.ToFloat64(usersync.GateCredentialsLoaded)).To(BeZero(), "the gate hands no credential the server did not load")
 	})
 })

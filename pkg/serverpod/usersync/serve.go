@@ -167,7 +167,7 @@ func (s *Syncer) Handler() http.Handler {
 	metrics.MustRegister(ForeignACLsRemoved, SnapshotsExpired, RetentionFailures, SnapshotsCreated, SessionsEnded, s.stats, s.space)
 	metrics.MustRegister(UserQuotaBytes, UsersOverQuota, s.usage)
 	metrics.MustRegister(sessiongate.Collectors()...)
-	metrics.MustRegister(logins.Verifications, logins.HashSeconds)
+	metrics.MustRegister(logins.Verifications, logins.HashSeconds, GateCredentialsLoaded)
 	metrics.MustRegister(maintenance.Collectors()...)
 	metrics.MustRegister(integrity.Collectors()...)
 	mux := http.NewServeMux()

@@ -50,6 +50,9 @@ func (kopiaDown) Refresh(context.Context) error { return errors.New("connection 
 func (kopiaDown) Connected(context.Context) (bool, error) {
 	return false, errors.New("dial tcp 127.0.0.1:51517: connection refused")
 }
+func (kopiaDown) Accepts(context.Context, string, string) (bool, error) {
+	return false, errors.New("dial tcp 127.0.0.1:51517: connection refused")
+}
 
 // TestHandlerServerDown: the Kopia server listens on the pod's loopback
 // only, out of the kubelet's reach, so the pod's readiness says whether it

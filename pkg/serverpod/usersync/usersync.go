@@ -103,6 +103,16 @@ var SnapshotsCreated = prometheus.NewCounter(prometheus.CounterOpts{
 	Help: "Snapshots guests wrote while this server pod ran, as its activity scan found them.",
 })
 
+// GateCredentialsLoaded is 1 while the Kopia server has loaded the
+// gate's newest credentials, so that the gate hands it those for the
+// passwords it verified and logins cost Kopia no hash, and 0 while the
+// guests' own passwords go on to it
+// (guestbackup_server_gate_credentials_loaded).
+var GateCredentialsLoaded = prometheus.NewGauge(prometheus.GaugeOpts{
+	Name: "guestbackup_server_gate_credentials_loaded",
+	Help: "1 while the Kopia server has loaded the session gate's credentials (logins cost it no hash), 0 while guests' own passwords go on to it.",
+})
+
 // Server is the running Kopia server user sync keeps current
 // (serverpod.ControlClient).
 type Server interface {
@@ -110,6 +120,8 @@ type Server interface {
 	Refresh(ctx context.Context) error
 	// Connected reports whether it answers with its repository open.
 	Connected(ctx context.Context) (bool, error)
+	// Accepts reports whether it authenticates user with password.
+	Accepts(ctx context.Context, user, password string) (bool, error)
 }
 
 // Options configure a Syncer.
@@ -260,13 +272,18 @@ type Syncer struct {
 	// server for a password the verifier accepted.
 	verifier    *logins.Verifier
 	credentials *logins.Credentials
-	// decoyVersion is the hash version of the last listed user Admits
-	// saw: what an unknown user's login costs, as a known one's would.
+	// decoyVersion is the hash version most listed users have, as the
+	// last sync read them: what an unknown user's login costs, as a known
+	// one's would. Taken from the Secrets, never from logins, which a
+	// tenant could steer with its own user to time someone else's name.
 	decoyVersion atomic.Int32
 	// written are the users whose credentials HtpasswdFile holds, as this
-	// process last wrote it; nil: not written yet. Only Run's goroutine
-	// touches it.
-	written map[string]bool
+	// process last wrote it; nil: not written yet. generation numbers
+	// that file (logins.Credentials.Check), loaded the generation the
+	// server was last seen to have loaded. Only Run's goroutine touches
+	// them.
+	written            map[string]bool
+	generation, loaded uint64
 
 	// refreshPending is set when users were written but the server has not
 	// confirmed a refresh since (it may not be listening yet): the next
@@ -620,13 +637,15 @@ func (s *Syncer) apply(ctx context.Context, lister corelisters.SecretNamespaceLi
 	s.changed, s.removed = nil, nil
 	if applied {
 		s.inForce = &now
+		handed := s.handedAfterRefresh(ctx)
 		s.mu.Lock()
 		s.enforced = now.Users
-		s.handed = s.written
+		s.handed = handed
 		s.mu.Unlock()
 	}
 	if usersErr == nil {
 		s.listed = desired
+		s.decoyVersion.Store(int32(commonVersion(desired)))
 		// What the gate remembers of users no longer listed is of no use:
 		// it could never match again (Admits refuses them first).
 		s.verifier.Retain(func(user string) bool { _, ok := desired[user]; return ok })
@@ -655,7 +674,8 @@ func (s *Syncer) writeCredentials(users map[string]identity.Hash) {
 	if s.written != nil && len(s.written) == len(users) && allIn(users, s.written) {
 		return
 	}
-	if err := logins.WriteFile(s.opts.HtpasswdFile, s.credentials.Htpasswd(slices.Collect(maps.Keys(users)))); err != nil {
+	s.generation++
+	if err := logins.WriteFile(s.opts.HtpasswdFile, s.credentials.Htpasswd(slices.Collect(maps.Keys(users)), s.generation)); err != nil {
 		s.opts.Log.Error(err, "the gate's credentials for the Kopia server not written: the server verifies every password itself meanwhile")
 		s.written = nil
 		s.mu.Lock()
@@ -668,6 +688,52 @@ func (s *Syncer) writeCredentials(users map[string]identity.Hash) {
 		s.written[user] = true
 	}
 	s.refreshPending = true
+}
+
+// commonVersion is the hash version most of users have (the lowest of
+// those tied; scrypt's for none): the BSLS's own, unless most hashes
+// predate a change of it.
+func commonVersion(users map[string]identity.Hash) identity.HashVersion {
+	counts := map[identity.HashVersion]int{}
+	for _, h := range users {
+		counts[h.Version]++
+	}
+	best, most := identity.Scrypt, 0
+	for _, v := range slices.Sorted(maps.Keys(counts)) {
+		if counts[v] > most {
+			best, most = v, counts[v]
+		}
+	}
+	return best
+}
+
+// handedAfterRefresh returns the users whose credentials the gate may
+// hand the server: those of the file written last once the server is seen
+// to have loaded it, none before. Kopia's refresh answers OK even when its
+// repository's refresh failed before it reloaded the file; a credential it
+// did not load would refuse every guest's login, where the guest's own
+// password still opens the session. Until then, the next pass refreshes
+// again.
+func (s *Syncer) handedAfterRefresh(ctx context.Context) map[string]bool {
+	if s.opts.HtpasswdFile == "" {
+		return nil
+	}
+	if s.written == nil {
+		GateCredentialsLoaded.Set(0)
+		return nil
+	}
+	if s.loaded != s.generation {
+		ok, err := s.opts.Server.Accepts(ctx, logins.CheckUser, s.credentials.Check(s.generation))
+		if err != nil || !ok {
+			s.refreshPending = true
+			GateCredentialsLoaded.Set(0)
+			s.opts.Log.Info("the Kopia server has not loaded the gate's credentials; guests' passwords go on to it until it has", "generation", s.generation, "error", fmt.Sprint(err))
+			return nil
+		}
+		s.loaded = s.generation
+	}
+	GateCredentialsLoaded.Set(1)
+	return s.written
 }
 
 // allIn is whether every user of users is in set.
@@ -1006,7 +1072,6 @@ func (s *Syncer) Admits(ctx context.Context, user, password string) (string, err
 	case err != nil:
 		return "", err
 	}
-	s.decoyVersion.Store(int32(h.Version))
 	have, ok := enforced[user]
 	inForce := ok && have.Equal(h)
 	if inForce && !handed[user] {
