@@ -52,12 +52,7 @@ func (c *ControlClient) Refresh(ctx context.Context) error {
 // unauthenticated (401), or let through authentication to its
 // authorization (403 for anyone but the control user).
 func (c *ControlClient) Accepts(ctx context.Context, user, password string) (bool, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.url+"/api/v1/control/status", http.NoBody)
-	if err != nil {
-		return false, err
-	}
-	req.SetBasicAuth(user, password)
-	resp, err := c.http.Do(req)
+	resp, err := c.send(ctx, http.MethodGet, "status", user, password)
 	if err != nil {
 		return false, fmt.Errorf("kopia control API status as %s: %w", user, err)
 	}
@@ -76,12 +71,7 @@ func (c *ControlClient) Accepts(ctx context.Context, user, password string) (boo
 func (c *ControlClient) Close() { c.http.CloseIdleConnections() }
 
 func (c *ControlClient) call(ctx context.Context, method, endpoint string, into any) error {
-	req, err := http.NewRequestWithContext(ctx, method, c.url+"/api/v1/control/"+endpoint, http.NoBody)
-	if err != nil {
-		return err
-	}
-	req.SetBasicAuth(c.username, c.password)
-	resp, err := c.http.Do(req)
+	resp, err := c.send(ctx, method, endpoint, c.username, c.password)
 	if err != nil {
 		return fmt.Errorf("kopia control API %s: %w", endpoint, err)
 	}
@@ -96,4 +86,14 @@ func (c *ControlClient) call(ctx context.Context, method, endpoint string, into 
 		return fmt.Errorf("kopia control API %s: decode response: %w", endpoint, err)
 	}
 	return nil
+}
+
+// send makes a request of the control API's endpoint as user.
+func (c *ControlClient) send(ctx context.Context, method, endpoint, user, password string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, method, c.url+"/api/v1/control/"+endpoint, http.NoBody)
+	if err != nil {
+		return nil, err
+	}
+	req.SetBasicAuth(user, password)
+	return c.http.Do(req)
 }
