@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
@@ -481,6 +482,26 @@ func OpenKopiaSession(ctx context.Context, tb TB, url, pin, username, password s
 	}
 	tb.Cleanup(func() { _ = r.Close(context.Background()) })
 	return r, nil
+}
+
+// HTTP2Transport is an HTTP/2 transport over TLS that trusts ca alone and
+// dials from loopback address ip (nil: any; 127.0.0.2 and up are the
+// host's too, and a gate tells sources apart by them): how tests reach a
+// server pod's port by hand, with NewKopiaSessionRequest.
+func HTTP2Transport(ca *x509.Certificate, ip net.IP) *http.Transport {
+	pool := x509.NewCertPool()
+	pool.AddCert(ca)
+	protocols := new(http.Protocols)
+	protocols.SetHTTP2(true)
+	dialer := &net.Dialer{}
+	if ip != nil {
+		dialer.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	return &http.Transport{
+		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
+		Protocols:       protocols,
+		DialContext:     dialer.DialContext,
+	}
 }
 
 // NewKopiaSessionRequest is the request that opens a Kopia session at

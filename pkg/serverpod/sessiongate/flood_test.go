@@ -2,7 +2,6 @@ package sessiongate_test
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -70,16 +69,7 @@ type attacker struct {
 // connections come from loopback address ip (127.0.0.2 and up are the
 // host's too).
 func newAttacker(url string, ca *x509.Certificate, ip net.IP) *attacker {
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	protocols := new(http.Protocols)
-	protocols.SetHTTP2(true)
-	t := &http.Transport{
-		TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12},
-		Protocols:       protocols,
-		DialContext:     (&net.Dialer{LocalAddr: &net.TCPAddr{IP: ip}}).DialContext,
-	}
-	return &attacker{url: url, client: &http.Client{Transport: t}}
+	return &attacker{url: url, client: &http.Client{Transport: testbed.HTTP2Transport(ca, ip)}}
 }
 
 // login opens a session as username (user@host) with password and returns

@@ -3,7 +3,6 @@ package usersync_test
 import (
 	"bytes"
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -41,16 +40,7 @@ type loginClient struct {
 // newLoginClient is a loginClient of the gate at url, trusting ca, its
 // connections from loopback address ip (nil: any).
 func newLoginClient(url string, ca *x509.Certificate, ip net.IP) *loginClient {
-	pool := x509.NewCertPool()
-	pool.AddCert(ca)
-	protocols := new(http.Protocols)
-	protocols.SetHTTP2(true)
-	dialer := &net.Dialer{}
-	if ip != nil {
-		dialer.LocalAddr = &net.TCPAddr{IP: ip}
-	}
-	t := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, Protocols: protocols, DialContext: dialer.DialContext}
-	return &loginClient{url: url, client: &http.Client{Transport: t, Timeout: 5 * time.Minute}}
+	return &loginClient{url: url, client: &http.Client{Transport: testbed.HTTP2Transport(ca, ip), Timeout: 5 * time.Minute}}
 }
 
 // login opens a session as username with password, and returns nil once
