@@ -16,14 +16,14 @@ import (
 // test runs itself: the way to see what a start that fails leaves behind.
 type abortTB struct {
 	*testing.T
-	cleanups []func()
+	cleanups ownCleanups
 	fatal    string
 }
 
 // aborted is what abortTB's Fatalf panics with.
 type aborted struct{}
 
-func (a *abortTB) Cleanup(f func()) { a.cleanups = append(a.cleanups, f) }
+func (a *abortTB) Cleanup(f func()) { a.cleanups.add(f) }
 
 func (a *abortTB) Fatalf(format string, args ...any) {
 	a.fatal = fmt.Sprintf(format, args...)
@@ -33,12 +33,7 @@ func (a *abortTB) Fatalf(format string, args ...any) {
 // run calls f, recovering from a Fatalf, then runs the cleanups as the
 // test's end would.
 func (a *abortTB) run(f func()) {
-	defer func() {
-		for i := len(a.cleanups) - 1; i >= 0; i-- {
-			a.cleanups[i]()
-		}
-		a.cleanups = nil
-	}()
+	defer a.cleanups.run()
 	defer func() {
 		if r := recover(); r != nil {
 			if _, ok := r.(aborted); !ok {

@@ -154,12 +154,12 @@ func TestQemuEscapeDoublesCommas(t *testing.T) {
 // failedTB is a test that has failed: it records its cleanups and logs.
 type failedTB struct {
 	*testing.T
-	cleanups []func()
+	cleanups ownCleanups
 	logs     []string
 }
 
 func (f *failedTB) Failed() bool      { return true }
-func (f *failedTB) Cleanup(fn func()) { f.cleanups = append(f.cleanups, fn) }
+func (f *failedTB) Cleanup(fn func()) { f.cleanups.add(fn) }
 func (f *failedTB) Logf(format string, args ...any) {
 	f.logs = append(f.logs, fmt.Sprintf(format, args...))
 }
@@ -170,9 +170,7 @@ func TestGuestIsKilledAtItsTimeout(t *testing.T) {
 	RequireTestBed(t)
 	tb := &failedTB{T: t}
 	defer func() {
-		for i := len(tb.cleanups) - 1; i >= 0; i-- {
-			tb.cleanups[i]()
-		}
+		tb.cleanups.run()
 		kept := regexp.MustCompile(`guest console kept in (\S+);`).FindStringSubmatch(strings.Join(tb.logs, "\n"))
 		if kept == nil {
 			t.Fatalf("no kept console in the failed test's logs: %q", tb.logs)

@@ -67,12 +67,12 @@ func TestPointWebhooksAtVirtAPI(t *testing.T) {
 // way to see a cleanup's check fail.
 type witnessTB struct {
 	*testing.T
-	cleanups []func()
+	cleanups ownCleanups
 	cleaning bool
 	fatal    []string
 }
 
-func (w *witnessTB) Cleanup(f func()) { w.cleanups = append(w.cleanups, f) }
+func (w *witnessTB) Cleanup(f func()) { w.cleanups.add(f) }
 
 func (w *witnessTB) Fatalf(format string, args ...any) {
 	if !w.cleaning {
@@ -83,10 +83,7 @@ func (w *witnessTB) Fatalf(format string, args ...any) {
 
 func (w *witnessTB) runCleanups() {
 	w.cleaning = true
-	for i := len(w.cleanups) - 1; i >= 0; i-- {
-		w.cleanups[i]()
-	}
-	w.cleanups = nil
+	w.cleanups.run()
 }
 
 // The test that started KubeVirt fails when the API server created a VM
