@@ -66,6 +66,10 @@ const DefaultRotationGrace = 24 * time.Hour
 // new password) or RotationGrace has passed, and says so on the VM.
 type Hasher struct {
 	Client client.Client
+	// APIReader reads around the cache; default (SetupWithManager): the
+	// manager's. A BSLS the cache does not hold yet is looked up there
+	// before a Secret of it is hashed by the default algorithm.
+	APIReader client.Reader
 	// Version is the hashing algorithm for a Secret whose BSLS does not
 	// exist (yet); default scrypt, Kopia's default. A BSLS's
 	// spec.access.passwordHash decides for its own users.
@@ -88,6 +92,9 @@ func (h *Hasher) SetupWithManager(mgr ctrl.Manager, concurrency int) error {
 	}
 	if h.Recorder == nil {
 		h.Recorder = mgr.GetEventRecorderFor(eventSource)
+	}
+	if h.APIReader == nil {
+		h.APIReader = mgr.GetAPIReader()
 	}
 	sel := vmsecret.Selector()
 	return ctrl.NewControllerManagedBy(mgr).
@@ -221,14 +228,21 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 // hashVersion is the algorithm the BSLS the Secret names asks for, or the
 // Hasher's default when that BSLS does not exist: Kopia verifies every hash
 // by its own version, so a hash of either kind authenticates wherever the
-// user is provisioned.
+// user is provisioned. A hash is never made again, so a BSLS the cache
+// has not seen yet (created with its VMs, as GitOps does) is looked up
+// around it: its VMs would otherwise keep the default algorithm for good,
+// where the admin asked for another (PBKDF2, for FIPS).
 func (h *Hasher) hashVersion(ctx context.Context, secret *corev1.Secret) (identity.HashVersion, error) {
 	fallback := h.Version
 	if fallback == 0 {
 		fallback = identity.Scrypt
 	}
 	b := &v1alpha1.BackupStorageLocationServer{}
-	switch err := h.Client.Get(ctx, vmsecret.Server(secret), b); {
+	err := h.Client.Get(ctx, vmsecret.Server(secret), b)
+	if apierrors.IsNotFound(err) && h.APIReader != nil {
+		err = h.APIReader.Get(ctx, vmsecret.Server(secret), b)
+	}
+	switch {
 	case apierrors.IsNotFound(err):
 		return fallback, nil
 	case err != nil:

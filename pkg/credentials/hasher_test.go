@@ -1,14 +1,18 @@
 package credentials
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -173,6 +177,36 @@ func TestHashVersionOf(t *testing.T) {
 	} {
 		if got := HashVersionOf(choice, identity.PBKDF2); got != want {
 			t.Errorf("HashVersionOf(%q) = %d, want %d", choice, got, want)
+		}
+	}
+}
+
+// A BSLS the cache has not seen yet, created with its VMs, decides its
+// users' algorithm all the same: the hash is made once and kept.
+func TestHashVersionReadsAroundACacheThatMissesTheBSLS(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	bsls := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: "fips", Namespace: "backup"},
+		Spec:       v1alpha1.BackupStorageLocationServerSpec{Access: v1alpha1.AccessSpec{PasswordHash: v1alpha1.PasswordHashPBKDF2}},
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "web-guestbackup", Namespace: "vms", Labels: map[string]string{
+		v1alpha1.LabelServerNamespace: "backup", v1alpha1.LabelServerName: "fips",
+	}}}
+	cache := fake.NewClientBuilder().WithScheme(scheme).Build()
+	for _, tc := range []struct {
+		name   string
+		reader client.Reader
+		want   identity.HashVersion
+	}{
+		{"the API server holds it", fake.NewClientBuilder().WithScheme(scheme).WithObjects(bsls).Build(), identity.PBKDF2},
+		{"it does not exist: the default", fake.NewClientBuilder().WithScheme(scheme).Build(), identity.Scrypt},
+	} {
+		got, err := (&Hasher{Client: cache, APIReader: tc.reader}).hashVersion(context.Background(), secret)
+		if err != nil || got != tc.want {
+			t.Errorf("%s: hashVersion = %v, %v; want %v", tc.name, got, err, tc.want)
 		}
 	}
 }
