@@ -10,6 +10,7 @@ package pki
 import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -42,12 +43,49 @@ type KeyPair struct {
 	Key  *ecdsa.PrivateKey
 }
 
-// NewCA creates a self-signed CA valid for the given duration from now.
+// NewCA creates a self-signed CA with a new random key, valid for the
+// given duration from now.
 func NewCA(commonName string, validFor time.Duration) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("generate CA key: %w", err)
 	}
+	return NewCAWithKey(commonName, key, validFor)
+}
+
+// caKeySalt separates the CA keys DeriveCAKey makes from any other use of
+// the same secret.
+const caKeySalt = "guestbackup.io/ca-key/v1"
+
+// DeriveCAKey derives a P-256 CA key from secret, for the CA named by
+// context (a BSLS's namespace/name and the key's generation): the same
+// inputs always give the same key, so whoever holds secret can make the
+// key again, and a CA certificate for it verifies the chains its guests
+// already trust (they check a leaf against their CA's name and key, not its
+// bytes). Its public key is public, so secret must be a random secret of at
+// least 128 bits, never a password a person chose: HKDF is fast, and the
+// certificate would let anyone test guesses of a weak one.
+func DeriveCAKey(secret []byte, context string) (*ecdsa.PrivateKey, error) {
+	if len(secret) < 16 {
+		return nil, fmt.Errorf("derive CA key: the secret is %d bytes, want at least 16", len(secret))
+	}
+	// A scalar must be below the curve's order: for P-256 a random 32
+	// bytes is not with a chance of 2^-32, and the next counter is tried.
+	for counter := range 16 {
+		scalar, err := hkdf.Key(sha256.New, secret, []byte(caKeySalt), fmt.Sprintf("%s#%d", context, counter), 32)
+		if err != nil {
+			return nil, fmt.Errorf("derive CA key: %w", err)
+		}
+		if key, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), scalar); err == nil {
+			return key, nil
+		}
+	}
+	return nil, errors.New("derive CA key: no valid scalar in 16 tries")
+}
+
+// NewCAWithKey creates a self-signed CA for key, valid for the given
+// duration from now.
+func NewCAWithKey(commonName string, key *ecdsa.PrivateKey, validFor time.Duration) (*CA, error) {
 	now := time.Now()
 	serial, err := randomSerial()
 	if err != nil {

@@ -182,3 +182,104 @@ func TestParseCA(t *testing.T) {
 		t.Errorf("a leaf as CA: error = %v", err)
 	}
 }
+
+func TestDeriveCAKey(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	first, err := DeriveCAKey(secret, "backup/main#0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name     string
+		secret   []byte
+		context  string
+		wantSame bool
+		wantErr  string
+	}{
+		{name: "the same secret and context give the same key", secret: secret, context: "backup/main#0", wantSame: true},
+		{name: "another generation gives another key", secret: secret, context: "backup/main#1"},
+		{name: "another BSLS gives another key", secret: secret, context: "backup/other#0"},
+		{name: "another secret gives another key", secret: []byte("0123456789abcdef0123456789abcdeF"), context: "backup/main#0"},
+		{name: "a short secret is refused", secret: []byte("short"), context: "backup/main#0", wantErr: "at least 16"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key, err := DeriveCAKey(tt.secret, tt.context)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error = %v, want one containing %q", err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if same := key.Equal(first); same != tt.wantSame {
+				t.Fatalf("key equals the first: %v, want %v", same, tt.wantSame)
+			}
+		})
+	}
+}
+
+// A guest keeps the CA certificate its bootstrap gave it. A CA made again
+// for the same derived key is another certificate, but the guest's TLS
+// verification matches the issuer by name and key, so the leaves it issues
+// verify against the certificate the guest already has; a CA of the same
+// name with any other key does not.
+func TestALeafOfACAMadeAgainForItsKeyVerifiesAgainstTheFirstCertificate(t *testing.T) {
+	secret := []byte("0123456789abcdef0123456789abcdef")
+	const name = "backup/main guestbackup CA"
+	key, err := DeriveCAKey(secret, "backup/main#0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	kept, err := NewCAWithKey(name, key, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	guest := x509.NewCertPool()
+	guest.AddCert(kept.Cert)
+
+	again, err := DeriveCAKey(secret, "backup/main#0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := NewCA(name, 24*time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		name   string
+		ca     *CA // nil: made again for the derived key
+		verify bool
+	}{
+		{name: "made again for the derived key", verify: true},
+		{name: "another key under the same name", ca: other},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ca := tt.ca
+			if ca == nil {
+				if ca, err = NewCAWithKey(name, again, 48*time.Hour); err != nil {
+					t.Fatal(err)
+				}
+				if ca.Cert.Equal(kept.Cert) {
+					t.Fatal("the CA made again is the same certificate: the test would prove nothing")
+				}
+			}
+			leaf, err := ca.IssueServing([]string{"main.backup.svc"}, nil, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The server presents its leaf and its CA, as Chain writes them.
+			presented := x509.NewCertPool()
+			presented.AddCert(ca.Cert)
+			_, err = leaf.Cert.Verify(x509.VerifyOptions{DNSName: "main.backup.svc", Roots: guest, Intermediates: presented})
+			if tt.verify && err != nil {
+				t.Fatalf("the guest's kept certificate does not verify the new leaf: %v", err)
+			}
+			if !tt.verify && err == nil {
+				t.Fatal("a leaf of another key verified against the guest's CA")
+			}
+		})
+	}
+}
