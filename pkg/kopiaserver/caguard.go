@@ -432,6 +432,13 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 				return 0, err
 			}
 		case caRelease:
+			if ca.Annotations[AnnotationReplaceCA] != "" {
+				// A replacement needs a new key: the CA issued next
+				// must not be derived from the generation it replaces.
+				if err := r.nextCAKeyGeneration(ctx, b, ca); err != nil {
+					return 0, err
+				}
+			}
 			if in.Restored != nil {
 				if err := r.stampRescue(ctx, in.Rescue, revision, true); err != nil {
 					return 0, err
@@ -445,7 +452,7 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 				return 0, err
 			}
 			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCASecretNotKept,
-				"Secret %s/%s was deleted and is let go without a copy: %s. A new CA is issued; guests that trusted an earlier CA refuse the server until their VM restarts. To replace the CA on purpose, annotate the Secret %s before deleting it",
+				"Secret %s/%s was deleted and is let go without a copy: %s. A CA is issued in its place: the one guests trust, made again, when its key is derived from the repository password (CASecretRemade), else a new one that guests refuse until their VM restarts (CAChanged). To replace the CA on purpose, annotate the Secret %s before deleting it",
 				ca.Namespace, ca.Name, untrustedCA(ca, in.Pin), AnnotationReplaceCA)
 		case caRescue:
 			s, err := rescueSecret(b, ca)

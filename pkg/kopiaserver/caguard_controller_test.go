@@ -47,12 +47,38 @@ var _ = Describe("The CA guard", Ordered, func() {
 	}
 	events := func(name string) func() []string { return bslsEvents(ctx, api, ns, name) }
 	filesystem := v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}
-	create := func(name string) *v1alpha1.BackupStorageLocationServer {
+	createWith := func(name string, spec v1alpha1.BackupStorageLocationServerSpec) *v1alpha1.BackupStorageLocationServer {
 		GinkgoHelper()
-		b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem}}
+		b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Spec: spec}
 		Expect(api.Client.Create(ctx, b)).To(Succeed())
 		Eventually(pinOf(name)).WithTimeout(reconciled).Should(HaveLen(64))
 		return b
+	}
+	create := func(name string) *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		return createWith(name, v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem})
+	}
+	// withAdminPassword is a BSLS whose repository password the admin
+	// wrote: its CA's key is random, not derived from it.
+	withAdminPassword := func(name string) *v1alpha1.BackupStorageLocationServer {
+		GinkgoHelper()
+		Expect(api.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-admins-password", Namespace: ns},
+			Data:       map[string][]byte{"password": []byte("chosen by a person, long or not")},
+		})).To(Succeed())
+		return createWith(name, v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem, Repository: v1alpha1.RepositorySpec{
+			PasswordSecretRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: name + "-admins-password"}, Key: "password"},
+		}})
+	}
+	// sameKeyPair reports whether two CA Secrets hold the same certificate
+	// and key.
+	sameKeyPair := func(g Gomega, a, b *corev1.Secret) {
+		g.Expect(a.Data[corev1.TLSCertKey]).To(Equal(b.Data[corev1.TLSCertKey]), "the certificate guests pin")
+		ka, err := pki.ParseCA(a.Data[corev1.TLSCertKey], a.Data[corev1.TLSPrivateKeyKey])
+		g.Expect(err).NotTo(HaveOccurred())
+		kb, err := pki.ParseCA(b.Data[corev1.TLSCertKey], b.Data[corev1.TLSPrivateKeyKey])
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(ka.Key.Equal(kb.Key)).To(BeTrue(), "its key")
 	}
 	// nudge makes the controller look at every BSLS now: the Secrets
 	// below are not guestbackup's, so no watch reports them.
@@ -154,20 +180,21 @@ var _ = Describe("The CA guard", Ordered, func() {
 
 	// A CA Secret guests do not trust (here: corrupt, TLSSecretInvalid) is
 	// not kept through its deletion, even one not marked as a replacement:
-	// its copy could never be restored, and the deletion would hang.
-	It("lets a corrupt <bsls>-ca the admin deletes go, and issues a new CA", func() {
-		b := create("corrupt")
-		pin := pinOf("corrupt")()
+	// its copy could never be restored, and the deletion would hang. What
+	// takes its place depends on where the CA's key comes from.
+	corrupt := func(b *v1alpha1.BackupStorageLocationServer) (pin string) {
+		GinkgoHelper()
+		pin = pinOf(b.Name)()
 		ca := &corev1.Secret{}
 		Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
 
 		By("corrupting the CA Secret, as a bad edit would")
 		ca.Data[corev1.TLSCertKey] = []byte("not a certificate")
 		Expect(api.Client.Update(ctx, ca)).To(Succeed())
-		nudge("corrupt-ca")
+		nudge("corrupt-" + b.Name)
 		Eventually(func(g Gomega) {
 			now := &v1alpha1.BackupStorageLocationServer{}
-			g.Expect(get("corrupt", now)()).To(Succeed())
+			g.Expect(get(b.Name, now)()).To(Succeed())
 			c := meta.FindStatusCondition(now.Status.Conditions, v1alpha1.ConditionCertificateReady)
 			g.Expect(c).NotTo(BeNil())
 			g.Expect(c.Reason).To(Equal(kopiaserver.ReasonTLSSecretInvalid))
@@ -182,10 +209,69 @@ var _ = Describe("The CA guard", Ordered, func() {
 			g.Expect(now.DeletionTimestamp).To(BeNil())
 			g.Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard), "the new CA is guarded in turn")
 		}).WithTimeout(reconciled).Should(Succeed())
-		Eventually(pinOf("corrupt")).WithTimeout(reconciled).Should(And(HaveLen(64), Not(Equal(pin))), "a new CA is issued")
-		Eventually(events("corrupt")).WithTimeout(reconciled).Should(ContainElement(
-			HavePrefix("Warning " + kopiaserver.ReasonCASecretNotKept + ": Secret " + ns + "/corrupt-ca was deleted")))
+		Eventually(events(b.Name)).WithTimeout(reconciled).Should(ContainElement(
+			HavePrefix("Warning " + kopiaserver.ReasonCASecretNotKept + ": Secret " + ns + "/" + b.Name + "-ca was deleted")))
 		Expect(get(kopiaserver.CARescueSecretName(b), &corev1.Secret{})()).NotTo(Succeed(), "no copy of a CA nobody trusts")
+		return pin
+	}
+
+	It("lets a corrupt <bsls>-ca the admin deletes go, and issues a new CA when the admin chose the repository password", func() {
+		b := withAdminPassword("corrupt")
+		pin := corrupt(b)
+		Eventually(pinOf(b.Name)).WithTimeout(reconciled).Should(And(HaveLen(64), Not(Equal(pin))), "a new CA is issued")
+		Eventually(events(b.Name)).WithTimeout(reconciled).Should(ContainElement(And(
+			HavePrefix("Normal "+kopiaserver.ReasonCAIssued), ContainSubstring("with a random key"))))
+	})
+
+	It("lets a corrupt <bsls>-ca the admin deletes go, and makes the CA guests trust again from the password the controller generated", func() {
+		b := create("corrupt-derived")
+		kept := &corev1.Secret{}
+		Expect(get(kopiaserver.CASecretName(b), kept)()).To(Succeed())
+		pin := corrupt(b)
+		Eventually(func(g Gomega) {
+			now := &corev1.Secret{}
+			g.Expect(get(kopiaserver.CASecretName(b), now)()).To(Succeed())
+			sameKeyPair(g, now, kept)
+		}).WithTimeout(reconciled).Should(Succeed())
+		Expect(pinOf(b.Name)()).To(Equal(pin), "the pin holds")
+		Eventually(events(b.Name)).WithTimeout(reconciled).Should(ContainElement(And(
+			HavePrefix("Warning "+kopiaserver.ReasonCASecretRemade+": Secret corrupt-derived-ca was missing"), ContainSubstring(pin))))
+	})
+
+	// The guard sees every deletion it can. One it cannot (its finalizer
+	// removed by hand while no controller runs, an etcd restore) loses the
+	// Secret; a key derived from the repository password is made again,
+	// and the certificate guests pin with it.
+	It("makes the CA guests trust again from the repository password when its Secret is lost beyond the guard", func() {
+		b := create("lost")
+		pin := pinOf("lost")()
+		ca := &corev1.Secret{}
+		Eventually(func(g Gomega) {
+			g.Expect(get(kopiaserver.CASecretName(b), ca)()).To(Succeed())
+			g.Expect(ca.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard))
+		}).WithTimeout(reconciled).Should(Succeed())
+
+		By("stopping the controller, removing the guard's finalizer by hand and deleting the Secret")
+		Expect(stop()).To(Succeed())
+		stop = nil
+		patch := client.MergeFrom(ca.DeepCopy())
+		ca.Finalizers = nil
+		Expect(api.Client.Patch(ctx, ca, patch)).To(Succeed())
+		Expect(api.Client.Delete(ctx, ca)).To(Succeed())
+		Eventually(get(kopiaserver.CASecretName(b), &corev1.Secret{})).WithTimeout(reconciled).ShouldNot(Succeed())
+
+		By("starting the controller again")
+		start()
+		Eventually(func(g Gomega) {
+			now := &corev1.Secret{}
+			g.Expect(get(kopiaserver.CASecretName(b), now)()).To(Succeed())
+			g.Expect(now.UID).NotTo(Equal(ca.UID))
+			sameKeyPair(g, now, ca)
+		}).WithTimeout(reconciled).Should(Succeed())
+		Expect(pinOf("lost")()).To(Equal(pin), "the pin holds")
+		Eventually(events("lost")).WithTimeout(reconciled).Should(ContainElement(And(
+			HavePrefix("Warning "+kopiaserver.ReasonCASecretRemade+": Secret lost-ca was missing"), ContainSubstring(pin))))
+		Expect(events("lost")()).NotTo(ContainElement(HavePrefix("Warning "+kopiaserver.ReasonCAChanged)), "the CA did not change")
 	})
 
 	It("deletes the BSLS's CA rescue Secret with the BSLS: no copy of the CA key is left behind", func() {

@@ -309,7 +309,15 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: TLSSecretName(b)}, leafSecret); err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get Secret %s: %w", TLSSecretName(b), err)
 	}
-	newCA, newLeaf, err := selfManagedTLS(b, caSecret.Data, leafSecret.Data, r.Clock.Now())
+	var keys caKeySource
+	if len(caSecret.Data[corev1.TLSCertKey]) == 0 {
+		password, err := r.passwordSecret(ctx, b)
+		if err != nil {
+			return nil, nil, err
+		}
+		keys = caKeySourceOf(b, password)
+	}
+	newCA, newLeaf, samePin, err := selfManagedTLS(b, keys, caSecret.Data, leafSecret.Data, r.Clock.Now())
 	if err != nil {
 		return nil, &problem{ReasonTLSSecretInvalid, fmt.Sprintf("%v: fix Secret %s, or annotate it %s and delete it to have a new CA issued; guests trust its CA, so a new one leaves every guest distrusting the server until its VM gets the new CA", err, CASecretName(b), AnnotationReplaceCA)}, nil
 	}
@@ -329,7 +337,20 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 		if err := r.Client.Create(ctx, ca); err != nil {
 			return nil, nil, fmt.Errorf("create Secret %s: %w", ca.Name, err)
 		}
-		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCAIssued, "Issued a CA for the server in Secret %s (cert-manager is not used)", ca.Name)
+		switch {
+		case samePin:
+			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCASecretRemade,
+				"Secret %s was missing; the CA guests trust (SHA-256 %s) is made again, its key derived from the repository password in Secret %s, so running guests keep trusting the server",
+				ca.Name, b.Status.TLSFingerprint, keys.PasswordSecret)
+		case keys.derived():
+			r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCAIssued,
+				"Issued a CA for the server in Secret %s (cert-manager is not used), its key derived from the repository password in Secret %s (key generation %d): a cluster given that Secret makes the same key again, and guests keep trusting the server",
+				ca.Name, keys.PasswordSecret, keys.Generation)
+		default:
+			r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCAIssued,
+				"Issued a CA for the server in Secret %s (cert-manager is not used), with a random key: the repository password is not one the controller generated, so keep a backup of Secret %s; guests trust no other CA",
+				ca.Name, ca.Name)
+		}
 	}
 	if newLeaf != nil {
 		leaf := &corev1.Secret{

@@ -155,6 +155,10 @@ const (
 	ReasonRepositoryPasswordGenerated = "RepositoryPasswordGenerated"
 	// ReasonCAIssued (Normal): the controller issued the BSLS's own CA.
 	ReasonCAIssued = "CAIssued"
+	// ReasonCASecretRemade (Warning): Secret <bsls>-ca was gone without a
+	// deletion the guard saw, and the controller made the CA guests pin
+	// again from its key derived from the repository password.
+	ReasonCASecretRemade = "CASecretRemade"
 	// ReasonCASecretRestored (Warning): Secret <bsls>-ca was deleted
 	// without guestbackup.io/replace-ca, and the controller re-created it
 	// with the same certificate and key, so running guests keep trusting

@@ -458,6 +458,15 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard), "the new CA is guarded in turn")
 				Expect(now.Annotations).NotTo(HaveKey(kopiaserver.AnnotationReplaceCA))
 				Expect(eventCount(name, "Secret storage/main-ca was deleted")).To(BeEquivalentTo(1), "restored once, by the spec before, not this time")
+
+				By("deriving the new CA's key from the next generation: a replacement is a new key, and a new cluster given the password makes that one")
+				Expect(now.Data[corev1.TLSPrivateKeyKey]).NotTo(Equal(ca.Data[corev1.TLSPrivateKeyKey]))
+				password := &corev1.Secret{}
+				Expect(get(kopiaserver.RepositoryPassword(bsls).Name, password)()).To(Succeed())
+				Expect(password.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationCAKeyGeneration, "1"))
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(And(
+					HavePrefix("Normal "+kopiaserver.ReasonCAIssued+": Issued a CA for the server in Secret main-ca"),
+					ContainSubstring("derived from the repository password in Secret main-repository (key generation 1)"))))
 			})
 		})
 	})

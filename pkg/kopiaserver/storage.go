@@ -188,7 +188,11 @@ func (r *Reconciler) repositoryPassword(ctx context.Context, b *v1alpha1.BackupS
 	s = &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: sel.Name, Namespace: b.Namespace, Labels: Labels(b),
-			Annotations: map[string]string{AnnotationKeep: "decrypts every backup of BackupStorageLocationServer " + b.Name + "; not deleted with it"},
+			Annotations: map[string]string{
+				AnnotationKeep: "decrypts every backup of BackupStorageLocationServer " + b.Name + "; not deleted with it",
+				// The CA's key is derived from this password (cakey.go).
+				AnnotationCAKeyGeneration: "0",
+			},
 		},
 		Type: corev1.SecretTypeOpaque,
 		Data: map[string][]byte{sel.Key: []byte(generated)},

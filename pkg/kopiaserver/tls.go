@@ -103,38 +103,40 @@ func checkTLSStructure(s *corev1.Secret) (leaf, cas []*x509.Certificate, p *prob
 }
 
 // selfManagedTLS returns the CA and serving Secrets' data the controller
-// keeps without cert-manager: the CA is created once and kept; the leaf is
-// (re)issued when missing, expiring, or not valid for the current names.
-func selfManagedTLS(b *v1alpha1.BackupStorageLocationServer, caData, leafData map[string][]byte, now time.Time) (newCA, newLeaf map[string][]byte, err error) {
+// keeps without cert-manager: the CA is created once (its key from keys)
+// and kept; the leaf is (re)issued when missing, expiring, or not valid for
+// the current names. samePin says that a CA it created is the certificate
+// guests already pin (status.tlsCA), made again from its derived key.
+func selfManagedTLS(b *v1alpha1.BackupStorageLocationServer, keys caKeySource, caData, leafData map[string][]byte, now time.Time) (newCA, newLeaf map[string][]byte, samePin bool, err error) {
 	var ca *pki.CA
 	if len(caData[corev1.TLSCertKey]) > 0 {
 		ca, err = pki.ParseCA(caData[corev1.TLSCertKey], caData[corev1.TLSPrivateKeyKey])
 		if err != nil {
-			return nil, nil, fmt.Errorf("Secret %s: %w", CASecretName(b), err)
+			return nil, nil, false, fmt.Errorf("Secret %s: %w", CASecretName(b), err)
 		}
 	} else {
-		if ca, err = pki.NewCA(b.Namespace+"/"+b.Name+" guestbackup CA", selfManagedCALifetime); err != nil {
-			return nil, nil, err
+		if ca, samePin, err = keys.newCA(b, b.Status.TLSCA, now); err != nil {
+			return nil, nil, false, err
 		}
 		key, err := ca.KeyPEM()
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, false, err
 		}
 		newCA = map[string][]byte{corev1.TLSCertKey: ca.CertPEM(), corev1.TLSPrivateKeyKey: key}
 	}
 	dnsNames, ips := ServingNames(b)
 	if newCA == nil && leafValid(leafData, ca, dnsNames, ips, now) {
-		return nil, nil, nil
+		return nil, nil, false, nil
 	}
 	kp, err := ca.IssueServing(dnsNames, ips, selfManagedLeafLifetime)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
 	key, err := kp.KeyPEM()
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, false, err
 	}
-	return newCA, map[string][]byte{corev1.TLSCertKey: pki.EncodeCert(kp.Cert), corev1.TLSPrivateKeyKey: key, "ca.crt": ca.CertPEM()}, nil
+	return newCA, map[string][]byte{corev1.TLSCertKey: pki.EncodeCert(kp.Cert), corev1.TLSPrivateKeyKey: key, "ca.crt": ca.CertPEM()}, samePin, nil
 }
 
 // leafValid reports whether a serving Secret holds a leaf of ca, for all

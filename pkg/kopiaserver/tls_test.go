@@ -18,7 +18,7 @@ func TestSelfManagedTLS(t *testing.T) {
 	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
 	now := time.Now()
 
-	ca, leaf, err := selfManagedTLS(b, nil, nil, now)
+	ca, leaf, _, err := selfManagedTLS(b, caKeySource{}, nil, nil, now)
 	if err != nil || ca == nil || leaf == nil {
 		t.Fatalf("first run: CA %v, leaf %v, error %v; want both issued", ca != nil, leaf != nil, err)
 	}
@@ -31,12 +31,12 @@ func TestSelfManagedTLS(t *testing.T) {
 		t.Errorf("pin %s is not the CA's fingerprint", m.Pin)
 	}
 
-	if newCA, newLeaf, err := selfManagedTLS(b, ca, leaf, now.Add(time.Hour)); err != nil || newCA != nil || newLeaf != nil {
+	if newCA, newLeaf, _, err := selfManagedTLS(b, caKeySource{}, ca, leaf, now.Add(time.Hour)); err != nil || newCA != nil || newLeaf != nil {
 		t.Errorf("a valid leaf: CA %v, leaf %v, error %v; want nothing new", newCA != nil, newLeaf != nil, err)
 	}
 
 	renewal := now.Add(2*selfManagedLeafLifetime/3 + time.Hour)
-	newCA, newLeaf, err := selfManagedTLS(b, ca, leaf, renewal)
+	newCA, newLeaf, _, err := selfManagedTLS(b, caKeySource{}, ca, leaf, renewal)
 	if err != nil || newCA != nil || newLeaf == nil {
 		t.Fatalf("two thirds into its life: CA %v, leaf %v, error %v; want a new leaf only", newCA != nil, newLeaf != nil, err)
 	}
@@ -46,25 +46,25 @@ func TestSelfManagedTLS(t *testing.T) {
 
 	moved := b.DeepCopy()
 	moved.Spec.ClientURL = "https://10.0.2.2:51515"
-	if _, newLeaf, _ := selfManagedTLS(moved, ca, leaf, now); newLeaf == nil {
+	if _, newLeaf, _, _ := selfManagedTLS(moved, caKeySource{}, ca, leaf, now); newLeaf == nil {
 		t.Error("a new clientURL host: the leaf was not re-issued for it")
 	} else if certs, _ := certutil.ParseCertsPEM(newLeaf[corev1.TLSCertKey]); certs[0].VerifyHostname("10.0.2.2") != nil {
 		t.Error("the re-issued leaf is not valid for the clientURL's IP")
 	}
 
 	broken := map[string][]byte{corev1.TLSCertKey: ca[corev1.TLSCertKey], corev1.TLSPrivateKeyKey: []byte("not a key")}
-	if _, _, err := selfManagedTLS(b, broken, leaf, now); err == nil || !strings.Contains(err.Error(), "Secret main-ca") {
+	if _, _, _, err := selfManagedTLS(b, caKeySource{}, broken, leaf, now); err == nil || !strings.Contains(err.Error(), "Secret main-ca") {
 		t.Errorf("a broken CA Secret: error = %v, want one naming Secret main-ca", err)
 	}
 }
 
 func TestCheckTLSSecret(t *testing.T) {
 	b := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: "main", Namespace: "backup"}}
-	ca, leaf, err := selfManagedTLS(b, nil, nil, time.Now())
+	ca, leaf, _, err := selfManagedTLS(b, caKeySource{}, nil, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, _, err := selfManagedTLS(b, nil, nil, time.Now())
+	other, _, _, err := selfManagedTLS(b, caKeySource{}, nil, nil, time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
