@@ -119,6 +119,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// where two would hold every instance's metadata twice.
 		Watches(&kubevirtv1.VirtualMachineInstance{}, &handler.EnqueueRequestForObject{},
 			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		// A VM's GuestProtection bears its name: one deleted by hand is
+		// made again. Its status updates are the reconciler's own.
+		Watches(&v1alpha1.GuestProtection{}, &handler.EnqueueRequestForObject{},
+			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
 		Complete(r)
 }
 
@@ -154,7 +158,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	if vm.Annotations[v1alpha1.AnnotationServer] == "" {
 		exported.forget(req.NamespacedName)
-		return ctrl.Result{}, nil
+		return ctrl.Result{}, r.unprotect(ctx, req.NamespacedName)
 	}
 	secret := &corev1.Secret{}
 	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: vm.Namespace, Name: vmsecret.Name(vm.Name)}, secret); err != nil {
@@ -207,6 +211,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 	}
 	vmevent.Record(r.Recorder, vm.ObjectMeta, d.Events)
+	if err := r.protect(ctx, vm, ProtectionInputs{
+		Server: bsls.String(), Identity: user, Guest: guest, NotConnected: notConnected,
+		Stale: announcedAfter(secret.Annotations, d.Annotations, AnnotationBackupStale) != "", Now: now,
+	}); err != nil {
+		return ctrl.Result{}, err
+	}
 	return ctrl.Result{RequeueAfter: d.RecheckAfter}, nil
 }
 

@@ -11,7 +11,11 @@ import (
 	"github.com/kopia/kopia/repo"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	gtypes "github.com/onsi/gomega/types"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -55,6 +59,13 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName)).To(Succeed())
 	}
 	events := func(reason string) func() []string { return vmEvents(ctx, api, "web", reason) }
+	protection := func() (*v1alpha1.GuestProtection, error) {
+		p := &v1alpha1.GuestProtection{}
+		return p, api.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "web"}, p)
+	}
+	condition := func(typ string, status metav1.ConditionStatus, reason string) gtypes.GomegaMatcher {
+		return HaveField("Status.Conditions", ContainElement(And(HaveField("Type", typ), HaveField("Status", status), HaveField("Reason", reason))))
+	}
 	metric := func(name string) func() (float64, error) {
 		return func() (float64, error) {
 			return testbed.Metric(metricsAddr, name, map[string]string{"namespace": vmNamespace, "vm": "web", "bsls": bslsNamespace + "/" + bslsName})
@@ -110,6 +121,19 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 				Expect(e.FirstTimestamp.Time).NotTo(BeTemporally("<", issuedAt.Add(staleAfter).Truncate(time.Second)))
 			}
 		}
+
+		By("saying so on the VM's GuestProtection, in the VM's namespace and owned by the VM")
+		Eventually(protection).Should(And(
+			HaveField("Status.Snapshots", BeEquivalentTo(0)),
+			HaveField("Status.Server", bslsNamespace+"/"+bslsName),
+			HaveField("Status.Identity", "web@team-a"),
+			condition(v1alpha1.ConditionBackupFresh, metav1.ConditionFalse, audit.ReasonBackupStale),
+			condition(v1alpha1.ConditionGuestConnected, metav1.ConditionUnknown, audit.ReasonNoSnapshotYet)))
+		p, err := protection()
+		Expect(err).NotTo(HaveOccurred())
+		vm := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "web"}, vm)).To(Succeed())
+		Expect(metav1.IsControlledBy(p, vm)).To(BeTrue(), "owned by the VM, so that it goes with it")
 	})
 
 	It("records exactly one SnapshotCreated, with path and size, for a snapshot the guest took", func() {
@@ -129,6 +153,16 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		publish()
 		Consistently(events(audit.ReasonSnapshotCreated)).WithTimeout(3 * time.Second).Should(HaveLen(1))
 
+		By("showing the snapshot on the VM's GuestProtection")
+		Eventually(protection).WithTimeout(10 * time.Second).Should(And(
+			HaveField("Status.Snapshots", BeEquivalentTo(1)),
+			HaveField("Status.LastSnapshot.Path", data),
+			HaveField("Status.LastSnapshot.Bytes", BeEquivalentTo(6000)),
+			HaveField("Status.LastSnapshot.Files", BeEquivalentTo(1)),
+			HaveField("Status.LastSnapshot.EndTime.Time", BeTemporally(">=", before)),
+			condition(v1alpha1.ConditionBackupFresh, metav1.ConditionTrue, audit.ReasonWithinSchedule),
+			condition(v1alpha1.ConditionGuestConnected, metav1.ConditionTrue, audit.ReasonSnapshotsSeen)))
+
 		By("exporting the last snapshot on the metrics endpoint")
 		Expect(metric("guestbackup_vm_last_snapshot_bytes")()).To(Equal(6000.0))
 		Expect(metric("guestbackup_vm_snapshots")()).To(Equal(1.0))
@@ -143,5 +177,30 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		publish()
 		Eventually(events(audit.ReasonBackupResumed)).WithTimeout(10 * time.Second).Should(HaveLen(2))
 		Expect(events(audit.ReasonSnapshotCreated)()).To(HaveLen(2))
+		Eventually(protection).WithTimeout(10 * time.Second).Should(And(
+			HaveField("Status.Snapshots", BeEquivalentTo(2)),
+			condition(v1alpha1.ConditionBackupFresh, metav1.ConditionTrue, audit.ReasonWithinSchedule)))
+	})
+
+	It("makes the VM's GuestProtection again when it is deleted, and deletes it when the VM opts out", func() {
+		deleted, err := protection()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(api.Client.Delete(ctx, deleted)).To(Succeed())
+		Eventually(func() (types.UID, error) {
+			p, err := protection()
+			return p.UID, err
+		}).WithTimeout(10 * time.Second).Should(And(Not(BeEmpty()), Not(Equal(deleted.UID))))
+		Eventually(protection).WithTimeout(10 * time.Second).Should(HaveField("Status.Snapshots", BeEquivalentTo(2)))
+
+		By("the owner removing the VM's guestbackup.io/server annotation")
+		vm := &kubevirtv1.VirtualMachine{}
+		Expect(api.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "web"}, vm)).To(Succeed())
+		patch := client.MergeFrom(vm.DeepCopy())
+		delete(vm.Annotations, v1alpha1.AnnotationServer)
+		Expect(api.Client.Patch(ctx, vm, patch)).To(Succeed())
+		Eventually(func() bool {
+			_, err := protection()
+			return apierrors.IsNotFound(err)
+		}).WithTimeout(10 * time.Second).Should(BeTrue())
 	})
 })

@@ -253,7 +253,7 @@ var _ = Describe("The chart rendered", func() {
 					Expect(err).NotTo(HaveOccurred(), "%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 				}
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
-				Expect(r.ofKind("ClusterRole")).To(HaveLen(3), "the controller's, the webhook's and the server pods' maintenance election")
+				Expect(r.ofKind("ClusterRole")).To(HaveLen(4), "the controller's, the webhook's, the server pods' maintenance election and the namespace readers' view")
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
 				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
 				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(1))
@@ -281,6 +281,16 @@ var _ = Describe("The chart rendered", func() {
 				port := c.Ports[slices.IndexFunc(c.Ports, func(p corev1.ContainerPort) bool { return p.Name == svc.Spec.Ports[0].TargetPort.StrVal })]
 				Expect(port.ContainerPort).To(Equal(int32(9443)))
 				Expect(c.Args).To(ContainElement("--port=9443"))
+			})
+
+			It("lets whoever may view a namespace read its VMs' GuestProtections, and nothing else of guestbackup's", func() {
+				view := as[rbacv1.ClusterRole](r.find("ClusterRole", release+"-view"))
+				Expect(view.Labels).To(HaveKeyWithValue("rbac.authorization.k8s.io/aggregate-to-view", "true"), "aggregated into the built-in view role")
+				Expect(view.Rules).To(Equal([]rbacv1.PolicyRule{{APIGroups: []string{"guestbackup.io"}, Resources: []string{"guestprotections"}, Verbs: []string{"get", "list", "watch"}}}))
+				Expect(view.AggregationRule).To(BeNil())
+				for _, o := range r.ofKind("ClusterRoleBinding") {
+					Expect(as[rbacv1.ClusterRoleBinding](o).RoleRef.Name).NotTo(Equal(view.Name), "bound only through the built-in roles")
+				}
 			})
 
 			It("grants each binary exactly the rules generated from its markers", func() {

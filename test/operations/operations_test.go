@@ -136,6 +136,22 @@ var _ = Describe("An admin over the years", Ordered, func() {
 			"metrics the dashboard or the alerts use that no running binary exports")
 	})
 
+	It("shows the VM's owner, in the VM's namespace, the snapshot its guest took", func() {
+		p := &v1alpha1.GuestProtection{}
+		Eventually(func() error {
+			return first.API.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: vmName}, p)
+		}).WithTimeout(provisionTimeout).WithPolling(time.Second).Should(Succeed())
+		Eventually(func() (*v1alpha1.GuestProtection, error) {
+			return p, first.API.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: vmName}, p)
+		}).WithTimeout(provisionTimeout).WithPolling(time.Second).Should(And(
+			HaveField("Status.Snapshots", BeEquivalentTo(1)),
+			HaveField("Status.LastSnapshot.ID", snap),
+			HaveField("Status.LastSnapshot.Path", source),
+			HaveField("Status.LastSnapshot.Bytes", BeEquivalentTo(len(content))),
+			HaveField("Status.Identity", guestUser),
+			HaveField("Status.Conditions", ContainElement(And(HaveField("Type", v1alpha1.ConditionGuestConnected), HaveField("Status", metav1.ConditionTrue))))))
+	})
+
 	It("serves the same users and CA from a new cluster given the same storage and the kept Secrets, and the guest restores without a new bootstrap", func() {
 		// What docs/disaster-recovery.md says to keep, as a backup tool
 		// would hand it back: without uid, resourceVersion or owner.
