@@ -40,10 +40,15 @@ verify-generated: ## Fail when a generated file is stale or was edited by hand.
 	hack/verify-generated.sh
 
 .PHONY: build
-build: ## Build every package and both binaries into bin/.
+build: ## Build every package, both binaries and the kubectl plugin (kubectl-guestbackup: put it on your PATH) into bin/.
 	go build ./...
 	go build -o bin/controller ./cmd/controller
 	go build -o bin/webhook ./cmd/webhook
+	go build -o bin/kubectl-guestbackup ./cmd/kubectl-guestbackup
+
+.PHONY: plugin-release
+plugin-release: ## Build the kubectl plugin for krew's platforms into bin/plugin, with its krew manifest; VERSION=v1.2.3 URL_BASE=https://... (where the archives are uploaded).
+	go run ./hack/plugin-release -version "$(VERSION)" -url-base "$(URL_BASE)" -out bin/plugin
 
 .PHONY: image
 image: ## Build the image as an OCI layout tarball (bin/guestbackup-image.tar), without a container engine.

@@ -29,6 +29,8 @@ var binaries = map[string]string{
 	"controller": module + "/cmd/controller",
 	"webhook":    module + "/cmd/webhook",
 	"server pod": module + "/cmd/server",
+	// The kubectl plugin runs on the owner's or admin's machine.
+	"kubectl plugin": module + "/cmd/kubectl-guestbackup",
 }
 
 // sourcesTracked makes go test's cache key this package's results on the
@@ -105,6 +107,8 @@ func TestNoProcessLinksAnothersCode(t *testing.T) {
 		{binaries["webhook"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiaserver", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/credentials"}},
 		{binaries["controller"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/mutate"}},
 		{binaries["server pod"], []string{"github.com/cert-manager/", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit"}},
+		// The plugin only reads the API: none of the product's processes.
+		{binaries["kubectl plugin"], []string{"github.com/kopia/kopia/", "github.com/cert-manager/", "kubevirt.io/", module + "/pkg/", module + "/internal/controller", module + "/internal/webhook", module + "/internal/manager"}},
 		// The harness proves the product: none of the code it proves may
 		// be its own foundation (identity and pki are leaves it shares).
 		{module + "/internal/testbed", []string{module + "/pkg/serverpod", module + "/pkg/kopiauser", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit", module + "/pkg/cloudinit", module + "/internal/local", module + "/internal/controller", module + "/internal/webhook"}},
