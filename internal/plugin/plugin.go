@@ -38,10 +38,10 @@ var errSaid = errors.New("")
 func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 	flags := genericclioptions.NewConfigFlags(true)
 	root := &cobra.Command{
-		Use:   "guestbackup",
+		Use: "guestbackup",
 		// kubectl runs the plugin as `kubectl guestbackup`: its help says so.
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl guestbackup"},
-		Short: "See how guestbackup backs up your VirtualMachines",
+		Short:       "See how guestbackup backs up your VirtualMachines",
 		Long: `kubectl guestbackup shows, from the cluster, how guestbackup backs up the
 VirtualMachines of a namespace: their snapshots, their newest backup, and
 whether their guests connect. It reads the GuestProtection guestbackup keeps
