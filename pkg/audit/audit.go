@@ -119,10 +119,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// where two would hold every instance's metadata twice.
 		Watches(&kubevirtv1.VirtualMachineInstance{}, &handler.EnqueueRequestForObject{},
 			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
-		// A VM's GuestProtection bears its name: one deleted by hand is
-		// made again. Its status updates are the reconciler's own.
-		Watches(&v1alpha1.GuestProtection{}, &handler.EnqueueRequestForObject{},
-			builder.WithPredicates(predicate.Funcs{UpdateFunc: func(event.UpdateEvent) bool { return false }})).
+		// A VM's GuestProtection bears its name: one deleted, or written
+		// by anyone but the controller, is made right again. The
+		// controller's own writes come back as one more pass that finds
+		// nothing to write.
+		Watches(&v1alpha1.GuestProtection{}, &handler.EnqueueRequestForObject{}).
 		Complete(r)
 }
 

@@ -13,10 +13,12 @@ import (
 	. "github.com/onsi/gomega"
 	gtypes "github.com/onsi/gomega/types"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -202,5 +204,72 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 			_, err := protection()
 			return apierrors.IsNotFound(err)
 		}).WithTimeout(10 * time.Second).Should(BeTrue())
+	})
+})
+
+// A role wider than the chart's (a wildcard on guestbackup.io) could let a
+// tenant write GuestProtections: what they write must not stand. The
+// controller here rechecks nothing on a timer within the spec (its stale
+// window is an hour, the VM runs no instance), so only its watch of the
+// GuestProtections can undo a write.
+var _ = Describe("A GuestProtection a tenant writes", Ordered, func() {
+	var (
+		ctx    context.Context
+		api    *testbed.APIServer
+		tenant client.Client
+	)
+	protection := func() (*v1alpha1.GuestProtection, error) {
+		p := &v1alpha1.GuestProtection{}
+		return p, api.Client.Get(ctx, client.ObjectKey{Namespace: vmNamespace, Name: "quiet"}, p)
+	}
+
+	BeforeAll(func() {
+		ctx = context.Background()
+		api = startAuditBed(ctx)
+		createOptedInVM(ctx, api, "quiet", map[string]string{v1alpha1.AnnotationPaths: "/srv"}, kubevirtv1.RunStrategyHalted, time.Now().UTC(), testbed.RandomPassword())
+		stop, err := testbed.RunManager(api, testbed.ManagerOptions{Logger: GinkgoLogr, Cache: controller.Cache()}, func(mgr ctrl.Manager) error {
+			return (&audit.Reconciler{StaleAfter: time.Hour}).SetupWithManager(mgr)
+		})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(stop()).To(Succeed()) })
+
+		Expect(api.Client.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "careless", Namespace: vmNamespace},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestprotections", "guestprotections/status"},
+				Verbs: []string{"get", "list", "create", "update", "patch", "delete"}}},
+		})).To(Succeed())
+		Expect(api.Client.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "careless", Namespace: vmNamespace},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "careless"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "tenant"}},
+		})).To(Succeed())
+		cfg := rest.CopyConfig(api.Config)
+		cfg.Impersonate = rest.ImpersonationConfig{UserName: "tenant"}
+		tenant, err = client.New(cfg, client.Options{Scheme: api.Scheme})
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(protection).Should(HaveField("Status.Identity", "quiet@"+vmNamespace))
+	})
+
+	It("writes the truth back over a status the tenant wrote", func() {
+		p, err := protection()
+		Expect(err).NotTo(HaveOccurred())
+		patch := client.MergeFrom(p.DeepCopy())
+		p.Status.Snapshots = 99
+		p.Status.Conditions = nil
+		Expect(tenant.Status().Patch(ctx, p, patch)).To(Succeed())
+		Eventually(protection).WithTimeout(10*time.Second).Should(And(
+			HaveField("Status.Snapshots", BeEquivalentTo(0)),
+			HaveField("Status.Conditions", HaveLen(2))), "the controller writes the truth back")
+	})
+
+	It("replaces a GuestProtection the VM does not own with its own", func() {
+		p, err := protection()
+		Expect(err).NotTo(HaveOccurred())
+		Expect(tenant.Delete(ctx, p)).To(Succeed())
+		Expect(tenant.Create(ctx, &v1alpha1.GuestProtection{ObjectMeta: metav1.ObjectMeta{Name: "quiet", Namespace: vmNamespace}})).
+			To(Or(Succeed(), MatchError(ContainSubstring("already exists"))))
+		Eventually(protection).WithTimeout(10 * time.Second).Should(And(
+			HaveField("OwnerReferences", ContainElement(HaveField("Kind", "VirtualMachine"))),
+			HaveField("Status.Identity", "quiet@"+vmNamespace)))
 	})
 })
