@@ -86,6 +86,10 @@ var fleetServer = types.NamespacedName{Namespace: "backup", Name: "main"}
 //   - restart-s: the same after a restart, the users Secrets in place;
 //   - rehashes: passwords the controller hashed in both
 //     (guestbackup_password_hashes_total), which must be 0;
+//   - sync-writes and restart-writes: the API writes the controller sent
+//     until settled (client-go's rest_client_requests_total, POST, PUT,
+//     PATCH and DELETE): the users Secrets and each VM's GuestProtection
+//     at the first sync; a settled fleet should cost next to none;
 //   - controller-RSS-MB, controller-peak-MB (VmHWM: its start included)
 //     and controller-heap-MB (the Go heap in use) once settled after the
 //     restart, controller-idle-RSS-MB without VMs; webhook-RSS-MB,
@@ -121,6 +125,7 @@ func BenchmarkOptedInVMs(b *testing.B) {
 	sync := f.startController(b, "controller-sync")
 	syncTime := sync.settle(b, f)
 	syncHashes := sync.hashes(b)
+	syncWrites := sync.writes(b)
 	sync.stop()
 
 	var restartTime time.Duration
@@ -133,6 +138,7 @@ func BenchmarkOptedInVMs(b *testing.B) {
 		restartTime = restart.settle(b, f)
 	}
 	rehashes := syncHashes + restart.hashes(b)
+	restartWrites := restart.writes(b)
 	restart.logReconcileTimes(b)
 	controllerRSS, controllerPeak, controllerHeap := restart.rss(b), restart.peak(b), restart.heap(b)
 	// After the figures: a profile collects first (?gc=1), which would
@@ -149,6 +155,8 @@ func BenchmarkOptedInVMs(b *testing.B) {
 	b.ReportMetric(syncTime.Seconds(), "sync-s")
 	b.ReportMetric(restartTime.Seconds(), "restart-s")
 	b.ReportMetric(rehashes, "rehashes")
+	b.ReportMetric(syncWrites, "sync-writes")
+	b.ReportMetric(restartWrites, "restart-writes")
 	b.ReportMetric(idle, "controller-idle-RSS-MB")
 	b.ReportMetric(mib(controllerRSS), "controller-RSS-MB")
 	b.ReportMetric(mib(controllerPeak), "controller-peak-MB")
@@ -766,6 +774,22 @@ func (p *process) hashes(b *testing.B) float64 {
 		b.Fatal(err)
 	}
 	return sum(families, "guestbackup_password_hashes_total", "", "")
+}
+
+// writes is how many requests that write (create, update, patch,
+// delete) the process sent the API server so far, from client-go's
+// counter: its Events and leader election included.
+func (p *process) writes(b *testing.B) float64 {
+	b.Helper()
+	families, err := testbed.Scrape(p.metrics)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, method := range []string{"POST", "PUT", "PATCH", "DELETE"} {
+		total += sum(families, "rest_client_requests_total", "method", method)
+	}
+	return total
 }
 
 // sum adds the values of the series of a counter or gauge whose label has
