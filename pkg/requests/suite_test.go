@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
@@ -33,7 +34,8 @@ import (
 // real kube-apiserver that enforces RBAC, with the webhook configuration
 // requests.Webhook (as the chart installs it) pointing at the webhook
 // binary's wiring (internal/webhook), kube-controller-manager's ClusterRole
-// aggregation, and the chart's own aggregated ClusterRoles. Tenants are API
+// aggregation, and the chart's own aggregated ClusterRoles and requester
+// policy. Tenants are API
 // users impersonated by a real client, each bound to a built-in role in
 // one namespace only.
 
@@ -81,12 +83,16 @@ var _ = BeforeSuite(func() {
 	DeferCleanup(stop)
 	Eventually(func() error { return server.StartedChecker()(nil) }).Should(Succeed())
 
-	By("aggregating the chart's request roles to the built-in ones, as a cluster's controller manager does")
-	testbed.StartRoleAggregation(GinkgoT(), api)
-	for _, role := range chartRequestRoles() {
-		Expect(api.Client.Create(ctx, role)).To(Succeed())
+	By("installing the chart's request roles and policy, aggregated and type-checked as a cluster's controller manager does")
+	testbed.StartControllerManager(GinkgoT(), api, testbed.RoleAggregationController, testbed.PolicyStatusController)
+	for _, o := range chartRequests() {
+		Expect(api.Client.Create(ctx, o)).To(Succeed(), "%s %s", o.GetObjectKind().GroupVersionKind().Kind, o.GetName())
 	}
 	Eventually(func(g Gomega) {
+		p := &admissionregistrationv1.ValidatingAdmissionPolicy{}
+		g.Expect(api.Client.Get(ctx, client.ObjectKey{Name: "guestbackup-requester"}, p)).To(Succeed())
+		g.Expect(p.Status.TypeChecking).NotTo(BeNil(), "the requester policy is type-checked")
+		g.Expect(p.Status.TypeChecking.ExpressionWarnings).To(BeEmpty())
 		for _, builtin := range []string{"admin", "edit", "view"} {
 			role := &rbacv1.ClusterRole{}
 			g.Expect(api.Client.Get(ctx, client.ObjectKey{Name: builtin}, role)).To(Succeed())
@@ -136,35 +142,37 @@ func clientAs(user string, groups ...string) client.Client {
 	return c
 }
 
-// chartRequestRoles are the chart's aggregated ClusterRoles for requests,
-// rendered by helm with requests.enabled, as an install creates them.
-func chartRequestRoles() []*rbacv1.ClusterRole {
+// chartRequests are the chart's objects for requests beside the webhook
+// entry, rendered by helm with requests.enabled, as an install creates
+// them: the ClusterRoles aggregated to the built-in roles, and the policy
+// that has the last word on the requester.
+func chartRequests() []*unstructured.Unstructured {
 	GinkgoHelper()
 	tools, err := testbed.LoadTools()
 	Expect(err).NotTo(HaveOccurred())
 	root, err := testbed.RepoRoot()
 	Expect(err).NotTo(HaveOccurred())
 	var stderr bytes.Buffer
-	cmd := exec.Command(tools.Helm, "template", "guestbackup", filepath.Join(root, "charts", "guestbackup"),
-		"--set", "requests.enabled=true", "--show-only", "templates/requests-rbac.yaml")
+	cmd := exec.Command(tools.Helm, "template", "guestbackup", filepath.Join(root, "charts", "guestbackup"), "--set", "requests.enabled=true",
+		"--show-only", "templates/requests-rbac.yaml", "--show-only", "templates/requests-policy.yaml")
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	Expect(err).NotTo(HaveOccurred(), stderr.String())
-	var roles []*rbacv1.ClusterRole
+	var objs []*unstructured.Unstructured
 	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(out), 4096)
 	for {
-		role := &rbacv1.ClusterRole{}
-		err := dec.Decode(role)
+		o := &unstructured.Unstructured{}
+		err := dec.Decode(&o.Object)
 		if errors.Is(err, io.EOF) {
 			break
 		}
 		Expect(err).NotTo(HaveOccurred())
-		if role.Name != "" {
-			roles = append(roles, role)
+		if len(o.Object) > 0 {
+			objs = append(objs, o)
 		}
 	}
-	Expect(roles).To(HaveLen(2))
-	return roles
+	Expect(objs).To(HaveLen(4), "two ClusterRoles, a ValidatingAdmissionPolicy and its binding")
+	return objs
 }
 
 // yesterday is a time for "before" selectors well in the past of the

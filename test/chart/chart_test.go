@@ -265,8 +265,13 @@ var _ = Describe("The chart rendered", func() {
 				}
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
 				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
-				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(1))
-				Expect(r.ofKind("ValidatingAdmissionPolicyBinding")).To(HaveLen(1))
+				// With requests, the requester's too (requests_test.go).
+				policies := 1
+				if set.requests {
+					policies = 2
+				}
+				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(policies))
+				Expect(r.ofKind("ValidatingAdmissionPolicyBinding")).To(HaveLen(policies))
 			})
 
 			It("registers exactly pkg/mutate's webhook, and pkg/requests' with requests enabled, pointing at the webhook Service", func() {
