@@ -10,6 +10,7 @@ import (
 	"github.com/onsi/gomega/types"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -194,6 +195,16 @@ var _ = Describe("A tenant's request", func() {
 			r.Spec.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "team-b/data"}
 		}, `spec.target.persistentVolumeClaim.claimName: "team-b/data" is not a claim name`),
 	)
+
+	It("is refused, saying what to fix, when its time is no time", func() {
+		r := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": v1alpha1.GroupVersion.String(), "kind": "GuestRestore",
+			"metadata": map[string]any{"name": "at-a-bad-time", "namespace": teamA},
+			"spec":     map[string]any{"vm": "web", "paths": []any{"/etc/nginx"}, "snapshot": map[string]any{"before": "yesterday"}},
+		}}
+		Expect(asAlice.Create(ctx, r)).To(deniedBy(
+			`spec.snapshot.before: "yesterday" is not a time: give one in RFC 3339, such as 2026-12-06T18:00:00Z`))
+	})
 
 	It("is admitted in every allowed form", func() {
 		for _, edit := range []func(*v1alpha1.GuestRestore){

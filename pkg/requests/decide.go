@@ -8,6 +8,7 @@
 package requests
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -208,6 +209,17 @@ func checkTarget(t v1alpha1.RestoreTarget) []string {
 		}
 	}
 	return problems
+}
+
+// Unreadable says what to fix in a request whose spec cannot be read: a
+// time that is no RFC 3339 time (spec.snapshot.before, its only time), or
+// any other value of the wrong form, as the decoder found it.
+func Unreadable(err error) string {
+	var t *time.ParseError
+	if errors.As(err, &t) {
+		return fmt.Sprintf("spec.snapshot.before: %q is not a time: give one in RFC 3339, such as 2026-12-06T18:00:00Z", t.Value)
+	}
+	return fmt.Sprintf("its spec cannot be read (%v): give each field the form docs/requests.md describes", err)
 }
 
 // Message joins problems into one denial, naming the request.

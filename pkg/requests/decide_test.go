@@ -1,6 +1,7 @@
 package requests
 
 import (
+	"encoding/json"
 	"reflect"
 	"strings"
 	"testing"
@@ -179,6 +180,35 @@ func TestValidateRestore(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			if got := ValidateRestore("team-a", tt.spec, tt.vm, now); !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ValidateRestore =\n%q\nwant\n%q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestUnreadable(t *testing.T) {
+	for _, tt := range []struct {
+		name, spec, want string
+	}{
+		{name: "a time that is no time", spec: `{"vm": "web", "paths": ["/etc"], "snapshot": {"before": "yesterday"}}`,
+			want: `spec.snapshot.before: "yesterday" is not a time: give one in RFC 3339, such as 2026-12-06T18:00:00Z`},
+		{name: "a date without its time", spec: `{"vm": "web", "paths": ["/etc"], "snapshot": {"before": "2026-12-06"}}`,
+			want: `spec.snapshot.before: "2026-12-06" is not a time: give one in RFC 3339, such as 2026-12-06T18:00:00Z`},
+		// The decoder's own words are between the parentheses.
+		{name: "paths as one string", spec: `{"vm": "web", "paths": "/etc"}`,
+			want: "its spec cannot be read (…): give each field the form docs/requests.md describes"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			var spec v1alpha1.GuestRestoreSpec
+			err := json.Unmarshal([]byte(tt.spec), &spec)
+			if err == nil {
+				t.Fatal("the spec was read")
+			}
+			got := Unreadable(err)
+			if before, after, ok := strings.Cut(tt.want, "…"); ok && strings.HasPrefix(got, before) && strings.HasSuffix(got, after) {
+				got = tt.want
+			}
+			if got != tt.want {
+				t.Errorf("Unreadable = %q\nwant %q", got, tt.want)
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"gomodules.xyz/jsonpatch/v2"
 	admissionv1 "k8s.io/api/admission/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -59,24 +60,26 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 		vmName   string
 		validate func(vm *VM) []string
 		name     string
+		err      error
 	)
 	switch req.Kind.Kind {
 	case KindGuestSnapshot:
-		r := &v1alpha1.GuestSnapshot{}
-		if err := json.Unmarshal(req.Object.Raw, r); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("read GuestSnapshot: %w", err))
-		}
-		name, vmName = nameOf(r.Name, r.GenerateName), r.Spec.VM
+		var r admitted[v1alpha1.GuestSnapshotSpec]
+		err = json.Unmarshal(req.Object.Raw, &r)
+		name, vmName = nameOf(r.Metadata.Name, r.Metadata.GenerateName), r.Spec.VM
 		validate = func(vm *VM) []string { return ValidateSnapshot(req.Namespace, r.Spec, vm) }
 	case KindGuestRestore:
-		r := &v1alpha1.GuestRestore{}
-		if err := json.Unmarshal(req.Object.Raw, r); err != nil {
-			return admission.Errored(http.StatusBadRequest, fmt.Errorf("read GuestRestore: %w", err))
-		}
-		name, vmName = nameOf(r.Name, r.GenerateName), r.Spec.VM
+		var r admitted[v1alpha1.GuestRestoreSpec]
+		err = json.Unmarshal(req.Object.Raw, &r)
+		name, vmName = nameOf(r.Metadata.Name, r.Metadata.GenerateName), r.Spec.VM
 		validate = func(vm *VM) []string { return ValidateRestore(req.Namespace, r.Spec, vm, h.Clock.Now()) }
 	default:
 		return admission.Allowed("")
+	}
+	if err != nil {
+		// Mutating webhooks see a request before the API server checks
+		// it against its schema: a value of the wrong form is said here.
+		return admission.Denied(Message(req.Kind.Kind, name, []string{Unreadable(err)}))
 	}
 	vm, err := h.vm(ctx, req.Namespace, vmName)
 	if err != nil {
@@ -90,6 +93,13 @@ func (h *Handler) Handle(ctx context.Context, req admission.Request) admission.R
 	// "add" replaces a member that exists: one operation whatever the
 	// client sent, and nothing else of the request is touched.
 	return admission.Patched("", jsonpatch.JsonPatchOperation{Operation: "add", Path: "/spec/requester", Value: RequesterOf(req.UserInfo)})
+}
+
+// admitted is what the handler reads of a request: its metadata and spec,
+// never its status, which the API server drops on creation.
+type admitted[Spec any] struct {
+	Metadata metav1.ObjectMeta `json:"metadata"`
+	Spec     Spec              `json:"spec"`
 }
 
 // vm reads the metadata of VirtualMachine namespace/name; nil when it does
