@@ -11,7 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 "$ROOT/hack/generate.sh" "$tmp"
 
 stale=0
-for path in api/v1alpha1/zz_generated.deepcopy.go docs/api.md charts/guestbackup/files/crds charts/guestbackup/files/rbac config/rbac test/crds test/manifests; do
+for path in api/v1alpha1/zz_generated.deepcopy.go docs/api.md docs/api-guestsnapshot.md docs/api-guestrestore.md charts/guestbackup/files/crds charts/guestbackup/files/rbac config/rbac test/crds test/manifests; do
 	if ! diff -ruN "$ROOT/$path" "$tmp/$path" >"$tmp/diff" 2>&1; then
 		echo "verify-generated: $path is stale:" >&2
 		head -n 40 "$tmp/diff" >&2

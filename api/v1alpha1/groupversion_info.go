@@ -1,7 +1,8 @@
 // Package v1alpha1 holds the guestbackup.io/v1alpha1 API: the
 // BackupStorageLocationServer a cluster admin creates to run a managed Kopia
-// repository server, and the annotations and labels that tie VirtualMachines
-// and their credential Secrets to it.
+// repository server, the annotations and labels that tie VirtualMachines
+// and their credential Secrets to it, each VM's GuestProtection, and the
+// requests (GuestSnapshot, GuestRestore) VM owners make from the cluster.
 //
 // +kubebuilder:object:generate=true
 // +groupName=guestbackup.io

@@ -15,7 +15,7 @@ var apiServer *testbed.APIServer
 func TestCRD(t *testing.T) {
 	RegisterFailHandler(Fail)
 	SetDefaultEventuallyTimeout(testbed.EventuallyTimeout)
-	RunSpecs(t, "BackupStorageLocationServer CRD")
+	RunSpecs(t, "guestbackup.io CRDs")
 }
 
 var _ = BeforeSuite(func() {

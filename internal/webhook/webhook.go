@@ -14,6 +14,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/requests"
 )
 
 // Cache is the webhook's cache (mutate.CacheOptions: only guestbackup's
@@ -28,10 +29,13 @@ func Cache() cache.Options {
 	return opts
 }
 
-// Setup registers the VirtualMachine mutation on mgr's webhook server, and a
-// readiness check that passes once that server is up with its certificate.
+// Setup registers the VirtualMachine mutation and the requests' admission
+// on mgr's webhook server, and a readiness check that passes once that
+// server is up with its certificate. The requests' path is always served:
+// the chart points the API server at it only when requests are enabled.
 func Setup(mgr ctrl.Manager) error {
 	mutate.SetupWithManager(mgr)
+	requests.SetupWithManager(mgr)
 	if err := mgr.AddReadyzCheck("webhook", mgr.GetWebhookServer().StartedChecker()); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)
 	}

@@ -3,13 +3,11 @@ package kopiaserver
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/validation"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -112,7 +110,8 @@ func CollectUsers(in UserInputs) UserSet {
 		set.Shards[userset.ShardOf(username)][username] = *h
 		set.Count++
 		vm := types.NamespacedName{Namespace: s.Namespace, Name: vmsecret.VM(s)}
-		switch g, refusal := grantOf(in.VMs[vm], username); {
+		// The rule the webhook admits a GuestRestore from another VM by.
+		switch g, refusal := userset.RestoreFrom(vm.Name, vm.Namespace, in.VMs[vm].Annotations); {
 		case refusal != "":
 			set.GrantsRefused[vm] = refusal
 		case g != nil:
@@ -174,35 +173,4 @@ func identityOf(in UserInputs, s *corev1.Secret) (username string, pending bool,
 		return "", true, ""
 	}
 	return username, false, ""
-}
-
-// grantOf reads the restore grant a provisioned VM asks for with its
-// annotation guestbackup.io/restore-from: the name of another VM of its
-// own namespace, whose identity's snapshots its guest may then read. The
-// value is a name and nothing else, so a grant never leaves the
-// namespace: "<namespace>/<vm>" or "<vm>@<namespace>" is refused.
-func grantOf(vm *metav1.PartialObjectMetadata, username string) (*userset.Grant, string) {
-	value, ok := vm.Annotations[v1alpha1.AnnotationRestoreFrom]
-	if !ok {
-		return nil, ""
-	}
-	refuse := func(why string) string {
-		return fmt.Sprintf("annotation %s=%q grants nothing: %s; name a VirtualMachine of namespace %s (it may be deleted) whose snapshots this VM's guest may read",
-			v1alpha1.AnnotationRestoreFrom, value, why, vm.Namespace)
-	}
-	if errs := validation.IsDNS1123Subdomain(value); len(errs) > 0 {
-		why := "it is not a VirtualMachine name (" + strings.Join(errs, "; ") + ")"
-		if strings.ContainsAny(value, "/@") {
-			why = "a VM of another namespace can never be named"
-		}
-		return nil, refuse(why)
-	}
-	g := userset.Grant{Grantee: username, Source: identity.OfVM(value, vm.Namespace)}
-	if g.Source == g.Grantee {
-		return nil, refuse("it names this VM itself, whose snapshots its guest reads anyway")
-	}
-	if err := g.Validate(); err != nil {
-		return nil, refuse(err.Error())
-	}
-	return &g, ""
 }

@@ -15,6 +15,9 @@ import (
 	"strconv"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
@@ -219,4 +222,40 @@ func DecodeQuotas(data []byte) (map[string]int64, error) {
 		return nil, err
 	}
 	return quotas, nil
+}
+
+// RestoreFrom reads the restore grant VirtualMachine vm of namespace asks
+// for with its annotations (guestbackup.io/restore-from): the name of
+// another VM of its own namespace, which may be deleted, whose identity's
+// snapshots vm's guest may then read. The value is a name and nothing else,
+// so a grant never leaves the namespace: "<namespace>/<vm>" or
+// "<vm>@<namespace>" is refused. It returns nil and "" when vm asks for no
+// grant, and nil and why, in words its owner can act on, when its value
+// grants nothing. The controller provisions grants by this rule, and the
+// webhook admits a GuestRestore from another VM by it: one rule, so that
+// a request is never more permissive than the guest's own rights.
+func RestoreFrom(vm, namespace string, annotations map[string]string) (*Grant, string) {
+	value, ok := annotations[v1alpha1.AnnotationRestoreFrom]
+	if !ok {
+		return nil, ""
+	}
+	refuse := func(why string) string {
+		return fmt.Sprintf("annotation %s=%q grants nothing: %s; name a VirtualMachine of namespace %s (it may be deleted) whose snapshots this VM's guest may read",
+			v1alpha1.AnnotationRestoreFrom, value, why, namespace)
+	}
+	if errs := validation.IsDNS1123Subdomain(value); len(errs) > 0 {
+		why := "it is not a VirtualMachine name (" + strings.Join(errs, "; ") + ")"
+		if strings.ContainsAny(value, "/@") {
+			why = "a VM of another namespace can never be named"
+		}
+		return nil, refuse(why)
+	}
+	g := Grant{Grantee: identity.OfVM(vm, namespace), Source: identity.OfVM(value, namespace)}
+	if g.Source == g.Grantee {
+		return nil, refuse("it names this VM itself, whose snapshots its guest reads anyway")
+	}
+	if err := g.Validate(); err != nil {
+		return nil, refuse(err.Error())
+	}
+	return &g, ""
 }

@@ -33,7 +33,9 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/requests"
 )
 
 const release = "guestbackup"
@@ -47,12 +49,15 @@ type valueSet struct {
 	namespace string
 	// certManager: the webhook's TLS comes from cert-manager.
 	certManager bool
+	// requests: requests.enabled, the alpha GuestSnapshot and GuestRestore.
+	requests bool
 }
 
 var valueSets = []valueSet{
 	{name: "default", file: "default.yaml", namespace: "gb-default", certManager: true},
 	{name: "cert-manager disabled", file: "no-cert-manager.yaml", namespace: "gb-no-cert-manager"},
 	{name: "OpenShift-like", file: "openshift.yaml", namespace: "gb-openshift", certManager: true},
+	{name: "requests enabled", file: "requests.yaml", namespace: "gb-requests", requests: true},
 }
 
 // rendered is the chart's output, decoded.
@@ -253,16 +258,35 @@ var _ = Describe("The chart rendered", func() {
 					Expect(err).NotTo(HaveOccurred(), "%s %s/%s", o.GetKind(), o.GetNamespace(), o.GetName())
 				}
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
-				Expect(r.ofKind("ClusterRole")).To(HaveLen(4), "the controller's, the webhook's, the server pods' maintenance election and the namespace readers' view")
+				if set.requests {
+					Expect(r.ofKind("ClusterRole")).To(HaveLen(6), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view, and the requests' edit and view")
+				} else {
+					Expect(r.ofKind("ClusterRole")).To(HaveLen(4), "the controller's, the webhook's, the server pods' maintenance election and the namespace readers' view")
+				}
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
 				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
-				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(1))
-				Expect(r.ofKind("ValidatingAdmissionPolicyBinding")).To(HaveLen(1))
+				// With requests, the requester's too (requests_test.go).
+				policies := 1
+				if set.requests {
+					policies = 2
+				}
+				Expect(r.ofKind("ValidatingAdmissionPolicy")).To(HaveLen(policies))
+				Expect(r.ofKind("ValidatingAdmissionPolicyBinding")).To(HaveLen(policies))
 			})
 
-			It("registers exactly pkg/mutate's webhook, pointing at the webhook Service", func() {
+			It("registers exactly pkg/mutate's webhook, and pkg/requests' with requests enabled, pointing at the webhook Service", func() {
 				cfg := as[admissionregistrationv1.MutatingWebhookConfiguration](r.find("MutatingWebhookConfiguration", release))
-				Expect(cfg.Webhooks).To(HaveLen(1))
+				if set.requests {
+					Expect(cfg.Webhooks).To(HaveLen(2))
+					got := cfg.Webhooks[1]
+					Expect(got.ClientConfig.Service).To(Equal(&admissionregistrationv1.ServiceReference{
+						Name: webhookName, Namespace: namespace, Path: ptr.To(requests.Path), Port: ptr.To[int32](443),
+					}))
+					Expect(got.ClientConfig.CABundle).To(Equal(cfg.Webhooks[0].ClientConfig.CABundle))
+					Expect(got).To(Equal(requests.Webhook(got.ClientConfig)))
+				} else {
+					Expect(cfg.Webhooks).To(HaveLen(1))
+				}
 				got := cfg.Webhooks[0]
 				Expect(got.ClientConfig.Service).To(Equal(&admissionregistrationv1.ServiceReference{
 					Name: webhookName, Namespace: namespace, Path: ptr.To(mutate.Path), Port: ptr.To[int32](443),
@@ -334,6 +358,37 @@ var _ = Describe("The chart rendered", func() {
 					HaveField("Verbs", ContainElements("get", "create", "update")))))
 				binding := as[rbacv1.RoleBinding](r.find("RoleBinding", release+"-controller-leader-election"))
 				Expect(binding.Subjects).To(Equal([]rbacv1.Subject{{Kind: "ServiceAccount", Name: release + "-controller", Namespace: namespace}}))
+			})
+
+			It("aggregates the requests to the built-in roles only when they are enabled: admin and edit create and delete, view reads", func() {
+				rule := func(verbs ...string) []rbacv1.PolicyRule {
+					return []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: requests.Resources, Verbs: verbs}}
+				}
+				for _, role := range []struct {
+					name, aggregates string
+					rules            []rbacv1.PolicyRule
+				}{
+					{name: release + "-requests-edit", aggregates: "admin,edit", rules: rule("create", "delete", "get", "list", "watch")},
+					{name: release + "-requests-view", aggregates: "view", rules: rule("get", "list", "watch")},
+				} {
+					if !set.requests {
+						Expect(r.text).NotTo(ContainSubstring("name: " + role.name + "\n"))
+						continue
+					}
+					got := as[rbacv1.ClusterRole](r.find("ClusterRole", role.name))
+					Expect(got.Rules).To(Equal(role.rules))
+					var aggregates []string
+					for k, v := range got.Labels {
+						if to, ok := strings.CutPrefix(k, "rbac.authorization.k8s.io/aggregate-to-"); ok && v == "true" {
+							aggregates = append(aggregates, to)
+						}
+					}
+					slices.Sort(aggregates)
+					Expect(strings.Join(aggregates, ",")).To(Equal(role.aggregates))
+				}
+				if !set.requests {
+					Expect(r.text).NotTo(ContainSubstring("guestsnapshots"), "nothing of the requests without requests.enabled: no CRD, webhook or role")
+				}
 			})
 
 			It("runs restricted pods with no fixed UID or group", func() {

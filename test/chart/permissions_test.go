@@ -41,6 +41,7 @@ const (
 	scopeBSLSNamespace    = "BSLS namespace"
 	scopeBSLSByName       = "BSLS namespace, by name"
 	scopeVeleroByName     = "Velero namespace, by name"
+	scopeBoundNamespace   = "each namespace where the built-in role is bound"
 )
 
 // documentedPermissions parses the table under "## Permissions" of
@@ -129,10 +130,35 @@ func granted(subject, scope, byName string, rules []rbacv1.PolicyRule) []permiss
 	return perms
 }
 
+// aggregatePrefix is the label prefix by which a ClusterRole's rules are
+// added to a built-in role (rbac.authorization.k8s.io/aggregate-to-edit).
+const aggregatePrefix = "rbac.authorization.k8s.io/aggregate-to-"
+
 // chartPermissions are the permissions the rendered chart binds to its
-// ServiceAccounts, named by their component ("controller", "webhook").
+// ServiceAccounts, named by their component ("controller", "webhook"), and
+// those it adds to the built-in roles (admin, edit, view) by aggregation,
+// named "aggregated to <roles>": whoever a namespace binds those roles to
+// holds them there.
 func chartPermissions(r rendered) []permission {
 	GinkgoHelper()
+	var perms []permission
+	for _, o := range r.ofKind("ClusterRole") {
+		var to []string
+		for k, v := range o.GetLabels() {
+			if role, ok := strings.CutPrefix(k, aggregatePrefix); ok && v == "true" {
+				to = append(to, role)
+			}
+		}
+		if len(to) > 0 {
+			slices.Sort(to)
+			// "admin, edit and view", as the table writes it.
+			subject := "aggregated to " + to[len(to)-1]
+			if len(to) > 1 {
+				subject = "aggregated to " + strings.Join(to[:len(to)-1], ", ") + " and " + to[len(to)-1]
+			}
+			perms = append(perms, granted(subject, scopeBoundNamespace, scopeBoundNamespace+", by name", as[rbacv1.ClusterRole](o).Rules)...)
+		}
+	}
 	component := func(s rbacv1.Subject) string {
 		Expect(s.Kind).To(Equal(rbacv1.ServiceAccountKind), "the chart binds only its ServiceAccounts")
 		for _, c := range []string{"controller", "webhook"} {
@@ -143,7 +169,6 @@ func chartPermissions(r rendered) []permission {
 		Fail("the chart binds an unknown ServiceAccount " + s.Name)
 		return ""
 	}
-	var perms []permission
 	for _, o := range r.ofKind("ClusterRoleBinding") {
 		b := as[rbacv1.ClusterRoleBinding](o)
 		Expect(b.RoleRef.Kind).To(Equal("ClusterRole"))
@@ -215,7 +240,7 @@ func difference(a, b []permission) []string {
 }
 
 var _ = Describe("docs/security.md's Permissions table", func() {
-	It("lists every permission of every ServiceAccount, and nothing they are not granted", func() {
+	It("lists every permission of every ServiceAccount and of every role aggregated to a built-in one, and nothing they are not granted", func() {
 		documented, err := documentedPermissions(filepath.Join(repoRoot, "docs", "security.md"))
 		Expect(err).NotTo(HaveOccurred())
 

@@ -14,6 +14,9 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/requests"
 )
 
 // The values operators set beside the defaults (testdata/operator.yaml):
@@ -108,12 +111,22 @@ var _ = Describe("The chart with an operator's values", Ordered, func() {
 
 var _ = Describe("The chart's CRDs", func() {
 	It("renders guestbackup's generated CRDs as templates, kept on uninstall", func() {
-		r := render("gb-crds", "default.yaml")
+		r := render("gb-crds", "requests.yaml")
 		crds := r.ofKind("CustomResourceDefinition")
 		files, err := filepath.Glob(filepath.Join(chartDir, "files", "crds", "*.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(files).NotTo(BeEmpty())
 		Expect(crds).To(HaveLen(len(files)))
+		// The requests' CRDs are alpha: only requests.enabled installs them.
+		var names []string
+		for _, crd := range render("gb-crds", "default.yaml").ofKind("CustomResourceDefinition") {
+			names = append(names, crd.GetName())
+		}
+		Expect(names).To(HaveLen(len(files) - len(requests.Resources)))
+		for _, resource := range requests.Resources {
+			Expect(names).NotTo(ContainElement(resource + "." + v1alpha1.GroupVersion.Group))
+			r.find("CustomResourceDefinition", resource+"."+v1alpha1.GroupVersion.Group)
+		}
 		for _, file := range files {
 			data, err := os.ReadFile(file)
 			Expect(err).NotTo(HaveOccurred())

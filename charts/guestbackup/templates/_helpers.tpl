@@ -31,6 +31,8 @@ is cut at 40 characters so that the longest Service name,
 {{- define "guestbackup.serverMaintenanceRole" -}}{{ include "guestbackup.fullname" . }}-server-maintenance{{- end }}
 {{/* The ValidatingAdmissionPolicy (and its binding) guarding guestbackup's Secrets. */}}
 {{- define "guestbackup.secretPolicy" -}}{{ include "guestbackup.fullname" . }}-managed-secrets{{- end }}
+{{/* The ValidatingAdmissionPolicy (and its binding) that has the last word on a request's requester. */}}
+{{- define "guestbackup.requestsPolicy" -}}{{ include "guestbackup.fullname" . }}-requester{{- end }}
 
 {{/* Labels on every object: the chart's own, and commonLabels where they name other keys. */}}
 {{- define "guestbackup.labels" -}}
