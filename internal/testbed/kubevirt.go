@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -235,11 +236,20 @@ func startKubeVirt(tb TB, api *APIServer) (*KubeVirt, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv.API = StartProcess(tb, ProcessSpec{Name: "virt-api", Path: tools.VirtAPI, Args: []string{
-		"--kubeconfig", apiKubeconfig, "--listen", "127.0.0.1", "--port", strconv.Itoa(apiPort),
-		"--tls-cert-file", certFile, "--tls-key-file", keyFile,
-		"--handler-cert-file", certFile, "--handler-key-file", keyFile,
-	}})
+	kv.API = StartProcess(tb, ProcessSpec{
+		Name: "virt-api", Path: tools.VirtAPI,
+		Args: []string{
+			"--kubeconfig", apiKubeconfig, "--listen", "127.0.0.1", "--port", strconv.Itoa(apiPort),
+			"--tls-cert-file", certFile, "--tls-key-file", keyFile,
+			"--handler-cert-file", certFile, "--handler-key-file", keyFile,
+		},
+		// After SIGTERM virt-api serves on for 5 s, so that a load
+		// balancer drops its endpoint first (startTLS,
+		// pkg/virt-api/api.go). None runs here, and Witnessed has read
+		// its log before it is stopped: those 5 s of every bed's
+		// teardown would prove nothing.
+		StopSignal: syscall.SIGKILL,
+	})
 	apiURL := "https://127.0.0.1:" + strconv.Itoa(apiPort)
 
 	controllerKubeconfig, err := kubeconfig("kubevirt-controller")

@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"net/http"
@@ -31,6 +32,10 @@ func Scrape(addr string) (map[string]*dto.MetricFamily, error) {
 	return families, nil
 }
 
+// ErrNoSeries is Metric's error when the endpoint has no such series: a
+// labelled counter appears only once it was first counted.
+var ErrNoSeries = errors.New("no such series")
+
 // Metric scrapes http://addr/metrics, as Prometheus would, and returns the
 // value of the series name with exactly the given labels: a counter's or
 // gauge's value, or a histogram's sample count.
@@ -41,7 +46,7 @@ func Metric(addr, name string, labels map[string]string) (float64, error) {
 	}
 	family, ok := families[name]
 	if !ok {
-		return 0, fmt.Errorf("no metric %s at %s", name, addr)
+		return 0, fmt.Errorf("%w: no metric %s at %s", ErrNoSeries, name, addr)
 	}
 	for _, m := range family.GetMetric() {
 		have := map[string]string{}
@@ -60,5 +65,5 @@ func Metric(addr, name string, labels map[string]string) (float64, error) {
 			return float64(m.GetHistogram().GetSampleCount()), nil
 		}
 	}
-	return 0, fmt.Errorf("no series %s%v at %s", name, labels, addr)
+	return 0, fmt.Errorf("%w: %s%v at %s", ErrNoSeries, name, labels, addr)
 }

@@ -31,6 +31,8 @@ type ProcessSpec struct {
 	Env []string
 	// Dir is the working directory and HOME; a temporary one when empty.
 	Dir string
+	// StopSignal is what Stop sends first; SIGTERM when zero.
+	StopSignal syscall.Signal
 }
 
 // Process is a running child process, in its own process group so that
@@ -112,12 +114,17 @@ func (p *Process) Exited() (bool, error) {
 	}
 }
 
-// Stop sends SIGTERM to the process group, then SIGKILL after a grace
-// period, and waits for the process to be reaped. It is safe to call twice.
+// Stop sends the spec's StopSignal (SIGTERM) to the process group, then
+// SIGKILL after a grace period, and waits for the process to be reaped. It
+// is safe to call twice.
 func (p *Process) Stop() {
 	p.stopOnce.Do(func() {
 		pgid := -p.cmd.Process.Pid
-		_ = syscall.Kill(pgid, syscall.SIGTERM)
+		sig := p.Spec.StopSignal
+		if sig == 0 {
+			sig = syscall.SIGTERM
+		}
+		_ = syscall.Kill(pgid, sig)
 		select {
 		case <-p.done:
 		case <-time.After(stopGrace):

@@ -452,11 +452,15 @@ use_client() {
   mkdir -p "$lib_dir" && chmod 0755 "$lib_dir"
   new="$lib_dir/kopia.new"
   rm -f "$new"
+  # Every binary is verified where it will run from, so nothing else is
+  # ever executed. The guest's own kopia is copied first and the copy
+  # verified: when it is that very build it saves a download, and its
+  # bytes are hashed once (seconds of an emulated guest's first boot).
   own=$(command -v "$kopia" 2>/dev/null)
-  if [ -n "$own" ] && [ "$(sha256 "$own")" = "$want" ]; then
+  if [ -n "$own" ] && cp "$own" "$new" 2>/dev/null && [ "$(sha256 "$new")" = "$want" ]; then
     from="this guest's $own"
-    cp "$own" "$new" || return 1
   else
+    rm -f "$new"
     from="$GUESTBACKUP_CLIENT_URL/kopia/linux-$arch"
     log "fetching kopia ${GUESTBACKUP_CLIENT_VERSION:-} for $arch from $from"
     if ! fetch "$from" "$new" 2>"$state_dir/fetch.log"; then
@@ -464,14 +468,13 @@ use_client() {
       why="cannot download the kopia client from $from: $(tail -n 1 "$state_dir/fetch.log")"
       return 1
     fi
-  fi
-  # Verified where it will run from: nothing else is ever executed.
-  got=$(sha256 "$new")
-  if [ "$got" != "$want" ]; then
-    rm -f "$new"
-    mark "error: refused the kopia client from $from: its SHA-256 is $got, not $want as this VM's bootstrap says; it was not run"
-    report ` + clientdist.ReportChecksumMismatch + ` "refused the kopia client from $from: its SHA-256 is $got, not $want; it was not run"
-    return 2
+    got=$(sha256 "$new")
+    if [ "$got" != "$want" ]; then
+      rm -f "$new"
+      mark "error: refused the kopia client from $from: its SHA-256 is $got, not $want as this VM's bootstrap says; it was not run"
+      report ` + clientdist.ReportChecksumMismatch + ` "refused the kopia client from $from: its SHA-256 is $got, not $want; it was not run"
+      return 2
+    fi
   fi
   chmod 0755 "$new" && mv -f "$new" "$lib_dir/kopia" || return 1
   log "installed kopia ${GUESTBACKUP_CLIENT_VERSION:-} ($want) from $from in $lib_dir"

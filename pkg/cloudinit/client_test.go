@@ -172,6 +172,37 @@ func TestConnectScriptUsesItsOwnKopiaOfTheServersBuild(t *testing.T) {
 	}
 }
 
+// A guest whose own kopia is another build never runs it: its copy fails
+// the check, is discarded without a refusal (nothing was tampered with),
+// and the server's client is downloaded, verified and used instead.
+func TestConnectScriptDownloadsWhenItsOwnKopiaIsAnotherBuild(t *testing.T) {
+	srv, password := serverWithWeb(t)
+	port := startClientPort(t, srv.CA, clientBinaries(t), "web@team-a", password)
+	ran := filepath.Join(t.TempDir(), "ran")
+	other := filepath.Join(t.TempDir(), "kopia")
+	if err := os.WriteFile(other, []byte("#!/bin/sh\ntouch "+ran+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	client := port.status
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Client: &client}
+	box := newSandbox(t, b, other)
+	box.env = append(box.env, "PATH="+onlyTools(t, "curl"))
+	out, err := box.run(ConnectScript)
+	if err != nil || !strings.Contains(out, "installed kopia "+client.Version+" ("+client.SHA256["amd64"]+") from "+port.url+"/kopia/linux-amd64") ||
+		!strings.Contains(box.status(), "connected to "+srv.URL) {
+		t.Fatalf("connect: %v, status %q\n%s", err, box.status(), out)
+	}
+	if _, err := os.Stat(ran); !os.IsNotExist(err) {
+		t.Errorf("the guest's own kopia of another build ran (%v)", err)
+	}
+	if got := port.reports(); len(got) != 0 {
+		t.Errorf("a guest's own kopia of another build was reported as a refused client: %v", got)
+	}
+	if _, err := os.Stat(filepath.Join(box.root, LibDir, "kopia.new")); !os.IsNotExist(err) {
+		t.Errorf("the copy of the guest's own kopia outlived its check (%v)", err)
+	}
+}
+
 // A tampered binary (the server, or something between it and the guest,
 // serves other bytes than the bootstrap's SHA-256) is never run, never
 // installed, recorded in the guest's status and reported to the server

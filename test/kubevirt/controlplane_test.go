@@ -18,7 +18,6 @@ import (
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/internal/webhook"
@@ -44,12 +43,7 @@ var _ = Describe("KubeVirt's own control plane, in the same chain as guestbackup
 	// optedIn is a VM whose owner asked for backups and wrote no
 	// cloud-init: guestbackup's webhook adds the cloud-init volume and disk.
 	optedIn := func(name string) *kubevirtv1.VirtualMachine {
-		vm := story.TypicalVM(name)
-		vm.Namespace = ns
-		vm.Annotations = map[string]string{v1alpha1.AnnotationServer: "backup/main", v1alpha1.AnnotationPaths: "/etc"}
-		vm.Spec.Template.Spec.Volumes = vm.Spec.Template.Spec.Volumes[:1]
-		vm.Spec.Template.Spec.Domain.Devices.Disks = vm.Spec.Template.Spec.Domain.Devices.Disks[:1]
-		return vm
+		return optIn(story.TypicalVM(name), ns, "backup/main")
 	}
 	runStrategy := func(name string, rs kubevirtv1.VirtualMachineRunStrategy) {
 		GinkgoHelper()

@@ -103,11 +103,11 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 			}
 			// A short settle time, so that a revocation is seen soon.
 			return (&credentials.VMReconciler{SettleTime: settleTime}).SetupWithManager(mgr)
-		}})
+		}}).tenant(ctx, "team-a", "backup")
 	})
 
 	It("shows an admin the credentials issued to a VM created with the annotation, in kubectl describe", func() {
-		Expect(bed.api.Client.Create(ctx, optIn(story.TypicalVM("described")))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, bed.optIn(story.TypicalVM("described")))).To(Succeed())
 		Eventually(describeVM("described")).WithTimeout(30 * time.Second).Should(And(
 			MatchRegexp(`Normal\s+CredentialsIssued\s+.*Issued Kopia credentials for described@team-a on BackupStorageLocationServer backup/main \(generation 1, cloud-init mode, Secret described-guestbackup\)`),
 		))
@@ -128,7 +128,7 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 	})
 
 	It("gives a copy of an injected VM (get -o yaml, rename, apply) its own credentials, Secret and Events, and the owner's cloud-config", func() {
-		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(story.TypicalVM("source"))))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(bed.optIn(story.TypicalVM("source"))))).To(Succeed())
 		merged("source")
 		sourceSecret, err := bed.secretOf(ctx, "source")()
 		Expect(err).NotTo(HaveOccurred())
@@ -161,7 +161,7 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 	})
 
 	It("tells the owner of a guest that reads no NoCloud (Windows, Ignition) what to do", func() {
-		windows := optIn(story.TypicalVM("windows"))
+		windows := bed.optIn(story.TypicalVM("windows"))
 		windows.Spec.Template.Spec.Volumes = append(windows.Spec.Template.Spec.Volumes, kubevirtv1.Volume{
 			Name: "sysprep", VolumeSource: kubevirtv1.VolumeSource{Sysprep: &kubevirtv1.SysprepSource{Secret: &corev1.LocalObjectReference{Name: "answers"}}},
 		})
@@ -170,7 +170,7 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 		})
 		Expect(bed.api.Client.Create(ctx, windows)).To(MatchError(ContainSubstring("is configured by sysprep (volume sysprep): guestbackup bootstraps Linux guests through cloud-init or a disk its unit reads, and a Windows guest reads neither; remove annotation guestbackup.io/server")))
 
-		coreos := optIn(story.TypicalVM("coreos"))
+		coreos := bed.optIn(story.TypicalVM("coreos"))
 		coreos.Spec.Template.ObjectMeta.Annotations = map[string]string{kubevirtv1.IgnitionAnnotation: `{"ignition":{"version":"3.3.0"}}`}
 		Expect(bed.api.Client.Create(ctx, coreos)).To(MatchError(ContainSubstring("is configured by Ignition (annotation kubevirt.io/ignitiondata of spec.template), which reads no NoCloud volume: install guestbackup's disk unit through your Ignition config")))
 		coreos.Annotations[v1alpha1.AnnotationMode] = v1alpha1.ModeDisk
@@ -179,7 +179,7 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 	})
 
 	It("puts the status back when only it is removed, keeping the owner's cloud-config", func() {
-		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(story.TypicalVM("keep"))))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(bed.optIn(story.TypicalVM("keep"))))).To(Succeed())
 		merged("keep")
 		Expect(update("keep", func(vm *kubevirtv1.VirtualMachine) { delete(vm.Annotations, v1alpha1.AnnotationStatus) })).To(Succeed())
 		merged("keep")
@@ -190,7 +190,7 @@ var _ = Describe("The owner's VM, with the webhook and the controller", Ordered,
 	})
 
 	It("gives the owner's cloud-config back when both annotations go in one update", func() {
-		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(optIn(story.TypicalVM("both"))))).To(Succeed())
+		Expect(bed.api.Client.Create(ctx, withOwnCloudInit(bed.optIn(story.TypicalVM("both"))))).To(Succeed())
 		merged("both")
 		Expect(update("both", func(vm *kubevirtv1.VirtualMachine) {
 			delete(vm.Annotations, v1alpha1.AnnotationServer)

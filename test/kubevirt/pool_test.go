@@ -59,7 +59,7 @@ var _ = Describe("A pool of VMs created back to back against a real server", Ord
 	It("admits every VM, and provisions them all", func() {
 		for i := range pool {
 			name := "pool-" + strconv.Itoa(i)
-			Expect(platform.API.Client.Create(ctx, optIn(story.TypicalVM(name)))).To(Succeed(), name)
+			Expect(platform.API.Client.Create(ctx, optIn(story.TypicalVM(name), "team-a", "backup/main"))).To(Succeed(), name)
 		}
 		for i := range pool {
 			user := identity.OfVM("pool-"+strconv.Itoa(i), "team-a")
