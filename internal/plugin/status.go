@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/units"
 )
 
 // Exit codes of `kubectl guestbackup status`, so that a script can tell an
@@ -64,19 +65,8 @@ func age(t *metav1.Time, now time.Time) string {
 	return duration.HumanDuration(now.Sub(t.Time))
 }
 
-// size prints bytes for a person: 512B, 45.3MiB, 2.0GiB.
-func size(bytes int64) string {
-	const unit = 1024
-	if bytes < unit {
-		return fmt.Sprintf("%dB", bytes)
-	}
-	v, exp := float64(bytes)/unit, 0
-	for v >= unit && exp < 4 {
-		v /= unit
-		exp++
-	}
-	return fmt.Sprintf("%.1f%ciB", v, "KMGTP"[exp])
-}
+// size prints bytes for a person, as the controller's messages do.
+func size(bytes int64) string { return units.Bytes(uint64(max(bytes, 0))) }
 
 // printTable prints one line per VM, sorted by namespace and name; with
 // allNamespaces, a NAMESPACE column first.

@@ -15,6 +15,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/units"
 )
 
 // Reasons of a BSLS's conditions. Each names what happened in words an admin
@@ -562,7 +563,7 @@ func spaceCondition(b *v1alpha1.BackupStorageLocationServer, now time.Time, stat
 	}
 	measured := ""
 	if lowest != nil {
-		measured = fmt.Sprintf("%s free of %s (%d%%), as server pod %s measured", formatBytes(lowest.FreeBytes), formatBytes(lowest.CapacityBytes),
+		measured = fmt.Sprintf("%s free of %s (%d%%), as server pod %s measured", units.Bytes(lowest.FreeBytes), units.Bytes(lowest.CapacityBytes),
 			lowest.FreeBytes*100/lowest.CapacityBytes, lowestPod)
 	}
 	where := storageDescription(b)
@@ -575,7 +576,7 @@ func spaceCondition(b *v1alpha1.BackupStorageLocationServer, now time.Time, stat
 		return cond(metav1.ConditionFalse, ReasonStorageFull, msg+": "+fullAdvice(b))
 	case lowest != nil && lowest.FreeBytes < fullBelow(lowest.CapacityBytes):
 		return cond(metav1.ConditionFalse, ReasonStorageFull, "The repository's volume ("+where+") is full, "+measured+
-			fmt.Sprintf(", less than Kopia's next pack may need (%s): %s", formatBytes(fullBelow(lowest.CapacityBytes)), fullAdvice(b)))
+			fmt.Sprintf(", less than Kopia's next pack may need (%s): %s", units.Bytes(fullBelow(lowest.CapacityBytes)), fullAdvice(b)))
 	case lowest != nil && lowest.FreeBytes*100 < lowest.CapacityBytes*LowSpacePercent:
 		return cond(metav1.ConditionFalse, ReasonLowSpace, fmt.Sprintf("The repository's volume (%s) has %s, below %d%%: guests' snapshots fail once it is full. %s",
 			where, measured, LowSpacePercent, roomAdvice(b)))
@@ -599,20 +600,6 @@ func roomAdvice(b *v1alpha1.BackupStorageLocationServer) string {
 		return "Grow PersistentVolumeClaim " + b.Namespace + "/" + ClaimName(b) + " (its StorageClass must allow volume expansion), remove what else fills the volume, or " + lower + "."
 	}
 	return "Raise the bucket's quota or free space on its storage, or " + lower + "."
-}
-
-// formatBytes renders n bytes for a message, in binary units.
-func formatBytes(n uint64) string {
-	const unit = 1024
-	if n < unit {
-		return fmt.Sprintf("%d B", n)
-	}
-	value, prefix := float64(n)/unit, 0
-	for value >= unit && prefix < 5 {
-		value /= unit
-		prefix++
-	}
-	return fmt.Sprintf("%.1f %ciB", value, "KMGTPE"[prefix])
 }
 
 // serverState is what the server's Deployment and pods say.

@@ -12,6 +12,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
+	"github.com/guestbackup/guestbackup/pkg/units"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 )
 
@@ -146,7 +147,7 @@ func quotaNotices(server types.NamespacedName, before, after *v1alpha1.QuotaStat
 			notices = append(notices, vmNotice{VM: vmKey(u.VM), Event: vmevent.Warning(ReasonBackupQuotaExceeded, fmt.Sprintf(
 				"This VM stores %s on BackupStorageLocationServer %s, reaching its quota of %s (measured at %s): its guest's backups are refused until it stores less. "+
 					"Delete some of its snapshots in the guest (guestbackup-kopia snapshot delete; not on an append-only server), or ask the cluster admin to raise spec.quota",
-				formatBytes(uint64(max(u.UsedBytes, 0))), server, formatBytes(uint64(max(u.QuotaBytes, 0))), measuredAt(after)))})
+				units.Bytes(uint64(max(u.UsedBytes, 0))), server, units.Bytes(uint64(max(u.QuotaBytes, 0))), measuredAt(after)))})
 		}
 		if int(after.VMsOverQuota) > len(after.OverQuota) {
 			return notices

@@ -107,15 +107,15 @@ var _ = Describe("kubectl guestbackup status, with the chart's view rules only",
 		out, errOut, code := kubectl("status", "-n", ns)
 		Expect(code).To(Equal(plugin.ExitNotFresh), errOut)
 		Expect(out).To(MatchRegexp(`(?m)^VM\s+SERVER\s+SNAPSHOTS\s+LAST BACKUP\s+SIZE\s+CONNECTED\s+FRESH$`))
-		Expect(out).To(MatchRegexp(`(?m)^web\s+backup/main\s+12\s+\d+m\s+4\.0KiB\s+True\s+True$`))
-		Expect(out).To(MatchRegexp(`(?m)^db\s+backup/main\s+1\s+\S+\s+1\.0GiB\s+True\s+False$`))
+		Expect(out).To(MatchRegexp(`(?m)^web\s+backup/main\s+12\s+\d+m\s+4\.0 KiB\s+True\s+True$`))
+		Expect(out).To(MatchRegexp(`(?m)^db\s+backup/main\s+1\s+\S+\s+1\.0 GiB\s+True\s+False$`))
 		Expect(out).NotTo(ContainSubstring("secret-project"))
 	})
 
 	It("shows one VM in detail, and exits 0 for a fresh one", func() {
 		out, errOut, code := kubectl("status", "web", "-n", ns)
 		Expect(code).To(Equal(plugin.ExitOK), errOut)
-		Expect(out).To(ContainSubstring("of /etc: 4.0KiB in 3 files, snapshot kweb"))
+		Expect(out).To(ContainSubstring("of /etc: 4.0 KiB in 3 files, snapshot kweb"))
 		Expect(out).To(MatchRegexp(`(?m)^BackupFresh:\s+True \(WithinSchedule\)`))
 	})
 

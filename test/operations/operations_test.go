@@ -51,6 +51,25 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		}
 	)
 
+	// oldBootstrapRestores: the guest, still connected with the kopia
+	// configuration its first bootstrap made, and again with a fresh
+	// connection from exactly that bootstrap's files (as at its next
+	// boot), lists and restores its snapshot.
+	oldBootstrapRestores := func() {
+		GinkgoHelper()
+		By("the guest, still connected with its old bootstrap, lists and restores its snapshot")
+		Eventually(func() error {
+			_, err := guest.Run(ctx, "snapshot", "list", "--json", source)
+			return err
+		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Succeed())
+		restoreAndCompare(guest, snap, content)
+
+		By("a fresh connection with exactly the files its old bootstrap installed, as at its next boot, logs in too")
+		again, err := connect(files)
+		Expect(err).NotTo(HaveOccurred())
+		restoreAndCompare(again, snap, content)
+	}
+
 	BeforeAll(func() {
 		first = startCluster()
 		first.createNamespaces()
@@ -182,17 +201,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		Expect(restored.Status.TLSFingerprint).To(Equal(oldPin), "the same CA, so the guests' pin holds")
 		Expect(restored.Status.TLSCA).To(Equal(oldCA))
 
-		By("the guest, still connected with its old bootstrap, lists and restores its snapshot")
-		Eventually(func() error {
-			_, err := guest.Run(ctx, "snapshot", "list", "--json", source)
-			return err
-		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Succeed())
-		restoreAndCompare(guest, snap, content)
-
-		By("a fresh connection with exactly the files it has, as at its next boot, logs in too")
-		again, err := connect(files)
-		Expect(err).NotTo(HaveOccurred())
-		restoreAndCompare(again, snap, content)
+		oldBootstrapRestores()
 
 		By("nothing was injected again: the VM's Secret holds the bootstrap it had, and the new VM owns it")
 		vm := &kubevirtv1.VirtualMachine{}
@@ -221,17 +230,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		Expect(restored.Status.TLSCA).NotTo(Equal(string(files.CA)), "a new certificate: the first cluster's is not in the new one")
 		Expect(publicKeyOf(restored.Status.TLSCA)).To(Equal(publicKeyOf(string(files.CA))), "for the key the guests already trust")
 
-		By("the guest, still connected with its old bootstrap, lists and restores its snapshot")
-		Eventually(func() error {
-			_, err := guest.Run(ctx, "snapshot", "list", "--json", source)
-			return err
-		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Succeed())
-		restoreAndCompare(guest, snap, content)
-
-		By("a fresh connection with exactly the files its old bootstrap installed, as at its next boot, logs in too")
-		again, err := connect(files)
-		Expect(err).NotTo(HaveOccurred())
-		restoreAndCompare(again, snap, content)
+		oldBootstrapRestores()
 
 		By("the controller renders the VM's bootstrap again with the new certificate and the same credentials, and it works as well")
 		var next guestFiles
