@@ -66,10 +66,11 @@ func caKeySourceOf(b *v1alpha1.BackupStorageLocationServer, password *corev1.Sec
 // derived reports whether the key is derived rather than random.
 func (s caKeySource) derived() bool { return s.Secret != nil }
 
-// key derives the CA key of the given generation. The BSLS's namespace and
-// name are part of it, so two BSLSs given one password still get a CA each.
-func (s caKeySource) key(b *v1alpha1.BackupStorageLocationServer, generation int) (*ecdsa.PrivateKey, error) {
-	return pki.DeriveCAKey(s.Secret, fmt.Sprintf("%s/%s#%d", b.Namespace, b.Name, generation))
+// key derives the CA key of the source's generation. The BSLS's namespace
+// and name are part of it, so two BSLSs given one password still get a CA
+// each.
+func (s caKeySource) key(b *v1alpha1.BackupStorageLocationServer) (*ecdsa.PrivateKey, error) {
+	return pki.DeriveCAKey(s.Secret, fmt.Sprintf("%s/%s#%d", b.Namespace, b.Name, s.Generation))
 }
 
 // caCommonName is the name of the CA the controller issues for b.
@@ -78,20 +79,20 @@ func caCommonName(b *v1alpha1.BackupStorageLocationServer) string {
 }
 
 // newCA issues a CA for b. A derived key whose certificate guests already
-// pin (pinned: status.tlsCA, a CA certificate of that very key, still
-// valid) keeps that certificate, so the pin does not change either; any
+// pin (b's status.tlsCA, a CA certificate of that very key, still valid)
+// keeps that certificate, so the pin does not change either; any
 // other gets a new certificate, whose leaves a guest still verifies against
 // the certificate it holds for the same key.
-func (s caKeySource) newCA(b *v1alpha1.BackupStorageLocationServer, pinned string, now time.Time) (ca *pki.CA, samePin bool, err error) {
+func (s caKeySource) newCA(b *v1alpha1.BackupStorageLocationServer, now time.Time) (ca *pki.CA, samePin bool, err error) {
 	if !s.derived() {
 		ca, err = pki.NewCA(caCommonName(b), selfManagedCALifetime)
 		return ca, false, err
 	}
-	key, err := s.key(b, s.Generation)
+	key, err := s.key(b)
 	if err != nil {
 		return nil, false, err
 	}
-	if cert := pinnedCA(pinned); cert != nil && key.PublicKey.Equal(cert.PublicKey) && now.Before(cert.NotAfter) {
+	if cert := pinnedCA(b.Status.TLSCA); cert != nil && key.PublicKey.Equal(cert.PublicKey) && now.Before(cert.NotAfter) {
 		return &pki.CA{Cert: cert, Key: key}, true, nil
 	}
 	ca, err = pki.NewCAWithKey(caCommonName(b), key, selfManagedCALifetime)
@@ -117,7 +118,7 @@ func (s caKeySource) isCurrentKey(b *v1alpha1.BackupStorageLocationServer, ca *c
 	if err != nil {
 		return false, nil // not a CA at all: not the derived one
 	}
-	current, err := s.key(b, s.Generation)
+	current, err := s.key(b)
 	if err != nil {
 		return false, err
 	}

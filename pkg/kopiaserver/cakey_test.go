@@ -57,7 +57,7 @@ func TestNewCA(t *testing.T) {
 	next := derived
 	next.Generation = 1
 
-	first, _, err := derived.newCA(b, "", now)
+	first, _, err := derived.newCA(b, now)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,9 @@ func TestNewCA(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			ca, samePin, err := tt.source.newCA(tt.bsls, tt.pinned, now)
+			bsls := tt.bsls.DeepCopy()
+			bsls.Status.TLSCA = tt.pinned
+			ca, samePin, err := tt.source.newCA(bsls, now)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -115,7 +115,7 @@ func selfManagedTLS(b *v1alpha1.BackupStorageLocationServer, keys caKeySource, c
 			return nil, nil, false, fmt.Errorf("Secret %s: %w", CASecretName(b), err)
 		}
 	} else {
-		if ca, samePin, err = keys.newCA(b, b.Status.TLSCA, now); err != nil {
+		if ca, samePin, err = keys.newCA(b, now); err != nil {
 			return nil, nil, false, err
 		}
 		key, err := ca.KeyPEM()
