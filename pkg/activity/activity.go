@@ -53,6 +53,30 @@ type Guest struct {
 	// Report is the last problem the guest reported about its kopia
 	// client (package clientdist), authenticated as User; nil for none.
 	Report *Report `json:"report,omitempty"`
+	// Results are what the guest answered to the requests the users
+	// Secrets list for it (userset.RequestsKey), sorted by UID; a result
+	// goes when its request leaves the list.
+	Results []Result `json:"results,omitempty"`
+}
+
+// Result is where a guest is with one request, as its server pod verified
+// it: the snapshots are those the repository holds under the guest's own
+// identity with the request's tag (userset.RequestTag), whatever the guest
+// claimed.
+type Result struct {
+	// UID is the request's.
+	UID string `json:"uid"`
+	// Phase is Running, Succeeded or Failed (v1alpha1.RequestPhase).
+	Phase string `json:"phase"`
+	// Message is the guest's own words, printable and bounded; on failure,
+	// why.
+	Message string `json:"message,omitempty"`
+	// Snapshots are the request's snapshots in the repository.
+	Snapshots []Snapshot `json:"snapshots,omitempty"`
+	// Started is when the guest said it started; Ended when it said it
+	// ended (both as its server pod received them).
+	Started time.Time  `json:"started"`
+	Ended   *time.Time `json:"ended,omitempty"`
 }
 
 // Report is a problem a guest reported to its server pod.

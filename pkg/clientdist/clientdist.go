@@ -8,10 +8,14 @@
 // bootstrap carries; a guest that cannot POSTs a report to <URL>/report,
 // authenticated as its Kopia user, which the server pod publishes in its
 // activity for the controller's audit to turn into an Event on the VM.
+// The same port carries requests (GuestSnapshot) to the guest and its
+// results back (RequestsPath, ResultPath).
 package clientdist
 
 import (
+	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -23,6 +27,7 @@ import (
 	"strconv"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // PortName is the name of the client port on the server pod, its Service
@@ -141,3 +146,50 @@ const MaxReportMessage = 512
 // KindParam is the query parameter of a report's kind; its body is the
 // message, plain text (what a POSIX shell can send without quoting).
 const KindParam = "kind"
+
+// RequestsPath is where a guest GETs the requests addressed to it
+// (package userset's Request), authenticated as its Kopia user, in the
+// form EncodeRequests writes.
+const RequestsPath = "/requests"
+
+// ResultPath is where a guest POSTs where it is with one request: the
+// request's UID and the phase (Running, Succeeded or Failed) as query
+// parameters, its message as the body, plain text.
+const ResultPath = "/requests/result"
+
+// Query parameters of a result.
+const (
+	UIDParam   = "uid"
+	PhaseParam = "phase"
+)
+
+// EncodeRequests renders requests for a POSIX shell to read line by line,
+// a request at a time:
+//
+//	request <uid> <kind> <name>
+//	path <base64 of the path>            (one per path)
+//	tag <base64 of key:value>            (one per tag, sorted)
+//	description <base64 of the text>     (when there is one)
+//	end
+//
+// Everything a person wrote is base64, so no path, tag or description can
+// reach the guest's shell as anything but data; UIDs, kinds and names are
+// validated (userset.Request.Validate) to hold no space.
+func EncodeRequests(requests []userset.Request) []byte {
+	var b bytes.Buffer
+	enc := base64.StdEncoding.EncodeToString
+	for _, r := range requests {
+		fmt.Fprintf(&b, "request %s %s %s\n", r.UID, r.Kind, r.Name)
+		for _, p := range r.Paths {
+			fmt.Fprintf(&b, "path %s\n", enc([]byte(p)))
+		}
+		for _, k := range slices.Sorted(maps.Keys(r.Tags)) {
+			fmt.Fprintf(&b, "tag %s\n", enc([]byte(k+":"+r.Tags[k])))
+		}
+		if r.Description != "" {
+			fmt.Fprintf(&b, "description %s\n", enc([]byte(r.Description)))
+		}
+		b.WriteString("end\n")
+	}
+	return b.Bytes()
+}

@@ -6,8 +6,11 @@ package activityscan
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/kopia/kopia/repo"
@@ -145,4 +148,56 @@ func (s *Scanner) Publish(ctx context.Context, configMaps corev1client.ConfigMap
 		s.published[shard] = data
 	}
 	return nil
+}
+
+// SetResults records a guest's results to its requests in its activity
+// (none: nil), for the next Publish. A guest with nothing else on record
+// leaves the activity with its last result.
+func (s *Scanner) SetResults(user string, results []activity.Result) {
+	g, had := s.guests[user]
+	if !had && len(results) == 0 {
+		return
+	}
+	g.User = user
+	g.Results = results
+	if g.Snapshots == 0 && g.Last.ID == "" && g.Report == nil && len(results) == 0 {
+		delete(s.guests, user)
+		return
+	}
+	s.guests[user] = g
+}
+
+// RequestSnapshots returns the snapshots of user that carry request uid's
+// tag (userset.RequestTag), oldest first. The labels are the repository's
+// (user and host are those the Kopia server authenticated), so a guest
+// cannot claim another's snapshot for its request, nor a snapshot it did
+// not take.
+func RequestSnapshots(ctx context.Context, r repo.Repository, user, uid string) ([]activity.Snapshot, error) {
+	name, host, ok := strings.Cut(user, "@")
+	if !ok {
+		return nil, fmt.Errorf("%q is not user@host", user)
+	}
+	entries, err := r.FindManifests(ctx, map[string]string{
+		manifest.TypeLabelKey:       snapshot.ManifestType,
+		snapshot.UsernameLabel:      name,
+		snapshot.HostnameLabel:      host,
+		"tag:" + userset.RequestTag: uid,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find the snapshots of request %s: %w", uid, err)
+	}
+	out := make([]activity.Snapshot, 0, len(entries))
+	for _, e := range entries {
+		var m snapshot.Manifest
+		if _, err := r.GetManifest(ctx, e.ID, &m); err != nil {
+			return nil, fmt.Errorf("read snapshot %s of %s: %w", e.ID, user, err)
+		}
+		out = append(out, activity.Snapshot{
+			ID: string(e.ID), Path: m.Source.Path,
+			Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC(),
+			Bytes: m.Stats.TotalFileSize, Files: m.Stats.TotalFileCount,
+		})
+	}
+	slices.SortFunc(out, func(a, b activity.Snapshot) int { return cmp.Or(a.Start.Compare(b.Start), strings.Compare(a.ID, b.ID)) })
+	return out, nil
 }

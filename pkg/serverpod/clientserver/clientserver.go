@@ -56,6 +56,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
 	"github.com/guestbackup/guestbackup/pkg/serverpod"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Authenticator checks a guest's Kopia credentials.
@@ -69,6 +70,17 @@ type Reporter interface {
 	Report(user string, r activity.Report)
 }
 
+// Requests are the requests guests carry out (package userset's
+// Request), and where they are with them.
+type Requests interface {
+	// Pending returns the requests addressed to user that it has yet to
+	// finish.
+	Pending(user string) ([]userset.Request, error)
+	// Result records that user is in phase with its request uid, saying
+	// message; ErrUnknownRequest when no such request is addressed to it.
+	Result(ctx context.Context, user, uid, phase, message string) error
+}
+
 // Options configure a Server.
 type Options struct {
 	// Binaries maps each architecture (clientdist.Archs) to the kopia
@@ -78,6 +90,9 @@ type Options struct {
 	// refused (501).
 	Authenticator Authenticator
 	Reporter      Reporter
+	// Requests serves guests' requests and takes their results; without
+	// it and Authenticator, both are refused (501).
+	Requests Requests
 	// MaxDownloads bounds concurrent downloads; default 8.
 	MaxDownloads int
 	// MaxDownloadsPerSource bounds concurrent downloads from one IP
@@ -225,6 +240,8 @@ func (s *Server) Handler() http.Handler {
 		})
 	}
 	mux.HandleFunc("POST "+clientdist.ReportPath, s.report)
+	mux.HandleFunc("GET "+clientdist.RequestsPath, s.requests)
+	mux.HandleFunc("POST "+clientdist.ResultPath, s.result)
 	return mux
 }
 
@@ -382,12 +399,6 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "this server takes no reports", http.StatusNotImplemented)
 		return
 	}
-	user, password, ok := r.BasicAuth()
-	if !ok {
-		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
-		http.Error(w, "credentials required", http.StatusUnauthorized)
-		return
-	}
 	kind := r.URL.Query().Get(clientdist.KindParam)
 	if !slices.Contains(clientdist.ReportKinds, kind) {
 		http.Error(w, fmt.Sprintf("kind %q is none of %v", kind, clientdist.ReportKinds), http.StatusBadRequest)
@@ -398,16 +409,8 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "cannot read the report", http.StatusBadRequest)
 		return
 	}
-	select {
-	case s.logins <- struct{}{}:
-	case <-r.Context().Done():
-		return
-	}
-	valid := s.opts.Authenticator.Authenticate(user, password)
-	<-s.logins
-	if !valid {
-		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
-		http.Error(w, "access denied", http.StatusUnauthorized)
+	user, ok := s.authenticate(w, r)
+	if !ok {
 		return
 	}
 	rep := activity.Report{Kind: kind, Message: Sanitize(string(body)), At: s.opts.Clock.Now().UTC().Truncate(time.Second)}
@@ -415,6 +418,97 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request) {
 	s.opts.Log.Info("guest reported a client problem", "user", user, "kind", kind, "message", rep.Message)
 	w.WriteHeader(http.StatusNoContent)
 }
+
+// authenticate returns the Kopia user r's basic credentials authenticate,
+// checked one at a time (Server.logins); without, it has answered r.
+func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, bool) {
+	user, password, ok := r.BasicAuth()
+	if !ok {
+		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
+		http.Error(w, "credentials required", http.StatusUnauthorized)
+		return "", false
+	}
+	select {
+	case s.logins <- struct{}{}:
+	case <-r.Context().Done():
+		return "", false
+	}
+	valid := s.opts.Authenticator.Authenticate(user, password)
+	<-s.logins
+	if !valid {
+		w.Header().Set("WWW-Authenticate", `Basic realm="guestbackup"`)
+		http.Error(w, "access denied", http.StatusUnauthorized)
+		return "", false
+	}
+	return user, true
+}
+
+// requests answers a guest's poll with the requests addressed to its own
+// identity, and only those. A returning guest's check costs no hash
+// (Authenticator verifies from memory), so polls from many guests cost
+// the pod little.
+func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Authenticator == nil || s.opts.Requests == nil {
+		http.Error(w, "this server carries no requests", http.StatusNotImplemented)
+		return
+	}
+	user, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	pending, err := s.opts.Requests.Pending(user)
+	if err != nil {
+		s.opts.Log.Error(err, "cannot list a guest's requests", "user", user)
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, "the requests cannot be read now; try again shortly", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write(clientdist.EncodeRequests(pending))
+}
+
+// result takes where a guest is with one of its own requests.
+func (s *Server) result(w http.ResponseWriter, r *http.Request) {
+	if s.opts.Authenticator == nil || s.opts.Requests == nil {
+		http.Error(w, "this server carries no requests", http.StatusNotImplemented)
+		return
+	}
+	q := r.URL.Query()
+	uid, phase := q.Get(clientdist.UIDParam), q.Get(clientdist.PhaseParam)
+	if !slices.Contains(resultPhases, phase) {
+		http.Error(w, fmt.Sprintf("phase %q is none of %v", phase, resultPhases), http.StatusBadRequest)
+		return
+	}
+	body, err := io.ReadAll(io.LimitReader(r.Body, 4*clientdist.MaxReportMessage))
+	if err != nil {
+		http.Error(w, "cannot read the result", http.StatusBadRequest)
+		return
+	}
+	user, ok := s.authenticate(w, r)
+	if !ok {
+		return
+	}
+	switch err := s.opts.Requests.Result(r.Context(), user, uid, phase, Sanitize(string(body))); {
+	case errors.Is(err, ErrUnknownRequest):
+		// The same answer whether the request does not exist or is
+		// another guest's: a guest learns nothing of others' requests.
+		http.Error(w, fmt.Sprintf("no request %q is addressed to %s", uid, user), http.StatusNotFound)
+	case err != nil:
+		s.opts.Log.Error(err, "cannot record a guest's result", "user", user, "uid", uid)
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, "the result cannot be recorded now; try again shortly", http.StatusServiceUnavailable)
+	default:
+		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// resultPhases are the phases a guest may report.
+var resultPhases = []string{string(v1alpha1.PhaseRunning), string(v1alpha1.PhaseSucceeded), string(v1alpha1.PhaseFailed)}
+
+// ErrUnknownRequest is Requests.Result's error for a UID that is not one
+// of the user's pending requests.
+var ErrUnknownRequest = errors.New("no such request for this user")
 
 // Sanitize makes a guest's words fit for an Event: one line of printable
 // characters, at most clientdist.MaxReportMessage bytes.

@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,6 +28,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/pki"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 type guests struct {
@@ -461,5 +463,93 @@ func TestDownloadPaceIsAnAverage(t *testing.T) {
 	before = time.Now()
 	if n, err := p.Write(chunk); n != 0 || err == nil || !p.slow || w.deadline.IsZero() || w.deadline.After(time.Now()) || w.Body.Len() != 0 {
 		t.Errorf("behind: wrote %d, %v, slow %t, deadline %v from %v", n, err, p.slow, w.deadline.Sub(before), before)
+	}
+}
+
+// desk holds two guests' requests, as user sync does.
+type desk struct {
+	mu       sync.Mutex
+	requests []userset.Request
+	results  []string
+}
+
+func (d *desk) Authenticate(user, password string) bool {
+	return password == "pw-of-"+user+"-0123456789"
+}
+
+func (d *desk) Report(string, activity.Report) {}
+
+func (d *desk) Pending(user string) ([]userset.Request, error) {
+	var out []userset.Request
+	for _, r := range d.requests {
+		if r.User == user {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+func (d *desk) Result(_ context.Context, user, uid, phase, message string) error {
+	for _, r := range d.requests {
+		if r.User == user && r.UID == uid {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.results = append(d.results, strings.Join([]string{user, uid, phase, message}, " "))
+			return nil
+		}
+	}
+	return ErrUnknownRequest
+}
+
+// A guest polls for its own requests and answers them, with its own
+// credentials; it can neither read nor answer another guest's.
+func TestRequestsAreTheGuestsOwn(t *testing.T) {
+	tools := testbed.MustTools(t)
+	web := userset.Request{UID: "5d1e0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "before-upgrade", Paths: []string{"/srv/my files"}, Tags: map[string]string{"why": "upgrade"}}
+	db := userset.Request{UID: "5d1e0000-0000-4000-8000-000000000002", User: "db@team-a", Kind: userset.RequestSnapshot, Name: "nightly", Paths: []string{"/var/lib/db"}}
+	d := &desk{requests: []userset.Request{web, db}}
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": tools.Kopia}, Authenticator: d, Reporter: d, Requests: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	do := func(method, user, query string) (int, string) {
+		t.Helper()
+		path := clientdist.RequestsPath
+		if method == http.MethodPost {
+			path = clientdist.ResultPath
+		}
+		req, _ := http.NewRequest(method, ts.URL+path+query, strings.NewReader("done\nat last"))
+		if user != "" {
+			req.SetBasicAuth(user, "pw-of-"+user+"-0123456789")
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(body)
+	}
+	if code, _ := do(http.MethodGet, "", ""); code != http.StatusUnauthorized {
+		t.Errorf("anonymous poll: status %d", code)
+	}
+	code, body := do(http.MethodGet, "web@team-a", "")
+	if want := string(clientdist.EncodeRequests([]userset.Request{web})); code != http.StatusOK || body != want {
+		t.Errorf("web's poll: status %d, body:\n%s\nwant its own request only:\n%s", code, body, want)
+	}
+	if code, _ := do(http.MethodPost, "db@team-a", "?uid="+web.UID+"&phase=Succeeded"); code != http.StatusNotFound {
+		t.Errorf("db answering web's request: status %d, want 404", code)
+	}
+	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Done"); code != http.StatusBadRequest {
+		t.Errorf("a phase that is none: status %d, want 400", code)
+	}
+	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Succeeded"); code != http.StatusNoContent {
+		t.Errorf("web answering its own request: status %d", code)
+	}
+	if want := []string{"web@team-a " + web.UID + " Succeeded done at last"}; !slices.Equal(d.results, want) {
+		t.Errorf("results recorded: %q, want %q", d.results, want)
 	}
 }

@@ -259,7 +259,7 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 // publishes what it serves for the BSLS's status until that succeeds.
 func serveClient(ctx context.Context, o ServeOptions, syncer *Syncer) (stop func(), err error) {
 	srv, err := clientserver.Open(clientserver.Options{
-		Binaries: o.ClientPort.Binaries, Authenticator: syncer, Reporter: syncer, Log: o.Log.WithName("client"),
+		Binaries: o.ClientPort.Binaries, Authenticator: syncer, Reporter: syncer, Requests: syncer, Log: o.Log.WithName("client"),
 	})
 	if err != nil {
 		return nil, err

@@ -47,6 +47,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/client-go/util/workqueue"
+	"k8s.io/utils/clock"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
@@ -194,7 +195,10 @@ type Options struct {
 	// (checkStorage). 0, or no Pod: never.
 	Pod                  string
 	StorageCheckInterval time.Duration
-	Log                  logr.Logger
+	// Clock stamps the guests' results to their requests; nil: the real
+	// clock.
+	Clock clock.PassiveClock
+	Log   logr.Logger
 
 	// space, when set, is shared with the pod's other writers (Serve's
 	// maintenance), whose refused writes it holds too; New makes one
@@ -257,6 +261,11 @@ type Syncer struct {
 	// the guests' reports not published yet (package clientserver).
 	lister  corelisters.SecretNamespaceLister
 	reports map[string]activity.Report
+	// results are the guests' results to their requests, by user and
+	// request UID (Result); verifying lets one ending at a time read the
+	// repository.
+	results   map[string]map[string]activity.Result
+	verifying sync.Mutex
 	// enforced are the password hashes of the users the Kopia server
 	// enforces since the last sync that applied them (inForce.Users),
 	// never changed in place: Admits leaves a password to the server
@@ -342,6 +351,9 @@ func New(opts Options) *Syncer {
 	}
 	if opts.space == nil {
 		opts.space = &spaceState{}
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	backoff := workqueue.NewTypedItemExponentialFailureRateLimiter[work](opts.RetryAfter, opts.Resync)
 	return &Syncer{
@@ -984,6 +996,10 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	for user, r := range reports {
 		s.activity.Report(user, r)
 	}
+	s.mu.Lock()
+	lister := s.lister
+	s.mu.Unlock()
+	s.publishResults(lister)
 	return s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 }
 

@@ -2,6 +2,7 @@ package usersync_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"time"
@@ -19,8 +20,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
+	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/usersync"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -45,12 +48,16 @@ func newGuest(user string) guest {
 func writeUsers(guests ...guest) { writeUsersKeeping(nil, guests...) }
 
 func writeShard(ctx context.Context, shard int, data []byte) {
+	writeShardData(ctx, shard, map[string][]byte{userset.Key: data})
+}
+
+func writeShardData(ctx context.Context, shard int, data map[string][]byte) {
 	secret := &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: userset.SecretName(bsls, shard), Namespace: namespace,
 			Labels: map[string]string{userset.Label: bsls},
 		},
-		Data: map[string][]byte{userset.Key: data},
+		Data: data,
 	}
 	err := apiServer.Client.Create(ctx, secret)
 	if apierrors.IsAlreadyExists(err) {
@@ -239,6 +246,72 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Eventually(replica.Ready).WithTimeout(provisioned).Should(Succeed())
 		Eventually(connectTo(second, carol)).WithTimeout(provisioned).Should(Succeed(), "the second replica's server knows carol")
 	})
+	It("hands a guest its own requests, and records its results as the repository holds them", func() {
+		ctx := context.Background()
+		for shard := range userset.Shards {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: activity.ConfigMapName(bsls, shard), Namespace: namespace, Labels: map[string]string{activity.Label: bsls}}}
+			Expect(client.IgnoreAlreadyExists(apiServer.Client.Create(ctx, cm))).To(Succeed())
+		}
+		users := repositoryUsers()
+		Expect(users).To(HaveKey(alice.user))
+		// In alice's shard: what tells their requests apart is the user.
+		dave := newGuest(sameShard(alice.user))
+		users[dave.user] = dave.hash
+		one, two := GinkgoT().TempDir(), GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(one, "a.txt"), []byte("one\n"), 0o600)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(two, "b.txt"), []byte("two\n"), 0o600)).To(Succeed())
+		now := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000001", User: alice.user, Kind: userset.RequestSnapshot, Name: "now", Paths: []string{one}}
+		both := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000002", User: alice.user, Kind: userset.RequestSnapshot, Name: "both", Paths: []string{one, two}}
+		daves := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000003", User: dave.user, Kind: userset.RequestSnapshot, Name: "daves", Paths: []string{two}}
+		writeUsersWithRequests(users, now, both, daves)
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(now, both))
+		Expect(syncer.Pending(dave.user)).To(ConsistOf(daves), "a guest is handed its own requests only")
+
+		By("refusing a result from a guest the request is not addressed to")
+		Expect(syncer.Result(ctx, dave.user, now.UID, "Running", "")).To(MatchError(clientserver.ErrUnknownRequest))
+
+		By("taking the snapshots the request's tag marks under the guest's own identity, and no other's")
+		aliceClient, err := connect(alice.user, alice.password)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(syncer.Result(ctx, alice.user, now.UID, "Running", "")).To(Succeed())
+		tag := "--tags=" + userset.RequestTag + ":" + now.UID
+		out, err := aliceClient.Run(ctx, "snapshot", "create", tag, one)
+		Expect(err).NotTo(HaveOccurred(), out)
+		ids, err := aliceClient.SnapshotIDs(ctx, one)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		// Dave's guest forges alice's request tag on a snapshot of its own.
+		var daveClient *testbed.KopiaClient
+		Eventually(func() (err error) { daveClient, err = connect(dave.user, dave.password); return err }).WithTimeout(provisioned).Should(Succeed())
+		out, err = daveClient.Run(ctx, "snapshot", "create", tag, two)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(syncer.Result(ctx, alice.user, now.UID, "Succeeded", "took it")).To(Succeed())
+		Eventually(func() []activity.Result { return activityOf(alice.user).Results }).WithTimeout(provisioned).Should(ConsistOf(And(
+			HaveField("UID", now.UID), HaveField("Phase", "Succeeded"), HaveField("Message", "took it"), HaveField("Ended", Not(BeNil())),
+			HaveField("Snapshots", ConsistOf(And(HaveField("ID", ids[0]), HaveField("Path", one), HaveField("Files", BeEquivalentTo(1))))),
+		)))
+		Expect(syncer.Pending(alice.user)).To(ConsistOf(both), "a finished request is not handed out again")
+		Expect(syncer.Result(ctx, alice.user, now.UID, "Failed", "again")).To(Succeed(), "a repeated ending changes nothing")
+		Expect(activityOf(alice.user).Results).To(ContainElement(HaveField("Phase", "Succeeded")))
+
+		By("recording a success without a snapshot of each path as the failure it is")
+		out, err = aliceClient.Run(ctx, "snapshot", "create", "--tags="+userset.RequestTag+":"+both.UID, two)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(syncer.Result(ctx, alice.user, both.UID, "Succeeded", "")).To(Succeed())
+		Eventually(func() []activity.Result { return activityOf(alice.user).Results }).WithTimeout(provisioned).Should(ContainElement(And(
+			HaveField("UID", both.UID), HaveField("Phase", "Failed"),
+			HaveField("Message", "the guest reported success, but the repository holds no snapshot of "+one+" for this request"),
+			HaveField("Snapshots", ConsistOf(HaveField("Path", two))),
+		)))
+
+		By("dropping the results of requests the Secrets no longer list")
+		writeUsersWithRequests(users, daves)
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(BeEmpty())
+		Expect(syncer.Result(ctx, alice.user, daves.UID, "Running", "")).To(MatchError(clientserver.ErrUnknownRequest))
+		Expect(syncer.Result(ctx, dave.user, daves.UID, "Running", "")).To(Succeed())
+		Eventually(func() []activity.Result { return activityOf(alice.user).Results }).WithTimeout(provisioned).Should(BeEmpty())
+		Expect(activityOf(dave.user).Results).To(ConsistOf(HaveField("Phase", "Running")))
+	})
 })
 
 // writeUsersKeeping writes every shard Secret so that they list the users
@@ -275,4 +348,35 @@ func repositoryACLs() []*manifest.EntryMetadata {
 	entries, err := observer.FindManifests(ctx, map[string]string{manifest.TypeLabelKey: "acl"})
 	Expect(err).NotTo(HaveOccurred())
 	return entries
+}
+
+// writeUsersWithRequests writes every shard Secret so that they list the
+// users of keep and requests.
+func writeUsersWithRequests(keep map[string]identity.Hash, requests ...userset.Request) {
+	shards := make([]map[string]identity.Hash, userset.Shards)
+	for i := range shards {
+		shards[i] = map[string]identity.Hash{}
+	}
+	for user, h := range keep {
+		shards[userset.ShardOf(user)][user] = h
+	}
+	listed := userset.Dispatch(func() []userset.Queued {
+		var q []userset.Queued
+		for i, r := range requests {
+			q = append(q, userset.Queued{Request: r, Order: fmt.Sprint(i)})
+		}
+		return q
+	}())
+	for i, users := range shards {
+		writeShardData(context.Background(), i, map[string][]byte{userset.Key: userset.Encode(users), userset.RequestsKey: userset.EncodeRequests(listed[i])})
+	}
+}
+
+// activityOf is the activity of user its server last published.
+func activityOf(user string) activity.Guest {
+	cm := &corev1.ConfigMap{}
+	Expect(apiServer.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: activity.ConfigMapName(bsls, userset.ShardOf(user))}, cm)).To(Succeed())
+	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	Expect(err).NotTo(HaveOccurred())
+	return guests[user]
 }

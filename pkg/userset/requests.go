@@ -1,0 +1,170 @@
+package userset
+
+import (
+	"bufio"
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/guestbackup/guestbackup/pkg/identity"
+)
+
+// RequestsKey is the key of a users Secret that holds the requests
+// addressed to its shard's users that their guests have yet to finish:
+// JSON lines sorted by UID. The controller writes them where the server pod
+// already watches (no Role grows for them), and a guest polls its server
+// pod for its own (package clientdist). Nothing in a request is secret;
+// it travels in the Secret because that is the channel the two sides share.
+const RequestsKey = "requests"
+
+// MaxRequestsPerUser bounds the requests a users Secret lists for one
+// user: the oldest wait their turn, so that a flood of requests to one VM
+// grows neither the Secret nor the guest's work without bound.
+const MaxRequestsPerUser = 4
+
+// RequestSnapshot is the kind of a request to snapshot now (GuestSnapshot).
+const RequestSnapshot = "snapshot"
+
+// RequestKinds are the kinds a guest carries out.
+var RequestKinds = []string{RequestSnapshot}
+
+// RequestTag is the Kopia tag a guest puts on each snapshot it takes for a
+// request, whose UID is its value: the server pod finds the request's
+// snapshots by it, in the repository, under the guest's own identity.
+const RequestTag = "guestbackup-request"
+
+// Request is one request to a guest.
+type Request struct {
+	// UID is the request object's UID: what the guest answers with.
+	UID string `json:"uid"`
+	// User is the Kopia identity of the guest that carries it out.
+	User string `json:"user"`
+	// Kind is one of RequestKinds.
+	Kind string `json:"kind"`
+	// Name is the request object's name, for the guest's log.
+	Name string `json:"name"`
+	// Paths are the absolute guest paths it concerns.
+	Paths []string `json:"paths"`
+	// Tags are Kopia tags for the snapshots it takes.
+	Tags map[string]string `json:"tags,omitempty"`
+	// Description is the snapshots' Kopia description.
+	Description string `json:"description,omitempty"`
+}
+
+var (
+	uidPattern    = regexp.MustCompile(`^[0-9a-f-]{1,64}$`)
+	namePattern   = regexp.MustCompile(`^[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?$`)
+	tagKeyPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$`)
+)
+
+// Validate checks what a guest will act on: whoever wrote the Secret, a
+// request names a valid identity, absolute clean paths, and tags that
+// cannot pose as the request tag.
+func (r Request) Validate() error {
+	if !uidPattern.MatchString(r.UID) {
+		return fmt.Errorf("request UID %q is not a UID", r.UID)
+	}
+	if err := identity.ValidateUsername(r.User); err != nil {
+		return fmt.Errorf("request %s: %w", r.UID, err)
+	}
+	if !slices.Contains(RequestKinds, r.Kind) {
+		return fmt.Errorf("request %s: kind %q is none of %v", r.UID, r.Kind, RequestKinds)
+	}
+	if !namePattern.MatchString(r.Name) {
+		return fmt.Errorf("request %s: name %q is not an object name", r.UID, r.Name)
+	}
+	if len(r.Paths) == 0 {
+		return fmt.Errorf("request %s names no path", r.UID)
+	}
+	for _, p := range r.Paths {
+		if !path.IsAbs(p) || path.Clean(p) != p || strings.ContainsAny(p, "\x00\n\r") {
+			return fmt.Errorf("request %s: path %q is not a clean absolute path", r.UID, p)
+		}
+	}
+	for k, v := range r.Tags {
+		if !tagKeyPattern.MatchString(k) || k == RequestTag || strings.ContainsAny(v, "\x00\n\r") {
+			return fmt.Errorf("request %s: tag %q is not a tag a request may set", r.UID, k)
+		}
+	}
+	if strings.ContainsAny(r.Description, "\x00") {
+		return fmt.Errorf("request %s: the description holds a NUL character", r.UID)
+	}
+	return nil
+}
+
+// EncodeRequests renders requests as the content of a users Secret's
+// RequestsKey, sorted by UID, so that unchanged requests give an unchanged
+// Secret.
+func EncodeRequests(requests []Request) []byte {
+	sorted := slices.SortedFunc(slices.Values(requests), func(a, b Request) int { return strings.Compare(a.UID, b.UID) })
+	var b bytes.Buffer
+	for _, r := range sorted {
+		line, _ := json.Marshal(r) // plain data: cannot fail
+		b.Write(line)
+		b.WriteByte('\n')
+	}
+	return b.Bytes()
+}
+
+// DecodeRequests parses what EncodeRequests wrote, rejecting any malformed
+// line, invalid request or UID listed twice.
+func DecodeRequests(data []byte) ([]Request, error) {
+	var requests []Request
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(nil, 1<<20)
+	for n := 1; sc.Scan(); n++ {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		var r Request
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			return nil, fmt.Errorf("requests line %d: %w", n, err)
+		}
+		if err := r.Validate(); err != nil {
+			return nil, fmt.Errorf("requests line %d: %w", n, err)
+		}
+		if seen[r.UID] {
+			return nil, fmt.Errorf("requests line %d: request %s listed twice", n, r.UID)
+		}
+		seen[r.UID] = true
+		requests = append(requests, r)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read requests: %w", err)
+	}
+	return requests, nil
+}
+
+// Queued is a request with the time it was made, for Dispatch.
+type Queued struct {
+	Request
+	// Order sorts requests of one user, oldest first (their creation
+	// times, then names: both immutable).
+	Order string
+}
+
+// Dispatch is what the users Secrets list of queued: per shard, the
+// MaxRequestsPerUser oldest requests of each user; the others wait their
+// turn.
+func Dispatch(queued []Queued) map[int][]Request {
+	byUser := map[string][]Queued{}
+	for _, q := range queued {
+		byUser[q.User] = append(byUser[q.User], q)
+	}
+	shards := map[int][]Request{}
+	for user, qs := range byUser {
+		slices.SortFunc(qs, func(a, b Queued) int {
+			return cmp.Or(strings.Compare(a.Order, b.Order), strings.Compare(a.UID, b.UID))
+		})
+		for _, q := range qs[:min(len(qs), MaxRequestsPerUser)] {
+			shards[ShardOf(user)] = append(shards[ShardOf(user)], q.Request)
+		}
+	}
+	return shards
+}

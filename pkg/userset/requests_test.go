@@ -1,0 +1,78 @@
+package userset
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+)
+
+func request(uid, user string, paths ...string) Request {
+	return Request{UID: uid, User: user, Kind: RequestSnapshot, Name: "r-" + uid[:4], Paths: paths}
+}
+
+func TestRequestsRoundTrip(t *testing.T) {
+	in := []Request{
+		request("bbbb0000-0000-4000-8000-000000000002", "web@team-a", "/srv"),
+		{UID: "aaaa0000-0000-4000-8000-000000000001", User: "db@team-a", Kind: RequestSnapshot, Name: "before-upgrade", Paths: []string{"/var/lib/db", "/etc"}, Tags: map[string]string{"why": "upgrade: 2.0"}, Description: "before the upgrade"},
+	}
+	data := EncodeRequests(in)
+	if !strings.HasPrefix(string(data), `{"uid":"aaaa`) {
+		t.Errorf("not sorted by UID:\n%s", data)
+	}
+	out, err := DecodeRequests(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(EncodeRequests(out)) != string(data) {
+		t.Errorf("round trip changed the requests:\n%s\nwant\n%s", EncodeRequests(out), data)
+	}
+}
+
+func TestDecodeRequestsRefuses(t *testing.T) {
+	for name, tt := range map[string]struct{ line, want string }{
+		"not JSON":          {`uid web`, "requests line 1: invalid character"},
+		"not a UID":         {`{"uid":"../x","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, `request UID "../x" is not a UID`},
+		"not an identity":   {`{"uid":"aa","user":"Web","kind":"snapshot","name":"a","paths":["/srv"]}`, "request aa:"},
+		"unknown kind":      {`{"uid":"aa","user":"web@team-a","kind":"delete","name":"a","paths":["/srv"]}`, `kind "delete" is none of [snapshot]`},
+		"name with a space": {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a b","paths":["/srv"]}`, `name "a b" is not an object name`},
+		"no path":           {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":[]}`, "names no path"},
+		"relative path":     {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["srv"]}`, `path "srv" is not a clean absolute path`},
+		"climbing path":     {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv/../etc"]}`, "is not a clean absolute path"},
+		"newline in a path": {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv\nx"]}`, "is not a clean absolute path"},
+		"the request tag":   {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"tags":{"guestbackup-request":"bb"}}`, `tag "guestbackup-request" is not a tag a request may set`},
+		"twice":             {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}` + "\n" + `{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, "requests line 2: request aa listed twice"},
+	} {
+		_, err := DecodeRequests([]byte(tt.line + "\n"))
+		if err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: %v, want an error containing %q", name, err, tt.want)
+		}
+	}
+}
+
+// Dispatch lists the oldest MaxRequestsPerUser requests of each user in
+// the user's shard; a flood to one VM waits its turn and delays no other.
+func TestDispatch(t *testing.T) {
+	var queued []Queued
+	for i := range MaxRequestsPerUser + 3 {
+		queued = append(queued, Queued{Request: request(fmt.Sprintf("aaaa0000-0000-4000-8000-%012d", i), "web@team-a", "/srv"), Order: fmt.Sprintf("2026-12-07T08:00:%02dZ", 59-i)})
+	}
+	queued = append(queued, Queued{Request: request("cccc0000-0000-4000-8000-000000000000", "db@team-a", "/var"), Order: "2026-12-07T09:00:00Z"})
+	shards := Dispatch(queued)
+	web, db := shards[ShardOf("web@team-a")], shards[ShardOf("db@team-a")]
+	if ShardOf("web@team-a") == ShardOf("db@team-a") {
+		t.Fatal("the spec wants two shards")
+	}
+	if len(web) != MaxRequestsPerUser {
+		t.Fatalf("web's shard lists %d requests, want %d", len(web), MaxRequestsPerUser)
+	}
+	for _, r := range web {
+		var i int
+		fmt.Sscanf(r.UID[len(r.UID)-12:], "%d", &i)
+		if i < 3 {
+			t.Errorf("request %d is listed, but it is among the newest (the oldest wait no longer)", i)
+		}
+	}
+	if len(db) != 1 || db[0].User != "db@team-a" {
+		t.Errorf("db's shard lists %v", db)
+	}
+}
