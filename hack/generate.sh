@@ -29,7 +29,7 @@ if [[ -z "$CONTROLLER_GEN" ]]; then
 fi
 [[ -x "$CONTROLLER_GEN" ]] || { echo "generate: controller-gen missing at $CONTROLLER_GEN: run make tools" >&2; exit 1; }
 
-mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/files/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" "$OUT/config/rbac/server-maintenance" \
+mkdir -p "$OUT/api/v1alpha1" "$OUT/charts/guestbackup/files/crds" "$OUT/charts/guestbackup/files/rbac" "$OUT/config/rbac/controller" "$OUT/config/rbac/webhook" "$OUT/config/rbac/server-maintenance" "$OUT/config/rbac/controller-requests" \
 	"$OUT/test/crds/kubevirt" "$OUT/test/crds/cert-manager" "$OUT/test/crds/velero"
 
 "$CONTROLLER_GEN" object paths=./api/... output:object:dir="$OUT/api/v1alpha1"
@@ -42,6 +42,10 @@ go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_guestres
 rm -f "$OUT/config/rbac/role.yaml"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \
 	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... paths=./pkg/audit/... output:rbac:dir="$OUT/config/rbac/controller"
+# The controller's rules for requests: the chart installs them with the
+# requests' API only (requests.enabled).
+"$CONTROLLER_GEN" rbac:roleName=guestbackup-controller-requests paths=./pkg/requeststatus/... \
+	output:rbac:dir="$OUT/config/rbac/controller-requests"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-webhook paths=./cmd/webhook/... paths=./pkg/mutate/... paths=./pkg/requests/... \
 	output:rbac:dir="$OUT/config/rbac/webhook"
 # The server pods of a BSLS with several replicas get this one through a
@@ -52,7 +56,7 @@ rm -f "$OUT/config/rbac/role.yaml"
 # Helm reads only files inside the chart (.Files.Get), so the chart carries a
 # copy of each role; its templates take the rules from it, and
 # verify-generated.sh keeps the copy identical to the markers.
-for binary in controller webhook server-maintenance; do
+for binary in controller controller-requests webhook server-maintenance; do
 	install -m 0644 "$OUT/config/rbac/$binary/role.yaml" "$OUT/charts/guestbackup/files/rbac/$binary-role.yaml"
 done
 

@@ -9,15 +9,18 @@ import (
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
+	"github.com/guestbackup/guestbackup/pkg/requeststatus"
 )
 
 // Options are the controller's settings (cmd/controller's flags).
@@ -79,6 +82,17 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := (&audit.Reconciler{NotConnectedAfter: o.GuestNotConnectedAfter}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the guest activity audit: %w", err)
+	}
+	// Requests are alpha: the chart installs their API with
+	// requests.enabled, and the controller carries them out when it is
+	// served (the BSLS reconciler detects it the same way).
+	switch _, err := mgr.GetRESTMapper().RESTMapping(v1alpha1.GroupVersion.WithKind("GuestSnapshot").GroupKind(), v1alpha1.GroupVersion.Version); {
+	case err == nil:
+		if err := (&requeststatus.Reconciler{}).SetupWithManager(mgr); err != nil {
+			return fmt.Errorf("set up the GuestSnapshot controller: %w", err)
+		}
+	case !meta.IsNoMatchError(err):
+		return fmt.Errorf("look up the GuestSnapshot kind: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)

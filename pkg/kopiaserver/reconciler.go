@@ -115,6 +115,10 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
+	// Requests is true when the GuestSnapshot API is served (the chart
+	// installs it with requests.enabled): the users Secrets then carry the
+	// requests to their guests. SetupWithManager detects it.
+	Requests bool
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
 
@@ -175,6 +179,13 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(bslsOfVM), builder.OnlyMetadata, builder.WithPredicates(vmIdentityChanged()))
 	if r.CertManager {
 		b = b.Owns(&certmanagerv1.Certificate{})
+	}
+	if r.Requests, err = requestsServed(mgr.GetRESTMapper()); err != nil {
+		return fmt.Errorf("look up the GuestSnapshot kind: %w", err)
+	}
+	if r.Requests {
+		// A request's phase decides whether its guest is handed it.
+		b = b.Watches(&v1alpha1.GuestSnapshot{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfRequest))
 	}
 	switch _, err := mgr.GetRESTMapper().RESTMapping(VeleroBSL.GroupKind(), VeleroBSL.Version); {
 	case err == nil:
@@ -480,6 +491,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		return UserSet{}, err
 	}
 	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.Clock.Now()})
+	snapshots, err := r.listRequests(ctx)
+	if err != nil {
+		return UserSet{}, fmt.Errorf("list GuestSnapshots: %w", err)
+	}
+	requests := userset.Dispatch(QueueRequests(snapshots, vms, users))
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
@@ -493,6 +509,9 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 				userset.GrantsKey: userset.EncodeGrants(users.Grants[shard]),
 				userset.QuotasKey: userset.EncodeQuotas(quotasOf(b.Spec.Quota, hashes)),
 			},
+		}
+		if r.Requests {
+			s.Data[userset.RequestsKey] = userset.EncodeRequests(requests[shard])
 		}
 		before, err := r.grantsWritten(ctx, s, users.Grants[shard])
 		if err != nil {

@@ -388,6 +388,16 @@ var _ = Describe("The chart rendered", func() {
 				}
 				if !set.requests {
 					Expect(r.text).NotTo(ContainSubstring("guestsnapshots"), "nothing of the requests without requests.enabled: no CRD, webhook or role")
+				} else {
+					// The controller's own, exactly: it reads requests and writes their status.
+					name := release + "-controller-requests"
+					Expect(as[rbacv1.ClusterRole](r.find("ClusterRole", name)).Rules).To(Equal([]rbacv1.PolicyRule{
+						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestsnapshots"}, Verbs: []string{"get", "list", "watch"}},
+						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestsnapshots/status"}, Verbs: []string{"patch"}},
+					}))
+					binding := as[rbacv1.ClusterRoleBinding](r.find("ClusterRoleBinding", name))
+					Expect(binding.RoleRef.Name).To(Equal(name))
+					Expect(binding.Subjects).To(Equal([]rbacv1.Subject{{Kind: "ServiceAccount", Name: release + "-controller", Namespace: namespace}}))
 				}
 			})
 

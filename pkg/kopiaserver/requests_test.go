@@ -1,0 +1,61 @@
+package kopiaserver
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/userset"
+)
+
+// A server's guests are handed the requests the request reconciler admitted
+// or they started, for VMs whose user it serves, with their paths.
+func TestQueueRequests(t *testing.T) {
+	at := metav1.NewTime(time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC))
+	snap := func(name, vm string, phase v1alpha1.RequestPhase, paths ...string) v1alpha1.GuestSnapshot {
+		return v1alpha1.GuestSnapshot{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, UID: types.UID("0000000" + name[:1] + "-0000-4000-8000-000000000000"), CreationTimestamp: at},
+			Spec:       v1alpha1.GuestSnapshotSpec{VM: vm, Paths: paths, Tags: map[string]string{"why": "test"}},
+			Status:     v1alpha1.GuestSnapshotStatus{Phase: phase},
+		}
+	}
+	vms := map[types.NamespacedName]*metav1.PartialObjectMetadata{
+		{Namespace: "team-a", Name: "web"}:   {ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationPaths: "/srv/,/etc"}}},
+		{Namespace: "team-a", Name: "db"}:    {ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{}}},
+		{Namespace: "team-a", Name: "gone"}:  nil,
+		{Namespace: "team-a", Name: "other"}: {ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{v1alpha1.AnnotationPaths: "/srv"}}},
+	}
+	var users UserSet
+	for i := range users.Shards {
+		users.Shards[i] = map[string]identity.Hash{}
+	}
+	for _, u := range []string{"web@team-a", "db@team-a", "gone@team-a"} {
+		users.Shards[userset.ShardOf(u)][u] = identity.Hash{}
+	}
+	got := QueueRequests([]v1alpha1.GuestSnapshot{
+		snap("a-pending", "web", v1alpha1.PhasePending),
+		snap("b-running", "db", v1alpha1.PhaseRunning, "/var/lib/db"),
+		snap("c-new", "web", ""),
+		snap("d-done", "web", v1alpha1.PhaseSucceeded),
+		snap("e-failed", "web", v1alpha1.PhaseFailed),
+		snap("f-no-paths", "db", v1alpha1.PhasePending),
+		snap("g-gone", "gone", v1alpha1.PhasePending, "/srv"),
+		snap("h-other-server", "other", v1alpha1.PhasePending),
+	}, vms, users)
+	want := []userset.Queued{
+		{Request: userset.Request{UID: "0000000a-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "a-pending", Paths: []string{"/srv", "/etc"}, Tags: map[string]string{"why": "test"}}, Order: "2026-12-07T08:00:00Z/a-pending"},
+		{Request: userset.Request{UID: "0000000b-0000-4000-8000-000000000000", User: "db@team-a", Kind: userset.RequestSnapshot, Name: "b-running", Paths: []string{"/var/lib/db"}, Tags: map[string]string{"why": "test"}}, Order: "2026-12-07T08:00:00Z/b-running"},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("queued %d requests, want %d: %+v", len(got), len(want), got)
+	}
+	for i := range want {
+		if string(userset.EncodeRequests([]userset.Request{got[i].Request})) != string(userset.EncodeRequests([]userset.Request{want[i].Request})) || got[i].Order != want[i].Order {
+			t.Errorf("request %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
