@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -61,6 +63,17 @@ type BackupStorageLocationServerSpec struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="guestSpread is between 0s and 24h"
 	// +optional
 	GuestSpread *metav1.Duration `json:"guestSpread,omitempty"`
+
+	// RequestPollInterval is how often a running guest asks its server for
+	// the requests (GuestSnapshot) addressed to it, when the requests' API
+	// is installed (alpha, the chart's requests.enabled): a request starts
+	// within about this long. Each poll is one HTTPS request that costs the
+	// server pod no password hash. A change reaches a guest when its
+	// bootstrap is next rendered (at its next boot at the latest). Unset:
+	// 30s; between 10s and 10m.
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('10m')",message="requestPollInterval is between 10s and 10m"
+	// +optional
+	RequestPollInterval *metav1.Duration `json:"requestPollInterval,omitempty"`
 
 	// ClientURL is the URL guests are told to connect to, for guests that
 	// cannot reach the Service's cluster DNS name: VMs on bridged or
@@ -602,6 +615,12 @@ type BackupStorageLocationServerStatus struct {
 	// +optional
 	Client *ClientStatus `json:"client,omitempty"`
 
+	// RequestPollInterval is how often the guests' bootstraps have them
+	// poll for requests; unset: the server carries no requests (their API
+	// is not installed, or the server hands out no client port yet).
+	// +optional
+	RequestPollInterval *metav1.Duration `json:"requestPollInterval,omitempty"`
+
 	// Quota is what the server pods' last measurement found of the VMs over
 	// their quota (spec.quota). Unset while no quota is set or before a
 	// measurement was published.
@@ -660,6 +679,9 @@ type ClientStatus struct {
 	// +optional
 	SHA256 map[string]string `json:"sha256,omitempty"`
 }
+
+// DefaultRequestPollInterval is spec.requestPollInterval's default.
+const DefaultRequestPollInterval = 30 * time.Second
 
 // BackupStorageLocationServer runs a managed Kopia repository server that
 // VirtualMachines opt into with the guestbackup.io/server annotation.

@@ -130,6 +130,11 @@ func (in *BackupStorageLocationServerSpec) DeepCopyInto(out *BackupStorageLocati
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.RequestPollInterval != nil {
+		in, out := &in.RequestPollInterval, &out.RequestPollInterval
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.Quota != nil {
 		in, out := &in.Quota, &out.Quota
 		*out = new(QuotaSpec)
@@ -175,6 +180,11 @@ func (in *BackupStorageLocationServerStatus) DeepCopyInto(out *BackupStorageLoca
 		in, out := &in.Client, &out.Client
 		*out = new(ClientStatus)
 		(*in).DeepCopyInto(*out)
+	}
+	if in.RequestPollInterval != nil {
+		in, out := &in.RequestPollInterval, &out.RequestPollInterval
+		*out = new(v1.Duration)
+		**out = **in
 	}
 	if in.Quota != nil {
 		in, out := &in.Quota, &out.Quota

@@ -20,6 +20,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/rehash"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Where the bootstrap lives in a guest.
@@ -28,6 +29,12 @@ const (
 	StateDir       = "/var/lib/guestbackup"
 	ConnectScript  = "/usr/local/sbin/guestbackup-connect"
 	SnapshotScript = "/usr/local/sbin/guestbackup-snapshot"
+	// RequestsScript carries out the requests from the cluster addressed to
+	// the VM (GuestSnapshot), run by RequestsUnit.
+	RequestsScript = "/usr/local/sbin/guestbackup-requests"
+	// RequestsOff is the guest owner's off switch: while it exists, every
+	// request from the cluster fails, saying so.
+	RequestsOff = "/etc/guestbackup/requests.off"
 	// KopiaCommand is kopia as the bootstrap runs it, for the owner's own
 	// use: `guestbackup-kopia snapshot list`.
 	KopiaCommand = "/usr/local/bin/guestbackup-kopia"
@@ -40,6 +47,7 @@ const (
 	ConnectUnit   = "guestbackup-connect.service"
 	SnapshotUnit  = "guestbackup-snapshot.service"
 	SnapshotTimer = "guestbackup-snapshot.timer"
+	RequestsUnit  = "guestbackup-requests.service"
 	// DefaultSchedule is when a guest snapshots its paths unless the VM says.
 	DefaultSchedule = "daily"
 	// DefaultSpread bounds the random delay of a guest's first connection
@@ -86,7 +94,15 @@ type Bootstrap struct {
 	// runs it only when its SHA-256 is the one given here. Nil: the guest
 	// uses the kopia it has.
 	Client *v1alpha1.ClientStatus
+	// RequestPoll is how often the guest polls its server's client port
+	// for requests from the cluster (the BSLS's
+	// status.requestPollInterval); zero, or without Client: it does not.
+	RequestPoll time.Duration
 }
+
+// polls reports whether the guest polls for requests: it needs the client
+// port, which serves them.
+func (b Bootstrap) polls() bool { return b.RequestPoll > 0 && b.Client != nil }
 
 // SpreadOf is the Bootstrap.Spread of a BSLS's spec.guestSpread: unset is
 // the default, 0s none.
@@ -184,6 +200,9 @@ func (b Bootstrap) Validate() error {
 	if err := b.validateClient(); err != nil {
 		return err
 	}
+	if b.RequestPoll < 0 || b.RequestPoll%time.Second != 0 {
+		return fmt.Errorf("request poll interval %s is not a whole number of seconds", b.RequestPoll)
+	}
 	if b.Schedule != "" {
 		return ValidateSchedule(b.Schedule)
 	}
@@ -262,20 +281,33 @@ func (b Bootstrap) Files() ([]File, error) {
 			File{Path: UnitDir + "/" + SnapshotTimer, Mode: 0o644, Content: timer.Bytes()},
 		)
 	}
+	if b.polls() {
+		files = append(files,
+			File{Path: RequestsScript, Mode: 0o755, Content: []byte(requestsScript)},
+			File{Path: UnitDir + "/" + RequestsUnit, Mode: 0o644, Content: fmt.Appendf(nil, requestsUnit, int64(b.RequestPoll/time.Second))},
+		)
+	}
 	return files, nil
 }
 
 // Units are the systemd units to enable, in order, once the files are in
 // place.
 func (b Bootstrap) Units() []string {
+	units := []string{ConnectUnit}
 	if len(b.Paths) > 0 {
-		return []string{ConnectUnit, SnapshotTimer}
+		units = append(units, SnapshotTimer)
 	}
-	return []string{ConnectUnit}
+	if b.polls() {
+		units = append(units, RequestsUnit)
+	}
+	return units
 }
 
 // snapshotFiles are the files only a bootstrap with paths has.
 var snapshotFiles = []string{ConfDir + "/paths", SnapshotScript, UnitDir + "/" + SnapshotUnit, UnitDir + "/" + SnapshotTimer}
+
+// requestsFiles are the files only a bootstrap that polls for requests has.
+var requestsFiles = []string{RequestsScript, UnitDir + "/" + RequestsUnit}
 
 // activation is the shell that follows the files' installation at every
 // boot, in both deliveries: it marks the boot as one that brought the
@@ -290,6 +322,10 @@ func (b Bootstrap) activation() string {
 	if len(b.Paths) == 0 {
 		fmt.Fprintf(&sh, "[ -n \"$root\" ] || ! [ -d /run/systemd/system ] || systemctl disable --now %s >/dev/null 2>&1 || true\n", SnapshotTimer)
 		fmt.Fprintf(&sh, "rm -f%s\n", rootPrefixed(snapshotFiles...))
+	}
+	if !b.polls() {
+		fmt.Fprintf(&sh, "[ -n \"$root\" ] || ! [ -d /run/systemd/system ] || systemctl disable --now %s >/dev/null 2>&1 || true\n", RequestsUnit)
+		fmt.Fprintf(&sh, "rm -f%s\n", rootPrefixed(requestsFiles...))
 	}
 	// $root is set for tests only: systemd is the guest's.
 	sh.WriteString("if [ -z \"$root\" ] && [ -d /run/systemd/system ]; then\n")
@@ -363,11 +399,11 @@ if [ ! -e "$boot_marker" ]; then
   "$kopia" repository disconnect >/dev/null 2>&1 || true
   [ -x "$lib_dir/kopia" ] && "$lib_dir/kopia" repository disconnect >/dev/null 2>&1
   if [ -z "$root" ] && [ -d /run/systemd/system ]; then
-    systemctl disable --now ` + SnapshotTimer + ` >/dev/null 2>&1 || true
+    systemctl disable --now ` + SnapshotTimer + ` ` + RequestsUnit + ` >/dev/null 2>&1 || true
     systemctl disable ` + ConnectUnit + ` >/dev/null 2>&1 || true
   fi
   rm -rf "$conf_dir" "$state_dir/connected" "$lib_dir"
-  rm -f` + rootPrefixed(KopiaCommand, ConnectScript, SnapshotScript, UnitDir+"/"+SnapshotUnit, UnitDir+"/"+SnapshotTimer, UnitDir+"/"+ConnectUnit) + `
+  rm -f` + rootPrefixed(KopiaCommand, ConnectScript, SnapshotScript, RequestsScript, UnitDir+"/"+SnapshotUnit, UnitDir+"/"+SnapshotTimer, UnitDir+"/"+RequestsUnit, UnitDir+"/"+ConnectUnit) + `
   [ -z "$root" ] && [ -d /run/systemd/system ] && systemctl daemon-reload
   mark "opted out: this boot brought no guestbackup bootstrap, so its credentials and schedule are removed; the snapshots stay on the server"
   exit 0
@@ -626,3 +662,150 @@ RandomizedDelaySec={{.Spread}}
 [Install]
 WantedBy=timers.target
 `))
+
+// requestsScript carries out the requests from the cluster addressed to
+// this VM (GuestSnapshot, docs/requests.md): it polls its server's client
+// port as the VM's Kopia user (a returning guest's poll costs the server
+// no password hash), takes what it is asked, one request at a time, and
+// answers each; the server checks an answer against the repository. What
+// a person wrote (paths, tags, description) arrives base64-encoded and is
+// only ever passed to kopia as data. The password reaches curl or wget in
+// a header file, never in their arguments.
+const requestsScript = `#!/bin/sh
+# guestbackup-requests: carries out the requests from the cluster
+# (GuestSnapshot) addressed to this VM. To turn them off, create
+# ` + RequestsOff + `: each request then fails, saying so.
+set -u
+conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
+state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
+off=${GUESTBACKUP_REQUESTS_OFF:-` + RequestsOff + `}
+poll=${GUESTBACKUP_REQUEST_POLL:-30}
+` + useKopia + `export HOME="${HOME:-/root}"
+export KOPIA_CHECK_FOR_UPDATES=false
+` + trustEnv + `
+log() { echo "guestbackup: $*"; }
+
+# shellcheck source=/dev/null
+. "$conf_dir/guestbackup.conf"
+who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
+work="$state_dir/requests"
+mkdir -p "$work" && chmod 0700 "$work"
+
+# header writes the Authorization header of this VM's Kopia user.
+header() {
+  (umask 077 && printf 'Authorization: Basic %s\n' "$(printf '%s:%s' "$who" "$(cat "$conf_dir/password")" | base64 | tr -d '\n')" >"$work/header")
+}
+
+# call URL OUT [BODY]: a GET, or a POST of file BODY, trusting the
+# server's CA and no other; the answer goes to file OUT.
+call() {
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --max-time 60 --cacert "$conf_dir/trust/ca.crt" -H @"$work/header" ${3:+--data-binary "@$3"} -o "$2" "$1" </dev/null
+  elif command -v wget >/dev/null 2>&1; then
+    (umask 077 && printf 'header = %s\n' "$(cat "$work/header")" >"$work/wgetrc")
+    WGETRC="$work/wgetrc" wget -q -T 60 --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" ${3:+--post-file="$3"} -O "$2" "$1" </dev/null
+  else
+    echo "no curl or wget to reach the server with" >&2
+    return 1
+  fi
+}
+
+# answer UID PHASE MESSAGE tells the server where this guest is with a
+# request.
+answer() {
+  printf '%s' "$3" >"$work/answer.txt"
+  if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" /dev/null "$work/answer.txt" 2>"$work/answer.err"; then
+    log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
+  fi
+}
+
+# snapshot UID NAME snapshots the paths in $work/paths, each with the
+# request's tag, the tags in $work/tags and the description.
+snapshot() {
+  if [ -e "$off" ]; then
+    log "request $2 refused: $off exists"
+    answer "$1" Failed "remote requests are turned off in this guest ($off exists): its owner must remove that file to allow them"
+    return
+  fi
+  log "taking the snapshots request $2 asks for"
+  answer "$1" Running ""
+  failed=""
+  while IFS= read -r path; do
+    set -- "$1" "$2" "--tags=` + userset.RequestTag + `:$1"
+    while IFS= read -r tag; do set -- "$@" "--tags=$tag"; done <"$work/tags"
+    if [ -s "$work/description" ]; then set -- "$@" "--description=$(cat "$work/description")"; fi
+    uid=$1 name=$2
+    shift 2
+    if "$kopia" snapshot create "$@" "$path" </dev/null >"$work/snapshot.log" 2>&1; then
+      log "snapshot of $path taken for request $name"
+    else
+      failed="$failed; $path: $(tail -n 1 "$work/snapshot.log")"
+    fi
+    set -- "$uid" "$name"
+  done <"$work/paths"
+  if [ -z "$failed" ]; then
+    answer "$1" Succeeded ""
+  else
+    answer "$1" Failed "the snapshot failed in the guest${failed#;}"
+  fi
+}
+
+# take reads the poll's answer (package clientdist's EncodeRequests) and
+# carries out each request in turn.
+take() {
+  uid="" kind="" name=""
+  while read -r word arg rest; do
+    case $word in
+    request)
+      uid=$arg kind=${rest%% *} name=${rest#* }
+      : >"$work/paths" && : >"$work/tags" && : >"$work/description"
+      ;;
+    path) { printf '%s' "$arg" | base64 -d && echo; } >>"$work/paths" ;;
+    tag) { printf '%s' "$arg" | base64 -d && echo; } >>"$work/tags" ;;
+    description) printf '%s' "$arg" | base64 -d >"$work/description" ;;
+    end)
+      case $kind in
+      ` + userset.RequestSnapshot + `) snapshot "$uid" "$name" ;;
+      *) answer "$uid" Failed "this guest does not know requests of kind $kind" ;;
+      esac
+      ;;
+    esac
+  done <"$work/poll"
+}
+
+while :; do
+  # Only once connected: kopia has the server's session then.
+  if [ -s "$state_dir/connected" ]; then
+    header
+    if call "$GUESTBACKUP_CLIENT_URL/requests" "$work/poll" 2>"$work/poll.err"; then
+      take
+    else
+      log "cannot ask $GUESTBACKUP_CLIENT_URL for requests: $(tail -n 1 "$work/poll.err")"
+    fi
+    rm -f "$work/header" "$work/wgetrc"
+  fi
+  # GUESTBACKUP_REQUESTS_ONCE=1: one poll, now, then exit.
+  [ "${GUESTBACKUP_REQUESTS_ONCE:-}" = 1 ] && exit 0
+  sleep "$poll"
+done
+`
+
+// requestsUnit keeps the requests script running; its argument is the
+// poll interval in seconds.
+const requestsUnit = `[Unit]
+Description=Carry out the requests from the cluster addressed to this VM (guestbackup)
+Documentation=https://github.com/guestbackup/guestbackup
+Wants=network-online.target
+After=network-online.target ` + ConnectUnit + `
+
+[Service]
+Type=simple
+Environment=HOME=/root
+Environment=GUESTBACKUP_REQUEST_POLL=%d
+ExecStart=` + RequestsScript + `
+Restart=always
+RestartSec=30
+
+[Install]
+WantedBy=multi-user.target
+`

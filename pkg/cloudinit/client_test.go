@@ -52,8 +52,14 @@ func (c *clientPort) reports() map[string]activity.Report {
 
 func startClientPort(t *testing.T, ca *pki.CA, binaries map[string]string, user, password string) *clientPort {
 	t.Helper()
+	return startClientPortWith(t, ca, binaries, user, password, nil)
+}
+
+// startClientPortWith is startClientPort that carries requests.
+func startClientPortWith(t *testing.T, ca *pki.CA, binaries map[string]string, user, password string, requests clientserver.Requests) *clientPort {
+	t.Helper()
 	c := &clientPort{got: map[string]activity.Report{}, user: user, pass: password}
-	srv, err := clientserver.Open(clientserver.Options{Binaries: binaries, Authenticator: c, Reporter: c})
+	srv, err := clientserver.Open(clientserver.Options{Binaries: binaries, Authenticator: c, Reporter: c, Requests: requests})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,6 +21,7 @@ func guestScripts(t *testing.T) map[string][]byte {
 	full := testBootstrap(t)
 	full.Paths = []string{"/srv/data"}
 	full.Client = testClient()
+	full.RequestPoll = 30 * time.Second
 	scripts := map[string][]byte{"guestbackup-disk": GuestDiskScript}
 	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "full": full} {
 		files, err := b.Files()

@@ -208,6 +208,7 @@ func (b Bootstrap) shapeKey() string {
 	field(string(b.CA))
 	field(b.Schedule)
 	field(strconv.FormatInt(int64(b.Spread), 10))
+	field(strconv.FormatInt(int64(b.RequestPoll), 10))
 	field(strconv.Itoa(len(b.Paths)))
 	for _, p := range b.Paths {
 		field(p)

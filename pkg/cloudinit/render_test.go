@@ -26,8 +26,11 @@ func TestGolden(t *testing.T) {
 	withPaths.Schedule = "*-*-* 02:30:00"
 	withClient := testBootstrap(t)
 	withClient.Client = testClient()
+	withRequests := withClient
+	withRequests.Paths = []string{"/srv"}
+	withRequests.RequestPoll = 30 * time.Second
 	got := map[string][]byte{}
-	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths, "with-client": withClient} {
+	for name, b := range map[string]Bootstrap{"connect-only": testBootstrap(t), "with-paths": withPaths, "with-client": withClient, "with-requests": withRequests} {
 		rendered, err := CloudConfig(b)
 		if err != nil {
 			t.Fatal(err)

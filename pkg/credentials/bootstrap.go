@@ -257,12 +257,16 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 	if oldCA != vmsecret.CASum(ca) {
 		changed = append(changed, "CA (SHA-256 "+vmsecret.CASum(ca)+")")
 	}
-	if oldClient != clientdist.Digest(kopiaClient) {
-		if kopiaClient != nil {
-			changed = append(changed, "kopia client "+kopiaClient.Version)
-		} else {
-			changed = append(changed, "no kopia client")
-		}
+	// The rendered client's digest, then what ClientDigest adds for requests.
+	switch oldBase, _, _ := strings.Cut(oldClient, " "); {
+	case oldBase != clientdist.Digest(kopiaClient) && kopiaClient != nil:
+		changed = append(changed, "kopia client "+kopiaClient.Version)
+	case oldBase != clientdist.Digest(kopiaClient):
+		changed = append(changed, "no kopia client")
+	case oldClient != vmsecret.ClientDigest(bsls) && requestsPolled(bsls):
+		changed = append(changed, "requests polled every "+bsls.Status.RequestPollInterval.Duration.String())
+	case oldClient != vmsecret.ClientDigest(bsls):
+		changed = append(changed, "no requests")
 	}
 	what := "a new " + strings.Join(changed, " and ")
 	if oldEndpoint == "" && oldCA == "" {
@@ -305,8 +309,13 @@ func renderDue(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1
 	}
 	endpoint, ca := bsls.Status.Endpoint, []byte(bsls.Status.TLSCA)
 	oldEndpoint, oldCA := vmsecret.Rendered(secret)
-	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) && vmsecret.RenderedClient(secret) == clientdist.Digest(cloudinit.UsableClient(bsls.Status.Client)) {
-		return leave("rendered with the server's endpoint, CA and client")
+	if oldEndpoint == endpoint && oldCA == vmsecret.CASum(ca) && vmsecret.RenderedClient(secret) == vmsecret.ClientDigest(bsls) {
+		return leave("rendered with the server's endpoint, CA, client and request poll")
 	}
 	return "", true
+}
+
+// requestsPolled reports whether bsls's guests poll for requests.
+func requestsPolled(bsls *v1alpha1.BackupStorageLocationServer) bool {
+	return vmsecret.ClientDigest(bsls) != clientdist.Digest(cloudinit.UsableClient(bsls.Status.Client))
 }

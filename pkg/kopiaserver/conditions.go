@@ -257,6 +257,9 @@ type observations struct {
 	// ControllerNamespace is the reconciler's: every server's
 	// NetworkPolicy admits it.
 	ControllerNamespace string
+	// Requests is whether the GuestSnapshot API is served
+	// (Reconciler.Requests).
+	Requests bool
 	// Workload is what the server's Deployment is rendered from, as far
 	// as storage and platform tell it: its TLS checksum comes from
 	// Certificate.

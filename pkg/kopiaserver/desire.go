@@ -87,6 +87,12 @@ func status(obs observations, d decision) (v1alpha1.BackupStorageLocationServerS
 	st.Integrity = d.Integrity
 	st.Quota = d.Quota
 	st.Client = obs.Client
+	st.RequestPollInterval = nil
+	if obs.Requests && obs.Client != nil {
+		// The guests poll the client port, which the server pod serves
+		// with its client.
+		st.RequestPollInterval = &metav1.Duration{Duration: RequestPollInterval(b)}
+	}
 	st.Users = int32(obs.Users.Count) //nolint:gosec // bounded far below 2^31 by Secret sizes
 	namespaces := ServedNamespaces(obs.Users)
 	st.Namespaces = int32(len(namespaces)) //nolint:gosec // bounded by the users

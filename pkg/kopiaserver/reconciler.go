@@ -344,7 +344,7 @@ func (r *Reconciler) reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 // decided by desire and written by write.
 func (r *Reconciler) prepare(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (observations, error) {
 	obs := observations{
-		BSLS: b.DeepCopy(), Now: r.Clock.Now(), ControllerNamespace: r.ControllerNamespace,
+		BSLS: b.DeepCopy(), Now: r.Clock.Now(), ControllerNamespace: r.ControllerNamespace, Requests: r.Requests,
 		Workload: WorkloadInputs{Image: r.Image, ActivityInterval: r.ActivityInterval},
 	}
 	var err error

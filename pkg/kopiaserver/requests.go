@@ -99,3 +99,12 @@ func requestsServed(mapper meta.RESTMapper) (bool, error) {
 	}
 	return false, err
 }
+
+// RequestPollInterval is how often b's guests poll for requests
+// (spec.requestPollInterval, or its default).
+func RequestPollInterval(b *v1alpha1.BackupStorageLocationServer) time.Duration {
+	if d := b.Spec.RequestPollInterval; d != nil && d.Duration > 0 {
+		return d.Duration
+	}
+	return v1alpha1.DefaultRequestPollInterval
+}

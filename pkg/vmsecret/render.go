@@ -2,6 +2,7 @@ package vmsecret
 
 import (
 	"maps"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -40,6 +41,7 @@ func Render(s *corev1.Secret, server *v1alpha1.BackupStorageLocationServer, gues
 		Username: guest.Username, Password: guest.Password, Generation: guest.Generation,
 		Paths: guest.Paths, Schedule: guest.Schedule,
 		Spread: cloudinit.SpreadOf(server.Spec.GuestSpread), Client: kopiaClient,
+		RequestPoll: requestPoll(server),
 	}, p)
 	if err != nil {
 		return err // each caller says whose bootstrap, in its own words
@@ -50,6 +52,28 @@ func Render(s *corev1.Secret, server *v1alpha1.BackupStorageLocationServer, gues
 	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return IsPayloadKey(k) })
 	maps.Copy(s.Data, payload)
 	SetRendered(s, endpoint, ca)
-	SetRenderedClient(s, clientdist.Digest(kopiaClient))
+	SetRenderedClient(s, ClientDigest(server))
 	return nil
+}
+
+// requestPoll is how often the server's guests poll for requests: its
+// status.requestPollInterval, while it hands out a client (whose port
+// serves them).
+func requestPoll(server *v1alpha1.BackupStorageLocationServer) time.Duration {
+	if d := server.Status.RequestPollInterval; d != nil && cloudinit.UsableClient(server.Status.Client) != nil {
+		return d.Truncate(time.Second)
+	}
+	return 0
+}
+
+// ClientDigest sums what of server's client port a bootstrap renders: the
+// client it hands out and how often guests poll it for requests. A
+// server that carries no requests has the digest of its client alone, as
+// before requests existed, so that no bootstrap is rendered again for them.
+func ClientDigest(server *v1alpha1.BackupStorageLocationServer) string {
+	digest := clientdist.Digest(cloudinit.UsableClient(server.Status.Client))
+	if poll := requestPoll(server); poll > 0 {
+		digest += " requests every " + poll.String()
+	}
+	return digest
 }

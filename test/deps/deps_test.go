@@ -106,10 +106,10 @@ func TestNoProcessLinksAnothersCode(t *testing.T) {
 	}{
 		{binaries["webhook"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiaserver", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/credentials"}},
 		{binaries["controller"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/mutate"}},
-		{binaries["server pod"], []string{"github.com/cert-manager/", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit"}},
+		{binaries["server pod"], []string{"github.com/cert-manager/", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit", module + "/pkg/requeststatus"}},
 		// The plugin only reads the API: none of the product's processes.
 		{binaries["kubectl plugin"], []string{"github.com/kopia/kopia/", "github.com/cert-manager/", "kubevirt.io/", module + "/pkg/kopiaserver", module + "/pkg/serverpod", module + "/pkg/credentials",
-			module + "/pkg/mutate", module + "/pkg/audit", module + "/pkg/requests", module + "/internal/controller", module + "/internal/webhook", module + "/internal/manager"}},
+			module + "/pkg/mutate", module + "/pkg/audit", module + "/pkg/requests", module + "/pkg/requeststatus", module + "/internal/controller", module + "/internal/webhook", module + "/internal/manager"}},
 		// The harness proves the product: none of the code it proves may
 		// be its own foundation (identity and pki are leaves it shares).
 		{module + "/internal/testbed", []string{module + "/pkg/serverpod", module + "/pkg/kopiauser", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit", module + "/pkg/cloudinit", module + "/internal/local", module + "/internal/controller", module + "/internal/webhook"}},

@@ -17,6 +17,8 @@ install -D -m 755 "$src"/'guestbackup-snapshot' "$dest"'/usr/local/sbin/guestbac
 install -D -m 644 "$src"/'guestbackup-snapshot.service' "$dest"'/etc/systemd/system/guestbackup-snapshot.service'
 install -D -m 644 "$src"/'guestbackup-snapshot.timer' "$dest"'/etc/systemd/system/guestbackup-snapshot.timer'
 mkdir -p "$root"/run/guestbackup && echo 1 >"$root"/run/guestbackup/bootstrap
+[ -n "$root" ] || ! [ -d /run/systemd/system ] || systemctl disable --now guestbackup-requests.service >/dev/null 2>&1 || true
+rm -f "$root"/usr/local/sbin/guestbackup-requests "$root"/etc/systemd/system/guestbackup-requests.service
 if [ -z "$root" ] && [ -d /run/systemd/system ]; then
   systemctl daemon-reload
   systemctl enable guestbackup-connect.service guestbackup-snapshot.timer
