@@ -31,6 +31,8 @@ type Options struct {
 	BSLSNamespace   string
 	Namespaces      []string
 	NamespaceLabels map[string]string
+	// Requests installs the chart with requests.enabled (alpha).
+	Requests bool
 }
 
 // Backend is guestbackup on real KubeVirt on the test bed's real node, with
@@ -66,10 +68,14 @@ func Start(tb testbed.TB, o Options) (*Backend, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The audit's interval as the local bed's (local.ControllerOptions):
+	// a guest's snapshot becomes an Event on its VM within seconds.
+	values := []string{"controller.guestActivityInterval=2s"}
+	if o.Requests {
+		values = append(values, "requests.enabled=true")
+	}
 	node := testbed.InstallChart(tb, testbed.ChartInstall{Repository: "guestbackup", Tag: o.Tag, Release: "guestbackup", Namespace: "guestbackup-system",
-		// The audit's interval as the local bed's (local.ControllerOptions):
-		// a guest's snapshot becomes an Event on its VM within seconds.
-		Values: []string{"controller.guestActivityInterval=2s"}, KubeVirt: &images})
+		Values: values, KubeVirt: &images})
 	b := &Backend{Node: node, Images: images, Client: testbed.RetryKubeVirtWebhooks(node.API.Client, tb.Logf)}
 	ctx := context.Background()
 	c := b.Client

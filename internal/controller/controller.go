@@ -9,13 +9,11 @@ import (
 	"time"
 
 	certmanagerv1 "github.com/cert-manager/cert-manager/pkg/apis/certmanager/v1"
-	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 
-	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
@@ -46,6 +44,9 @@ type Options struct {
 	// guest may take to connect before GuestNotConnected; 0: the audit's
 	// default.
 	GuestNotConnectedAfter time.Duration
+	// Requests carries out GuestSnapshots (alpha): the chart sets it, and
+	// installs their API, with requests.enabled.
+	Requests bool
 }
 
 // Scheme is the controller's scheme: the binaries' (manager.NewScheme) and
@@ -67,7 +68,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("the controller's namespace is required")
 	}
 	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA,
-		MaintenanceClusterRole: o.MaintenanceClusterRole}
+		MaintenanceClusterRole: o.MaintenanceClusterRole, Requests: o.Requests}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
 	}
@@ -83,16 +84,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if err := (&audit.Reconciler{NotConnectedAfter: o.GuestNotConnectedAfter}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the guest activity audit: %w", err)
 	}
-	// Requests are alpha: the chart installs their API with
-	// requests.enabled, and the controller carries them out when it is
-	// served (the BSLS reconciler detects it the same way).
-	switch _, err := mgr.GetRESTMapper().RESTMapping(v1alpha1.GroupVersion.WithKind("GuestSnapshot").GroupKind(), v1alpha1.GroupVersion.Version); {
-	case err == nil:
+	if o.Requests {
 		if err := (&requeststatus.Reconciler{}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the GuestSnapshot controller: %w", err)
 		}
-	case !meta.IsNoMatchError(err):
-		return fmt.Errorf("look up the GuestSnapshot kind: %w", err)
 	}
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return fmt.Errorf("add readiness check: %w", err)

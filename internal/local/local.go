@@ -42,6 +42,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
+	"github.com/guestbackup/guestbackup/pkg/requests"
 )
 
 // Namespace is where guestbackup itself runs: the webhook never mutates
@@ -78,6 +79,10 @@ type Options struct {
 	// StockGuests boots every guest it realises from the stock-like image
 	// (no kopia: the guest fetches it from its server).
 	StockGuests bool
+	// Requests runs guestbackup as the chart's requests.enabled does:
+	// pkg/requests' webhook registered, and the controller carrying
+	// requests out.
+	Requests bool
 }
 
 // Platform is guestbackup running on the test bed.
@@ -126,6 +131,11 @@ func Start(tb testbed.TB, o Options) *Platform {
 		Webhooks: []admissionregistrationv1.MutatingWebhook{mutate.Webhook(Namespace, admissionregistrationv1.WebhookClientConfig{
 			Service: &admissionregistrationv1.ServiceReference{Name: "guestbackup-webhook", Namespace: Namespace, Path: ptr.To(mutate.Path)},
 		})},
+	}
+	if o.Requests {
+		cfg.Webhooks = append(cfg.Webhooks, requests.Webhook(admissionregistrationv1.WebhookClientConfig{
+			Service: &admissionregistrationv1.ServiceReference{Name: "guestbackup-webhook", Namespace: Namespace, Path: ptr.To(requests.Path)},
+		}))
 	}
 	api := testbed.StartAPIServer(tb, testbed.APIServerOptions{Webhooks: envtest.WebhookInstallOptions{
 		MutatingWebhooks: []*admissionregistrationv1.MutatingWebhookConfiguration{cfg},
@@ -178,6 +188,7 @@ func startManagers(tb testbed.TB, api *testbed.APIServer, o Options) (*Platform,
 		if o.Controller != nil {
 			co = *o.Controller
 		}
+		co.Requests = co.Requests || o.Requests
 		err = runManager(tb, api, testbed.ManagerOptions{Logger: o.Logger.WithName("controller"), Cache: controller.Cache()},
 			func(mgr ctrl.Manager) error { return controller.Setup(mgr, co) })
 		if err != nil {

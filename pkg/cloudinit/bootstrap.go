@@ -711,11 +711,13 @@ call() {
 }
 
 # answer UID PHASE MESSAGE tells the server where this guest is with a
-# request.
+# request; the last ending it told is in $work/answered, for the owner.
 answer() {
   printf '%s' "$3" >"$work/answer.txt"
   if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" /dev/null "$work/answer.txt" 2>"$work/answer.err"; then
     log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
+  elif [ "$2" != Running ]; then
+    echo "$1 $2" >"$work/answered"
   fi
 }
 

@@ -115,9 +115,9 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
-	// Requests is true when the GuestSnapshot API is served (the chart
-	// installs it with requests.enabled): the users Secrets then carry the
-	// requests to their guests. SetupWithManager detects it.
+	// Requests carries GuestSnapshots to their guests, through the users
+	// Secrets (alpha: the chart sets it, and installs the API, with
+	// requests.enabled).
 	Requests bool
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
@@ -179,9 +179,6 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(bslsOfVM), builder.OnlyMetadata, builder.WithPredicates(vmIdentityChanged()))
 	if r.CertManager {
 		b = b.Owns(&certmanagerv1.Certificate{})
-	}
-	if r.Requests, err = requestsServed(mgr.GetRESTMapper()); err != nil {
-		return fmt.Errorf("look up the GuestSnapshot kind: %w", err)
 	}
 	if r.Requests {
 		// A request's phase decides whether its guest is handed it.

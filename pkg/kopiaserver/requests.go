@@ -5,7 +5,6 @@ import (
 	"path"
 	"time"
 
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
@@ -61,8 +60,8 @@ func QueueRequests(snapshots []v1alpha1.GuestSnapshot, vms map[types.NamespacedN
 	return queued
 }
 
-// listRequests lists the GuestSnapshots when their API is served (the
-// chart installs it with requests.enabled), else none.
+// listRequests lists the GuestSnapshots when the reconciler carries
+// requests, else none.
 func (r *Reconciler) listRequests(ctx context.Context) ([]v1alpha1.GuestSnapshot, error) {
 	if !r.Requests {
 		return nil, nil
@@ -86,18 +85,6 @@ func (r *Reconciler) bslsOfRequest(ctx context.Context, o client.Object) []recon
 		return nil
 	}
 	return bslsOfVM(ctx, vm)
-}
-
-// requestsServed reports whether the API server serves GuestSnapshots.
-func requestsServed(mapper meta.RESTMapper) (bool, error) {
-	_, err := mapper.RESTMapping(v1alpha1.GroupVersion.WithKind("GuestSnapshot").GroupKind(), v1alpha1.GroupVersion.Version)
-	switch {
-	case err == nil:
-		return true, nil
-	case meta.IsNoMatchError(err):
-		return false, nil
-	}
-	return false, err
 }
 
 // RequestPollInterval is how often b's guests poll for requests

@@ -259,7 +259,7 @@ var _ = Describe("The chart rendered", func() {
 				}
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
 				if set.requests {
-					Expect(r.ofKind("ClusterRole")).To(HaveLen(6), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view, and the requests' edit and view")
+					Expect(r.ofKind("ClusterRole")).To(HaveLen(7), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view, and the requests' edit and view and the controller's for them")
 				} else {
 					Expect(r.ofKind("ClusterRole")).To(HaveLen(4), "the controller's, the webhook's, the server pods' maintenance election and the namespace readers' view")
 				}
@@ -386,6 +386,8 @@ var _ = Describe("The chart rendered", func() {
 					slices.Sort(aggregates)
 					Expect(strings.Join(aggregates, ",")).To(Equal(role.aggregates))
 				}
+				Expect(as[appsv1.Deployment](r.find("Deployment", release+"-controller")).Spec.Template.Spec.Containers[0].Args).To(
+					ContainElement(fmt.Sprintf("--requests=%t", set.requests)), "the controller carries requests out exactly when their API is installed")
 				if !set.requests {
 					Expect(r.text).NotTo(ContainSubstring("guestsnapshots"), "nothing of the requests without requests.enabled: no CRD, webhook or role")
 				} else {

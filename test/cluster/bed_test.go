@@ -40,7 +40,7 @@ func startClusterBed(ctx context.Context, bslsNamespace string, namespaces ...st
 	// the shared machine's.
 	kvmBefore, kvmErr := os.Stat("/dev/kvm")
 	cb, err := kvcluster.Start(GinkgoT(), kvcluster.Options{
-		Tag: "cluster-e2e", BSLSNamespace: bslsNamespace, Namespaces: namespaces, NamespaceLabels: map[string]string{"backup": "allowed"},
+		Tag: "cluster-e2e", BSLSNamespace: bslsNamespace, Namespaces: namespaces, NamespaceLabels: map[string]string{"backup": "allowed"}, Requests: true,
 	})
 	Expect(err).NotTo(HaveOccurred())
 	if kvmErr == nil {

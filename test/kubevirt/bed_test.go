@@ -11,6 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/test/story"
 )
@@ -25,7 +26,8 @@ type localBed struct {
 
 func startLocalBed(ctx context.Context, bslsNamespace string, namespaces ...string) story.Bed {
 	GinkgoHelper()
-	return &localBed{startBackupPlatform(ctx, bslsNamespace, namespaces...)}
+	// As the cluster bed's chart: with requests (test/story's GuestSnapshot).
+	return &localBed{startBackupPlatformWith(ctx, local.Options{Logger: GinkgoLogr, Requests: true}, bslsNamespace, namespaces...)}
 }
 
 func (b *localBed) Client() client.Client                       { return b.API.Client }

@@ -21,18 +21,25 @@ const ReportPrelude = `#!/bin/sh
 `
 
 // WebConfig is the first VM owner's own inline cloud-config: a file to back
-// up, a marker, and a report that restores the file from the guest's first
-// snapshot after deleting it, then powers the guest off.
+// up, another to back up when asked from the cluster, a marker, and a
+// report that waits for the guest's answer to that request and restores
+// the file from the guest's first snapshot after deleting it, then powers
+// the guest off.
 const WebConfig = `#cloud-config
 write_files:
 - path: /srv/data/hello.txt
   content: "hello from the guest\n"
+- path: /srv/asked/note.txt
+  content: "asked for from the cluster\n"
 - path: /var/tmp/owner-marker
   content: "the owner's own cloud-config ran\n"
 - path: /usr/local/sbin/report
   permissions: '0755'
   content: |
     ` + ReportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
+    i=0
+    while [ $i -lt 300 ] && ! [ -s /var/lib/guestbackup/requests/answered ]; do sleep 2; i=$((i+2)); done
+    say "requested $(cat /var/lib/guestbackup/requests/answered 2>/dev/null)"
     say "snapshots $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"')"
     id=$(snapshot_id /srv/data)
     cp /srv/data/hello.txt /var/tmp/hello.orig

@@ -99,9 +99,27 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		console, snapshot, password string
 	}
 
+	// asked is the owner's request to back up web now, made before it boots.
+	asked := &v1alpha1.GuestSnapshot{
+		ObjectMeta: metav1.ObjectMeta{Namespace: vmNS, Name: "before-upgrade"},
+		Spec:       v1alpha1.GuestSnapshotSpec{VM: "web", Paths: []string{"/srv/asked"}, Tags: map[string]string{"why": "upgrade"}},
+	}
+
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
 		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
 		waitForUser("web@team-a")
+
+		By("asking, from the cluster, for a snapshot the guest takes once it runs")
+		Expect(c.Create(ctx, asked)).To(Succeed())
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(asked), asked)
+			return asked.Status.Phase
+		}).WithTimeout(30 * time.Second).Should(Equal(v1alpha1.PhasePending))
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
+			return string(s.Data[userset.RequestsKey])
+		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(asked.UID)), "the request, handed to the guest's server")
 
 		res := bed.Boot(stored)
 		web.console = res.Console
@@ -129,6 +147,38 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			And(HavePrefix("Normal SnapshotCreated: Snapshot"), ContainSubstring("of /srv/data: 21 bytes in 1 files")),
 		))
 		Expect(vmEvents("web")()).NotTo(ContainElement(ContainSubstring(web.password)))
+	})
+
+	It("backs up now when asked from the cluster: the guest takes the snapshot under its own identity, and the request says which, and who asked", func() {
+		Expect(Markers(web.console)).To(HaveKeyWithValue("requested", string(asked.UID)+" Succeeded"), "the guest's services said:\n%s", Logs(web.console))
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(asked), asked)
+			return asked.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseSucceeded), "the request's status: %+v", asked.Status)
+		Expect(asked.Spec.Requester).NotTo(BeNil(), "the webhook stamps who asked")
+		requester := asked.Spec.Requester.Username
+		Expect(requester).NotTo(BeEmpty())
+		Expect(asked.Status.Snapshots).To(ConsistOf(HaveField("Path", "/srv/asked")))
+		Expect(asked.Status.Files).To(BeEquivalentTo(1))
+		Expect(asked.Status.StartTime).NotTo(BeNil())
+		Expect(asked.Status.CompletionTime).NotTo(BeNil())
+
+		By("finding it on the server as the VM's user, with the request's tag")
+		kopia := testbed.NewKopiaClient(GinkgoT())
+		out, err := kopia.ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		ids, err := kopia.SnapshotIDs(ctx, "/srv/asked")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(Equal([]string{asked.Status.Snapshots[0].ID}))
+		out, err = kopia.Run(ctx, "snapshot", "list", "--json", "/srv/asked")
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(out).To(ContainSubstring(`"tag:why":"upgrade"`))
+
+		By("saying so, naming who asked, on the request and on the VM")
+		taken := And(HavePrefix("Normal SnapshotTaken: Snapshot requested by "+requester+" (before-upgrade) taken: /srv/asked ("+ids[0]+")"))
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
+			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" (before-upgrade)"), taken))
+		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", "before-upgrade")).To(ContainElement(taken))
 	})
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
