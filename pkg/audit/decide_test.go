@@ -55,6 +55,8 @@ func TestDecide(t *testing.T) {
 		{name: "no paths: only connects, never stale", vm: map[string]string{}, now: issued.Add(1000 * time.Hour)},
 		{name: "a guest refused a tampered client", vm: map[string]string{}, guest: reported(clientdist.ReportChecksumMismatch, issued), now: issued.Add(time.Hour),
 			reasons: []string{ReasonClientChecksumMismatch}, annotation: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"}},
+		{name: "a guest's pre-snapshot hook failed", vm: map[string]string{}, guest: reported(clientdist.ReportHookFailed, issued), now: issued.Add(time.Hour),
+			reasons: []string{ReasonSnapshotHookFailed}, annotation: map[string]string{AnnotationClientReport: "hook-failed@2026-11-20T12:00:00Z"}},
 		{name: "a report already announced", vm: map[string]string{}, seen: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"},
 			guest: reported(clientdist.ReportChecksumMismatch, issued), now: issued.Add(time.Hour)},
 		{name: "a later report", vm: map[string]string{}, seen: map[string]string{AnnotationClientReport: "checksum-mismatch@2026-11-20T12:00:00Z"},

@@ -19,6 +19,9 @@ const (
 	// ReasonClientDownloadFailed: the guest has no kopia of the server's
 	// build and could not download it.
 	ReasonClientDownloadFailed = "ClientDownloadFailed"
+	// ReasonSnapshotHookFailed: an owner's pre-snapshot hook failed in
+	// the guest, so its scheduled snapshot was not taken.
+	ReasonSnapshotHookFailed = "SnapshotHookFailed"
 )
 
 // AnnotationClientReport (audit) on the credential Secret is the report
@@ -34,12 +37,20 @@ func decideReport(d *Decision, announced map[string]string, r *activity.Report) 
 	if announced[AnnotationClientReport] == id {
 		return
 	}
-	reason, what := ReasonClientDownloadFailed, "has no kopia client and cannot download one"
-	if r.Kind == clientdist.ReportChecksumMismatch {
-		reason, what = ReasonClientChecksumMismatch, "refused the kopia client it downloaded: its SHA-256 is not the one its bootstrap carries (tampered with, or the server changed since the VM started)"
+	at := r.At.UTC().Format(time.RFC3339)
+	switch r.Kind {
+	case clientdist.ReportHookFailed:
+		d.Events = append(d.Events, vmevent.Warning(ReasonSnapshotHookFailed, fmt.Sprintf(
+			"The guest's scheduled snapshot at %s was not taken: %s. Fix the hook in the guest (/etc/guestbackup/hooks/pre-snapshot.d); journalctl -u guestbackup-snapshot shows its output",
+			at, r.Message)))
+	default:
+		reason, what := ReasonClientDownloadFailed, "has no kopia client and cannot download one"
+		if r.Kind == clientdist.ReportChecksumMismatch {
+			reason, what = ReasonClientChecksumMismatch, "refused the kopia client it downloaded: its SHA-256 is not the one its bootstrap carries (tampered with, or the server changed since the VM started)"
+		}
+		d.Events = append(d.Events, vmevent.Warning(reason, fmt.Sprintf(
+			"Guest %s at %s, so it cannot back up; it says: %q. Look in the guest at /var/lib/guestbackup/status; restart the VM after the server is fixed",
+			what, at, r.Message)))
 	}
-	d.Events = append(d.Events, vmevent.Warning(reason, fmt.Sprintf(
-		"Guest %s at %s, so it cannot back up; it says: %q. Look in the guest at /var/lib/guestbackup/status; restart the VM after the server is fixed",
-		what, r.At.UTC().Format(time.RFC3339), r.Message)))
 	d.Annotations[AnnotationClientReport] = id
 }

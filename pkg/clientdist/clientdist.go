@@ -135,10 +135,13 @@ const (
 	// ReportDownloadFailed: the guest has no kopia of the right build and
 	// could not download one.
 	ReportDownloadFailed = "download-failed"
+	// ReportHookFailed: an owner's pre-snapshot hook failed, so the
+	// scheduled snapshot was not taken.
+	ReportHookFailed = "hook-failed"
 )
 
 // ReportKinds are the kinds a server pod accepts.
-var ReportKinds = []string{ReportChecksumMismatch, ReportDownloadFailed}
+var ReportKinds = []string{ReportChecksumMismatch, ReportDownloadFailed, ReportHookFailed}
 
 // MaxReportMessage bounds a report's message: it reaches an Event.
 const MaxReportMessage = 512

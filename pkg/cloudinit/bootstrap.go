@@ -35,6 +35,10 @@ const (
 	// RequestsOff is the guest owner's off switch: while it exists, every
 	// request from the cluster fails, saying so.
 	RequestsOff = "/etc/guestbackup/requests.off"
+	// HooksDir holds the guest owner's consistency hooks: executables in
+	// pre-snapshot.d and post-snapshot.d run around every snapshot,
+	// scheduled or requested (docs/guest.md).
+	HooksDir = "/etc/guestbackup/hooks"
 	// KopiaCommand is kopia as the bootstrap runs it, for the owner's own
 	// use: `guestbackup-kopia snapshot list`.
 	KopiaCommand = "/usr/local/bin/guestbackup-kopia"
@@ -402,7 +406,9 @@ if [ ! -e "$boot_marker" ]; then
     systemctl disable --now ` + SnapshotTimer + ` ` + RequestsUnit + ` >/dev/null 2>&1 || true
     systemctl disable ` + ConnectUnit + ` >/dev/null 2>&1 || true
   fi
-  rm -rf "$conf_dir" "$state_dir/connected" "$lib_dir"
+  # The owner's hooks and off switch stay; guestbackup's files go.
+  rm -rf "$conf_dir/trust" "$conf_dir/guestbackup.conf" "$conf_dir/password" "$conf_dir/paths" "$state_dir/connected" "$lib_dir"
+  rmdir "$conf_dir" 2>/dev/null
   rm -f` + rootPrefixed(KopiaCommand, ConnectScript, SnapshotScript, RequestsScript, UnitDir+"/"+SnapshotUnit, UnitDir+"/"+SnapshotTimer, UnitDir+"/"+RequestsUnit, UnitDir+"/"+ConnectUnit) + `
   [ -z "$root" ] && [ -d /run/systemd/system ] && systemctl daemon-reload
   mark "opted out: this boot brought no guestbackup bootstrap, so its credentials and schedule are removed; the snapshots stay on the server"
@@ -438,29 +444,7 @@ with urllib.request.urlopen(sys.argv[1], context=ctx, timeout=300) as r, open(sy
   fi
 }
 
-# report KIND MESSAGE tells the server, as this VM's Kopia user, why the
-# guest cannot back up, for an Event on the VM; best effort. The password
-# goes in a header file, never in a command's arguments.
-report() {
-  [ -n "${GUESTBACKUP_CLIENT_URL:-}" ] || return 0
-  printf '%s' "$2" >"$state_dir/report.txt"
-  (umask 077 && printf 'Authorization: Basic %s\n' "$(printf '%s:%s' "$who" "$(cat "$conf_dir/password")" | base64 | tr -d '\n')" >"$state_dir/report.header")
-  url="$GUESTBACKUP_CLIENT_URL/report?kind=$1"
-  if command -v curl >/dev/null 2>&1; then
-    curl -fsS --cacert "$conf_dir/trust/ca.crt" -H @"$state_dir/report.header" --data-binary @"$state_dir/report.txt" -o /dev/null "$url"
-  elif command -v wget >/dev/null 2>&1; then
-    (umask 077 && printf 'header = %s\n' "$(cat "$state_dir/report.header")" >"$state_dir/report.wgetrc")
-    WGETRC="$state_dir/report.wgetrc" wget -q --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" --post-file="$state_dir/report.txt" -O /dev/null "$url"
-  elif command -v python3 >/dev/null 2>&1; then
-    python3 -c 'import ssl, sys, urllib.request
-ctx = ssl.create_default_context(cafile=sys.argv[2])
-name, value = open(sys.argv[3]).read().strip().split(": ", 1)
-req = urllib.request.Request(sys.argv[1], data=open(sys.argv[4], "rb").read(), headers={name: value})
-urllib.request.urlopen(req, context=ctx, timeout=60).close()' "$url" "$conf_dir/trust/ca.crt" "$state_dir/report.header" "$state_dir/report.txt"
-  fi >/dev/null 2>&1 && log "reported to $GUESTBACKUP_CLIENT_URL: $1"
-  rm -f "$state_dir/report.header" "$state_dir/report.wgetrc" "$state_dir/report.txt"
-}
-
+` + reportFunc + `
 # use_client makes kopia the client the server hands out, verified: the one
 # installed in $lib_dir, the guest's own when it is that very build, or a
 # download. It returns 1 when it cannot have it yet (why says why) and 2
@@ -591,7 +575,26 @@ conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
 state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
 ` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
-` + trustEnv + `status=0
+` + trustEnv + `
+# shellcheck source=/dev/null
+. "$conf_dir/guestbackup.conf"
+who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
+log() { echo "guestbackup: $*"; }
+` + reportFunc + hooksFunc + `
+mkdir -p "$state_dir" && chmod 0700 "$state_dir"
+paths=$(cat "$conf_dir/paths")
+# The owner's pre-snapshot hooks (a database's flush, a freeze): one that
+# fails aborts the snapshot, which an Event on the VM says; the
+# post-snapshot hooks run whatever happened.
+if ! hooks pre "$paths" ""; then
+  why=$hook_failure
+  echo "guestbackup: $why; no snapshot taken" >&2
+  report ` + clientdist.ReportHookFailed + ` "$why"
+  hooks post "$paths" ""
+  date -u +%Y-%m-%dT%H:%M:%SZ >"$state_dir/last-snapshot-attempt"
+  exit 1
+fi
+status=0
 # The server names this guest in a rehash notice when the storage lost
 # data that its latest snapshot references: unchanged files would keep
 # pointing at it, so every file is read again, and what was lost is
@@ -610,7 +613,8 @@ while IFS= read -r path; do
     status=1
   fi
 done <"$conf_dir/paths"
-mkdir -p "$state_dir" && date -u +%Y-%m-%dT%H:%M:%SZ >"$state_dir/last-snapshot-attempt"
+hooks post "$paths" "" || true
+date -u +%Y-%m-%dT%H:%M:%SZ >"$state_dir/last-snapshot-attempt"
 exit "$status"
 `
 
@@ -690,7 +694,7 @@ log() { echo "guestbackup: $*"; }
 who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
 work="$state_dir/requests"
 mkdir -p "$work" && chmod 0700 "$work"
-
+` + hooksFunc + `
 # header writes the Authorization header of this VM's Kopia user.
 header() {
   (umask 077 && printf 'Authorization: Basic %s\n' "$(printf '%s:%s' "$who" "$(cat "$conf_dir/password")" | base64 | tr -d '\n')" >"$work/header")
@@ -731,6 +735,13 @@ snapshot() {
   fi
   log "taking the snapshots request $2 asks for"
   answer "$1" Running ""
+  paths=$(cat "$work/paths")
+  if ! hooks pre "$paths" "$2"; then
+    why=$hook_failure
+    hooks post "$paths" "$2"
+    answer "$1" Failed "$why; no snapshot taken"
+    return
+  fi
   failed=""
   while IFS= read -r path; do
     set -- "$1" "$2" "--tags=` + userset.RequestTag + `:$1"
@@ -745,6 +756,7 @@ snapshot() {
     fi
     set -- "$uid" "$name"
   done <"$work/paths"
+  hooks post "$paths" "$2" || true
   if [ -z "$failed" ]; then
     answer "$1" Succeeded ""
   else
@@ -810,4 +822,58 @@ RestartSec=30
 
 [Install]
 WantedBy=multi-user.target
+`
+
+// reportFunc defines report, which tells the server, as the VM's Kopia
+// user, why the guest cannot back up, for an Event on the VM (package
+// clientdist's reports). It needs conf_dir, state_dir, who, log and the
+// bootstrap's configuration.
+const reportFunc = `# report KIND MESSAGE tells the server, as this VM's Kopia user, why the
+# guest cannot back up, for an Event on the VM; best effort. The password
+# goes in a header file, never in a command's arguments.
+report() {
+  [ -n "${GUESTBACKUP_CLIENT_URL:-}" ] || return 0
+  printf '%s' "$2" >"$state_dir/report.txt"
+  (umask 077 && printf 'Authorization: Basic %s\n' "$(printf '%s:%s' "$who" "$(cat "$conf_dir/password")" | base64 | tr -d '\n')" >"$state_dir/report.header")
+  url="$GUESTBACKUP_CLIENT_URL/report?kind=$1"
+  if command -v curl >/dev/null 2>&1; then
+    curl -fsS --cacert "$conf_dir/trust/ca.crt" -H @"$state_dir/report.header" --data-binary @"$state_dir/report.txt" -o /dev/null "$url"
+  elif command -v wget >/dev/null 2>&1; then
+    (umask 077 && printf 'header = %s\n' "$(cat "$state_dir/report.header")" >"$state_dir/report.wgetrc")
+    WGETRC="$state_dir/report.wgetrc" wget -q --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" --post-file="$state_dir/report.txt" -O /dev/null "$url"
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+name, value = open(sys.argv[3]).read().strip().split(": ", 1)
+req = urllib.request.Request(sys.argv[1], data=open(sys.argv[4], "rb").read(), headers={name: value})
+urllib.request.urlopen(req, context=ctx, timeout=60).close()' "$url" "$conf_dir/trust/ca.crt" "$state_dir/report.header" "$state_dir/report.txt"
+  fi >/dev/null 2>&1 && log "reported to $GUESTBACKUP_CLIENT_URL: $1"
+  rm -f "$state_dir/report.header" "$state_dir/report.wgetrc" "$state_dir/report.txt"
+}
+`
+
+// hooksFunc defines hooks, which runs the guest owner's consistency hooks
+// around a snapshot: the executables of HooksDir/<phase>-snapshot.d, in
+// name order, with GUESTBACKUP_PATHS (the paths, one per line) and
+// GUESTBACKUP_REQUEST (the request's name; empty for the schedule) in
+// their environment. A failing pre-snapshot hook stops the others and
+// fails the call, leaving "<hook> failed: <its last output line>" in
+// hook_failure; post-snapshot hooks all run whatever happened.
+const hooksFunc = `# hooks PHASE PATHS REQUEST runs the owner's PHASE-snapshot hooks.
+hooks() {
+  hook_failure=""
+  dir="${GUESTBACKUP_HOOKS_DIR:-` + HooksDir + `}/$1-snapshot.d"
+  [ -d "$dir" ] || return 0
+  for hook in "$dir"/*; do
+    if ! [ -f "$hook" ] || ! [ -x "$hook" ]; then continue; fi
+    if GUESTBACKUP_PATHS="$2" GUESTBACKUP_REQUEST="$3" "$hook" </dev/null >"$state_dir/hook.log" 2>&1; then
+      log "$1-snapshot hook $(basename "$hook") ran"
+    else
+      hook_failure="$1-snapshot hook $(basename "$hook") failed: $(tail -n 1 "$state_dir/hook.log")"
+      log "$hook_failure"
+      [ "$1" = pre ] && return 1
+    fi
+  done
+  return 0
+}
 `

@@ -145,3 +145,72 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 		t.Errorf("a refused request took snapshots: %v %v", again, err)
 	}
 }
+
+// The owner's hooks run around every snapshot, scheduled or requested: a
+// pre-snapshot hook that fails aborts it, which the server hears (a report
+// for the schedule, the request's failure), and the post-snapshot hooks
+// run whatever happened.
+func TestHooksRunAroundEverySnapshot(t *testing.T) {
+	tools := testbed.MustTools(t)
+	srv, password := serverWithWeb(t)
+	d := &desk{}
+	port := startClientPortWith(t, srv.CA, clientBinaries(t), "web@team-a", password, d)
+	client := port.status
+	data := t.TempDir()
+	if err := os.WriteFile(filepath.Join(data, "db.dump"), []byte("rows\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Paths: []string{data}, Client: &client, RequestPoll: 30 * time.Second}
+	box := newSandbox(t, b, tools.Kopia)
+	hooks := filepath.Join(box.root, HooksDir)
+	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_HOOKS_DIR="+hooks)
+	if out, err := box.run(ConnectScript); err != nil {
+		t.Fatalf("connect: %v\n%s", err, out)
+	}
+	log := filepath.Join(box.root, "hooks.log")
+	hook := func(phase, name, body string) {
+		t.Helper()
+		dir := filepath.Join(hooks, phase+"-snapshot.d")
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\n"+body+"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hook("pre", "10-flush", `echo "pre $GUESTBACKUP_PATHS [$GUESTBACKUP_REQUEST]" >>`+log)
+	hook("post", "10-thaw", `echo "post $GUESTBACKUP_PATHS [$GUESTBACKUP_REQUEST]" >>`+log)
+	if out, err := box.run(SnapshotScript); err != nil {
+		t.Fatalf("snapshot: %v\n%s", err, out)
+	}
+	ran, _ := os.ReadFile(log)
+	if want := "pre " + data + " []\npost " + data + " []\n"; string(ran) != want {
+		t.Errorf("hooks ran:\n%s\nwant:\n%s", ran, want)
+	}
+
+	hook("pre", "20-check", "echo checking; echo 'the database is not ready' >&2; exit 3")
+	out, err := box.run(SnapshotScript)
+	if err == nil || !strings.Contains(out, "pre-snapshot hook 20-check failed: the database is not ready; no snapshot taken") {
+		t.Fatalf("a failing pre-snapshot hook: %v\n%s", err, out)
+	}
+	if r := port.reports()["web@team-a"]; r.Kind != "hook-failed" || r.Message != "pre-snapshot hook 20-check failed: the database is not ready" {
+		t.Errorf("report %+v, want the hook's failure", r)
+	}
+	ran, _ = os.ReadFile(log)
+	if !strings.HasSuffix(string(ran), "pre "+data+" []\npost "+data+" []\n") {
+		t.Errorf("after a failing pre-snapshot hook, the post-snapshot hooks must run:\n%s", ran)
+	}
+
+	asked := userset.Request{UID: "8c2d0000-0000-4000-8000-000000000003", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "now", Paths: []string{data}}
+	d.add(asked)
+	if out, err := box.run(RequestsScript); err != nil {
+		t.Fatalf("requests: %v\n%s", err, out)
+	}
+	if got, want := d.got(), []string{asked.UID + " Running ", asked.UID + " Failed pre-snapshot hook 20-check failed: the database is not ready; no snapshot taken"}; !slices.Equal(got, want) {
+		t.Errorf("answers %q, want %q", got, want)
+	}
+	ran, _ = os.ReadFile(log)
+	if !strings.HasSuffix(string(ran), "pre "+data+" [now]\npost "+data+" [now]\n") {
+		t.Errorf("a request's hooks, naming it:\n%s", ran)
+	}
+}

@@ -175,7 +175,7 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Expect(out).To(ContainSubstring(`"tag:why":"upgrade"`))
 
 		By("saying so, naming who asked, on the request and on the VM")
-		taken := And(HavePrefix("Normal SnapshotTaken: Snapshot requested by "+requester+" (before-upgrade) taken: /srv/asked ("+ids[0]+")"))
+		taken := HavePrefix("Normal SnapshotTaken: Snapshot requested by " + requester + " (before-upgrade) taken: /srv/asked (" + ids[0] + ")")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" (before-upgrade)"), taken))
 		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", "before-upgrade")).To(ContainElement(taken))
