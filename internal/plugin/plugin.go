@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
-	"k8s.io/cli-runtime/pkg/printers"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -41,12 +40,13 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		Use: "guestbackup",
 		// kubectl runs the plugin as `kubectl guestbackup`: its help says so.
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl guestbackup"},
-		Short:       "See how guestbackup backs up your VirtualMachines",
+		Short:       "See how guestbackup backs up your VirtualMachines, and back them up now",
 		Long: `kubectl guestbackup shows, from the cluster, how guestbackup backs up the
 VirtualMachines of a namespace: their snapshots, their newest backup, and
 whether their guests connect. It reads the GuestProtection guestbackup keeps
 for every VM that opts in (annotation guestbackup.io/server), so the
-namespace's view role is enough.`,
+namespace's view role is enough. With the edit role, it backs a VM up now
+(backup): its guest takes the snapshot under its own identity.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -54,7 +54,7 @@ namespace's view role is enough.`,
 	root.SetIn(streams.In)
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
-	root.AddCommand(newStatusCommand(flags, streams))
+	root.AddCommand(newStatusCommand(flags, streams), newBackupCommand(flags, streams))
 	return root
 }
 
@@ -96,15 +96,9 @@ Exit codes: 0 every VM shown is fresh and connected; 1 the command failed;
 }
 
 func (o statusOptions) run(ctx context.Context, flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, args []string) error {
-	var printer printers.ResourcePrinter
-	switch o.output {
-	case "":
-	case "json":
-		printer = &printers.JSONPrinter{}
-	case "yaml":
-		printer = &printers.YAMLPrinter{}
-	default:
-		return &ExitError{ExitFailed, fmt.Errorf("--output %q: want json or yaml", o.output)}
+	printer, err := printerFor(o.output)
+	if err != nil {
+		return &ExitError{ExitFailed, err}
 	}
 	if len(args) == 1 && o.allNamespaces {
 		return &ExitError{ExitFailed, errors.New("name a VM or use --all-namespaces, not both")}

@@ -20,6 +20,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -261,4 +263,22 @@ func clientCert(ca *pki.CA, commonName string, validFor time.Duration) (certPEM,
 	}
 	keyPEM, err = pki.EncodeKey(key)
 	return pki.EncodeCert(cert), keyPEM, err
+}
+
+// Kubeconfig writes a kubeconfig file for the API server's admin (for
+// kubectl, helm or the kubectl plugin) into a folder of tb's, and returns
+// its path.
+func (a *APIServer) Kubeconfig(tb TB) string {
+	tb.Helper()
+	c := a.Config
+	cfg := clientcmdapi.NewConfig()
+	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
+	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
+	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
+	cfg.CurrentContext = "test"
+	path := filepath.Join(tb.TempDir(), "kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		tb.Fatalf("write kubeconfig: %v", err)
+	}
+	return path
 }

@@ -15,8 +15,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/utils/ptr"
 )
 
@@ -47,17 +45,7 @@ func BuildImage(tb TB, tag string) string {
 // or kubectl) and returns its path.
 func (n *Node) Kubeconfig(tb TB) string {
 	tb.Helper()
-	c := n.API.Config
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["node"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
-	cfg.AuthInfos["node"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
-	cfg.Contexts["node"] = &clientcmdapi.Context{Cluster: "node", AuthInfo: "node"}
-	cfg.CurrentContext = "node"
-	path := filepath.Join(tb.TempDir(), "kubeconfig")
-	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
-		tb.Fatalf("write kubeconfig: %v", err)
-	}
-	return path
+	return n.API.Kubeconfig(tb)
 }
 
 // Helm runs the test bed's helm against the cluster, with its own home

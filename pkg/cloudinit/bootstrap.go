@@ -701,15 +701,26 @@ header() {
 }
 
 # call URL OUT [BODY]: a GET, or a POST of file BODY, trusting the
-# server's CA and no other; the answer goes to file OUT.
+# server's CA and no other, with whichever of curl, wget and python3
+# (which cloud-init needs) the guest has; the answer goes to file OUT.
 call() {
   if command -v curl >/dev/null 2>&1; then
     curl -fsS --max-time 60 --cacert "$conf_dir/trust/ca.crt" -H @"$work/header" ${3:+--data-binary "@$3"} -o "$2" "$1" </dev/null
   elif command -v wget >/dev/null 2>&1; then
     (umask 077 && printf 'header = %s\n' "$(cat "$work/header")" >"$work/wgetrc")
     WGETRC="$work/wgetrc" wget -q -T 60 --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" ${3:+--post-file="$3"} -O "$2" "$1" </dev/null
+  elif command -v python3 >/dev/null 2>&1; then
+    python3 -c 'import ssl, sys, urllib.request
+ctx = ssl.create_default_context(cafile=sys.argv[2])
+name, value = open(sys.argv[3]).read().strip().split(": ", 1)
+data = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
+req = urllib.request.Request(sys.argv[1], data=data, headers={name: value})
+with urllib.request.urlopen(req, context=ctx, timeout=60) as r:
+    body = r.read()
+with open(sys.argv[4], "wb") as f:
+    f.write(body)' "$1" "$conf_dir/trust/ca.crt" "$work/header" "$2" ${3:+"$3"} </dev/null
   else
-    echo "no curl or wget to reach the server with" >&2
+    echo "no curl, wget or python3 to reach the server with" >&2
     return 1
   fi
 }

@@ -135,6 +135,9 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 	}
 	refused := userset.Request{UID: "8c2d0000-0000-4000-8000-000000000002", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "again", Paths: []string{data}}
 	d.add(refused)
+	// A guest with neither curl nor wget polls with python3, which
+	// cloud-init needs.
+	box.env = append(box.env, "PATH="+onlyTools(t, "python3", "basename"))
 	if out, err := box.run(RequestsScript); err != nil {
 		t.Fatalf("requests: %v\n%s", err, out)
 	}

@@ -61,6 +61,8 @@ func (b *clusterBed) Guest(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMac
 	return vm
 }
 
+func (b *clusterBed) Kubeconfig() string { return b.Node.Kubeconfig(GinkgoT()) }
+
 func (b *clusterBed) Events(ctx context.Context, namespace, kind, name string) ([]string, error) {
 	return local.EventsOf(ctx, b.Node.API.Client, namespace, kind, name)
 }

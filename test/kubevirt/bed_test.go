@@ -37,6 +37,8 @@ func (b *localBed) Guest(vm *kubevirtv1.VirtualMachine) *kubevirtv1.VirtualMachi
 	return vm
 }
 
+func (b *localBed) Kubeconfig() string { return b.API.Kubeconfig(GinkgoT()) }
+
 func (b *localBed) Events(ctx context.Context, namespace, kind, name string) ([]string, error) {
 	return b.Platform.Events(ctx, namespace, kind, name)
 }

@@ -40,6 +40,7 @@ write_files:
     i=0
     while [ $i -lt 300 ] && ! [ -s /var/lib/guestbackup/requests/answered ]; do sleep 2; i=$((i+2)); done
     say "requested $(cat /var/lib/guestbackup/requests/answered 2>/dev/null)"
+    journalctl --no-pager -u guestbackup-requests | tail -n 8 | sed 's/^/GB-E2E-LOG /' >/dev/console
     say "snapshots $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"')"
     id=$(snapshot_id /srv/data)
     cp /srv/data/hello.txt /var/tmp/hello.orig

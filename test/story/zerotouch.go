@@ -1,9 +1,12 @@
 package story
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
+	"os/exec"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -19,6 +22,7 @@ import (
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/mutate"
 	"github.com/guestbackup/guestbackup/pkg/userset"
+	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
 // Bed is where a story with real guests runs: guestbackup with an
@@ -39,6 +43,9 @@ type Bed interface {
 	Boot(vm *kubevirtv1.VirtualMachine) testbed.GuestResult
 	// Events are the Events about an object, as "Type Reason: message".
 	Events(ctx context.Context, namespace, kind, name string) ([]string, error)
+	// Kubeconfig is a kubeconfig file of the cluster's admin, for kubectl
+	// and its plugin.
+	Kubeconfig() string
 }
 
 // ZeroTouch is the zero-touch story, on the bed start makes: an admin's
@@ -99,18 +106,23 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		console, snapshot, password string
 	}
 
-	// asked is the owner's request to back up web now, made before it boots.
-	asked := &v1alpha1.GuestSnapshot{
-		ObjectMeta: metav1.ObjectMeta{Namespace: vmNS, Name: "before-upgrade"},
-		Spec:       v1alpha1.GuestSnapshotSpec{VM: "web", Paths: []string{"/srv/asked"}, Tags: map[string]string{"why": "upgrade"}},
-	}
+	// asked is the owner's request to back up web now, made with `kubectl
+	// guestbackup backup` before the VM boots.
+	asked := &v1alpha1.GuestSnapshot{}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
 		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
 		waitForUser("web@team-a")
 
-		By("asking, from the cluster, for a snapshot the guest takes once it runs")
-		Expect(c.Create(ctx, asked)).To(Succeed())
+		By("asking, from the cluster, with kubectl guestbackup, for a snapshot the guest takes once it runs")
+		plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "backup", "vm/web", "-n", vmNS,
+			"--path", "/srv/asked", "--tag", "why=upgrade", "-o", "json", "--kubeconfig", bed.Kubeconfig())
+		var stderr bytes.Buffer
+		plugin.Stderr = &stderr
+		created, err := plugin.Output()
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(json.Unmarshal(created, asked)).To(Succeed(), string(created))
+		Expect(stderr.String()).To(Equal("guestsnapshot/" + asked.Name + " created: the guest of VirtualMachine web takes it at its next poll of its server\n"))
 		Eventually(func() v1alpha1.RequestPhase {
 			_ = c.Get(ctx, client.ObjectKeyFromObject(asked), asked)
 			return asked.Status.Phase
@@ -120,6 +132,11 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
 			return string(s.Data[userset.RequestsKey])
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(asked.UID)), "the request, handed to the guest's server")
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)
+			return vmsecret.RenderedClient(s)
+		}).WithTimeout(30*time.Second).Should(HaveSuffix(" requests every 30s"), "the guest's bootstrap, rendered with its requests poller")
 
 		res := bed.Boot(stored)
 		web.console = res.Console
@@ -175,10 +192,10 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Expect(out).To(ContainSubstring(`"tag:why":"upgrade"`))
 
 		By("saying so, naming who asked, on the request and on the VM")
-		taken := HavePrefix("Normal SnapshotTaken: Snapshot requested by " + requester + " (before-upgrade) taken: /srv/asked (" + ids[0] + ")")
+		taken := HavePrefix("Normal SnapshotTaken: Snapshot requested by " + requester + " (" + asked.Name + ") taken: /srv/asked (" + ids[0] + ")")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
-			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" (before-upgrade)"), taken))
-		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", "before-upgrade")).To(ContainElement(taken))
+			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" ("+asked.Name+")"), taken))
+		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", asked.Name)).To(ContainElement(taken))
 	})
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
