@@ -323,7 +323,7 @@ func roundTrip(t http.RoundTripper, r *http.Request) (*http.Response, error) {
 		pw.CloseWithError(err)
 	}()
 	out := r.Clone(r.Context())
-	out.Body = pr
+	out.Body = recordSized{pr}
 	res, err := t.RoundTrip(out)
 	if err != nil {
 		pr.CloseWithError(err)
@@ -331,6 +331,27 @@ func roundTrip(t http.RoundTripper, r *http.Request) (*http.Response, error) {
 	}
 	res.Body = &afterClose{ReadCloser: res.Body, then: func() { pr.CloseWithError(errResponseEnded) }}
 	return res, nil
+}
+
+// maxRecordData is the most a DATA frame to the Kopia server may carry for
+// the frame, with its 9-byte header, to fit one TLS record (16 KiB of
+// plaintext).
+const maxRecordData = 16<<10 - 9
+
+// recordSized is a request body read at most maxRecordData bytes at a
+// time. Go's HTTP/2 transport sends what each read returns as DATA frames
+// of up to the server's largest (16 KiB for Kopia's gRPC server) and
+// writes each out at once: a full 16 KiB frame takes two TLS records, and
+// two writes to the socket, of which the second carries 9 bytes. Reads
+// one frame header short of that take half the records and writes, on the
+// gate's side and on Kopia's.
+type recordSized struct{ io.ReadCloser }
+
+func (r recordSized) Read(p []byte) (int, error) {
+	if len(p) > maxRecordData {
+		p = p[:maxRecordData]
+	}
+	return r.ReadCloser.Read(p)
 }
 
 // afterClose is a response body that, once closed, also ends its request's.
