@@ -226,6 +226,7 @@ func (r *Reconciler) apply(ctx context.Context, in inputs, p plan) error {
 		if err != nil {
 			return fmt.Errorf("hash the password of BackupClient %s/%s: %w", c.Namespace, c.Name, err)
 		}
+		credentials.ObserveHash(version)
 		want := clientsecret.Render(c, clientsecret.Server{URL: in.Server.Status.Endpoint, CA: in.Server.Status.TLSCA},
 			clientsecret.Credentials{Generation: p.Generation, Password: pw, Hash: h, Rotate: c.Spec.Rotate})
 		if err := r.writeSecret(ctx, in.Secret, want); err != nil {
