@@ -3,7 +3,7 @@
 # repository itself):
 #   api/v1alpha1/zz_generated.deepcopy.go      controller-gen object
 #   charts/guestbackup/files/crds/             controller-gen crd (our API), which the chart renders
-#   docs/api.md, docs/api-guest{snapshot,restore}.md  the API references, from those CRDs (hack/apidoc)
+#   docs/api.md, docs/api-guest{snapshot,restore}.md, docs/api-backupclient.md  the API references, from those CRDs (hack/apidoc)
 #   config/rbac/{controller,webhook}/role.yaml controller-gen rbac (each binary's packages' markers)
 #   config/rbac/server-maintenance/role.yaml   the same for the server pods' maintenance election (pkg/serverpod/maintenance)
 #   charts/guestbackup/files/rbac/             the same three roles, which the chart's ClusterRoles read
@@ -38,10 +38,11 @@ mkdir -p "$OUT/docs"
 go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_backupstoragelocationservers.yaml" "$OUT/docs/api.md"
 go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_guestsnapshots.yaml" "$OUT/docs/api-guestsnapshot.md"
 go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_guestrestores.yaml" "$OUT/docs/api-guestrestore.md"
+go run ./hack/apidoc "$OUT/charts/guestbackup/files/crds/guestbackup.io_backupclients.yaml" "$OUT/docs/api-backupclient.md"
 # One ClusterRole per binary, each from the markers of the packages it runs.
 rm -f "$OUT/config/rbac/role.yaml"
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller paths=./cmd/controller/... \
-	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... paths=./pkg/audit/... output:rbac:dir="$OUT/config/rbac/controller"
+	paths=./pkg/kopiaserver/... paths=./pkg/credentials/... paths=./pkg/audit/... paths=./pkg/backupclient/... output:rbac:dir="$OUT/config/rbac/controller"
 # The controller's rules for requests: the chart installs them with the
 # requests' API only (requests.enabled).
 "$CONTROLLER_GEN" rbac:roleName=guestbackup-controller-requests paths=./pkg/requeststatus/... \

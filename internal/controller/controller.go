@@ -16,6 +16,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/manager"
 	"github.com/guestbackup/guestbackup/pkg/audit"
+	"github.com/guestbackup/guestbackup/pkg/backupclient"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/requeststatus"
@@ -80,6 +81,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if err := (&credentials.BootstrapReconciler{}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the VM bootstrap reconciler: %w", err)
+	}
+	if err := (&backupclient.Reconciler{}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("set up the BackupClient reconciler: %w", err)
 	}
 	if err := (&audit.Reconciler{NotConnectedAfter: o.GuestNotConnectedAfter}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the guest activity audit: %w", err)

@@ -362,6 +362,25 @@ func (c *KopiaClient) connect(ctx context.Context, url, username, password strin
 	return Run(ctx, kopiaCommandTimeout, c.dir, c.env("KOPIA_PASSWORD="+password), c.tools.Kopia, args...)
 }
 
+// ConnectLine runs line, a `kopia repository connect server ...` command as
+// a BackupClient's Secret hands it to a workload, through /bin/sh the way a
+// pod's script runs it: the test bed's kopia first on PATH, the password in
+// KOPIA_PASSWORD and caPEM, the only trust, in SSL_CERT_FILE, so that the
+// line itself carries neither. Later commands of the client trust caPEM
+// alone too.
+func (c *KopiaClient) ConnectLine(ctx context.Context, line string, caPEM []byte, password string) (string, error) {
+	if err := os.MkdirAll(c.trustDir, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(c.trustDir, "ca.crt"), caPEM, 0o644); err != nil { //nolint:gosec // a CA certificate is public
+		return "", err
+	}
+	mustBeGranted(c.tools.Kopia)
+	env := c.env("KOPIA_PASSWORD="+password, "KOPIA_CONFIG_PATH="+c.ConfigFile,
+		"PATH="+filepath.Dir(c.tools.Kopia)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return Run(ctx, kopiaCommandTimeout, c.dir, env, "/bin/sh", "-c", line)
+}
+
 // Run runs a kopia command with the client's configuration.
 func (c *KopiaClient) Run(ctx context.Context, args ...string) (string, error) {
 	args = append(args, "--config-file="+c.ConfigFile)

@@ -173,7 +173,7 @@ func (h *Hasher) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, 
 		if err != nil {
 			return ctrl.Result{}, fmt.Errorf("hash password of %s: %w", req.NamespacedName, err)
 		}
-		observeHash(version)
+		ObserveHash(version)
 		if keep.Keep && rotating {
 			// Rotated again before the guest restarted: it still has the
 			// password kept for it, not the one in between.

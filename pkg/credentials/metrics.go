@@ -20,21 +20,23 @@ var provisioningSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 	Buckets: []float64{0.25, 0.5, 1, 2, 3, 5, 10, 30, 60, 300},
 }, []string{"namespace", "bsls"})
 
-// passwordHashes counts the passwords the Hasher hashed. Each
-// credentials generation is hashed once: a restart or a resync of the
+// passwordHashes counts the passwords the controller hashed: the Hasher's
+// (VMs') and the BackupClient reconciler's. Each credentials generation is
+// hashed once: a restart or a resync of the
 // controller adds none, so a rise without new VMs or rotations is a defect
 // (and costs a core and 64 MiB per scrypt hash).
 var passwordHashes = prometheus.NewCounterVec(prometheus.CounterOpts{
 	Name: "guestbackup_password_hashes_total",
-	Help: "Passwords the controller hashed, by algorithm (scrypt or pbkdf2): one per VM credentials generation; a restart or resync adds none.",
+	Help: "Passwords the controller hashed, by algorithm (scrypt or pbkdf2): one per VM or BackupClient credentials generation; a restart or resync adds none.",
 }, []string{"algorithm"})
 
 func init() {
 	metrics.Registry.MustRegister(provisioningSeconds, passwordHashes)
 }
 
-// observeHash counts one password hashed with version.
-func observeHash(version identity.HashVersion) {
+// ObserveHash counts one password hashed with version, by whichever
+// reconciler hashed it.
+func ObserveHash(version identity.HashVersion) {
 	passwordHashes.WithLabelValues(version.String()).Inc()
 }
 

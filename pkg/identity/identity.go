@@ -68,6 +68,16 @@ func ValidateUsername(name string) error {
 // re-creation of the VM, so a VM restored by GitOps sees its own snapshots.
 func OfVM(vm, namespace string) string { return vm + "@" + namespace }
 
+// ClientHostSuffix ends the host part of every BackupClient's identity.
+const ClientHostSuffix = ".client"
+
+// OfClient is the Kopia identity of BackupClient name of namespace:
+// <name>@<namespace>.client. A namespace is a DNS label, which has no dot,
+// so no VM's host part (its namespace) ever equals a client's, and no
+// client's identity is ever a VM's (docs/security.md, "Identities"); the
+// host part names the namespace, so two clients' identities differ too.
+func OfClient(name, namespace string) string { return name + "@" + namespace + ClientHostSuffix }
+
 // Hash is a hashed password: salt followed by the derived key, and the
 // algorithm that derived it.
 type Hash struct {

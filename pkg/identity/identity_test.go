@@ -3,7 +3,10 @@ package identity
 import (
 	"encoding/base64"
 	"encoding/json"
+	"strings"
 	"testing"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestValidateUsername(t *testing.T) {
@@ -127,5 +130,32 @@ func TestOfVM(t *testing.T) {
 	}
 	if err := ValidateUsername(OfVM("web-1", "team-a")); err != nil {
 		t.Errorf("a VM's identity is not a user name: %v", err)
+	}
+}
+
+// A client's identity is a Kopia user name, and never any VM's: its host
+// part has a dot, and a VM's host part is its namespace, a DNS label, which
+// never has one; so even a client named like a VM of its namespace, or in
+// a namespace named "client", takes no VM's identity.
+func TestOfClient(t *testing.T) {
+	for _, tc := range []struct{ name, namespace, want string }{
+		{name: "dbdump", namespace: "shop", want: "dbdump@shop.client"},
+		{name: "a.b", namespace: "c", want: "a.b@c.client"},
+		{name: "x", namespace: "client", want: "x@client.client"},
+	} {
+		got := OfClient(tc.name, tc.namespace)
+		if got != tc.want {
+			t.Errorf("OfClient(%q, %q) = %q, want %q", tc.name, tc.namespace, got, tc.want)
+		}
+		if err := ValidateUsername(got); err != nil {
+			t.Errorf("OfClient(%q, %q) is not a user name: %v", tc.name, tc.namespace, err)
+		}
+		if got == OfVM(tc.name, tc.namespace) {
+			t.Errorf("OfClient(%q, %q) = %q, the identity of the VM of that name", tc.name, tc.namespace, got)
+		}
+		_, host, _ := strings.Cut(got, "@")
+		if errs := validation.IsDNS1123Label(host); len(errs) == 0 {
+			t.Errorf("OfClient(%q, %q) has host %q, a valid namespace name: some VM's identity could equal it", tc.name, tc.namespace, host)
+		}
 	}
 }

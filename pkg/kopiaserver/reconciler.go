@@ -35,6 +35,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
@@ -176,7 +177,10 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.allBSLS), builder.WithPredicates(predicate.LabelChangedPredicate{})).
 		// A VM's annotation says which server its user lives on (metadata
 		// only, the cache the VM reconciler shares).
-		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(bslsOfVM), builder.OnlyMetadata, builder.WithPredicates(vmIdentityChanged()))
+		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(bslsOfVM), builder.OnlyMetadata, builder.WithPredicates(vmIdentityChanged())).
+		// A BackupClient names its server (its Secret, watched above,
+		// carries the hash).
+		Watches(&v1alpha1.BackupClient{}, handler.EnqueueRequestsFromMapFunc(bslsOfClient))
 	if r.CertManager {
 		b = b.Owns(&certmanagerv1.Certificate{})
 	}
@@ -213,6 +217,9 @@ func (r *Reconciler) bslsOfSecret(ctx context.Context, o client.Object) []reconc
 			return []reconcile.Request{{NamespacedName: types.NamespacedName{Namespace: ns, Name: name}}}
 		}
 		return nil
+	}
+	if name := l[clientsecret.LabelClient]; name != "" && l[v1alpha1.LabelManagedBy] == v1alpha1.ManagedByValue {
+		return r.bslsOfClientSecret(ctx, o, name)
 	}
 	if l[userset.Label] != "" {
 		return nil // written by this reconciler
@@ -488,6 +495,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		return UserSet{}, err
 	}
 	users := CollectUsers(UserInputs{Server: server, Secrets: secrets.Items, VMs: vms, Allowed: allowed, HashOf: credentials.HashFor, Now: r.Clock.Now()})
+	clients, clientSecrets, err := r.clientsOf(ctx, server)
+	if err != nil {
+		return UserSet{}, err
+	}
+	CollectClients(&users, ClientInputs{Server: server, Clients: clients, Secrets: clientSecrets, Allowed: allowed})
 	snapshots, err := r.listRequests(ctx)
 	if err != nil {
 		return UserSet{}, fmt.Errorf("list GuestSnapshots: %w", err)
@@ -692,6 +704,20 @@ func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupS
 // allowedNamespaces returns whether a namespace's VMs may use b's server:
 // the BSLS's own namespace when it has no selector, else the namespaces
 // the selector matches.
+// Admits is whether b's spec.access.namespaceSelector admits namespace ns:
+// the rule allowedNamespaces applies to every namespace at once, for one.
+func Admits(b *v1alpha1.BackupStorageLocationServer, ns *corev1.Namespace) (bool, error) {
+	ls := b.Spec.Access.NamespaceSelector
+	if ls == nil {
+		return ns.Name == b.Namespace, nil
+	}
+	sel, err := metav1.LabelSelectorAsSelector(ls)
+	if err != nil {
+		return false, fmt.Errorf("spec.access.namespaceSelector of %s/%s: %w", b.Namespace, b.Name, err)
+	}
+	return sel.Matches(labels.Set(ns.Labels)), nil
+}
+
 func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (func(string) bool, error) {
 	ls := b.Spec.Access.NamespaceSelector
 	if ls == nil {

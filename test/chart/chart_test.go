@@ -259,9 +259,9 @@ var _ = Describe("The chart rendered", func() {
 				}
 				Expect(r.ofKind("Deployment")).To(HaveLen(2))
 				if set.requests {
-					Expect(r.ofKind("ClusterRole")).To(HaveLen(7), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view, and the requests' edit and view and the controller's for them")
+					Expect(r.ofKind("ClusterRole")).To(HaveLen(9), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view, the BackupClients' edit and view, the requests' edit and view, and the controller's for them")
 				} else {
-					Expect(r.ofKind("ClusterRole")).To(HaveLen(4), "the controller's, the webhook's, the server pods' maintenance election and the namespace readers' view")
+					Expect(r.ofKind("ClusterRole")).To(HaveLen(6), "the controller's, the webhook's, the server pods' maintenance election, the namespace readers' view and the BackupClients' edit and view")
 				}
 				Expect(r.ofKind("MutatingWebhookConfiguration")).To(HaveLen(1))
 				// Only guestbackup's ServiceAccounts write its Secrets (rbac_test.go).
@@ -314,6 +314,26 @@ var _ = Describe("The chart rendered", func() {
 				Expect(view.AggregationRule).To(BeNil())
 				for _, o := range r.ofKind("ClusterRoleBinding") {
 					Expect(as[rbacv1.ClusterRoleBinding](o).RoleRef.Name).NotTo(Equal(view.Name), "bound only through the built-in roles")
+				}
+			})
+
+			It("lets a namespace's editors manage its BackupClients and its readers see them, never their status", func() {
+				for _, role := range []struct {
+					name  string
+					to    []string
+					verbs []string
+				}{
+					{name: release + "-clients-edit", to: []string{"admin", "edit"}, verbs: []string{"create", "delete", "deletecollection", "patch", "update"}},
+					{name: release + "-clients-view", to: []string{"admin", "edit", "view"}, verbs: []string{"get", "list", "watch"}},
+				} {
+					cr := as[rbacv1.ClusterRole](r.find("ClusterRole", role.name))
+					for _, to := range role.to {
+						Expect(cr.Labels).To(HaveKeyWithValue("rbac.authorization.k8s.io/aggregate-to-"+to, "true"), "%s aggregated into %s", role.name, to)
+					}
+					Expect(cr.Rules).To(Equal([]rbacv1.PolicyRule{{APIGroups: []string{"guestbackup.io"}, Resources: []string{"backupclients"}, Verbs: role.verbs}}))
+					for _, o := range r.ofKind("ClusterRoleBinding") {
+						Expect(as[rbacv1.ClusterRoleBinding](o).RoleRef.Name).NotTo(Equal(cr.Name), "bound only through the built-in roles")
+					}
 				}
 			})
 
