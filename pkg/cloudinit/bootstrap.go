@@ -731,9 +731,9 @@ answer() {
   printf '%s' "$3" >"$work/answer.txt"
   if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" /dev/null "$work/answer.txt" 2>"$work/answer.err"; then
     log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
-  elif [ "$2" != Running ]; then
-    echo "$1 $2" >"$work/answered"
+    return 1
   fi
+  [ "$2" = Running ] || echo "$1 $2" >"$work/answered"
 }
 
 # snapshot UID NAME snapshots the paths in $work/paths, each with the
@@ -744,8 +744,10 @@ snapshot() {
     answer "$1" Failed "remote requests are turned off in this guest ($off exists): its owner must remove that file to allow them"
     return
   fi
+  # Started only once the server knows: a request withdrawn since the
+  # poll (deleted) is not found, and is not carried out.
+  answer "$1" Running "" || return 0
   log "taking the snapshots request $2 asks for"
-  answer "$1" Running ""
   paths=$(cat "$work/paths")
   if ! hooks pre "$paths" "$2"; then
     why=$hook_failure

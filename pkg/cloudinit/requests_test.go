@@ -25,6 +25,9 @@ type desk struct {
 	mu       sync.Mutex
 	requests []userset.Request
 	answers  []string
+	// withdrawn are listed by the poll but gone by the answer: deleted
+	// in between.
+	withdrawn map[string]bool
 }
 
 func (d *desk) Pending(user string) ([]userset.Request, error) {
@@ -45,7 +48,7 @@ func (d *desk) Result(_ context.Context, user, uid, phase, message string) error
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	for _, r := range d.requests {
-		if r.User == user && r.UID == uid {
+		if r.User == user && r.UID == uid && !d.withdrawn[uid] {
 			d.answers = append(d.answers, uid+" "+phase+" "+message)
 			return nil
 		}
@@ -130,6 +133,22 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 		t.Errorf("the snapshot of %s does not carry the request's tags and description: %v\n%s", other, err, list)
 	}
 
+	// A request deleted between the poll and its start is not carried out.
+	withdrawn := userset.Request{UID: "8c2d0000-0000-4000-8000-000000000009", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "withdrawn", Paths: []string{data}}
+	d.mu.Lock()
+	d.withdrawn = map[string]bool{withdrawn.UID: true}
+	d.mu.Unlock()
+	d.add(withdrawn)
+	if out, err := box.run(RequestsScript); err != nil {
+		t.Fatalf("requests: %v\n%s", err, out)
+	}
+	if err := r.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if taken, err := activityscan.RequestSnapshots(ctx, r, "web@team-a", withdrawn.UID); err != nil || len(taken) != 0 {
+		t.Errorf("a withdrawn request took snapshots: %v %v", taken, err)
+	}
+
 	if err := os.WriteFile(filepath.Join(box.root, RequestsOff), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +162,9 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 	}
 	if got := d.got(); len(got) != 3 || !strings.HasPrefix(got[2], refused.UID+" Failed remote requests are turned off in this guest") {
 		t.Fatalf("answers %q, want the request refused by the off switch", got)
+	}
+	if err := r.Refresh(ctx); err != nil {
+		t.Fatal(err)
 	}
 	if again, err := activityscan.RequestSnapshots(ctx, r, "web@team-a", refused.UID); err != nil || len(again) != 0 {
 		t.Errorf("a refused request took snapshots: %v %v", again, err)

@@ -701,9 +701,6 @@ func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupS
 	return nil
 }
 
-// allowedNamespaces returns whether a namespace's VMs may use b's server:
-// the BSLS's own namespace when it has no selector, else the namespaces
-// the selector matches.
 // Admits is whether b's spec.access.namespaceSelector admits namespace ns:
 // the rule allowedNamespaces applies to every namespace at once, for one.
 func Admits(b *v1alpha1.BackupStorageLocationServer, ns *corev1.Namespace) (bool, error) {
@@ -718,6 +715,9 @@ func Admits(b *v1alpha1.BackupStorageLocationServer, ns *corev1.Namespace) (bool
 	return sel.Matches(labels.Set(ns.Labels)), nil
 }
 
+// allowedNamespaces returns whether a namespace's VMs may use b's server:
+// the BSLS's own namespace when it has no selector, else the namespaces
+// the selector matches.
 func (r *Reconciler) allowedNamespaces(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) (func(string) bool, error) {
 	ls := b.Spec.Access.NamespaceSelector
 	if ls == nil {

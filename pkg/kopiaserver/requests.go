@@ -2,7 +2,6 @@ package kopiaserver
 
 import (
 	"context"
-	"path"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -22,9 +21,8 @@ import (
 
 // QueueRequests are the GuestSnapshots a server's guests are to carry out:
 // those the request reconciler admitted (Pending) or a guest started
-// (Running), of a VM whose user is in users. A request names its paths, or
-// the VM's annotation guestbackup.io/paths does; one that ends up without
-// any, or invalid, is left out (the request reconciler fails it).
+// (Running), of a VM whose user is in users, as userset.SnapshotRequest
+// makes them; one it refuses is left out (the request reconciler fails it).
 func QueueRequests(snapshots []v1alpha1.GuestSnapshot, vms map[types.NamespacedName]*metav1.PartialObjectMetadata, users UserSet) []userset.Queued {
 	var queued []userset.Queued
 	for i := range snapshots {
@@ -40,19 +38,12 @@ func QueueRequests(snapshots []v1alpha1.GuestSnapshot, vms map[types.NamespacedN
 		if _, ok := users.Shards[userset.ShardOf(user)][user]; !ok {
 			continue
 		}
-		paths := s.Spec.Paths
-		if len(paths) == 0 {
-			var err error
-			if paths, err = cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths]); err != nil {
-				continue
-			}
+		vmPaths, err := cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths])
+		if err != nil && len(s.Spec.Paths) == 0 {
+			continue
 		}
-		clean := make([]string, len(paths))
-		for i, p := range paths {
-			clean[i] = path.Clean(p)
-		}
-		r := userset.Request{UID: string(s.UID), User: user, Kind: userset.RequestSnapshot, Name: s.Name, Paths: clean, Tags: s.Spec.Tags, Description: s.Spec.Description}
-		if r.Validate() != nil {
+		r, err := userset.SnapshotRequest(s, vmPaths)
+		if err != nil {
 			continue
 		}
 		queued = append(queued, userset.Queued{Request: r, Order: s.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + s.Name})

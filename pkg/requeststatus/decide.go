@@ -20,6 +20,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/units"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Event reasons, on the request and on its VM.
@@ -41,6 +42,10 @@ type Inputs struct {
 	Snapshot *v1alpha1.GuestSnapshot
 	// VM is the request's VM (metadata); nil when it does not exist.
 	VM *metav1.PartialObjectMetadata
+	// Server is the BSLS the VM's annotation names; nil when it does not
+	// exist. Admitted is whether it admits the request's namespace.
+	Server   *v1alpha1.BackupStorageLocationServer
+	Admitted bool
 	// Guest is the activity the VM's server published for its guest; nil
 	// when it published none.
 	Guest *activity.Guest
@@ -70,7 +75,7 @@ func Decide(in Inputs) Decision {
 	if ended(s.Status.Phase) {
 		return d
 	}
-	if problem := unfit(s, in.VM); problem != "" {
+	if problem := unfit(in); problem != "" {
 		now := metav1.NewTime(in.Now)
 		d.Status.Phase, d.Status.Message, d.Status.CompletionTime = v1alpha1.PhaseFailed, problem, &now
 		d.Events = append(d.Events, Event{"Warning", ReasonSnapshotFailed, fmt.Sprintf("Snapshot requested by %s (%s) failed: %s", requester(s), s.Name, problem)})
@@ -127,23 +132,30 @@ func Decide(in Inputs) Decision {
 	return d
 }
 
-// unfit says why VM cannot carry out s, or "".
-func unfit(s *v1alpha1.GuestSnapshot, vm *metav1.PartialObjectMetadata) string {
+// unfit says why the request's VM cannot carry it out, or "".
+func unfit(in Inputs) string {
+	s, vm, server := in.Snapshot, in.VM, in.Server
 	if vm == nil {
 		return fmt.Sprintf("VirtualMachine %s does not exist in namespace %s", s.Spec.VM, s.Namespace)
 	}
-	if vm.Annotations[v1alpha1.AnnotationServer] == "" {
+	ref := vm.Annotations[v1alpha1.AnnotationServer]
+	if ref == "" {
 		return fmt.Sprintf("VirtualMachine %s is not backed up by guestbackup: annotate it with %s to opt it in", s.Spec.VM, v1alpha1.AnnotationServer)
 	}
-	if len(s.Spec.Paths) > 0 {
-		return ""
-	}
-	paths, err := cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths])
 	switch {
-	case err != nil:
+	case server == nil:
+		return fmt.Sprintf("BackupStorageLocationServer %s, which VirtualMachine %s's annotation %s names, does not exist", ref, s.Spec.VM, v1alpha1.AnnotationServer)
+	case !in.Admitted:
+		return fmt.Sprintf("BackupStorageLocationServer %s does not admit namespace %s (its spec.access.namespaceSelector): ask its admin", ref, s.Namespace)
+	case server.Status.RequestPollInterval == nil:
+		return fmt.Sprintf("BackupStorageLocationServer %s carries no requests: its guests poll its client port, which it does not publish yet (status.client)", ref)
+	}
+	vmPaths, err := cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths])
+	if err != nil && len(s.Spec.Paths) == 0 {
 		return fmt.Sprintf("the VM's annotation %s is not valid (%v), and the request names no path: fix the annotation or set spec.paths", v1alpha1.AnnotationPaths, err)
-	case len(paths) == 0:
-		return fmt.Sprintf("the request names no path and the VM has no annotation %s: set spec.paths", v1alpha1.AnnotationPaths)
+	}
+	if _, err := userset.SnapshotRequest(s, vmPaths); err != nil {
+		return err.Error()
 	}
 	return ""
 }

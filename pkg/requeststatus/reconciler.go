@@ -22,6 +22,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
+	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 	"github.com/guestbackup/guestbackup/pkg/vmevent"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
@@ -29,14 +30,18 @@ import (
 
 // The controller's rules for requests, alone in the ClusterRole the chart
 // installs with their API (requests.enabled): reading the activity
-// ConfigMaps and VMs and recording Events are the controller's anyway
-// (package audit's rules).
+// ConfigMaps, VMs, BSLSs and Namespaces and recording Events are the
+// controller's anyway (packages audit's and kopiaserver's rules).
 // +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots,verbs=get;list;watch
 // +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots/status,verbs=patch
 
 // uidIndex indexes GuestSnapshots by UID: a guest's result names its
 // request by UID alone.
 const uidIndex = "metadata.uid"
+
+// vmIndex indexes GuestSnapshots by their VM's name: a VM that goes fails
+// its requests.
+const vmIndex = "spec.vm"
 
 // Reconciler keeps each GuestSnapshot's status.
 type Reconciler struct {
@@ -63,14 +68,37 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}); err != nil {
 		return fmt.Errorf("index GuestSnapshots by UID: %w", err)
 	}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.GuestSnapshot{}, vmIndex, func(o client.Object) []string {
+		return []string{o.(*v1alpha1.GuestSnapshot).Spec.VM}
+	}); err != nil {
+		return fmt.Errorf("index GuestSnapshots by VM: %w", err)
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("guestsnapshot").
 		For(&v1alpha1.GuestSnapshot{}).
+		// A VM deleted or opted out fails its requests (metadata only,
+		// the cache the other VM reconcilers share).
+		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(r.requestsOfVM), builder.OnlyMetadata).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(r.answered),
 			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
 				return o.GetLabels()[activity.Label] != ""
 			}))).
 		Complete(r)
+}
+
+// requestsOfVM maps a VM to its requests that have not ended.
+func (r *Reconciler) requestsOfVM(ctx context.Context, o client.Object) []reconcile.Request {
+	list := &v1alpha1.GuestSnapshotList{}
+	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{vmIndex: o.GetName()}); err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for i := range list.Items {
+		if !ended(list.Items[i].Status.Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+		}
+	}
+	return reqs
 }
 
 // answered maps an activity ConfigMap to the requests its guests answered.
@@ -121,7 +149,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, fmt.Errorf("get VirtualMachine %s/%s: %w", s.Namespace, s.Spec.VM, err)
 	}
 	if in.VM != nil {
-		g, err := r.guestOf(ctx, in.VM)
+		if err := r.serverOf(ctx, &in); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if in.Server != nil && in.Admitted {
+		g, err := r.guestOf(ctx, in.VM, in.Server)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
@@ -151,13 +184,31 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	return ctrl.Result{}, nil
 }
 
-// guestOf reads the activity the VM's server published for its guest; nil
-// when there is none (yet).
-func (r *Reconciler) guestOf(ctx context.Context, vm *metav1.PartialObjectMetadata) (*activity.Guest, error) {
-	server, err := vmsecret.ParseServerRef(vm.Annotations[v1alpha1.AnnotationServer])
+// serverOf reads the BSLS the VM's annotation names into in.Server, and
+// whether it admits the request's namespace.
+func (r *Reconciler) serverOf(ctx context.Context, in *Inputs) error {
+	ref, err := vmsecret.ParseServerRef(in.VM.Annotations[v1alpha1.AnnotationServer])
 	if err != nil {
-		return nil, nil // Decide says what is wrong with the annotation
+		return nil // Decide says what is wrong with the annotation
 	}
+	server := &v1alpha1.BackupStorageLocationServer{}
+	if err := r.Client.Get(ctx, ref, server); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	in.Server = server
+	ns := &corev1.Namespace{}
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: in.Snapshot.Namespace}, ns); err != nil {
+		return fmt.Errorf("get namespace %s: %w", in.Snapshot.Namespace, err)
+	}
+	in.Admitted, err = kopiaserver.Admits(server, ns)
+	return err
+}
+
+// guestOf reads the activity server published for the VM's guest; nil
+// when there is none (yet). Only the server's own activity ConfigMap
+// counts (controlled by the BSLS): a tenant who points a VM's annotation
+// at a namespace of theirs can write ConfigMaps there, labels and all.
+func (r *Reconciler) guestOf(ctx context.Context, vm *metav1.PartialObjectMetadata, server *v1alpha1.BackupStorageLocationServer) (*activity.Guest, error) {
 	user := identity.OfVM(vm.Name, vm.Namespace)
 	cm := &corev1.ConfigMap{}
 	key := types.NamespacedName{Namespace: server.Namespace, Name: activity.ConfigMapName(server.Name, userset.ShardOf(user))}
@@ -167,7 +218,7 @@ func (r *Reconciler) guestOf(ctx context.Context, vm *metav1.PartialObjectMetada
 		}
 		return nil, fmt.Errorf("get activity ConfigMap %s: %w", key, err)
 	}
-	if cm.Labels[activity.Label] != server.Name {
+	if !metav1.IsControlledBy(cm, server) {
 		return nil, nil
 	}
 	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
@@ -26,6 +27,17 @@ const RequestsKey = "requests"
 // user: the oldest wait their turn, so that a flood of requests to one VM
 // grows neither the Secret nor the guest's work without bound.
 const MaxRequestsPerUser = 4
+
+// MaxRequestBytes bounds one request, encoded: the API lets a request name
+// 64 paths of 4 KiB, which four requests of one VM would make more than a
+// Secret may hold, and a shard the controller cannot write stops the
+// server's users from changing.
+const MaxRequestBytes = 16 << 10
+
+// MaxShardRequestsBytes bounds the requests of one users Secret, encoded,
+// well within what a Secret holds beside its users: beyond it, the newest
+// requests wait their turn.
+const MaxShardRequestsBytes = 256 << 10
 
 // RequestSnapshot is the kind of a request to snapshot now (GuestSnapshot).
 const RequestSnapshot = "snapshot"
@@ -94,7 +106,40 @@ func (r Request) Validate() error {
 	if strings.ContainsAny(r.Description, "\x00") {
 		return fmt.Errorf("request %s: the description holds a NUL character", r.UID)
 	}
+	if n := r.size(); n > MaxRequestBytes {
+		return fmt.Errorf("request %s takes %d bytes, more than %d: name fewer or shorter paths, tags and description", r.UID, n, MaxRequestBytes)
+	}
 	return nil
+}
+
+// size is r's length, encoded.
+func (r Request) size() int {
+	line, _ := json.Marshal(r) // plain data: cannot fail
+	return len(line) + 1
+}
+
+// SnapshotRequest is the Request that carries GuestSnapshot s to the guest
+// of its VM, whose guestbackup.io/paths are vmPaths (they apply when s
+// names none). Its error says, for the request's status, why s cannot be
+// carried.
+func SnapshotRequest(s *v1alpha1.GuestSnapshot, vmPaths []string) (Request, error) {
+	paths := s.Spec.Paths
+	if len(paths) == 0 {
+		paths = vmPaths
+	}
+	if len(paths) == 0 {
+		return Request{}, fmt.Errorf("the request names no path and the VM has no annotation %s: set spec.paths", v1alpha1.AnnotationPaths)
+	}
+	clean := make([]string, len(paths))
+	for i, p := range paths {
+		clean[i] = path.Clean(p)
+	}
+	r := Request{UID: string(s.UID), User: identity.OfVM(s.Spec.VM, s.Namespace), Kind: RequestSnapshot, Name: s.Name,
+		Paths: clean, Tags: s.Spec.Tags, Description: s.Spec.Description}
+	if err := r.Validate(); err != nil {
+		return Request{}, fmt.Errorf("it cannot be handed to the guest: %w", err)
+	}
+	return r, nil
 }
 
 // EncodeRequests renders requests as the content of a users Secret's
@@ -150,20 +195,30 @@ type Queued struct {
 }
 
 // Dispatch is what the users Secrets list of queued: per shard, the
-// MaxRequestsPerUser oldest requests of each user; the others wait their
-// turn.
+// MaxRequestsPerUser oldest requests of each user, oldest first while
+// their encoding fits MaxShardRequestsBytes; the others wait their turn.
 func Dispatch(queued []Queued) map[int][]Request {
+	oldest := func(a, b Queued) int {
+		return cmp.Or(strings.Compare(a.Order, b.Order), strings.Compare(a.UID, b.UID))
+	}
 	byUser := map[string][]Queued{}
 	for _, q := range queued {
 		byUser[q.User] = append(byUser[q.User], q)
 	}
-	shards := map[int][]Request{}
+	candidates := map[int][]Queued{}
 	for user, qs := range byUser {
-		slices.SortFunc(qs, func(a, b Queued) int {
-			return cmp.Or(strings.Compare(a.Order, b.Order), strings.Compare(a.UID, b.UID))
-		})
-		for _, q := range qs[:min(len(qs), MaxRequestsPerUser)] {
-			shards[ShardOf(user)] = append(shards[ShardOf(user)], q.Request)
+		slices.SortFunc(qs, oldest)
+		candidates[ShardOf(user)] = append(candidates[ShardOf(user)], qs[:min(len(qs), MaxRequestsPerUser)]...)
+	}
+	shards := map[int][]Request{}
+	for shard, qs := range candidates {
+		slices.SortFunc(qs, oldest)
+		size := 0
+		for _, q := range qs {
+			if size += q.size(); size > MaxShardRequestsBytes {
+				break
+			}
+			shards[shard] = append(shards[shard], q.Request)
 		}
 	}
 	return shards

@@ -76,3 +76,32 @@ func TestDispatch(t *testing.T) {
 		t.Errorf("db's shard lists %v", db)
 	}
 }
+
+// However many VMs of one shard are asked for large requests, their users
+// Secret stays writable: beyond MaxShardRequestsBytes the newest wait.
+func TestDispatchKeepsAShardWritable(t *testing.T) {
+	long := "/" + strings.Repeat("p", 4000)
+	var queued []Queued
+	shard := ShardOf("vm-0@team-a")
+	for i := 0; len(queued) < 200; i++ {
+		user := fmt.Sprintf("vm-%d@team-a", i)
+		if ShardOf(user) != shard {
+			continue
+		}
+		r := request(fmt.Sprintf("dddd0000-0000-4000-8000-%012d", len(queued)), user, long, long+"/a", long+"/b")
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, Queued{Request: r, Order: fmt.Sprintf("2026-12-07T08:%02d:%02dZ", len(queued)/60, len(queued)%60)})
+	}
+	listed := Dispatch(queued)[shard]
+	if size := len(EncodeRequests(listed)); size > MaxShardRequestsBytes {
+		t.Errorf("the shard lists %d bytes of requests, more than %d", size, MaxShardRequestsBytes)
+	}
+	if len(listed) == 0 || listed[0].UID != queued[0].UID {
+		t.Errorf("the oldest request must be listed first; listed %d", len(listed))
+	}
+	if len(listed) == len(queued) {
+		t.Error("every request listed: the budget bounds nothing")
+	}
+}
