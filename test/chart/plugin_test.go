@@ -100,7 +100,7 @@ var _ = Describe("kubectl guestbackup status, with the chart's view rules only",
 		Expect(os.Mkdir(bin, 0o755)).To(Succeed())
 		Expect(os.Symlink(tools.Kubectl, filepath.Join(bin, "kubectl"))).To(Succeed())
 		Expect(os.Rename(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), filepath.Join(bin, "kubectl-guestbackup"))).To(Succeed())
-		env = []string{"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir, "KUBECONFIG=" + writeKubeconfig(apiServer, dir)}
+		env = []string{"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir, "KUBECONFIG=" + writeKubeconfig(apiServer)}
 	})
 
 	It("lists the namespace's VMs, and exits 3 because one's backup is stale", func() {

@@ -134,7 +134,7 @@ var _ = Describe("The README's quick start", Ordered, func() {
 		Expect(os.Symlink(tools.Helm, filepath.Join(bin, "helm"))).To(Succeed())
 		env = []string{
 			"PATH=" + bin + ":/usr/bin:/bin", "HOME=" + dir,
-			"KUBECONFIG=" + writeKubeconfig(api, dir),
+			"KUBECONFIG=" + writeKubeconfig(api),
 			"HELM_CACHE_HOME=" + filepath.Join(dir, "cache"), "HELM_CONFIG_HOME=" + filepath.Join(dir, "config"), "HELM_DATA_HOME=" + filepath.Join(dir, "data"),
 		}
 

@@ -17,8 +17,6 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/tools/clientcmd"
-	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 )
@@ -48,13 +46,14 @@ var _ = BeforeSuite(func() {
 	// Helm keeps its configuration and caches out of the developer's home.
 	helmHome = GinkgoT().TempDir()
 	apiServer = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
-	kubeconfig = writeKubeconfig(apiServer, helmHome)
+	kubeconfig = writeKubeconfig(apiServer)
 })
 
 // writeKubeconfig writes a kubeconfig file for the test's API server, as its
-// admin, for helm's --dry-run=server (lookup, and the checks an install
+// admin (testbed.APIServer.Kubeconfig), once it checked the server's
+// version, for helm's --dry-run=server (lookup, and the checks an install
 // makes, among them the chart's kubeVersion against the server's /version).
-func writeKubeconfig(api *testbed.APIServer, dir string) string {
+func writeKubeconfig(api *testbed.APIServer) string {
 	GinkgoHelper()
 	// hack/tools.sh stamps kube-apiserver with its release, as Kubernetes'
 	// own build does, and keys its folder by it.
@@ -64,15 +63,7 @@ func writeKubeconfig(api *testbed.APIServer, dir string) string {
 	Expect(err).NotTo(HaveOccurred())
 	Expect(v.GitVersion).To(Equal(filepath.Base(tools.Assets)), "the API server's /version names its release (run `make tools` to rebuild it stamped)")
 
-	c := api.Config
-	cfg := clientcmdapi.NewConfig()
-	cfg.Clusters["test"] = &clientcmdapi.Cluster{Server: c.Host, CertificateAuthorityData: c.CAData}
-	cfg.AuthInfos["test"] = &clientcmdapi.AuthInfo{ClientCertificateData: c.CertData, ClientKeyData: c.KeyData, Token: c.BearerToken}
-	cfg.Contexts["test"] = &clientcmdapi.Context{Cluster: "test", AuthInfo: "test"}
-	cfg.CurrentContext = "test"
-	path := filepath.Join(dir, "kubeconfig")
-	Expect(clientcmd.WriteToFile(*cfg, path)).To(Succeed())
-	return path
+	return api.Kubeconfig(GinkgoT())
 }
 
 // helm runs the test bed's helm and returns its standard output; a failure

@@ -35,7 +35,7 @@ var _ = Describe("Upgrading from the previous chart version", Ordered, func() {
 	BeforeAll(func() {
 		ctx = context.Background()
 		api = testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{WithoutGuestbackupCRDs: true})
-		config := writeKubeconfig(api, GinkgoT().TempDir())
+		config := writeKubeconfig(api)
 		run = func(args ...string) (string, error) { return helm(append(args, "--kubeconfig", config)...) }
 	})
 
