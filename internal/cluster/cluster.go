@@ -18,6 +18,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaserver"
 )
 
@@ -93,7 +94,9 @@ func Start(tb testbed.TB, o Options) (*Backend, error) {
 			Access: v1alpha1.AccessSpec{NamespaceSelector: &metav1.LabelSelector{MatchLabels: o.NamespaceLabels}},
 		},
 	}
-	proxy, err := node.ServiceProxy(tb, o.BSLSNamespace, kopiaserver.ServiceName(b.BSLS), v1alpha1.DefaultServerPort)
+	// The server port, and the client port next to it, as guests find it
+	// (clientdist.Port): they poll it for requests.
+	proxy, err := node.ServiceProxies(tb, o.BSLSNamespace, kopiaserver.ServiceName(b.BSLS), v1alpha1.DefaultServerPort, clientdist.Port(v1alpha1.DefaultServerPort))
 	if err != nil {
 		return nil, err
 	}

@@ -26,19 +26,58 @@ import (
 // the bridge's gateway address, which pods and this machine both reach,
 // and stops, closing its connections, with the test.
 func (n *Node) ServiceProxy(tb TB, namespace, name string, port int32) (string, error) {
-	l, err := net.Listen("tcp", net.JoinHostPort(n.Gateway.String(), "0"))
-	if err != nil {
-		return "", fmt.Errorf("proxy for Service %s/%s: %w", namespace, name, err)
+	return n.ServiceProxies(tb, namespace, name, port)
+}
+
+// ServiceProxies is ServiceProxy for several ports of the Service at once,
+// on consecutive ports of the bridge's address, in the order given; it
+// returns the first's address. A BSLS's client port is its server port
+// plus one (clientdist.Port), and guests find it so from its clientURL.
+func (n *Node) ServiceProxies(tb TB, namespace, name string, ports ...int32) (string, error) {
+	var listeners []net.Listener
+	closeAll := func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+		listeners = nil
 	}
-	p := &serviceProxy{c: n.API.Client, namespace: namespace, name: name, port: port, conns: map[net.Conn]bool{}}
+	// Another process may hold a port after the first: a bounded number
+	// of tries from fresh first ports.
+	for try := 0; len(listeners) < len(ports) && try < 20; try++ {
+		closeAll()
+		first, err := net.Listen("tcp", net.JoinHostPort(n.Gateway.String(), "0"))
+		if err != nil {
+			return "", fmt.Errorf("proxy for Service %s/%s: %w", namespace, name, err)
+		}
+		listeners = append(listeners, first)
+		base := first.Addr().(*net.TCPAddr).Port
+		for i := 1; i < len(ports); i++ {
+			l, err := net.Listen("tcp", net.JoinHostPort(n.Gateway.String(), strconv.Itoa(base+i)))
+			if err != nil {
+				break
+			}
+			listeners = append(listeners, l)
+		}
+	}
+	if len(listeners) < len(ports) {
+		closeAll()
+		return "", fmt.Errorf("proxy for Service %s/%s: no %d consecutive free ports on %s", namespace, name, len(ports), n.Gateway)
+	}
 	var wg sync.WaitGroup
-	wg.Go(func() { p.serve(l) })
+	var proxies []*serviceProxy
+	for i, l := range listeners {
+		p := &serviceProxy{c: n.API.Client, namespace: namespace, name: name, port: ports[i], conns: map[net.Conn]bool{}}
+		proxies = append(proxies, p)
+		wg.Go(func() { p.serve(l) })
+	}
 	tb.Cleanup(func() {
-		_ = l.Close()
-		p.closeAll()
+		for i, l := range listeners {
+			_ = l.Close()
+			proxies[i].closeAll()
+		}
 		wg.Wait()
 	})
-	return l.Addr().String(), nil
+	return listeners[0].Addr().String(), nil
 }
 
 type serviceProxy struct {
