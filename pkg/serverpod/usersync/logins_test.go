@@ -233,7 +233,11 @@ var _ = Describe("A Kopia server that did not load the gate's credentials", func
 		guest := newGuest("guest@team-u")
 		pod.setUsers(GinkgoT(), map[string]identity.Hash{guest.user: guest.hash})
 		Eventually(func() error { return pod.open(GinkgoT(), guest.user, guest.password) }).WithTimeout(provisioned).Should(Succeed())
+		// A credential the server did not load would be refused: the
+		// returning guest gets in only if the gate hands it none. (Not
+		// GateCredentialsLoaded: that gauge is the process's, which the
+		// suite's other syncers, whose servers did load theirs, set to 1
+		// on their own passes.)
 		Expect(pod.open(GinkgoT(), guest.user, guest.password)).To(Succeed(), "a returning guest")
-		Expect(testutil.ToFloat64(usersync.GateCredentialsLoaded)).To(BeZero(), "the gate hands no credential the server did not load")
 	})
 })
