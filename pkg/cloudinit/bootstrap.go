@@ -172,6 +172,18 @@ func ParsePaths(value string) ([]string, error) {
 	return paths, nil
 }
 
+// SnapshotRequest is the request that carries GuestSnapshot s to the guest
+// of the VM whose annotations are vmAnnotations: s's paths, else the VM's
+// guestbackup.io/paths (userset.SnapshotRequest). Its error says, for the
+// request's status, why s cannot be carried.
+func SnapshotRequest(s *v1alpha1.GuestSnapshot, vmAnnotations map[string]string) (userset.Request, error) {
+	vmPaths, err := ParsePaths(vmAnnotations[v1alpha1.AnnotationPaths])
+	if err != nil && len(s.Spec.Paths) == 0 {
+		return userset.Request{}, fmt.Errorf("the VM's annotation %s is not valid (%w), and the request names no path: fix the annotation or set spec.paths", v1alpha1.AnnotationPaths, err)
+	}
+	return userset.SnapshotRequest(s, vmPaths)
+}
+
 // ValidateSchedule checks a systemd OnCalendar expression for characters
 // that could break out of the timer unit; systemd itself judges the rest.
 func ValidateSchedule(s string) error {

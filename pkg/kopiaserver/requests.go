@@ -38,11 +38,7 @@ func QueueRequests(snapshots []v1alpha1.GuestSnapshot, vms map[types.NamespacedN
 		if _, ok := users.Shards[userset.ShardOf(user)][user]; !ok {
 			continue
 		}
-		vmPaths, err := cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths])
-		if err != nil && len(s.Spec.Paths) == 0 {
-			continue
-		}
-		r, err := userset.SnapshotRequest(s, vmPaths)
+		r, err := cloudinit.SnapshotRequest(s, vm.Annotations)
 		if err != nil {
 			continue
 		}

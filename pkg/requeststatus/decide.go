@@ -20,7 +20,6 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/units"
-	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Event reasons, on the request and on its VM.
@@ -150,11 +149,7 @@ func unfit(in Inputs) string {
 	case server.Status.RequestPollInterval == nil:
 		return fmt.Sprintf("BackupStorageLocationServer %s carries no requests: its guests poll its client port, which it does not publish yet (status.client)", ref)
 	}
-	vmPaths, err := cloudinit.ParsePaths(vm.Annotations[v1alpha1.AnnotationPaths])
-	if err != nil && len(s.Spec.Paths) == 0 {
-		return fmt.Sprintf("the VM's annotation %s is not valid (%v), and the request names no path: fix the annotation or set spec.paths", v1alpha1.AnnotationPaths, err)
-	}
-	if _, err := userset.SnapshotRequest(s, vmPaths); err != nil {
+	if _, err := cloudinit.SnapshotRequest(s, vm.Annotations); err != nil {
 		return err.Error()
 	}
 	return ""
