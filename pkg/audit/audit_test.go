@@ -58,7 +58,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		Expect(r.Refresh(ctx)).To(Succeed())
 		_, err := scanner.Scan(ctx, r)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName)).To(Succeed())
+		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName, nil)).To(Succeed())
 	}
 	events := func(reason string) func() []string { return vmEvents(ctx, api, "web", reason) }
 	protection := func() (*v1alpha1.GuestProtection, error) {

@@ -18,6 +18,7 @@ import (
 	"github.com/kopia/kopia/snapshot"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -28,9 +29,13 @@ import (
 // write time, held in memory by Kopia) every time, the payload of one new
 // manifest per guest at most.
 type Scanner struct {
-	seen      map[manifest.ID]bool
-	guests    map[string]activity.Guest
-	published [userset.Shards][]byte
+	seen   map[manifest.ID]bool
+	guests map[string]activity.Guest
+	// written is each shard's own activity, as Publish last wrote it into
+	// its ConfigMap (merged there with what other replicas heard); stale
+	// marks the shards to read and write again all the same (Republish).
+	written [userset.Shards][]byte
+	stale   [userset.Shards]bool
 }
 
 // New returns a Scanner that has seen nothing.
@@ -122,49 +127,107 @@ func (s *Scanner) Report(user string, r activity.Report) {
 	s.guests[user] = g
 }
 
-// Publish writes the activity ConfigMaps of bsls whose content changed
-// since the last Publish; they must exist (the controller creates them).
-// A cycle with nothing new costs no API request.
-func (s *Scanner) Publish(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls string) error {
+// Publish writes the activity ConfigMaps of bsls whose own content
+// changed since the last Publish, or that Republish marked; they must
+// exist (the controller creates them). A cycle with nothing new costs no
+// API request. What the ConfigMap holds already is merged in
+// (activity.Merge): another replica of the server may have written
+// results and reports of guests it heard. keep drops the results of
+// requests no longer asked; nil keeps all.
+func (s *Scanner) Publish(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls string, keep func(user string, r activity.Result) bool) error {
 	for shard, guests := range s.Shards() {
 		data := activity.Encode(guests)
-		if bytes.Equal(data, s.published[shard]) {
+		if !s.stale[shard] && bytes.Equal(data, s.written[shard]) {
 			continue
 		}
 		name := activity.ConfigMapName(bsls, shard)
-		cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			return updateActivity(ctx, configMaps, name, func(published map[string]activity.Guest) map[string]activity.Guest {
+				return activity.Merge(published, guests, keep)
+			})
+		})
 		if err != nil {
-			return fmt.Errorf("activity ConfigMap %s: %w", name, err)
+			return err
 		}
-		if cm.Data[activity.Key] != string(data) {
-			if cm.Data == nil {
-				cm.Data = map[string]string{}
-			}
-			cm.Data[activity.Key] = string(data)
-			if _, err := configMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
-				return fmt.Errorf("update activity ConfigMap %s: %w", name, err)
-			}
-		}
-		s.published[shard] = data
+		s.written[shard], s.stale[shard] = data, false
 	}
 	return nil
 }
 
-// SetResults records a guest's results to its requests in its activity
-// (none: nil), for the next Publish. A guest with nothing else on record
-// leaves the activity with its last result.
-func (s *Scanner) SetResults(user string, results []activity.Result) {
-	g, had := s.guests[user]
-	if !had && len(results) == 0 {
-		return
+// Republish makes the next Publish read and write every shard, whether or
+// not its own content changed: the requests asked changed, and results
+// of those no longer asked go.
+func (s *Scanner) Republish() {
+	for i := range s.stale {
+		s.stale[i] = true
 	}
-	g.User = user
-	g.Results = results
-	if g.Snapshots == 0 && g.Last.ID == "" && g.Report == nil && len(results) == 0 {
-		delete(s.guests, user)
-		return
+}
+
+// RecordResult writes res, a guest's result to one of its requests, into
+// user's activity in the ConfigMap of its shard, where the controller and
+// every replica of the server read it, unless that ConfigMap holds an
+// ending of the request already: the first ending recorded stands
+// (activity.Supersede). It returns the result that stands.
+func RecordResult(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls, user string, res activity.Result) (activity.Result, error) {
+	name := activity.ConfigMapName(bsls, userset.ShardOf(user))
+	stands := res
+	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		return updateActivity(ctx, configMaps, name, func(published map[string]activity.Guest) map[string]activity.Guest {
+			g := published[user]
+			g.User = user
+			g.Results = activity.MergeResults(g.Results, []activity.Result{res})
+			stands = g.Results[slices.IndexFunc(g.Results, func(r activity.Result) bool { return r.UID == res.UID })]
+			published[user] = g
+			return published
+		})
+	})
+	return stands, err
+}
+
+// PublishedResult reads user's result to request uid from the activity
+// ConfigMap of its shard; nil when there is none.
+func PublishedResult(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls, user, uid string) (*activity.Result, error) {
+	name := activity.ConfigMapName(bsls, userset.ShardOf(user))
+	cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("activity ConfigMap %s: %w", name, err)
 	}
-	s.guests[user] = g
+	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	if err != nil {
+		return nil, fmt.Errorf("activity ConfigMap %s: %w", name, err)
+	}
+	for _, r := range guests[user].Results {
+		if r.UID == uid {
+			return &r, nil
+		}
+	}
+	return nil, nil //nolint:nilnil // no result yet
+}
+
+// updateActivity reads ConfigMap name, and writes what change makes of its
+// guests when that differs. A malformed activity is written over: only
+// server pods write it, and what it held cannot be read anyway.
+func updateActivity(ctx context.Context, configMaps corev1client.ConfigMapInterface, name string, change func(map[string]activity.Guest) map[string]activity.Guest) error {
+	cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("activity ConfigMap %s: %w", name, err)
+	}
+	published, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	if err != nil {
+		published = map[string]activity.Guest{}
+	}
+	data := string(activity.Encode(change(published)))
+	if cm.Data[activity.Key] == data {
+		return nil
+	}
+	if cm.Data == nil {
+		cm.Data = map[string]string{}
+	}
+	cm.Data[activity.Key] = data
+	if _, err := configMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+		return fmt.Errorf("update activity ConfigMap %s: %w", name, err)
+	}
+	return nil
 }
 
 // RequestSnapshots returns the snapshots of user that carry request uid's

@@ -87,7 +87,7 @@ func BenchmarkPollCycle(b *testing.B) {
 		if _, err := s.Scan(ctx, r); err != nil {
 			b.Fatal(err)
 		}
-		if err := s.Publish(ctx, configMaps, "main"); err != nil {
+		if err := s.Publish(ctx, configMaps, "main", nil); err != nil {
 			b.Fatal(err)
 		}
 	}

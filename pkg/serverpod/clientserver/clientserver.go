@@ -77,7 +77,9 @@ type Requests interface {
 	// finish.
 	Pending(user string) ([]userset.Request, error)
 	// Result records that user is in phase with its request uid, saying
-	// message; ErrUnknownRequest when no such request is addressed to it.
+	// message; ErrUnknownRequest when no such request is addressed to it,
+	// ErrRequestEnded when phase is Running and the request has ended.
+	// Repeating an ending changes nothing.
 	Result(ctx context.Context, user, uid, phase, message string) error
 }
 
@@ -493,6 +495,11 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		// The same answer whether the request does not exist or is
 		// another guest's: a guest learns nothing of others' requests.
 		http.Error(w, fmt.Sprintf("no request %q is addressed to %s", uid, user), http.StatusNotFound)
+	case errors.Is(err, ErrRequestEnded):
+		// A poll that reached a replica which had not heard of the
+		// ending: the guest's Running answer fails, and it carries
+		// nothing out twice.
+		http.Error(w, fmt.Sprintf("request %q has ended already", uid), http.StatusConflict)
 	case err != nil:
 		s.opts.Log.Error(err, "cannot record a guest's result", "user", user, "uid", uid)
 		w.Header().Set("Retry-After", "10")
@@ -509,6 +516,10 @@ var resultPhases = []string{string(v1alpha1.PhaseRunning), string(v1alpha1.Phase
 // ErrUnknownRequest is Requests.Result's error for a UID that is not one
 // of the user's pending requests.
 var ErrUnknownRequest = errors.New("no such request for this user")
+
+// ErrRequestEnded is Requests.Result's error for a Running answer to a
+// request whose ending is recorded already.
+var ErrRequestEnded = errors.New("the request has ended already")
 
 // Sanitize makes a guest's words fit for an Event: one line of printable
 // characters, at most clientdist.MaxReportMessage bytes.

@@ -494,6 +494,9 @@ func (d *desk) Result(_ context.Context, user, uid, phase, message string) error
 		if r.User == user && r.UID == uid {
 			d.mu.Lock()
 			defer d.mu.Unlock()
+			if phase == "Running" && slices.ContainsFunc(d.results, func(res string) bool { return strings.HasPrefix(res, user+" "+uid+" ") }) {
+				return ErrRequestEnded
+			}
 			d.results = append(d.results, strings.Join([]string{user, uid, phase, message}, " "))
 			return nil
 		}
@@ -548,6 +551,9 @@ func TestRequestsAreTheGuestsOwn(t *testing.T) {
 	}
 	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Succeeded"); code != http.StatusNoContent {
 		t.Errorf("web answering its own request: status %d", code)
+	}
+	if code, body := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Running"); code != http.StatusConflict || !strings.Contains(body, "has ended") {
+		t.Errorf("web starting its request again, after it ended: status %d (%q), want 409: the guest must not carry it out twice", code, body)
 	}
 	if want := []string{"web@team-a " + web.UID + " Succeeded done at last"}; !slices.Equal(d.results, want) {
 		t.Errorf("results recorded: %q, want %q", d.results, want)

@@ -21,9 +21,11 @@ import (
 var _ clientserver.Requests = (*Syncer)(nil)
 
 // Pending returns the requests the users Secrets address to user that it
-// has not finished: what its guest's poll gets. A request it finished
-// stays listed until the controller has recorded the result, and is not
-// handed out again meanwhile.
+// has not finished, as far as this pod knows: what its guest's poll gets.
+// A request it finished stays listed until the controller has recorded
+// the result, and this pod does not hand it out again meanwhile; another
+// replica, which did not take the ending, may, and the guest's own record
+// of what it answered keeps it from running twice.
 func (s *Syncer) Pending(user string) ([]userset.Request, error) {
 	requests, err := s.listedRequests(user)
 	if err != nil {
@@ -31,10 +33,7 @@ func (s *Syncer) Pending(user string) ([]userset.Request, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.DeleteFunc(requests, func(r userset.Request) bool {
-		res, ok := s.results[user][r.UID]
-		return ok && res.Ended != nil
-	}), nil
+	return slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] }), nil
 }
 
 // listedRequests are the requests the users Secret of user's shard
@@ -70,10 +69,14 @@ func shardRequests(lister corelisters.SecretNamespaceLister, bsls string, shard 
 	return requests, nil
 }
 
-// Result records where user's guest is with its request uid. An ending
-// is checked against the repository: the request's snapshots are those
-// it holds under user's identity with the request's tag, and a success
-// that left a path without one is recorded as the failure it is.
+// Result records where user's guest is with its request uid, in the
+// activity ConfigMap of its shard: every replica of the server keeps what
+// any of them recorded there (activity.Merge), so an answer is not lost to
+// the replica the guest's next connection reaches. An ending is checked
+// against the repository: the request's snapshots are those it holds
+// under user's identity with the request's tag, and a success that left a
+// path without one is recorded as the failure it is. The first ending
+// recorded stands.
 func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) error {
 	requests, err := s.listedRequests(user)
 	if err != nil {
@@ -83,17 +86,20 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	if i < 0 {
 		return clientserver.ErrUnknownRequest
 	}
+	configMaps := s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace)
+	prev, err := activityscan.PublishedResult(ctx, configMaps, s.opts.BSLS, user, uid)
+	if err != nil {
+		return err
+	}
+	if prev != nil && prev.Ended != nil {
+		s.noteEnded(uid)
+		if phase == string(v1alpha1.PhaseRunning) {
+			return clientserver.ErrRequestEnded
+		}
+		return nil // answered already: a retry of the same ending changes nothing
+	}
 	now := s.now()
 	res := activity.Result{UID: uid, Phase: phase, Message: message, Started: now}
-	s.mu.Lock()
-	if prev, ok := s.results[user][uid]; ok {
-		if prev.Ended != nil {
-			s.mu.Unlock()
-			return nil // answered already: a retry of the same ending changes nothing
-		}
-		res.Started = prev.Started
-	}
-	s.mu.Unlock()
 	if phase != string(v1alpha1.PhaseRunning) {
 		res.Ended = &now
 		// One at a time: each refreshes the repository's view.
@@ -105,17 +111,27 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 		}
 		verify(&res, requests[i])
 	}
-	s.mu.Lock()
-	if s.results == nil {
-		s.results = map[string]map[string]activity.Result{}
+	stands, err := activityscan.RecordResult(ctx, configMaps, s.opts.BSLS, user, res)
+	if err != nil {
+		return err
 	}
-	if s.results[user] == nil {
-		s.results[user] = map[string]activity.Result{}
+	if stands.Ended != nil {
+		s.noteEnded(uid)
 	}
-	s.results[user][uid] = res
-	s.mu.Unlock()
+	// The results of requests no longer asked go with the next publish.
 	s.queue.Add(publishActivity)
 	return nil
+}
+
+// noteEnded remembers that request uid has ended, so that Pending no
+// longer hands it out.
+func (s *Syncer) noteEnded(uid string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ended == nil {
+		s.ended = map[string]bool{}
+	}
+	s.ended[uid] = true
 }
 
 // requestSnapshots reads the snapshots of request uid from the repository,
@@ -147,30 +163,26 @@ func verify(res *activity.Result, r userset.Request) {
 	}
 }
 
-// publishResults puts each guest's results into its activity, dropping
-// those whose request the users Secrets no longer list (the controller
-// recorded them).
-func (s *Syncer) publishResults(lister corelisters.SecretNamespaceLister) {
-	listed := map[string]bool{}
+// askedRequests reads which requests the users Secrets list, as a keep
+// function for activity.Merge, and a digest of them that changes when
+// they do; nil and "" while a shard cannot be read (nothing is dropped
+// then). It forgets the endings of requests no longer listed.
+func (s *Syncer) askedRequests(lister corelisters.SecretNamespaceLister) (keep func(user string, r activity.Result) bool, digest string) {
+	listed, uids := map[string]bool{}, map[string]bool{}
 	for shard := range userset.Shards {
 		requests, err := shardRequests(lister, s.opts.BSLS, shard)
 		if err != nil {
-			return // nothing dropped while a shard cannot be read
+			return nil, ""
 		}
 		for _, r := range requests {
-			listed[r.User+" "+r.UID] = true
+			listed[r.User+" "+r.UID], uids[r.UID] = true, true
 		}
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	for user, byUID := range s.results {
-		maps.DeleteFunc(byUID, func(uid string, _ activity.Result) bool { return !listed[user+" "+uid] })
-		results := slices.SortedFunc(maps.Values(byUID), func(a, b activity.Result) int { return strings.Compare(a.UID, b.UID) })
-		s.activity.SetResults(user, results)
-		if len(byUID) == 0 {
-			delete(s.results, user)
-		}
-	}
+	maps.DeleteFunc(s.ended, func(uid string, _ bool) bool { return !uids[uid] })
+	s.mu.Unlock()
+	keys := slices.Sorted(maps.Keys(listed))
+	return func(user string, r activity.Result) bool { return listed[user+" "+r.UID] }, strings.Join(keys, "\n") + "\n"
 }
 
 // now is the time on the Syncer's clock, to the second.

@@ -261,11 +261,15 @@ type Syncer struct {
 	// the guests' reports not published yet (package clientserver).
 	lister  corelisters.SecretNamespaceLister
 	reports map[string]activity.Report
-	// results are the guests' results to their requests, by user and
-	// request UID (Result); verifying lets one ending at a time read the
-	// repository.
-	results   map[string]map[string]activity.Result
+	// ended are the requests whose ending this pod recorded or found
+	// recorded (Result), by UID; verifying lets one ending at a time read
+	// the repository.
+	ended     map[string]bool
 	verifying sync.Mutex
+	// asked is the digest of the requests the users Secrets listed at the
+	// last publish of activity (askedRequests); only Run's goroutine
+	// touches it.
+	asked string
 	// enforced are the password hashes of the users the Kopia server
 	// enforces since the last sync that applied them (inForce.Users),
 	// never changed in place: Admits leaves a password to the server
@@ -999,8 +1003,19 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	s.mu.Lock()
 	lister := s.lister
 	s.mu.Unlock()
-	s.publishResults(lister)
-	return s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
+	keep, asked := s.askedRequests(lister)
+	if asked != s.asked && keep != nil {
+		// Results of requests no longer asked go from every shard, though
+		// this pod has nothing new to write there.
+		s.activity.Republish()
+	}
+	if err := s.activity.Publish(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS, keep); err != nil {
+		return err
+	}
+	if keep != nil {
+		s.asked = asked
+	}
+	return nil
 }
 
 // measureRepository measures the repository's storage and index for

@@ -21,6 +21,7 @@ import (
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/kopiauser"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
@@ -311,6 +312,67 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Expect(syncer.Result(ctx, dave.user, daves.UID, "Running", "")).To(Succeed())
 		Eventually(func() []activity.Result { return activityOf(alice.user).Results }).WithTimeout(provisioned).Should(BeEmpty())
 		Expect(activityOf(dave.user).Results).To(ConsistOf(HaveField("Phase", "Running")))
+	})
+
+	// A BSLS with replicas balances a guest's connections over them: its
+	// answers to one request may reach two server pods, each of which
+	// writes the activity ConfigMaps.
+	It("keeps a guest's result whichever replica its answers reach, and whichever writes last", func() {
+		ctx := context.Background()
+		users := repositoryUsers()
+		Expect(users).To(HaveKey(alice.user))
+		data := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(data, "c.txt"), []byte("three\n"), 0o600)).To(Succeed())
+		twice := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000004", User: alice.user, Kind: userset.RequestSnapshot, Name: "twice", Paths: []string{data}}
+		writeUsersWithRequests(users, twice)
+
+		r, err := repo.Open(ctx, server.ConfigFile, server.RepoPassword, &repo.Options{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
+		replica := usersync.New(usersync.Options{
+			Client: kubernetes.NewForConfigOrDie(apiServer.Config), Namespace: namespace, BSLS: bsls, BSLSUID: bslsUID,
+			Repository: r, Server: controlOf(GinkgoT(), server), Log: GinkgoLogr.WithName("replica"),
+		})
+		runCtx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- replica.Run(runCtx) }()
+		DeferCleanup(func() {
+			cancel()
+			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
+		})
+		Eventually(func() ([]userset.Request, error) { return replica.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(twice))
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(twice))
+
+		By("taking the guest's Running through one pod and its ending through the other")
+		Expect(syncer.Result(ctx, alice.user, twice.UID, "Running", "")).To(Succeed())
+		aliceClient, err := connect(alice.user, alice.password)
+		Expect(err).NotTo(HaveOccurred())
+		out, err := aliceClient.Run(ctx, "snapshot", "create", "--tags="+userset.RequestTag+":"+twice.UID, data)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(replica.Result(ctx, alice.user, twice.UID, "Succeeded", "through the other")).To(Succeed())
+		succeeded := And(HaveField("UID", twice.UID), HaveField("Phase", "Succeeded"), HaveField("Message", "through the other"),
+			HaveField("Snapshots", ConsistOf(HaveField("Path", data))))
+		Expect(activityOf(alice.user).Results).To(ConsistOf(succeeded), "recorded at once, where every pod and the controller read it")
+
+		By("keeping it when the pod that saw only Running publishes its own news of the guest")
+		syncer.Report(alice.user, activity.Report{Kind: clientdist.ReportHookFailed, Message: "heard by the first pod", At: time.Now().UTC().Truncate(time.Second)})
+		Eventually(func() *activity.Report { return activityOf(alice.user).Report }).WithTimeout(provisioned).Should(HaveField("Message", "heard by the first pod"))
+		Expect(activityOf(alice.user).Results).To(ConsistOf(succeeded))
+
+		By("taking no second ending, through either pod")
+		Expect(syncer.Result(ctx, alice.user, twice.UID, "Running", "")).To(MatchError(clientserver.ErrRequestEnded),
+			"a guest handed the request again by a pod that had not heard of the ending starts nothing")
+		Expect(syncer.Result(ctx, alice.user, twice.UID, "Failed", "late")).To(Succeed())
+		Expect(activityOf(alice.user).Results).To(ConsistOf(succeeded))
+		Expect(syncer.Pending(alice.user)).To(BeEmpty(), "the first pod found the ending the other recorded")
+		Expect(replica.Pending(alice.user)).To(BeEmpty())
+
+		By("dropping it, on every pod's next publish, once the Secrets no longer list the request")
+		writeUsersWithRequests(users)
+		Eventually(func() error { return syncer.Result(ctx, alice.user, twice.UID, "Running", "") }).WithTimeout(provisioned).Should(MatchError(clientserver.ErrUnknownRequest))
+		syncer.Report(alice.user, activity.Report{Kind: clientdist.ReportHookFailed, Message: "heard again", At: time.Now().UTC().Add(time.Second).Truncate(time.Second)})
+		Eventually(func() *activity.Report { return activityOf(alice.user).Report }).WithTimeout(provisioned).Should(HaveField("Message", "heard again"))
+		Expect(activityOf(alice.user).Results).To(BeEmpty())
 	})
 })
 
