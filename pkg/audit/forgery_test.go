@@ -11,7 +11,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -81,22 +80,10 @@ var _ = Describe("Activity a tenant forges", Ordered, func() {
 		ctx = context.Background()
 		api = startAuditBed(ctx)
 		// What a namespace's editor may do, on the objects the forgery needs.
-		Expect(api.Client.Create(ctx, &rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Name: "editor", Namespace: vmNamespace},
-			Rules: []rbacv1.PolicyRule{
-				{APIGroups: []string{""}, Resources: []string{"secrets", "configmaps"}, Verbs: []string{"get", "create", "update"}},
-				{APIGroups: []string{kubevirtv1.VirtualMachineGroupVersionKind.Group}, Resources: []string{"virtualmachines"}, Verbs: []string{"get", "create"}},
-			},
-		})).To(Succeed())
-		Expect(api.Client.Create(ctx, &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "editor", Namespace: vmNamespace},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "editor"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "tenant"}},
-		})).To(Succeed())
-		cfg := rest.CopyConfig(api.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: "tenant"}
 		var err error
-		tenant, err = client.New(cfg, client.Options{Scheme: api.Scheme})
+		tenant, err = api.Tenant(ctx, vmNamespace, "tenant",
+			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"secrets", "configmaps"}, Verbs: []string{"get", "create", "update"}},
+			rbacv1.PolicyRule{APIGroups: []string{kubevirtv1.VirtualMachineGroupVersionKind.Group}, Resources: []string{"virtualmachines"}, Verbs: []string{"get", "create"}})
 		Expect(err).NotTo(HaveOccurred())
 
 		createServer(ctx, api, types.NamespacedName{Namespace: vmNamespace, Name: squatted})
