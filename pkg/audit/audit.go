@@ -305,7 +305,11 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 		return nil, fmt.Errorf("get activity ConfigMap %s: %w", key, err)
 	}
 	if !metav1.IsControlledBy(cm, server) {
-		log.FromContext(ctx).V(1).Info("activity ConfigMap not controlled by its BackupStorageLocationServer: ignored", "configMap", key)
+		// Said to the admin: a ConfigMap of that name made before the
+		// BSLS (restored from a backup, say) is not adopted by its
+		// reconciler, and hides every guest of its shard.
+		log.FromContext(ctx).Info("activity ConfigMap not controlled by its BackupStorageLocationServer: ignored; deleted, it is created again, controlled, at the BackupStorageLocationServer's next reconcile",
+			"configMap", key, "backupStorageLocationServer", bsls)
 		return nil, nil
 	}
 	guests, err := r.shards.decode(key, cm)
