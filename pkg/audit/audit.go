@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/clock"
@@ -38,6 +39,7 @@ import (
 )
 
 // +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;patch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachines,verbs=get;list;watch
 // +kubebuilder:rbac:groups=kubevirt.io,resources=virtualmachineinstances,verbs=get;list;watch
@@ -109,9 +111,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("guest-activity").
 		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(vmsOfActivity),
-			builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
-				return o.GetLabels()[activity.Label] != ""
-			}))).
+			builder.WithPredicates(predicate.NewPredicateFuncs(isServersActivity))).
 		// An instance bears its VM's name; its status updates pass none.
 		// Watched whole, not as metadata: the credential hasher watches
 		// instances whole, and one informer (trimmed to what either
@@ -125,6 +125,26 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		// nothing to write.
 		Watches(&v1alpha1.GuestProtection{}, &handler.EnqueueRequestForObject{}).
 		Complete(r)
+}
+
+// serverKind is the kind that controls the activity ConfigMaps.
+var serverKind = v1alpha1.GroupVersion.WithKind("BackupStorageLocationServer").GroupKind()
+
+// isServersActivity is whether o is an activity ConfigMap controlled by
+// the BSLS it is labelled for, as the BSLS reconciler creates them. Any
+// other is not worth decoding, however it is labelled: guest believes
+// none but a server's own.
+func isServersActivity(o client.Object) bool {
+	server := o.GetLabels()[activity.Label]
+	if server == "" {
+		return false
+	}
+	ref := metav1.GetControllerOfNoCopy(o)
+	if ref == nil || ref.Kind != serverKind.Kind || ref.Name != server {
+		return false
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	return err == nil && gv.Group == serverKind.Group
 }
 
 // vmsOfActivity maps an activity ConfigMap to the VMs of its guests: a
@@ -259,15 +279,38 @@ func (r *Reconciler) staleAfter() time.Duration {
 }
 
 // guest reads a user's activity from its server's ConfigMap; nil when the
-// server has published none for it.
+// server has published none for it. Only the server's own ConfigMap
+// counts, the one its BSLS controls: the credential Secret names the
+// server by labels, and a tenant who can write such a Secret (the chart's
+// secretPolicy off) can name a namespace of hers, where she writes
+// ConfigMaps, labels and all.
 func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user string) (*activity.Guest, error) {
+	if bsls.Namespace == "" || bsls.Name == "" {
+		return nil, nil
+	}
+	server := &v1alpha1.BackupStorageLocationServer{}
+	if err := r.Client.Get(ctx, bsls, server); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("get BackupStorageLocationServer %s: %w", bsls, err)
+	}
 	cm := &corev1.ConfigMap{}
 	key := types.NamespacedName{Namespace: bsls.Namespace, Name: activity.ConfigMapName(bsls.Name, userset.ShardOf(user))}
 	if err := r.Client.Get(ctx, key, cm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.shards.forget(key)
+			return nil, nil
 		}
-		return nil, client.IgnoreNotFound(err)
+		return nil, fmt.Errorf("get activity ConfigMap %s: %w", key, err)
+	}
+	if !metav1.IsControlledBy(cm, server) {
+		// Said to the admin: a ConfigMap of that name made before the
+		// BSLS (restored from a backup, say) is not adopted by its
+		// reconciler, and hides every guest of its shard.
+		log.FromContext(ctx).Info("activity ConfigMap not controlled by its BackupStorageLocationServer: ignored; deleted, it is created again, controlled, at the BackupStorageLocationServer's next reconcile",
+			"configMap", key, "backupStorageLocationServer", bsls)
+		return nil, nil
 	}
 	guests, err := r.shards.decode(key, cm)
 	if err != nil {

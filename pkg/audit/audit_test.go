@@ -18,7 +18,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -233,19 +232,10 @@ var _ = Describe("A GuestProtection a tenant writes", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { Expect(stop()).To(Succeed()) })
 
-		Expect(api.Client.Create(ctx, &rbacv1.Role{
-			ObjectMeta: metav1.ObjectMeta{Name: "careless", Namespace: vmNamespace},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestprotections", "guestprotections/status"},
-				Verbs: []string{"get", "list", "create", "update", "patch", "delete"}}},
-		})).To(Succeed())
-		Expect(api.Client.Create(ctx, &rbacv1.RoleBinding{
-			ObjectMeta: metav1.ObjectMeta{Name: "careless", Namespace: vmNamespace},
-			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "careless"},
-			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "tenant"}},
-		})).To(Succeed())
-		cfg := rest.CopyConfig(api.Config)
-		cfg.Impersonate = rest.ImpersonationConfig{UserName: "tenant"}
-		tenant, err = client.New(cfg, client.Options{Scheme: api.Scheme})
+		tenant, err = api.Tenant(ctx, vmNamespace, "tenant", rbacv1.PolicyRule{
+			APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestprotections", "guestprotections/status"},
+			Verbs: []string{"get", "list", "create", "update", "patch", "delete"},
+		})
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(protection).Should(HaveField("Status.Identity", "quiet@"+vmNamespace))
 	})

@@ -10,10 +10,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
@@ -30,23 +32,39 @@ func TestAudit(t *testing.T) {
 	RunSpecs(t, "Guest activity audit, from a real Kopia server to Events on VMs")
 }
 
-// startAuditBed starts an API server with the namespaces and the activity
-// ConfigMaps the BSLS reconciler creates, labelled as it labels them (the
-// controller caches only guestbackup's ConfigMaps).
+// startAuditBed starts an API server with the namespaces, the BSLS, and
+// the activity ConfigMaps its reconciler creates, labelled as it labels
+// them (the controller caches only guestbackup's ConfigMaps) and
+// controlled by the BSLS (the audit believes no other).
 func startAuditBed(ctx context.Context) *testbed.APIServer {
 	GinkgoHelper()
 	api := testbed.StartAPIServer(GinkgoT(), testbed.APIServerOptions{})
 	for _, ns := range []string{vmNamespace, bslsNamespace} {
 		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	}
-	bsls := &v1alpha1.BackupStorageLocationServer{ObjectMeta: metav1.ObjectMeta{Name: bslsName, Namespace: bslsNamespace}}
+	bsls := createServer(ctx, api, types.NamespacedName{Namespace: bslsNamespace, Name: bslsName})
 	for shard := range userset.Shards {
-		Expect(api.Client.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
 			Labels: labels.Merge(kopiaserver.Labels(bsls), map[string]string{activity.Label: bslsName}),
-		}})).To(Succeed())
+		}}
+		Expect(controllerutil.SetControllerReference(bsls, cm, api.Scheme)).To(Succeed())
+		Expect(api.Client.Create(ctx, cm)).To(Succeed())
 	}
 	return api
+}
+
+// createServer creates a BSLS as an admin would, as little of it as its
+// API's validation accepts: the audit reads no more of it than that it
+// exists.
+func createServer(ctx context.Context, api *testbed.APIServer, key types.NamespacedName) *v1alpha1.BackupStorageLocationServer {
+	GinkgoHelper()
+	bsls := &v1alpha1.BackupStorageLocationServer{
+		ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace},
+		Spec:       v1alpha1.BackupStorageLocationServerSpec{Storage: v1alpha1.StorageSpec{Filesystem: &v1alpha1.FilesystemStorage{}}},
+	}
+	Expect(api.Client.Create(ctx, bsls)).To(Succeed())
+	return bsls
 }
 
 // createOptedInVM creates VM name of vmNamespace with annotations (the
