@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/clock"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -57,6 +59,9 @@ type BootstrapReconciler struct {
 	APIReader client.Reader
 	// Recorder records the Events on VMs. Default: the manager's.
 	Recorder record.EventRecorder
+	// Clock stamps when a payload first carries a CA
+	// (vmsecret.RenderedCAAt). Default: the real one.
+	Clock clock.PassiveClock
 }
 
 // SetupWithManager registers the reconciler. It watches the servers'
@@ -65,6 +70,9 @@ type BootstrapReconciler struct {
 // annotations.
 func (r *BootstrapReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	useManager(mgr, &r.Client, &r.APIReader, &r.Recorder)
+	if r.Clock == nil {
+		r.Clock = clock.RealClock{}
+	}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named("vm-bootstrap").
 		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata, builder.WithPredicates(predicate.AnnotationChangedPredicate{})).
@@ -139,7 +147,7 @@ func (r *BootstrapReconciler) Reconcile(ctx context.Context, req ctrl.Request) (
 	if secret, err = getCredentialSecret(ctx, r.APIReader, req.NamespacedName); err != nil || secret == nil {
 		return ctrl.Result{}, err // gone: nothing to render
 	}
-	rr := rerender(live, secret, bsls)
+	rr := rerender(live, secret, bsls, r.Clock.Now())
 	if rr.secret == nil {
 		logger.V(1).Info("cache is behind the API server; bootstrap left as it is", "why", rr.why)
 		return ctrl.Result{}, nil // the VM's or the Secret's update brings us back
@@ -200,8 +208,8 @@ func leaveBootstrap(format string, args ...any) rendering {
 // Secret's own credentials and
 // generation, the placement the VM's status annotation records (the owner's
 // merged part taken from the Secret byte for byte), and the paths and
-// schedule of the VM's annotations.
-func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1alpha1.BackupStorageLocationServer) rendering {
+// schedule of the VM's annotations, at time now.
+func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1alpha1.BackupStorageLocationServer, now time.Time) rendering {
 	if why, due := renderDue(vm, secret, bsls); !due {
 		return leaveBootstrap("%s", why)
 	}
@@ -243,7 +251,7 @@ func rerender(vm *metav1.PartialObjectMetadata, secret *corev1.Secret, bsls *v1a
 		Username: vmsecret.Identity(secret), Password: vmsecret.Password(secret), Generation: generation,
 		Paths: paths, Schedule: schedule,
 	}
-	if err := vmsecret.Render(s, bsls, guest, p); err != nil {
+	if err := vmsecret.Render(s, bsls, guest, p, now); err != nil {
 		return leaveBootstrap("cannot render with what BackupStorageLocationServer %s publishes: %v", server, err)
 	}
 	rr := rendering{secret: s, why: "rendered for the endpoint, CA and client the server publishes"}

@@ -76,9 +76,16 @@ func injectedSecret(t *testing.T, r rendered) *corev1.Secret {
 	s.Data[vmsecret.KeyGeneration] = []byte("3")
 	s.Data[vmsecret.KeyPasswordHash] = []byte("hash")
 	s.Data[vmsecret.KeyPasswordHashGeneration] = []byte("3")
-	vmsecret.SetRendered(s, r.endpoint, r.ca)
+	vmsecret.SetRendered(s, r.endpoint, r.ca, injectedAt)
 	return s
 }
+
+// injectedAt is when the webhook rendered web's Secret, and rerenderedAt
+// when the controller renders it again.
+var (
+	injectedAt   = time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)
+	rerenderedAt = time.Date(2026, 3, 2, 8, 30, 0, 0, time.UTC)
+)
 
 // injectedVM is web's metadata as the webhook admitted it.
 func injectedVM(t *testing.T, r rendered) *metav1.PartialObjectMetadata {
@@ -143,12 +150,14 @@ func TestRerender(t *testing.T) {
 			secret: func(s *corev1.Secret) {
 				delete(s.Annotations, vmsecret.AnnotationRenderedEndpoint)
 				delete(s.Annotations, vmsecret.AnnotationRenderedCA)
+				delete(s.Annotations, vmsecret.AnnotationRenderedCAAt)
 			},
 			want: &was},
 		{name: "a Secret without a record, rendered for another server", was: was, bsls: publishing(newURL, oldCA),
 			secret: func(s *corev1.Secret) {
 				delete(s.Annotations, vmsecret.AnnotationRenderedEndpoint)
 				delete(s.Annotations, vmsecret.AnnotationRenderedCA)
+				delete(s.Annotations, vmsecret.AnnotationRenderedCAAt)
 			},
 			want: ptrTo(with(was, func(r *rendered) { r.endpoint = newURL })), event: "did not record being rendered with"},
 
@@ -209,7 +218,7 @@ func TestRerender(t *testing.T) {
 				vm = tt.vm(vm)
 			}
 			before := secret.DeepCopy()
-			got := rerender(vm, secret, tt.bsls)
+			got := rerender(vm, secret, tt.bsls, rerenderedAt)
 			if !equalSecrets(before, secret) {
 				t.Fatal("rerender changed its input Secret")
 			}
@@ -229,9 +238,19 @@ func TestRerender(t *testing.T) {
 			want := before.DeepCopy()
 			maps.DeleteFunc(want.Data, func(k string, _ []byte) bool { return vmsecret.IsPayloadKey(k) })
 			maps.Copy(want.Data, payloadOf(t, *tt.want))
-			vmsecret.SetRendered(want, tt.want.endpoint, tt.want.ca)
+			vmsecret.SetRendered(want, tt.want.endpoint, tt.want.ca, rerenderedAt)
 			if !equalSecrets(want, got.secret) {
 				t.Errorf("rendered Secret differs:\n got %v\nwant %v", keysOf(got.secret), keysOf(want))
+			}
+			// When the guest's trust changes is what a CA rotation waits on.
+			wantAt := injectedAt
+			if _, recorded := vmsecret.RenderedCAAt(before); string(tt.want.ca) != string(tt.was.ca) || !recorded {
+				// A Secret that does not say since when counts as
+				// rendered now: a guest started before may not trust it.
+				wantAt = rerenderedAt
+			}
+			if at, ok := vmsecret.RenderedCAAt(got.secret); !ok || !at.Equal(wantAt) {
+				t.Errorf("rendered with its CA since %v (%v); want %v", at, ok, wantAt)
 			}
 			if tt.want.userPart != nil {
 				part, err := cloudinit.UserPart(got.secret.Data[vmsecret.KeyUserData])

@@ -699,7 +699,7 @@ func inject(vm *kubevirtv1.VirtualMachine, s shape, o options, pr prior, in Inpu
 	if refusal := keepsOwnersPart(vm, where, pr, in); refusal != "" {
 		return deny("%s", refusal), nil
 	}
-	secret, err := desiredSecret(vm, o, creds, in.Server.BSLS, where, in.Secret, in.OldObject == nil)
+	secret, err := desiredSecret(vm, o, creds, in.Server.BSLS, where, in.Secret, in.OldObject == nil, in.Now)
 	if err != nil {
 		return deny("guestbackup cannot render this VM's bootstrap: %v", err), nil
 	}
@@ -978,9 +978,9 @@ func (p placement) rendered() cloudinit.Placement {
 
 // desiredSecret is the VM's Secret after admission, with its payload
 // rendered for server (vmsecret.Render), or nil when the existing one
-// already is. Keys the controller adds (the hash) and metadata others set
-// are kept.
-func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, server *v1alpha1.BackupStorageLocationServer, p placement, existing *corev1.Secret, creating bool) (*corev1.Secret, error) {
+// already is, rendered at now. Keys the controller adds (the hash) and
+// metadata others set are kept.
+func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, server *v1alpha1.BackupStorageLocationServer, p placement, existing *corev1.Secret, creating bool, now time.Time) (*corev1.Secret, error) {
 	s := &corev1.Secret{}
 	if existing != nil {
 		s = existing.DeepCopy()
@@ -999,7 +999,7 @@ func desiredSecret(vm *kubevirtv1.VirtualMachine, o options, c credentials, serv
 	}
 	maps.Copy(s.Labels, vmsecret.Labels(vm.Name, o.server))
 	guest := vmsecret.Guest{Username: o.user, Password: c.password, Generation: c.generation, Paths: o.paths, Schedule: o.schedule}
-	if err := vmsecret.Render(s, server, guest, p.rendered()); err != nil {
+	if err := vmsecret.Render(s, server, guest, p.rendered(), now); err != nil {
 		return nil, err
 	}
 	// The username key is for the guest; the server's user comes from

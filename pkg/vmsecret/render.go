@@ -33,7 +33,8 @@ type Guest struct {
 // the controller's keys stay as they are. The webhook renders a VM's
 // payload at admission and the controller again as its server changes:
 // both through Render, so both write the same Secret for the same input.
-func Render(s *corev1.Secret, server *v1alpha1.BackupStorageLocationServer, guest Guest, p cloudinit.Placement) error {
+// at is when (RenderedCAAt).
+func Render(s *corev1.Secret, server *v1alpha1.BackupStorageLocationServer, guest Guest, p cloudinit.Placement, at time.Time) error {
 	endpoint, ca := server.Status.Endpoint, []byte(server.Status.TLSCA)
 	kopiaClient := cloudinit.UsableClient(server.Status.Client)
 	payload, err := cloudinit.Payload(cloudinit.Bootstrap{
@@ -51,7 +52,7 @@ func Render(s *corev1.Secret, server *v1alpha1.BackupStorageLocationServer, gues
 	}
 	maps.DeleteFunc(s.Data, func(k string, _ []byte) bool { return IsPayloadKey(k) })
 	maps.Copy(s.Data, payload)
-	SetRendered(s, endpoint, ca)
+	SetRendered(s, endpoint, ca, at)
 	SetRenderedClient(s, ClientDigest(server))
 	return nil
 }

@@ -56,7 +56,7 @@ func TestRender(t *testing.T) {
 			}
 			maps.Copy(want, payload)
 			s := tc.secret
-			if err := Render(s, server, guest, tc.p); err != nil {
+			if err := Render(s, server, guest, tc.p, time.Now()); err != nil {
 				t.Fatal(err)
 			}
 			if !maps.EqualFunc(s.Data, want, func(a, b []byte) bool { return string(a) == string(b) }) {
@@ -74,7 +74,7 @@ func TestRender(t *testing.T) {
 		none := server.DeepCopy()
 		none.Status.TLSCA = ""
 		s := webSecret()
-		if err := Render(s, none, guest, cloudinit.Placement{Mode: v1alpha1.ModeCloudInit}); err == nil {
+		if err := Render(s, none, guest, cloudinit.Placement{Mode: v1alpha1.ModeCloudInit}, time.Now()); err == nil {
 			t.Fatal("rendered a bootstrap that trusts no CA")
 		}
 		if !maps.EqualFunc(s.Data, webSecret().Data, func(a, b []byte) bool { return string(a) == string(b) }) || len(s.Annotations) != 0 {

@@ -145,6 +145,11 @@ const (
 	// secret.
 	AnnotationRenderedEndpoint = v1alpha1.AnnotationPrefix + "rendered-endpoint"
 	AnnotationRenderedCA       = v1alpha1.AnnotationPrefix + "rendered-ca-sha256"
+	// AnnotationRenderedCAAt (webhook, bootstrap reconciler) is when the
+	// payload was first rendered with the CA it carries (RFC 3339): a guest
+	// whose virt-launcher started after it trusts that CA, one started
+	// before does not yet. A rotation of the server's CA waits for those.
+	AnnotationRenderedCAAt = v1alpha1.AnnotationPrefix + "rendered-ca-at"
 	// AnnotationRenderedClient (webhook, bootstrap reconciler) is the
 	// clientdist.Digest of the kopia client the payload carries; absent
 	// when it carries none.
@@ -356,13 +361,28 @@ func Rendered(s *corev1.Secret) (endpoint, caSum string) {
 	return s.Annotations[AnnotationRenderedEndpoint], s.Annotations[AnnotationRenderedCA]
 }
 
-// SetRendered records that s's payload was rendered with endpoint and ca.
-func SetRendered(s *corev1.Secret, endpoint string, ca []byte) {
+// SetRendered records that s's payload was rendered with endpoint and ca
+// at time at; when it first carried ca stays as it was while ca does not
+// change.
+func SetRendered(s *corev1.Secret, endpoint string, ca []byte, at time.Time) {
 	if s.Annotations == nil {
 		s.Annotations = map[string]string{}
 	}
+	sum := CASum(ca)
+	if _, since := RenderedCAAt(s); s.Annotations[AnnotationRenderedCA] != sum || !since {
+		// Without a record (a Secret an earlier release wrote), now: a
+		// guest started earlier counts as one that may not trust it.
+		s.Annotations[AnnotationRenderedCAAt] = at.UTC().Format(time.RFC3339)
+	}
 	s.Annotations[AnnotationRenderedEndpoint] = endpoint
-	s.Annotations[AnnotationRenderedCA] = CASum(ca)
+	s.Annotations[AnnotationRenderedCA] = sum
+}
+
+// RenderedCAAt is when s's payload was first rendered with the CA it
+// carries; false when s does not record it.
+func RenderedCAAt(s *corev1.Secret) (time.Time, bool) {
+	t, err := time.Parse(time.RFC3339, s.Annotations[AnnotationRenderedCAAt])
+	return t, err == nil
 }
 
 // RenderedClient is the digest of the client s's payload carries; "" for

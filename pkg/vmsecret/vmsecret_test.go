@@ -3,6 +3,7 @@ package vmsecret
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -148,11 +149,26 @@ func TestRendered(t *testing.T) {
 	if endpoint, ca := Rendered(s); endpoint != "" || ca != "" {
 		t.Fatalf("a Secret without a record: %q %q", endpoint, ca)
 	}
-	SetRendered(s, "https://main.backup.svc:51515", []byte("PEM"))
+	first := time.Date(2026, 3, 1, 11, 0, 0, 0, time.UTC)
+	SetRendered(s, "https://main.backup.svc:51515", []byte("PEM"), first)
 	endpoint, ca := Rendered(s)
 	// sha256("PEM"): a fixed value, so that the webhook and the
 	// controller of different releases agree on it.
 	if endpoint != "https://main.backup.svc:51515" || ca != "384fb9a44fabe158be2757b9b8d8f67029f2280fcc1776ab2a53103e6f0c582d" {
 		t.Errorf("Rendered = %q, %q", endpoint, ca)
+	}
+	for _, step := range []struct {
+		name     string
+		endpoint string
+		ca       string
+		want     time.Time
+	}{
+		{"rendered again with the same CA: since when it carries it stays", "https://other.backup.svc:51515", "PEM", first},
+		{"rendered with another CA: since then", "https://other.backup.svc:51515", "NEXT", first.Add(2 * time.Hour)},
+	} {
+		SetRendered(s, step.endpoint, []byte(step.ca), first.Add(2*time.Hour))
+		if at, ok := RenderedCAAt(s); !ok || !at.Equal(step.want) {
+			t.Errorf("%s: RenderedCAAt = %v, %v; want %v", step.name, at, ok, step.want)
+		}
 	}
 }
