@@ -565,9 +565,17 @@ type BackupStorageLocationServerStatus struct {
 	// TLSCA is the PEM of the CA certificates (ca.crt) that sign the
 	// server's certificate. Guests trust these and nothing else: Kopia
 	// verifies the server's chain to them and the endpoint's host name in
-	// the certificate. It survives renewals of the leaf.
+	// the certificate. It survives renewals of the leaf. While the CA
+	// rotates (CARotation), it holds the next CA too, after the current.
 	// +optional
 	TLSCA string `json:"tlsCA,omitempty"`
+
+	// CARotation is the rotation of the BSLS's own CA under way: asked for
+	// by annotating Secret <bsls>-ca guestbackup.io/rotate-ca. Guests are
+	// given the next CA beside the current one (TLSCA), and the server
+	// switches to it once no VM runs a guest that booted without it.
+	// +optional
+	CARotation *CARotationStatus `json:"caRotation,omitempty"`
 
 	// TLSFingerprint is the SHA-256 of the first certificate of TLSCA (DER,
 	// hex), for comparing CAs by eye. Guests do not pin it: Kopia's
@@ -685,6 +693,27 @@ const DefaultRequestPollInterval = 30 * time.Second
 
 // BackupStorageLocationServer runs a managed Kopia repository server that
 // VirtualMachines opt into with the guestbackup.io/server annotation.
+// CARotationStatus is where a deliberate rotation of a BSLS's own CA
+// stands.
+type CARotationStatus struct {
+	// NextFingerprint is the SHA-256 of the CA the server switches to (DER,
+	// hex).
+	NextFingerprint string `json:"nextFingerprint"`
+	// Reason is the admin's, from the annotation that asked for it.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// StartTime is when guests were first given the next CA.
+	StartTime metav1.Time `json:"startTime"`
+	// Waiting is how many VMs run a guest that does not trust the next CA
+	// yet: it booted before its bootstrap carried it. The server switches
+	// when none does.
+	Waiting int32 `json:"waiting"`
+	// WaitingVMs names some of them, namespace/name (at most 20): restart
+	// them (virtctl restart) to finish the rotation.
+	// +optional
+	WaitingVMs []string `json:"waitingVMs,omitempty"`
+}
+
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bsls,categories=guestbackup

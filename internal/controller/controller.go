@@ -48,6 +48,10 @@ type Options struct {
 	// Requests carries out GuestSnapshots (alpha): the chart sets it, and
 	// installs their API, with requests.enabled.
 	Requests bool
+	// CARotationMinOverlap is how long a CA rotation gives guests the next
+	// CA at least (kopiaserver.Reconciler.CARotationMinOverlap); 0: its
+	// default.
+	CARotationMinOverlap time.Duration
 }
 
 // Scheme is the controller's scheme: the binaries' (manager.NewScheme) and
@@ -69,7 +73,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("the controller's namespace is required")
 	}
 	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA,
-		MaintenanceClusterRole: o.MaintenanceClusterRole, Requests: o.Requests}
+		MaintenanceClusterRole: o.MaintenanceClusterRole, Requests: o.Requests, CARotationMinOverlap: o.CARotationMinOverlap}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
 	}

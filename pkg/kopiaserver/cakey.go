@@ -100,9 +100,10 @@ func (s caKeySource) newCA(b *v1alpha1.BackupStorageLocationServer, now time.Tim
 }
 
 // pinnedCA parses status.tlsCA: the CA certificate guests pin, or nil.
+// While the CA rotates, status.tlsCA holds the next CA after it.
 func pinnedCA(pemData string) *x509.Certificate {
 	certs, err := certutil.ParseCertsPEM([]byte(pemData))
-	if err != nil || len(certs) != 1 || !certs[0].IsCA {
+	if err != nil || len(certs) == 0 || len(certs) > 2 || !certs[0].IsCA {
 		return nil
 	}
 	return certs[0]

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/pki"
 )
 
 // The Issuers of a BSLS's own CA (certManagerCA), written by server-side
@@ -29,8 +30,13 @@ type certificateResult struct {
 	material *tlsMaterial
 	// source describes where the certificate comes from, for messages.
 	source string
-	// renewAt is when a self-managed leaf must be renewed.
+	// renewAt is when the certificate must be looked at again: a
+	// self-managed leaf's renewal, or a CA rotation's next look at the
+	// guests it waits for.
 	renewAt time.Time
+	// rotation is the CA rotation under way (status.caRotation); nil when
+	// none.
+	rotation *v1alpha1.CARotationStatus
 }
 
 // tlsSource is where a BSLS's server certificate comes from.
@@ -79,6 +85,9 @@ func (r *Reconciler) certificate(ctx context.Context, b *v1alpha1.BackupStorageL
 	case tlsOwnCertManagerCA:
 		iss, err := r.certManagerCA(ctx, b)
 		if err != nil {
+			return nil, nil, err
+		}
+		if err := r.refuseRotation(ctx, b); err != nil {
 			return nil, nil, err
 		}
 		return r.certManagerCertificate(ctx, b, iss, fmt.Sprintf("its own CA in Secret %s, through cert-manager Issuer %s", CASecretName(b), iss.Name))
@@ -309,6 +318,16 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	if err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: b.Namespace, Name: TLSSecretName(b)}, leafSecret); err != nil && !apierrors.IsNotFound(err) {
 		return nil, nil, fmt.Errorf("get Secret %s: %w", TLSSecretName(b), err)
 	}
+	var (
+		rotation *caRotation
+		waiting  []string
+	)
+	if len(caSecret.Data[corev1.TLSCertKey]) > 0 {
+		var err error
+		if rotation, waiting, err = r.rotateCA(ctx, b, caSecret); err != nil {
+			return nil, nil, err
+		}
+	}
 	var keys caKeySource
 	if len(caSecret.Data[corev1.TLSCertKey]) == 0 {
 		password, err := r.passwordSecret(ctx, b)
@@ -370,6 +389,15 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	if certs, err := certutil.ParseCertsPEM(leafSecret.Data[corev1.TLSCertKey]); err == nil {
 		life := certs[0].NotAfter.Sub(certs[0].NotBefore)
 		res.renewAt = certs[0].NotAfter.Add(-life / 3)
+	}
+	if m != nil && rotation != nil && pki.Fingerprint(rotation.current.Cert) == m.Pin {
+		// Guests are given the next CA too; the pin stays the CA that
+		// signs the server's certificate until the switch.
+		m.CA = rotation.bundle()
+		res.rotation = rotationStatus(rotation, waiting)
+		if recheck := r.Clock.Now().Add(caRotationRecheck); res.renewAt.IsZero() || recheck.Before(res.renewAt) {
+			res.renewAt = recheck
+		}
 	}
 	return res, p, nil
 }

@@ -41,6 +41,9 @@ const (
 	reconciled = 20 * time.Second
 	// provisioned bounds how long a Secret change may take to reach a guest.
 	provisioned = 30 * time.Second
+	// caRotationOverlap is the controller's least overlap of a CA rotation
+	// here.
+	caRotationOverlap = 5 * time.Second
 )
 
 // runController starts the controller's reconcilers in-process against
@@ -172,7 +175,7 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 			Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: labels}})).To(Succeed())
 		}
 		binaries = serverBinaries(GinkgoT())
-		metricsAddr = startController(api)
+		metricsAddr = startController(api, func(r *kopiaserver.Reconciler) { r.CARotationMinOverlap = caRotationOverlap })
 	})
 
 	Describe("a filesystem BSLS with every default", Ordered, func() {
@@ -442,6 +445,121 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Expect(get(kopiaserver.CARescueSecretName(bsls), &corev1.Secret{})()).NotTo(Succeed(), "no copy of the key is left behind")
 			})
 
+			// A deliberate rotation must not cost a running guest its
+			// backups: guests trust their CA only, and take a new one at
+			// their next boot.
+			It("rotates the CA overlapped: guests are given the next CA beside the current one, and the server switches once no running guest booted without it", func() {
+				ca := &corev1.Secret{}
+				Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
+				oldCerts, err := certutil.ParseCertsPEM(ca.Data[corev1.TLSCertKey])
+				Expect(err).NotTo(HaveOccurred())
+				checksum := func() string {
+					d := &appsv1.Deployment{}
+					if err := get(kopiaserver.DeploymentName(bsls), d)(); err != nil {
+						return ""
+					}
+					return d.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
+				}
+				servedBefore := checksum()
+				ca.Annotations[kopiaserver.AnnotationRotateCA] = "yearly, change 2026-12"
+				Expect(api.Client.Update(ctx, ca)).To(Succeed())
+
+				By("giving guests the next CA after the current one, and keeping the server's certificate and pin")
+				var rotation *v1alpha1.CARotationStatus
+				Eventually(func() *v1alpha1.CARotationStatus {
+					rotation = bslsNamed(name).Status.CARotation
+					return rotation
+				}).WithTimeout(reconciled).ShouldNot(BeNil())
+				b := bslsNamed(name)
+				trusted, err := certutil.ParseCertsPEM([]byte(b.Status.TLSCA))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(trusted).To(HaveLen(2))
+				Expect(trusted[0].Equal(oldCerts[0])).To(BeTrue(), "the current CA first")
+				Expect(pki.Fingerprint(trusted[1])).To(Equal(rotation.NextFingerprint))
+				Expect(b.Status.TLSFingerprint).To(Equal(pin))
+				Expect(rotation.Reason).To(Equal("yearly, change 2026-12"))
+				Expect(rotation.WaitingVMs).To(ContainElement("team-a/web"), "its bootstrap does not carry the next CA yet")
+				Expect(events(name)()).To(ContainElement(HavePrefix("Normal " + kopiaserver.ReasonCARotationStarted + ": Rotating the CA (yearly, change 2026-12)")))
+				Expect(checksum()).To(Equal(servedBefore), "the server keeps serving the certificate every guest trusts")
+
+				By("waiting for a guest whose VM booted before its bootstrap carried the next CA")
+				// What the bootstrap reconciler does to each VM's Secret as
+				// status.tlsCA changes (its rendering has its own specs, in
+				// pkg/credentials): the record of what it was rendered with.
+				credentialSecrets := &corev1.SecretList{}
+				Expect(api.Client.List(ctx, credentialSecrets, client.MatchingLabels(vmsecret.ServerLabels(client.ObjectKeyFromObject(bsls))))).To(Succeed())
+				renderedAt := time.Now()
+				for i := range credentialSecrets.Items {
+					s := &credentialSecrets.Items[i]
+					vmsecret.SetRendered(s, b.Status.Endpoint, []byte(b.Status.TLSCA), renderedAt)
+					Expect(api.Client.Update(ctx, s)).To(Succeed())
+				}
+				vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-a"}}
+				vmi.Spec.Domain.Devices = kubevirtv1.Devices{}
+				Expect(api.Client.Create(ctx, vmi)).To(Succeed())
+				// As virt-controller and virt-handler record it: its launcher
+				// started an hour before the bootstrap changed.
+				vmi.Status.Phase = kubevirtv1.Running
+				vmi.Status.PhaseTransitionTimestamps = []kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{
+					{Phase: kubevirtv1.Scheduled, PhaseTransitionTimestamp: metav1.NewTime(renderedAt.Add(-time.Hour))},
+					{Phase: kubevirtv1.Running, PhaseTransitionTimestamp: metav1.NewTime(renderedAt.Add(-time.Hour))},
+				}
+				Expect(api.Client.Update(ctx, vmi)).To(Succeed()) // KubeVirt's instances have no status subresource
+				Eventually(func() *v1alpha1.CARotationStatus { return bslsNamed(name).Status.CARotation }).WithTimeout(reconciled).
+					Should(And(HaveField("Waiting", BeEquivalentTo(1)), HaveField("WaitingVMs", Equal([]string{"team-a/web"}))))
+				// Past the overlap, only that guest holds the switch back.
+				Consistently(func() string { return bslsNamed(name).Status.TLSFingerprint }).
+					WithTimeout(caRotationOverlap + 2*time.Second).Should(Equal(pin))
+
+				By("switching once that VM restarted: its new instance booted with both CAs")
+				Expect(api.Client.Delete(ctx, vmi)).To(Succeed())
+				testbed.SleepPastSecondOf(time.Now())
+				restarted := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "team-a"}}
+				Expect(api.Client.Create(ctx, restarted)).To(Succeed())
+				restarted.Status.Phase = kubevirtv1.Running
+				restarted.Status.PhaseTransitionTimestamps = []kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{
+					{Phase: kubevirtv1.Scheduled, PhaseTransitionTimestamp: metav1.Now()},
+					{Phase: kubevirtv1.Running, PhaseTransitionTimestamp: metav1.Now()},
+				}
+				Expect(api.Client.Update(ctx, restarted)).To(Succeed())
+				// The reconciler looks at instances again every 30 s.
+				Eventually(func() string { return bslsNamed(name).Status.TLSFingerprint }).WithTimeout(time.Minute).Should(Equal(rotation.NextFingerprint))
+				Expect(bslsNamed(name).Status.CARotation).To(BeNil())
+				Expect(bslsNamed(name).Status.TLSCA).To(Equal(string(pki.EncodeCerts(trusted[1]))), "new guests are given the new CA alone")
+				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElements(
+					HavePrefix("Normal "+kopiaserver.ReasonCARotated+": The server switches from CA SHA-256 "+pin+" to SHA-256 "+rotation.NextFingerprint+" (yearly, change 2026-12)"),
+					HavePrefix("Normal "+kopiaserver.ReasonCAChanged+": The CA guests trust changed from SHA-256 "+pin+" to "+rotation.NextFingerprint+", as the rotation begun at")))
+				now := &corev1.Secret{}
+				Expect(get(kopiaserver.CASecretName(bsls), now)()).To(Succeed())
+				Expect(now.Data).NotTo(HaveKey(kopiaserver.NextCACertKey))
+				Expect(now.Data).NotTo(HaveKey(kopiaserver.NextCAKeyKey))
+				Expect(now.Annotations).NotTo(HaveKey(kopiaserver.AnnotationRotateCA))
+				Expect(now.Finalizers).To(ContainElement(kopiaserver.FinalizerCAGuard))
+				password := &corev1.Secret{}
+				Expect(get(kopiaserver.RepositoryPassword(bsls).Name, password)()).To(Succeed())
+				Expect(password.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationCAKeyGeneration, "1"),
+					"the new CA's key is the next generation's: a new cluster given the password makes it again")
+
+				By("serving a certificate of the new CA, which guests given both CAs verify, and those given only the old one do not")
+				Eventually(checksum).WithTimeout(reconciled).ShouldNot(Equal(servedBefore))
+				leaf := &corev1.Secret{}
+				Expect(get(kopiaserver.TLSSecretName(bsls), leaf)()).To(Succeed())
+				chain, err := certutil.ParseCertsPEM(leaf.Data[corev1.TLSCertKey])
+				Expect(err).NotTo(HaveOccurred())
+				verifies := func(roots ...*x509.Certificate) error {
+					pool := x509.NewCertPool()
+					for _, c := range roots {
+						pool.AddCert(c)
+					}
+					_, err := chain[0].Verify(x509.VerifyOptions{DNSName: "main.storage.svc", Roots: pool})
+					return err
+				}
+				Expect(verifies(trusted...)).To(Succeed(), "a guest that booted during the rotation")
+				Expect(verifies(trusted[1])).To(Succeed(), "a guest that boots from now on")
+				Expect(verifies(oldCerts[0])).NotTo(Succeed())
+				pin = rotation.NextFingerprint
+			})
+
 			It("replaces the CA when the admin marks its deletion as one, and announces what that costs the guests", func() {
 				ca := &corev1.Secret{}
 				Expect(get(kopiaserver.CASecretName(bsls), ca)()).To(Succeed())
@@ -463,10 +581,10 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 				Expect(now.Data[corev1.TLSPrivateKeyKey]).NotTo(Equal(ca.Data[corev1.TLSPrivateKeyKey]))
 				password := &corev1.Secret{}
 				Expect(get(kopiaserver.RepositoryPassword(bsls).Name, password)()).To(Succeed())
-				Expect(password.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationCAKeyGeneration, "1"))
+				Expect(password.Annotations).To(HaveKeyWithValue(kopiaserver.AnnotationCAKeyGeneration, "2"), "the rotation before took generation 1")
 				Eventually(events(name)).WithTimeout(reconciled).Should(ContainElement(And(
 					HavePrefix("Normal "+kopiaserver.ReasonCAIssued+": Issued a CA for the server in Secret main-ca"),
-					ContainSubstring("derived from the repository password in Secret main-repository (key generation 1)"))))
+					ContainSubstring("derived from the repository password in Secret main-repository (key generation 2)"))))
 			})
 		})
 	})

@@ -74,8 +74,15 @@ func status(obs observations, d decision) (v1alpha1.BackupStorageLocationServerS
 	if obs.CertificateProblem == nil {
 		st.TLSCA = string(obs.Certificate.material.CA)
 		st.TLSFingerprint = obs.Certificate.material.Pin
+		st.CARotation = obs.Certificate.rotation
 		if msg, changed := caChange(before.TLSFingerprint, st.TLSFingerprint, obs.Certificate.source); changed {
-			events = append(events, bslsEvent{corev1.EventTypeWarning, ReasonCAChanged, msg})
+			typ := corev1.EventTypeWarning
+			if rot := before.CARotation; rot != nil && rot.NextFingerprint == st.TLSFingerprint {
+				// The switch a rotation planned: no running guest is left
+				// without the new CA.
+				typ, msg = corev1.EventTypeNormal, rotatedCAChange(before.TLSFingerprint, st.TLSFingerprint, rot.StartTime)
+			}
+			events = append(events, bslsEvent{typ, ReasonCAChanged, msg})
 		}
 	}
 	st.Endpoint = Endpoint(b)

@@ -122,6 +122,10 @@ type Reconciler struct {
 	Requests bool
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
+	// CARotationMinOverlap is how long a CA rotation gives guests the next
+	// CA at least before the server switches; default
+	// DefaultCARotationMinOverlap.
+	CARotationMinOverlap time.Duration
 
 	// grantRefusals and userRefusals are the refusals already announced
 	// (RestoreAccessRefused on a VM, UserRefused on the BSLS).
