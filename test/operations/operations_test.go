@@ -1,6 +1,7 @@
 package operations
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -171,6 +172,71 @@ var _ = Describe("An admin over the years", Ordered, func() {
 			HaveField("Status.Conditions", ContainElement(And(HaveField("Type", v1alpha1.ConditionGuestConnected), HaveField("Status", metav1.ConditionTrue))))))
 	})
 
+	// A deliberate rotation ("Rotating the CA, overlapped" in
+	// docs/backupstoragelocationserver.md) with real guests and their
+	// bootstraps as the controller renders them. That it waits for a
+	// running guest that booted without the next CA is pkg/kopiaserver's
+	// spec: here the VM runs no instance, so nothing waits.
+	It("rotates its CA: a guest booting meanwhile is given both CAs, and keeps the server through the switch", func() {
+		c := first.API.Client
+		oldPin := bsls.Status.TLSFingerprint
+		ca := &corev1.Secret{}
+		Expect(c.Get(ctx, client.ObjectKey{Namespace: storageNamespace, Name: kopiaserver.CASecretName(bsls)}, ca)).To(Succeed())
+		patch := client.MergeFrom(ca.DeepCopy())
+		ca.Annotations[kopiaserver.AnnotationRotateCA] = "yearly"
+		Expect(c.Patch(ctx, ca, patch)).To(Succeed())
+
+		By("the VM's bootstrap is rendered again with the current CA and the next, with which a booting guest restores")
+		var during guestFiles
+		Eventually(func() int {
+			during = install(first.vmSecret())
+			return bytes.Count(during.CA, []byte("BEGIN CERTIFICATE"))
+		}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Equal(2))
+		Expect(during.Password).To(Equal(files.Password), "the same credentials")
+		booted, err := connect(during)
+		Expect(err).NotTo(HaveOccurred())
+		restoreAndCompare(booted, snap, content)
+
+		By("the server switches to the next CA, and says so")
+		Eventually(func() (string, error) {
+			return bsls.Status.TLSFingerprint, c.Get(ctx, client.ObjectKeyFromObject(bsls), bsls)
+		}).WithTimeout(provisionTimeout).ShouldNot(Equal(oldPin))
+		Expect(bsls.Status.CARotation).To(BeNil())
+		Eventually(func() ([]string, error) {
+			return first.Events(ctx, storageNamespace, "BackupStorageLocationServer", bsls.Name)
+		}).WithTimeout(provisionTimeout).Should(ContainElements(
+			HavePrefix("Normal "+kopiaserver.ReasonCARotationStarted+": Rotating the CA (yearly)"),
+			HavePrefix("Normal "+kopiaserver.ReasonCARotated+": The server switches from CA SHA-256 "+oldPin+" to SHA-256 "+bsls.Status.TLSFingerprint)))
+		var after guestFiles
+		Eventually(func() []byte {
+			after = install(first.vmSecret())
+			return after.CA
+		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Equal([]byte(bsls.Status.TLSCA)))
+
+		By("the server's next pod serves a certificate of the new CA: the guest given both CAs and one given the new alone restore through it, one given the old alone cannot")
+		ports, err := testbed.FreePorts(2)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = first.ServeBSLS(ctx, first, bsls, ports)
+		Expect(err).NotTo(HaveOccurred())
+		through := func(f guestFiles) guestFiles {
+			f.URL = strings.Replace(f.URL, fmt.Sprintf(":%d", port), fmt.Sprintf(":%d", ports), 1)
+			return f
+		}
+		for _, f := range []guestFiles{during, after} {
+			k, err := connect(through(f))
+			Expect(err).NotTo(HaveOccurred())
+			restoreAndCompare(k, snap, content)
+		}
+		_, err = connect(through(files))
+		Expect(err).To(MatchError(ContainSubstring("certificate signed by unknown authority")), "why the rotation waits for guests that booted before it")
+
+		// From here on the story's guest is one that booted during the
+		// rotation: its connect script connects with the bootstrap it got.
+		files = during
+		out, err := guest.Connect(ctx, during.URL, during.CA, during.User+"@"+during.Host, during.Password)
+		Expect(err).NotTo(HaveOccurred(), out)
+	})
+
 	It("serves the same users and CA from a new cluster given the same storage and the kept Secrets, and the guest restores without a new bootstrap", func() {
 		// What docs/disaster-recovery.md says to keep, as a backup tool
 		// would hand it back: without uid, resourceVersion or owner.
@@ -228,7 +294,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		third.UseClaim(newBSLS(port), claim)
 		_, restored := third.serve(newBSLS(port), port)
 		Expect(restored.Status.TLSCA).NotTo(Equal(string(files.CA)), "a new certificate: the first cluster's is not in the new one")
-		Expect(publicKeyOf(restored.Status.TLSCA)).To(Equal(publicKeyOf(string(files.CA))), "for the key the guests already trust")
+		Expect(publicKeysOf(string(files.CA))).To(ContainElement(publicKeysOf(restored.Status.TLSCA)[0]), "for a key the guests already trust")
 
 		oldBootstrapRestores()
 
@@ -249,14 +315,17 @@ var _ = Describe("An admin over the years", Ordered, func() {
 	})
 })
 
-// publicKeyOf is the DER of the public key of the one certificate in
+// publicKeysOf is the DER of the public key of each certificate in
 // pemData.
-func publicKeyOf(pemData string) []byte {
+func publicKeysOf(pemData string) [][]byte {
 	GinkgoHelper()
 	certs, err := certutil.ParseCertsPEM([]byte(pemData))
 	Expect(err).NotTo(HaveOccurred())
-	Expect(certs).To(HaveLen(1))
-	return certs[0].RawSubjectPublicKeyInfo
+	keys := make([][]byte, len(certs))
+	for i, c := range certs {
+		keys[i] = c.RawSubjectPublicKeyInfo
+	}
+	return keys
 }
 
 // scrub removes what a new cluster gives an object itself, as a backup

@@ -83,7 +83,10 @@ func startCluster() *cluster {
 	// Registered before it starts, so a start that fails halfway stops
 	// what it started.
 	DeferCleanup(c.lose)
-	c.Platform = local.Start(c, local.Options{Logger: GinkgoLogr})
+	o := local.ControllerOptions()
+	// A CA rotation's least overlap, as short as a spec can wait.
+	o.CARotationMinOverlap = 5 * time.Second
+	c.Platform = local.Start(c, local.Options{Logger: GinkgoLogr, Controller: &o})
 	return c
 }
 
