@@ -704,14 +704,20 @@ type CARotationStatus struct {
 	Reason string `json:"reason,omitempty"`
 	// StartTime is when guests were first given the next CA.
 	StartTime metav1.Time `json:"startTime"`
-	// Waiting is how many VMs run a guest that does not trust the next CA
-	// yet: it booted before its bootstrap carried it. The server switches
-	// when none does.
+	// Waiting is how many VMs run a guest that may not trust the next CA
+	// yet (it started before its bootstrap carried it), and how many
+	// BackupClients' workloads may not (their Secret has carried it for
+	// less than the clients' overlap, 24 hours by default). The server
+	// switches when none may.
 	Waiting int32 `json:"waiting"`
-	// WaitingVMs names some of them, namespace/name (at most 20): restart
-	// them (virtctl restart) to finish the rotation.
+	// WaitingVMs names some of those VMs, namespace/name (at most 20):
+	// restart them (virtctl restart) to finish the rotation.
 	// +optional
 	WaitingVMs []string `json:"waitingVMs,omitempty"`
+	// WaitingClients names some of those BackupClients, namespace/name (at
+	// most 20): restart their workloads.
+	// +optional
+	WaitingClients []string `json:"waitingClients,omitempty"`
 }
 
 // +kubebuilder:object:root=true

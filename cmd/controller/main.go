@@ -42,6 +42,7 @@ func main() {
 	flag.StringVar(&o.MaintenanceClusterRole, "server-maintenance-cluster-role", kopiaserver.DefaultMaintenanceClusterRole, "The ClusterRole (get and update of Leases) bound to the server pods of a BSLS with several replicas, so that they elect the one that runs maintenance; the chart installs it and grants the controller the bind verb on it alone.")
 	flag.DurationVar(&o.GuestNotConnectedAfter, "guest-not-connected-after", audit.DefaultNotConnectedAfter, "How long after its start a running VM's guest (one with guestbackup.io/paths) may go without connecting before the GuestNotConnected Event and metric.")
 	flag.DurationVar(&o.CARotationMinOverlap, "ca-rotation-min-overlap", kopiaserver.DefaultCARotationMinOverlap, "How long a rotation of a BSLS's CA gives guests the next CA at least before its server switches, once no running guest waits for it (so that VMs admitted meanwhile are seen).")
+	flag.DurationVar(&o.CARotationClientOverlap, "ca-rotation-client-overlap", kopiaserver.DefaultCARotationClientOverlap, "How long a rotation of a BSLS's CA gives the workloads of its BackupClients, whose Secret carries both CAs, to restart before its server switches: nothing tells when they read their Secret.")
 	flag.BoolVar(&o.Requests, "requests", false, "Carry out requests from the cluster (GuestSnapshot; alpha): their API must be installed (the chart's requests.enabled).")
 	flag.Parse()
 

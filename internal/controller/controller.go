@@ -52,6 +52,10 @@ type Options struct {
 	// CA at least (kopiaserver.Reconciler.CARotationMinOverlap); 0: its
 	// default.
 	CARotationMinOverlap time.Duration
+	// CARotationClientOverlap is how long a CA rotation gives BackupClients'
+	// workloads (kopiaserver.Reconciler.CARotationClientOverlap); 0: its
+	// default.
+	CARotationClientOverlap time.Duration
 }
 
 // Scheme is the controller's scheme: the binaries' (manager.NewScheme) and
@@ -73,7 +77,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("the controller's namespace is required")
 	}
 	r := &kopiaserver.Reconciler{Image: o.Image, ControllerNamespace: o.Namespace, ActivityInterval: o.ActivityInterval, CertManagerCA: o.CertManagerCA,
-		MaintenanceClusterRole: o.MaintenanceClusterRole, Requests: o.Requests, CARotationMinOverlap: o.CARotationMinOverlap}
+		MaintenanceClusterRole: o.MaintenanceClusterRole, Requests: o.Requests, CARotationMinOverlap: o.CARotationMinOverlap,
+		CARotationClientOverlap: o.CARotationClientOverlap}
 	if err := r.SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("set up the BackupStorageLocationServer controller: %w", err)
 	}

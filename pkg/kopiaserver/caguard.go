@@ -156,6 +156,10 @@ type caGuardInputs struct {
 	CA, Rescue *corev1.Secret
 	// Pin is status.tlsFingerprint, the CA guests trust ("": none yet).
 	Pin string
+	// NextPin is status.caRotation.nextFingerprint while the CA rotates:
+	// guests trust it too, and it is the Secret's own CA from the switch
+	// until the status says so.
+	NextPin string
 	// OwnCopy: Rescue is a copy the controller made of the CA Secret being
 	// deleted (ownRescue), trusted or not.
 	OwnCopy bool
@@ -223,7 +227,7 @@ func decideCAGuard(in caGuardInputs) caGuardAction {
 		// (a CA nobody trusts, copied by an earlier release): of no use,
 		// and no reason to hold the deletion.
 		return caDiscard
-	case terminating && untrustedCA(ca, in.Pin) != "":
+	case terminating && untrustedCA(ca, in.Pin, in.NextPin) != "":
 		return caLetGo
 	case terminating && in.Rescue != nil:
 		return caBlocked
@@ -252,10 +256,11 @@ func ownRescue(b *v1alpha1.BackupStorageLocationServer, ca, rescue *corev1.Secre
 }
 
 // untrustedCA says why the CA Secret ca holds no CA guests trust, given
-// their pin ("": they trust it): its certificate and key must match, and
-// the certificate's SHA-256 must be the non-empty pin. Not the parser's
+// their pin and the next CA of a rotation under way ("": they trust it):
+// its certificate and key must match, and the certificate's SHA-256 must
+// be the non-empty pin, or next. Not the parser's
 // words beyond the standard library's error, which quotes no key.
-func untrustedCA(ca *corev1.Secret, pin string) string {
+func untrustedCA(ca *corev1.Secret, pin, next string) string {
 	crt, key := ca.Data[corev1.TLSCertKey], ca.Data[corev1.TLSPrivateKeyKey]
 	if _, err := tls.X509KeyPair(crt, key); err != nil {
 		return fmt.Sprintf("its %s and %s are not a matching certificate and key (%v)", corev1.TLSCertKey, corev1.TLSPrivateKeyKey, err)
@@ -263,7 +268,7 @@ func untrustedCA(ca *corev1.Secret, pin string) string {
 	if pin == "" {
 		return "no CA is pinned yet (status.tlsFingerprint is empty): no guest trusts one"
 	}
-	if got := fingerprintOf(crt); got != pin {
+	if got := fingerprintOf(crt); got != pin && (next == "" || got != next) {
 		return fmt.Sprintf("its CA (SHA-256 %s) is not the one guests trust (status.tlsFingerprint %s)", got, pin)
 	}
 	return ""
@@ -393,6 +398,9 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			return 0, err
 		}
 		in := caGuardInputs{CA: ca, Pin: b.Status.TLSFingerprint, CertManager: certManager}
+		if rot := b.Status.CARotation; rot != nil {
+			in.NextPin = rot.NextFingerprint
+		}
 		if in.Rescue, err = r.optionalSecret(ctx, rescueKey); err != nil {
 			return 0, err
 		}
@@ -453,7 +461,7 @@ func (r *Reconciler) guardCA(ctx context.Context, b *v1alpha1.BackupStorageLocat
 			}
 			r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCASecretNotKept,
 				"Secret %s/%s was deleted and is let go without a copy: %s. A CA is issued in its place: the one guests trust, made again, when its key is derived from the repository password (CASecretRemade), else a new one that guests refuse until their VM restarts (CAChanged). To replace the CA on purpose, annotate the Secret %s before deleting it",
-				ca.Namespace, ca.Name, untrustedCA(ca, in.Pin), AnnotationReplaceCA)
+				ca.Namespace, ca.Name, untrustedCA(ca, in.Pin, in.NextPin), AnnotationReplaceCA)
 		case caRescue:
 			s, err := rescueSecret(b, ca)
 			if err != nil {

@@ -265,16 +265,18 @@ func TestUntrustedCA(t *testing.T) {
 		name string
 		ca   *corev1.Secret
 		pin  string
+		next string
 		why  string
 	}{
-		{"the pinned CA with its key", f.ca(f.k1, "uid-1", nil, true, nil), f.k1.pin, ""},
-		{"corrupt", corrupt, f.k1.pin, "not a matching certificate and key"},
-		{"the pinned certificate with another key", mismatched, f.k1.pin, "not a matching certificate and key"},
-		{"no pin yet", f.ca(f.k1, "uid-1", nil, true, nil), "", "no CA is pinned yet"},
-		{"another CA than the pin", f.ca(f.k2, "uid-1", nil, true, nil), f.k1.pin, "(SHA-256 " + f.k2.pin + ") is not the one guests trust"},
+		{"the pinned CA with its key", f.ca(f.k1, "uid-1", nil, true, nil), f.k1.pin, "", ""},
+		{"corrupt", corrupt, f.k1.pin, "", "not a matching certificate and key"},
+		{"the pinned certificate with another key", mismatched, f.k1.pin, "", "not a matching certificate and key"},
+		{"no pin yet", f.ca(f.k1, "uid-1", nil, true, nil), "", "", "no CA is pinned yet"},
+		{"another CA than the pin", f.ca(f.k2, "uid-1", nil, true, nil), f.k1.pin, "", "(SHA-256 " + f.k2.pin + ") is not the one guests trust"},
+		{"the next CA of a rotation, switched to before the status says so", f.ca(f.k2, "uid-1", nil, true, nil), f.k1.pin, f.k2.pin, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			why := untrustedCA(tc.ca, tc.pin)
+			why := untrustedCA(tc.ca, tc.pin, tc.next)
 			if (tc.why == "") != (why == "") || !strings.Contains(why, tc.why) {
 				t.Errorf("untrustedCA = %q, want %q", why, tc.why)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -13,7 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/credentials"
+	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
@@ -33,6 +34,11 @@ const AnnotationRotateCA = "guestbackup.io/rotate-ca"
 // AnnotationCARotationStarted (controller) on Secret <bsls>-ca is when the
 // rotation under way began (RFC 3339).
 const AnnotationCARotationStarted = "guestbackup.io/ca-rotation-started"
+
+// AnnotationCARotationSwitched (controller) on Secret <bsls>-ca marks a
+// switch whose derived key generation is not raised yet
+// (alignCAKeyGeneration).
+const AnnotationCARotationSwitched = "guestbackup.io/ca-rotation-switched"
 
 // Keys of Secret <bsls>-ca that hold the next CA while the CA rotates.
 const (
@@ -59,6 +65,11 @@ const (
 // the BSLS before the rotation began gets a bootstrap without the next CA,
 // and the controller's view must have caught up with it.
 const DefaultCARotationMinOverlap = 2 * time.Minute
+
+// DefaultCARotationClientOverlap is how long a rotation gives the
+// workloads of BackupClients to restart with the next CA: nothing tells
+// when they read their Secret.
+const DefaultCARotationClientOverlap = 24 * time.Hour
 
 // caRotationRecheck is how often a rotation that waits for guests looks at
 // their instances again: the reconciler does not watch them.
@@ -106,27 +117,33 @@ func decideRotation(reason string, hasNext bool, waiting int, started, now time.
 	return rotationSwitch
 }
 
+// guestTrustMargin is how much later than a bootstrap's render an
+// instance must be created to count as one whose guest read it: the
+// controller's clock, which stamps the render, and the kubelet's view of
+// the Secret may trail the API server's.
+const guestTrustMargin = 5 * time.Second
+
 // guestWaits says whether the guest of the VM whose credential Secret is
 // secret, running as instance vmi (nil: none), may not trust the CAs whose
 // PEM sums to bundleSum (vmsecret.CASum): its bootstrap does not carry
-// them yet, or its virt-launcher started before it did (KubeVirt reads the
-// Secret then; credentials.LauncherStarted). A VM that runs no guest reads
-// the bootstrap as it is at its next start. Times have a resolution of a
-// second: a launcher started in the second the bootstrap changed counts as
-// one that read it, as a rotated password's grace period does.
+// them yet, or its instance was created before the bootstrap did (plus
+// guestTrustMargin). The kubelet reads the Secret for the instance's
+// virt-launcher pod, which comes after the instance, so an instance
+// created after the render read it; one created before may have read
+// either, and counts as one that did not. A VM that runs no guest reads
+// the bootstrap as it is at its next start.
 func guestWaits(secret *corev1.Secret, vmi *kubevirtv1.VirtualMachineInstance, bundleSum string) (bool, string) {
 	_, caSum := vmsecret.Rendered(secret)
 	rendered, since := vmsecret.RenderedCAAt(secret)
-	started, running := credentials.LauncherStarted(vmi)
 	switch {
 	case caSum != bundleSum || !since:
 		return true, "its bootstrap does not carry the next CA yet"
-	case vmi == nil || vmi.IsFinal() || !running:
+	case vmi == nil || vmi.IsFinal():
 		return false, "it reads its bootstrap at its next start"
-	case started.Before(rendered.Truncate(time.Second)):
-		return true, fmt.Sprintf("its guest booted at %s, before its bootstrap carried the next CA (%s): restart it", started.UTC().Format(time.RFC3339), rendered.UTC().Format(time.RFC3339))
+	case vmi.CreationTimestamp.Time.Before(rendered.Add(guestTrustMargin)):
+		return true, fmt.Sprintf("its instance was created at %s, before its bootstrap carried the next CA (%s): restart it", vmi.CreationTimestamp.UTC().Format(time.RFC3339), rendered.UTC().Format(time.RFC3339))
 	}
-	return false, "its guest booted with the next CA"
+	return false, "its instance was created after its bootstrap carried the next CA"
 }
 
 // rotationOf reads the rotation Secret ca holds; nil when none, or when ca
@@ -150,15 +167,32 @@ func rotationOf(ca *corev1.Secret) *caRotation {
 	return &caRotation{current: current, next: next, reason: ca.Annotations[AnnotationRotateCA], started: started}
 }
 
-// waitingGuests lists the VMs of b whose guests may not trust bundle yet
-// (guestWaits), namespace/name, sorted.
-func (r *Reconciler) waitingGuests(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, bundle []byte) ([]string, error) {
-	secrets := &corev1.SecretList{}
-	if err := r.Client.List(ctx, secrets, client.MatchingLabels(vmsecret.ServerLabels(client.ObjectKeyFromObject(b)))); err != nil {
-		return nil, fmt.Errorf("list the credential Secrets of BackupStorageLocationServer %s: %w", b.Name, err)
+// clientWaits says whether the workload of a BackupClient whose Secret is
+// secret may not trust the CAs of bundle yet: its Secret does not carry
+// them, or the rotation, begun at started, has not lasted overlap by now.
+// A workload reads its Secret when it starts, and nothing tells when that
+// is, so it is given time to restart.
+func clientWaits(secret *corev1.Secret, bundle []byte, started, now time.Time, overlap time.Duration) (bool, string) {
+	switch until := started.Add(overlap); {
+	case secret == nil || string(secret.Data[clientsecret.KeyCA]) != string(bundle):
+		return true, "its Secret does not carry the next CA yet"
+	case now.Before(until):
+		return true, fmt.Sprintf("its workload reads the CA when it starts: restart it before %s", until.UTC().Format(time.RFC3339))
 	}
+	return false, "its Secret has carried the next CA for the clients' overlap"
+}
+
+// waitingFor lists the VMs of b whose guests may not trust rot's CAs yet
+// (guestWaits), and its BackupClients whose workloads may not
+// (clientWaits), namespace/name, sorted.
+func (r *Reconciler) waitingFor(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, rot *caRotation) (vms, clients []string, err error) {
+	server := client.ObjectKeyFromObject(b)
+	secrets := &corev1.SecretList{}
+	if err := r.Client.List(ctx, secrets, client.MatchingLabels(vmsecret.ServerLabels(server))); err != nil {
+		return nil, nil, fmt.Errorf("list the credential Secrets of BackupStorageLocationServer %s: %w", b.Name, err)
+	}
+	bundle := rot.bundle()
 	sum := vmsecret.CASum(bundle)
-	var waiting []string
 	for i := range secrets.Items {
 		s := &secrets.Items[i]
 		vm := vmsecret.VM(s)
@@ -168,31 +202,56 @@ func (r *Reconciler) waitingGuests(ctx context.Context, b *v1alpha1.BackupStorag
 		vmi := &kubevirtv1.VirtualMachineInstance{}
 		switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: vm}, vmi); {
 		case client.IgnoreNotFound(err) != nil:
-			return nil, fmt.Errorf("get VirtualMachineInstance %s/%s: %w", s.Namespace, vm, err)
+			return nil, nil, fmt.Errorf("get VirtualMachineInstance %s/%s: %w", s.Namespace, vm, err)
 		case err != nil:
 			vmi = nil
 		}
 		if waits, _ := guestWaits(s, vmi, sum); waits {
-			waiting = append(waiting, s.Namespace+"/"+vm)
+			vms = append(vms, s.Namespace+"/"+vm)
 		}
 	}
-	slices.Sort(waiting)
-	return waiting, nil
+	all, clientSecrets, err := r.clientsOf(ctx, server)
+	if err != nil {
+		return nil, nil, err
+	}
+	now := r.Clock.Now()
+	for i := range all {
+		c := &all[i]
+		if c.Spec.Server != (v1alpha1.ServerReference{Namespace: server.Namespace, Name: server.Name}) || !c.DeletionTimestamp.IsZero() {
+			continue
+		}
+		s := clientSecrets[types.NamespacedName{Namespace: c.Namespace, Name: clientsecret.Name(c)}]
+		if !clientsecret.IsOf(s, c) {
+			s = nil
+		}
+		if waits, _ := clientWaits(s, bundle, rot.started, now, r.caRotationClientOverlap()); waits {
+			clients = append(clients, c.Namespace+"/"+c.Name)
+		}
+	}
+	slices.Sort(vms)
+	slices.Sort(clients)
+	return vms, clients, nil
 }
 
 // rotateCA carries out the rotation Secret ca (the controller's own CA,
 // which exists) asks for, and returns the rotation that stands after this
 // pass (nil when none) and the guests it waits for.
-func (r *Reconciler) rotateCA(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, ca *corev1.Secret) (*caRotation, []string, error) {
+func (r *Reconciler) rotateCA(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, ca *corev1.Secret) (*caRotation, waitingList, error) {
 	if !ca.DeletionTimestamp.IsZero() {
-		return nil, nil, nil // the guard's to handle
+		return nil, waitingList{}, nil // the guard's to handle
+	}
+	if err := r.alignCAKeyGeneration(ctx, b, ca); err != nil {
+		return nil, waitingList{}, err
+	}
+	if _, err := pki.ParseCA(ca.Data[corev1.TLSCertKey], ca.Data[corev1.TLSPrivateKeyKey]); err != nil {
+		return nil, waitingList{}, nil // TLSSecretInvalid says what is wrong with it
 	}
 	rot := rotationOf(ca)
-	var waiting []string
+	var waiting waitingList
 	if rot != nil && rot.reason != "" {
 		var err error
-		if waiting, err = r.waitingGuests(ctx, b, rot.bundle()); err != nil {
-			return nil, nil, err
+		if waiting.vms, waiting.clients, err = r.waitingFor(ctx, b, rot); err != nil {
+			return nil, waiting, err
 		}
 	}
 	now := r.Clock.Now()
@@ -200,9 +259,9 @@ func (r *Reconciler) rotateCA(ctx context.Context, b *v1alpha1.BackupStorageLoca
 	if rot != nil {
 		started = rot.started
 	}
-	switch decideRotation(ca.Annotations[AnnotationRotateCA], rot != nil, len(waiting), started, now, r.caRotationMinOverlap()) {
+	switch decideRotation(ca.Annotations[AnnotationRotateCA], rot != nil, waiting.count(), started, now, r.caRotationMinOverlap()) {
 	case rotationNone:
-		return nil, nil, nil
+		return nil, waitingList{}, nil
 	case rotationWait:
 		return rot, waiting, nil
 	case rotationCancel:
@@ -212,28 +271,29 @@ func (r *Reconciler) rotateCA(ctx context.Context, b *v1alpha1.BackupStorageLoca
 			delete(s.Annotations, AnnotationCARotationStarted)
 		})
 		if err != nil {
-			return nil, nil, err
+			return nil, waitingList{}, err
 		}
 		r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCARotationCancelled,
 			"The rotation of the CA was called off (annotation %s removed from Secret %s): the server keeps CA SHA-256 %s, and guests are given it alone again",
 			AnnotationRotateCA, ca.Name, pki.Fingerprint(rot.current.Cert))
-		return nil, nil, nil
+		return nil, waitingList{}, nil
 	case rotationStart:
 		rot, err := r.startCARotation(ctx, b, ca)
 		if err != nil {
-			return nil, nil, err
+			return nil, waiting, err
 		}
-		waiting, err := r.waitingGuests(ctx, b, rot.bundle())
+		waiting.vms, waiting.clients, err = r.waitingFor(ctx, b, rot)
 		return rot, waiting, err
 	}
-	// rotationSwitch. A derived key moves to the next generation first, so
-	// that a CA Secret lost from now on is made again with the next key.
-	if err := r.nextCAKeyGeneration(ctx, b, ca); err != nil {
-		return nil, nil, err
-	}
+	// rotationSwitch: the Secret first, then the derived key's generation
+	// (alignCAKeyGeneration), which every pass puts right after a crash
+	// between the two. Raised first, a switch that then failed (a
+	// conflict, a crash) would have left a generation whose key the
+	// server does not use, for as long as the rotation waited or if it
+	// was called off.
 	key, err := rot.next.KeyPEM()
 	if err != nil {
-		return nil, nil, err
+		return nil, waitingList{}, err
 	}
 	err = r.patchCA(ctx, ca, func(s *corev1.Secret) {
 		s.Data[corev1.TLSCertKey], s.Data[corev1.TLSPrivateKeyKey] = rot.next.CertPEM(), key
@@ -241,14 +301,18 @@ func (r *Reconciler) rotateCA(ctx context.Context, b *v1alpha1.BackupStorageLoca
 		delete(s.Data, NextCAKeyKey)
 		delete(s.Annotations, AnnotationCARotationStarted)
 		delete(s.Annotations, AnnotationRotateCA)
+		s.Annotations[AnnotationCARotationSwitched] = now.UTC().Format(time.RFC3339)
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, waitingList{}, err
+	}
+	if err := r.alignCAKeyGeneration(ctx, b, ca); err != nil {
+		return nil, waitingList{}, err
 	}
 	r.Recorder.Eventf(b, corev1.EventTypeNormal, ReasonCARotated,
 		"The server switches from CA SHA-256 %s to SHA-256 %s (%s): every guest that runs booted trusting both, given since %s; the server's certificate is issued again under the new CA",
 		pki.Fingerprint(rot.current.Cert), pki.Fingerprint(rot.next.Cert), rot.reason, rot.started.UTC().Format(time.RFC3339))
-	return nil, nil, nil
+	return nil, waitingList{}, nil
 }
 
 // startCARotation issues the next CA into Secret ca, beside the current
@@ -302,17 +366,46 @@ func (r *Reconciler) startCARotation(ctx context.Context, b *v1alpha1.BackupStor
 }
 
 // refuseRotation says, on b, that the rotation annotated on its CA Secret
-// is not carried out: cert-manager issues that CA, and rotates it as its
-// Certificate says.
+// is not carried out: cert-manager signs the server's certificates from
+// that CA (whoever issued it), and would go on signing with the CA the
+// Secret holds. The recorder folds the repeats of one Event into a count.
 func (r *Reconciler) refuseRotation(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
 	ca, err := r.optionalSecret(ctx, types.NamespacedName{Namespace: b.Namespace, Name: CASecretName(b)})
 	if err != nil || ca == nil || ca.Annotations[AnnotationRotateCA] == "" {
 		return err
 	}
 	r.Recorder.Eventf(b, corev1.EventTypeWarning, ReasonCARotationNotSupported,
-		"Secret %s is annotated %s, but cert-manager issues this CA (Certificate %s): the controller rotates only a CA it issues itself. Replace it as docs/backupstoragelocationserver.md says (annotate %s, then delete the Secret), planning VM restarts, and remove %s",
-		ca.Name, AnnotationRotateCA, CACertificateName(b), AnnotationReplaceCA, AnnotationRotateCA)
+		"Secret %s is annotated %s, but cert-manager signs this server's certificates (Issuer %s): the controller rotates its CA only when it signs them itself. Replace the CA as docs/backupstoragelocationserver.md says (annotate %s, then delete the Secret), planning VM restarts, and remove %s",
+		ca.Name, AnnotationRotateCA, CAIssuerName(b), AnnotationReplaceCA, AnnotationRotateCA)
 	return nil
+}
+
+// alignCAKeyGeneration raises the generation on the repository password
+// Secret when Secret ca holds the next generation's derived key: a
+// rotation switched the Secret and did not get to raise it. A new cluster
+// given the password then makes the key the server uses.
+func (r *Reconciler) alignCAKeyGeneration(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, ca *corev1.Secret) error {
+	if ca.Annotations[AnnotationCARotationSwitched] == "" {
+		return nil
+	}
+	password, err := r.passwordSecret(ctx, b)
+	if err != nil {
+		return err
+	}
+	keys := caKeySourceOf(b, password)
+	keys.Generation++
+	ahead, err := keys.isCurrentKey(b, ca)
+	if err != nil {
+		return err
+	}
+	if ahead {
+		patch := client.MergeFromWithOptions(password.DeepCopy(), client.MergeFromWithOptimisticLock{})
+		password.Annotations[AnnotationCAKeyGeneration] = strconv.Itoa(keys.Generation)
+		if err := r.Client.Patch(ctx, password, patch); err != nil {
+			return fmt.Errorf("raise %s on Secret %s: %w", AnnotationCAKeyGeneration, password.Name, err)
+		}
+	}
+	return r.patchCA(ctx, ca, func(s *corev1.Secret) { delete(s.Annotations, AnnotationCARotationSwitched) })
 }
 
 // patchCA changes Secret ca as change says, locked to the version read:
@@ -329,6 +422,13 @@ func (r *Reconciler) patchCA(ctx context.Context, ca *corev1.Secret, change func
 	return nil
 }
 
+func (r *Reconciler) caRotationClientOverlap() time.Duration {
+	if r.CARotationClientOverlap > 0 {
+		return r.CARotationClientOverlap
+	}
+	return DefaultCARotationClientOverlap
+}
+
 func (r *Reconciler) caRotationMinOverlap() time.Duration {
 	if r.CARotationMinOverlap > 0 {
 		return r.CARotationMinOverlap
@@ -343,17 +443,31 @@ func rotatedCAChange(before, after string, started metav1.Time) string {
 		before, after, started.UTC().Format(time.RFC3339))
 }
 
-// rotationStatus is status.caRotation for rot, waiting for the VMs named.
-func rotationStatus(rot *caRotation, waiting []string) *v1alpha1.CARotationStatus {
+// waitingList is what a rotation waits for: VMs and BackupClients,
+// namespace/name.
+type waitingList struct {
+	vms, clients []string
+}
+
+func (w waitingList) count() int { return len(w.vms) + len(w.clients) }
+
+// rotationStatus is status.caRotation for rot, waiting for those named.
+func rotationStatus(rot *caRotation, waiting waitingList) *v1alpha1.CARotationStatus {
 	if rot == nil {
 		return nil
 	}
-	st := &v1alpha1.CARotationStatus{
+	return &v1alpha1.CARotationStatus{
 		NextFingerprint: pki.Fingerprint(rot.next.Cert), Reason: rot.reason,
-		StartTime: metav1.Time{Time: rot.started}, Waiting: int32(min(len(waiting), 1<<30)), //nolint:gosec // bounded
+		StartTime: metav1.Time{Time: rot.started}, Waiting: int32(min(waiting.count(), 1<<30)), //nolint:gosec // bounded
+		WaitingVMs:     firstOf(waiting.vms),
+		WaitingClients: firstOf(waiting.clients),
 	}
-	if len(waiting) > 0 {
-		st.WaitingVMs = slices.Clone(waiting[:min(len(waiting), maxWaitingVMs)])
+}
+
+// firstOf is up to maxWaitingVMs of names, nil for none.
+func firstOf(names []string) []string {
+	if len(names) == 0 {
+		return nil
 	}
-	return st
+	return slices.Clone(names[:min(len(names), maxWaitingVMs)])
 }

@@ -8,6 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 
+	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
@@ -45,19 +46,16 @@ func TestGuestWaits(t *testing.T) {
 		vmsecret.SetRendered(s, "https://main.backup.svc:51515", ca, at)
 		return s
 	}
-	// running is an instance whose virt-launcher started (Scheduled) at
-	// the time given.
-	running := func(scheduled time.Time) *kubevirtv1.VirtualMachineInstance {
-		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(scheduled.Add(-time.Minute))}}
+	// created is a running instance the API server created at the time
+	// given.
+	created := func(at time.Time) *kubevirtv1.VirtualMachineInstance {
+		vmi := &kubevirtv1.VirtualMachineInstance{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.NewTime(at)}}
 		vmi.Status.Phase = kubevirtv1.Running
-		vmi.Status.PhaseTransitionTimestamps = []kubevirtv1.VirtualMachineInstancePhaseTransitionTimestamp{
-			{Phase: kubevirtv1.Scheduled, PhaseTransitionTimestamp: metav1.NewTime(scheduled)},
-		}
 		return vmi
 	}
-	pending := &kubevirtv1.VirtualMachineInstance{}
+	pending := created(renderedAt.Add(-time.Hour))
 	pending.Status.Phase = kubevirtv1.Scheduling
-	succeeded := running(renderedAt.Add(-time.Hour))
+	succeeded := created(renderedAt.Add(-time.Hour))
 	succeeded.Status.Phase = kubevirtv1.Succeeded
 	withoutRecord := secret(bundle, renderedAt)
 	delete(withoutRecord.Annotations, vmsecret.AnnotationRenderedCAAt)
@@ -71,16 +69,42 @@ func TestGuestWaits(t *testing.T) {
 		{"a bootstrap without the next CA", secret([]byte("current"), renderedAt), nil, true},
 		{"a bootstrap that does not say since when it carries it", withoutRecord, nil, true},
 		{"no instance: its next start reads the bootstrap", secret(bundle, renderedAt), nil, false},
-		{"an instance whose launcher has not started", secret(bundle, renderedAt), pending, false},
 		{"an instance that ended", secret(bundle, renderedAt), succeeded, false},
-		{"a guest booted before its bootstrap carried the next CA", secret(bundle, renderedAt), running(renderedAt.Add(-time.Hour)), true},
-		{"a guest booted in the second its bootstrap changed", secret(bundle, renderedAt), running(renderedAt.Truncate(time.Second)), false},
-		{"a guest booted after", secret(bundle, renderedAt), running(renderedAt.Add(time.Minute)), false},
+		{"a guest started before its bootstrap carried the next CA", secret(bundle, renderedAt), created(renderedAt.Add(-time.Hour)), true},
+		{"an instance created before, whose launcher has not started: it may read either", secret(bundle, renderedAt), pending, true},
+		{"an instance created within the margin of the render", secret(bundle, renderedAt), created(renderedAt.Add(guestTrustMargin - time.Second)), true},
+		{"an instance created after, past the margin", secret(bundle, renderedAt), created(renderedAt.Add(guestTrustMargin)), false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, why := guestWaits(tt.secret, tt.vmi, vmsecret.CASum(bundle))
 			if got != tt.want || why == "" {
 				t.Errorf("guestWaits = %v (%q), want %v", got, why, tt.want)
+			}
+		})
+	}
+}
+
+func TestClientWaits(t *testing.T) {
+	bundle := []byte("current and next")
+	started := time.Date(2026, 12, 7, 10, 0, 0, 0, time.UTC)
+	overlap := 24 * time.Hour
+	carrying := func(ca []byte) *corev1.Secret {
+		return &corev1.Secret{Data: map[string][]byte{clientsecret.KeyCA: ca}}
+	}
+	for _, tt := range []struct {
+		name   string
+		secret *corev1.Secret
+		now    time.Time
+		want   bool
+	}{
+		{"no Secret yet", nil, started.Add(48 * time.Hour), true},
+		{"a Secret with the current CA alone", carrying([]byte("current")), started.Add(48 * time.Hour), true},
+		{"both CAs, within the clients' overlap", carrying(bundle), started.Add(overlap - time.Second), true},
+		{"both CAs, the overlap over", carrying(bundle), started.Add(overlap), false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got, why := clientWaits(tt.secret, bundle, started, tt.now, overlap); got != tt.want || why == "" {
+				t.Errorf("clientWaits = %v (%q), want %v", got, why, tt.want)
 			}
 		})
 	}

@@ -320,7 +320,7 @@ func (r *Reconciler) selfManagedCertificate(ctx context.Context, b *v1alpha1.Bac
 	}
 	var (
 		rotation *caRotation
-		waiting  []string
+		waiting  waitingList
 	)
 	if len(caSecret.Data[corev1.TLSCertKey]) > 0 {
 		var err error

@@ -126,6 +126,10 @@ type Reconciler struct {
 	// CA at least before the server switches; default
 	// DefaultCARotationMinOverlap.
 	CARotationMinOverlap time.Duration
+	// CARotationClientOverlap is how long a CA rotation gives the
+	// workloads of BackupClients to restart with the next CA; default
+	// DefaultCARotationClientOverlap.
+	CARotationClientOverlap time.Duration
 
 	// grantRefusals and userRefusals are the refusals already announced
 	// (RestoreAccessRefused on a VM, UserRefused on the BSLS).

@@ -85,7 +85,7 @@ func startCluster() *cluster {
 	DeferCleanup(c.lose)
 	o := local.ControllerOptions()
 	// A CA rotation's least overlap, as short as a spec can wait.
-	o.CARotationMinOverlap = 5 * time.Second
+	o.CARotationMinOverlap, o.CARotationClientOverlap = 5*time.Second, 5*time.Second
 	c.Platform = local.Start(c, local.Options{Logger: GinkgoLogr, Controller: &o})
 	return c
 }
