@@ -91,12 +91,15 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	if err != nil {
 		return err
 	}
-	if prev != nil && prev.Ended != nil {
+	switch {
+	case prev != nil && prev.Ended != nil:
 		s.noteEnded(uid)
 		if phase == string(v1alpha1.PhaseRunning) {
 			return clientserver.ErrRequestEnded
 		}
 		return nil // answered already: a retry of the same ending changes nothing
+	case prev != nil && phase == string(v1alpha1.PhaseRunning):
+		return nil // known to run: a guest's repeated Running costs no write
 	}
 	now := s.now()
 	res := activity.Result{UID: uid, Phase: phase, Message: message, Started: now}
@@ -164,9 +167,10 @@ func verify(res *activity.Result, r userset.Request) {
 }
 
 // askedRequests reads which requests the users Secrets list, as a keep
-// function for activity.Merge, and a digest of them that changes when
-// they do; nil and "" while a shard cannot be read (nothing is dropped
-// then). It forgets the endings of requests no longer listed.
+// function for activity.Merge (which drops the results of requests this
+// pod saw listed and no longer does), and a digest of them that changes
+// when they do; nil and "" while a shard cannot be read (nothing is
+// dropped then). It forgets the endings of requests no longer listed.
 func (s *Syncer) askedRequests(lister corelisters.SecretNamespaceLister) (keep func(user string, r activity.Result) bool, digest string) {
 	listed, uids := map[string]bool{}, map[string]bool{}
 	for shard := range userset.Shards {
@@ -180,9 +184,18 @@ func (s *Syncer) askedRequests(lister corelisters.SecretNamespaceLister) (keep f
 	}
 	s.mu.Lock()
 	maps.DeleteFunc(s.ended, func(uid string, _ bool) bool { return !uids[uid] })
+	if s.seenListed == nil {
+		s.seenListed = map[string]bool{}
+	}
+	maps.Copy(s.seenListed, listed)
+	seen := maps.Clone(s.seenListed)
 	s.mu.Unlock()
 	keys := slices.Sorted(maps.Keys(listed))
-	return func(user string, r activity.Result) bool { return listed[user+" "+r.UID] }, strings.Join(keys, "\n") + "\n"
+	// A request this pod's Secrets do not list yet (its informer trails
+	// another pod's) keeps the results that pod recorded: only one seen
+	// listed here, then no longer, is one the controller recorded.
+	keep = func(user string, r activity.Result) bool { k := user + " " + r.UID; return listed[k] || !seen[k] }
+	return keep, strings.Join(keys, "\n") + "\n"
 }
 
 // now is the time on the Syncer's clock, to the second.

@@ -266,6 +266,10 @@ type Syncer struct {
 	// the repository.
 	ended     map[string]bool
 	verifying sync.Mutex
+	// seenListed are the requests the users Secrets listed at some
+	// publish, by "user uid", for as long as the process lives (a request
+	// is a line of a Secret; they are few).
+	seenListed map[string]bool
 	// asked is the digest of the requests the users Secrets listed at the
 	// last publish of activity (askedRequests); only Run's goroutine
 	// touches it.

@@ -230,20 +230,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Eventually(connectTo(server, carol)).WithTimeout(provisioned).Should(Succeed(), "the first replica wrote carol")
 		Expect(connectTo(second, carol)()).To(MatchError(ContainSubstring("access denied")), "the second server loaded the repository before carol")
 
-		r, err := repo.Open(ctx, second.ConfigFile, second.RepoPassword, &repo.Options{})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
-		replica := usersync.New(usersync.Options{
-			Client: kubernetes.NewForConfigOrDie(apiServer.Config), Namespace: namespace, BSLS: bsls, BSLSUID: bslsUID,
-			Repository: r, Server: controlOf(GinkgoT(), second), Log: GinkgoLogr.WithName("second"),
-		})
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- replica.Run(runCtx) }()
-		DeferCleanup(func() {
-			cancel()
-			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
-		})
+		replica := runReplica(second, "second")
 		Eventually(replica.Ready).WithTimeout(provisioned).Should(Succeed())
 		Eventually(connectTo(second, carol)).WithTimeout(provisioned).Should(Succeed(), "the second replica's server knows carol")
 	})
@@ -326,20 +313,7 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		twice := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000004", User: alice.user, Kind: userset.RequestSnapshot, Name: "twice", Paths: []string{data}}
 		writeUsersWithRequests(users, twice)
 
-		r, err := repo.Open(ctx, server.ConfigFile, server.RepoPassword, &repo.Options{})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
-		replica := usersync.New(usersync.Options{
-			Client: kubernetes.NewForConfigOrDie(apiServer.Config), Namespace: namespace, BSLS: bsls, BSLSUID: bslsUID,
-			Repository: r, Server: controlOf(GinkgoT(), server), Log: GinkgoLogr.WithName("replica"),
-		})
-		runCtx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- replica.Run(runCtx) }()
-		DeferCleanup(func() {
-			cancel()
-			Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
-		})
+		replica := runReplica(server, "replica")
 		Eventually(func() ([]userset.Request, error) { return replica.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(twice))
 		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(twice))
 
@@ -375,6 +349,29 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Expect(activityOf(alice.user).Results).To(BeEmpty())
 	})
 })
+
+// runReplica runs the user sync of another server pod of the BSLS, whose
+// Kopia server is srv, with its own view of the repository, until the
+// spec ends.
+func runReplica(srv *testbed.KopiaServer, name string) *usersync.Syncer {
+	GinkgoHelper()
+	ctx := context.Background()
+	r, err := repo.Open(ctx, srv.ConfigFile, srv.RepoPassword, &repo.Options{})
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { Expect(r.Close(context.Background())).To(Succeed()) })
+	replica := usersync.New(usersync.Options{
+		Client: kubernetes.NewForConfigOrDie(apiServer.Config), Namespace: namespace, BSLS: bsls, BSLSUID: bslsUID,
+		Repository: r, Server: controlOf(GinkgoT(), srv), Log: GinkgoLogr.WithName(name),
+	})
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- replica.Run(runCtx) }()
+	DeferCleanup(func() {
+		cancel()
+		Eventually(done).WithTimeout(30 * time.Second).Should(Receive(BeNil()))
+	})
+	return replica
+}
 
 // writeUsersKeeping writes every shard Secret so that they list the users
 // of keep (hashed already) and guests.
