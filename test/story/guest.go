@@ -22,9 +22,9 @@ const ReportPrelude = `#!/bin/sh
 
 // WebConfig is the first VM owner's own inline cloud-config: a file to back
 // up, another to back up when asked from the cluster, a marker, and a
-// report that waits for the guest's answer to that request and restores
-// the file from the guest's first snapshot after deleting it, then powers
-// the guest off.
+// report that waits for the guest's answer to that request, restores the
+// asked-for file from the snapshot it took, and restores the file from the
+// guest's first snapshot after deleting it, then powers the guest off.
 const WebConfig = `#cloud-config
 write_files:
 - path: /srv/data/hello.txt
@@ -41,6 +41,12 @@ write_files:
     while [ $i -lt 300 ] && ! [ -s /var/lib/guestbackup/requests/answered ]; do sleep 2; i=$((i+2)); done
     say "requested $(cat /var/lib/guestbackup/requests/answered 2>/dev/null)"
     journalctl --no-pager -u guestbackup-requests | tail -n 8 | sed 's/^/GB-E2E-LOG /' >/dev/console
+    asked=$(snapshot_id /srv/asked)
+    if guestbackup-kopia restore "$asked/note.txt" /var/tmp/asked.txt >/var/tmp/asked.log 2>&1 && cmp -s /srv/asked/note.txt /var/tmp/asked.txt; then
+      say "asked-restore $asked identical $(sha256sum </var/tmp/asked.txt | cut -d' ' -f1)"
+    else
+      say "asked-restore $asked failed $(tail -n 3 /var/tmp/asked.log | tr '\n' ' ')"
+    fi
     say "snapshots $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"')"
     id=$(snapshot_id /srv/data)
     cp /srv/data/hello.txt /var/tmp/hello.orig

@@ -194,6 +194,10 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring(`"tag:why":"upgrade"`))
 
+		By("restoring from it, inside the guest, what the guest had, byte for byte")
+		note := sha256.Sum256([]byte("asked for from the cluster\n"))
+		Expect(Markers(web.console)).To(HaveKeyWithValue("asked-restore", ids[0]+" identical "+hex.EncodeToString(note[:])))
+
 		By("saying so, naming who asked, on the request and on the VM")
 		taken := HavePrefix("Normal SnapshotTaken: Snapshot requested by " + requester + " (" + asked.Name + ") taken: /srv/asked (" + ids[0] + ")")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
