@@ -191,7 +191,7 @@ var _ = Describe("An admin over the years", Ordered, func() {
 		Eventually(func() int {
 			during = install(first.vmSecret())
 			return bytes.Count(during.CA, []byte("BEGIN CERTIFICATE"))
-		}).WithTimeout(provisionTimeout).WithPolling(2*time.Second).Should(Equal(2))
+		}).WithTimeout(provisionTimeout).WithPolling(2 * time.Second).Should(Equal(2))
 		Expect(during.Password).To(Equal(files.Password), "the same credentials")
 		booted, err := connect(during)
 		Expect(err).NotTo(HaveOccurred())
