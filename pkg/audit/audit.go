@@ -305,10 +305,11 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 		return nil, fmt.Errorf("get activity ConfigMap %s: %w", key, err)
 	}
 	if !metav1.IsControlledBy(cm, server) {
-		// Said to the admin: a ConfigMap of that name made before the
-		// BSLS (restored from a backup, say) is not adopted by its
-		// reconciler, and hides every guest of its shard.
-		log.FromContext(ctx).Info("activity ConfigMap not controlled by its BackupStorageLocationServer: ignored; deleted, it is created again, controlled, at the BackupStorageLocationServer's next reconcile",
+		// Said to the admin: until the BSLS's reconciler adopts a
+		// ConfigMap nothing controls (restored before its BSLS, say), or
+		// for good when another object controls it, every guest of its
+		// shard is hidden.
+		log.FromContext(ctx).Info("activity ConfigMap not controlled by its BackupStorageLocationServer: ignored; one nothing controls is adopted at the BackupStorageLocationServer's next reconcile, another is created again, controlled, once deleted",
 			"configMap", key, "backupStorageLocationServer", bsls)
 		return nil, nil
 	}

@@ -640,6 +640,36 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 		return ca
 	}
 
+	// The audit and the request status believe only the activity a BSLS
+	// controls: a ConfigMap restored before its BSLS would hide its
+	// shard's guests for good.
+	It("adopts an activity ConfigMap that nothing controls, and leaves one another object controls", func() {
+		restored := &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{Name: activity.ConfigMapName("restored", 3), Namespace: ns},
+			Data:       map[string]string{activity.Key: `{"user":"web@team-a","snapshots":2}` + "\n"},
+		}
+		Expect(api.Client.Create(ctx, restored)).To(Succeed())
+		other := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "someone-else", Namespace: ns}}
+		Expect(api.Client.Create(ctx, other)).To(Succeed())
+		taken := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
+			Name: activity.ConfigMapName("restored", 4), Namespace: ns,
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: other.Name, UID: other.UID, Controller: ptr.To(true)}},
+		}}
+		Expect(api.Client.Create(ctx, taken)).To(Succeed())
+		b := create("restored", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem})
+
+		Eventually(func(g Gomega) {
+			cm := &corev1.ConfigMap{}
+			g.Expect(get(restored.Name, cm)()).To(Succeed())
+			g.Expect(metav1.IsControlledBy(cm, bslsNamed(b.Name))).To(BeTrue(), "adopted")
+			g.Expect(cm.Labels).To(HaveKeyWithValue(activity.Label, b.Name))
+			g.Expect(cm.Data).To(Equal(restored.Data), "its content is the server pod's: kept")
+		}).WithTimeout(reconciled).Should(Succeed())
+		cm := &corev1.ConfigMap{}
+		Expect(get(taken.Name, cm)()).To(Succeed())
+		Expect(metav1.GetControllerOf(cm)).To(HaveField("UID", other.UID), "another object's is not taken from it")
+	})
+
 	It("lets go of its CA Secret when the BSLS is deleted: the Secret stays, and whoever deletes it later may", func() {
 		b := create("ca-kept", v1alpha1.BackupStorageLocationServerSpec{Storage: filesystem})
 		ca := &corev1.Secret{}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 
@@ -687,24 +688,64 @@ func vmIdentityChanged() predicate.Predicate {
 
 // activityConfigMaps creates the ConfigMaps the server pod publishes its
 // guests' activity in; their content is the server pod's, never rewritten
-// here.
+// here. One that exists without a controller (restored from a backup
+// before its BSLS, or written by hand) is adopted: the audit and the
+// request status believe only a ConfigMap the BSLS controls, and would
+// otherwise ignore every guest of its shard for good. One that another
+// object controls is left, and logged.
 func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
 	for shard := range userset.Shards {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
 			Name: activity.ConfigMapName(b.Name, shard), Namespace: b.Namespace,
 			Labels: labels.Merge(Labels(b), map[string]string{activity.Label: b.Name}),
 		}}
-		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), &corev1.ConfigMap{}); err == nil {
-			continue
-		} else if !apierrors.IsNotFound(err) {
+		existing := &corev1.ConfigMap{}
+		err := r.Client.Get(ctx, client.ObjectKeyFromObject(cm), existing)
+		if apierrors.IsNotFound(err) {
+			if err := r.own(b, cm); err != nil {
+				return err
+			}
+			err = r.Client.Create(ctx, cm)
+			if !apierrors.IsAlreadyExists(err) {
+				if err != nil {
+					return fmt.Errorf("create ConfigMap %s: %w", cm.Name, err)
+				}
+				continue
+			}
+			// There, without guestbackup's labels, so outside the cache.
+			err = r.APIReader.Get(ctx, client.ObjectKeyFromObject(cm), existing)
+		}
+		if err != nil {
 			return fmt.Errorf("get ConfigMap %s: %w", cm.Name, err)
 		}
-		if err := r.own(b, cm); err != nil {
+		if err := r.adoptActivity(ctx, b, existing, cm.Labels); err != nil {
 			return err
 		}
-		if err := r.Client.Create(ctx, cm); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create ConfigMap %s: %w", cm.Name, err)
-		}
+	}
+	return nil
+}
+
+// adoptActivity makes b the controller of activity ConfigMap cm, with
+// the labels want, when nothing controls it.
+func (r *Reconciler) adoptActivity(ctx context.Context, b *v1alpha1.BackupStorageLocationServer, cm *corev1.ConfigMap, want map[string]string) error {
+	switch owner := metav1.GetControllerOf(cm); {
+	case metav1.IsControlledBy(cm, b):
+		return nil
+	case owner != nil:
+		log.FromContext(ctx).Info("activity ConfigMap controlled by another object: its guests' activity is not believed; delete it for the controller to create it again",
+			"configMap", client.ObjectKeyFromObject(cm), "controller", owner.Kind+"/"+owner.Name)
+		return nil
+	}
+	patch := client.MergeFromWithOptions(cm.DeepCopy(), client.MergeFromWithOptimisticLock{})
+	if cm.Labels == nil {
+		cm.Labels = map[string]string{}
+	}
+	maps.Copy(cm.Labels, want)
+	if err := r.own(b, cm); err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, cm, patch); err != nil {
+		return fmt.Errorf("adopt ConfigMap %s: %w", cm.Name, err)
 	}
 	return nil
 }
