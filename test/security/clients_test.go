@@ -64,7 +64,9 @@ var _ = Describe("A workload with a BackupClient", Ordered, func() {
 		createClient(team, teamNS, "dbdump", server, "")
 		c := waitClientReady(teamNS, "dbdump")
 		Expect(c.Status.Identity).To(Equal("dbdump@" + teamNS + ".client"))
-		Expect(events(teamNS, "dbdump")()).To(ContainElements(
+		// The recorder sends Events on its own, after the status it
+		// decided with: Ready may be read before they are stored.
+		Eventually(events(teamNS, "dbdump")).WithTimeout(provisionTimeout).Should(ContainElements(
 			HavePrefix("Normal CredentialsIssued: Credentials of dbdump@"+teamNS+".client"),
 			HavePrefix("Normal UserProvisioned: User dbdump@"+teamNS+".client is provisioned")))
 
@@ -111,7 +113,7 @@ var _ = Describe("A workload with a BackupClient", Ordered, func() {
 		}).WithTimeout(provisionTimeout).Should(Equal("2"))
 		Expect(after.Data[clientsecret.KeyPassword]).NotTo(Equal(before.Data[clientsecret.KeyPassword]))
 		waitClientReady(teamNS, "dbdump")
-		Expect(events(teamNS, "dbdump")()).To(ContainElement(HavePrefix("Normal CredentialsRotated: Credentials of dbdump@" + teamNS + ".client rotated from generation 1 to 2")))
+		Eventually(events(teamNS, "dbdump")).WithTimeout(provisionTimeout).Should(ContainElement(HavePrefix("Normal CredentialsRotated: Credentials of dbdump@" + teamNS + ".client rotated from generation 1 to 2")))
 
 		Eventually(heldReads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
 			"a session opened with the old password still reads the repository")
