@@ -210,14 +210,14 @@ func (r *Reconciler) waitingFor(ctx context.Context, b *v1alpha1.BackupStorageLo
 			vms = append(vms, s.Namespace+"/"+vm)
 		}
 	}
-	all, clientSecrets, err := r.clientsOf(ctx, server)
+	named, clientSecrets, err := r.clientsOf(ctx, server)
 	if err != nil {
 		return nil, nil, err
 	}
 	now := r.Clock.Now()
-	for i := range all {
-		c := &all[i]
-		if c.Spec.Server != (v1alpha1.ServerReference{Namespace: server.Namespace, Name: server.Name}) || !c.DeletionTimestamp.IsZero() {
+	for i := range named {
+		c := &named[i]
+		if !c.DeletionTimestamp.IsZero() {
 			continue
 		}
 		s := clientSecrets[types.NamespacedName{Namespace: c.Namespace, Name: clientsecret.Name(c)}]

@@ -70,19 +70,19 @@ func CollectClients(set *UserSet, in ClientInputs) {
 	slices.Sort(set.Pending)
 }
 
-// clientsOf reads, from the cache, the BackupClients that name server and
-// the Secrets their credentials go to.
+// clientsOf reads, from the cache, the BackupClients that name server
+// (and no other) and the Secrets their credentials go to.
 func (r *Reconciler) clientsOf(ctx context.Context, server types.NamespacedName) ([]v1alpha1.BackupClient, map[types.NamespacedName]*corev1.Secret, error) {
 	list := &v1alpha1.BackupClientList{}
 	if err := r.Client.List(ctx, list); err != nil {
 		return nil, nil, fmt.Errorf("list BackupClients: %w", err)
 	}
 	secrets := map[types.NamespacedName]*corev1.Secret{}
+	list.Items = slices.DeleteFunc(list.Items, func(c v1alpha1.BackupClient) bool {
+		return c.Spec.Server != (v1alpha1.ServerReference{Namespace: server.Namespace, Name: server.Name})
+	})
 	for i := range list.Items {
 		c := &list.Items[i]
-		if c.Spec.Server != (v1alpha1.ServerReference{Namespace: server.Namespace, Name: server.Name}) {
-			continue
-		}
 		key := types.NamespacedName{Namespace: c.Namespace, Name: clientsecret.Name(c)}
 		s := &corev1.Secret{}
 		switch err := r.Client.Get(ctx, key, s); {
