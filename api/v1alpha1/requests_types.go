@@ -93,7 +93,7 @@ type GuestSnapshotSpec struct {
 
 // PathSnapshot is the snapshot taken of one path.
 type PathSnapshot struct {
-	// Path is the guest path snapshotted.
+	// Path is the guest path snapshotted (of a GuestRestore: restored).
 	Path string `json:"path"`
 	// ID is the Kopia snapshot (manifest) ID.
 	ID string `json:"id"`
@@ -330,9 +330,12 @@ type GuestRestoreStatus struct {
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
-	// SnapshotID is the snapshot the selector chose.
+	// Snapshots are the snapshots the selector chose, one per path: each
+	// path is restored from a snapshot of the source VM's snapshot source
+	// (guest path) that holds it.
+	// +listType=atomic
 	// +optional
-	SnapshotID string `json:"snapshotID,omitempty"`
+	Snapshots []PathSnapshot `json:"snapshots,omitempty"`
 
 	// Progress is what has been written so far, then in all.
 	// +optional
@@ -362,7 +365,7 @@ type GuestRestoreStatus struct {
 // +kubebuilder:resource:categories=guestbackup
 // +kubebuilder:printcolumn:name="VM",type=string,JSONPath=`.spec.vm`
 // +kubebuilder:printcolumn:name="Phase",type=string,JSONPath=`.status.phase`
-// +kubebuilder:printcolumn:name="Snapshot",type=string,JSONPath=`.status.snapshotID`
+// +kubebuilder:printcolumn:name="Snapshot",type=string,JSONPath=`.status.snapshots[0].id`
 // +kubebuilder:printcolumn:name="Source",type=string,JSONPath=`.spec.sourceVM`,priority=1
 // +kubebuilder:printcolumn:name="Requester",type=string,JSONPath=`.spec.requester.username`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`

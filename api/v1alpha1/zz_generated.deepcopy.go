@@ -632,6 +632,11 @@ func (in *GuestRestoreStatus) DeepCopyInto(out *GuestRestoreStatus) {
 			(*in)[i].DeepCopyInto(&(*out)[i])
 		}
 	}
+	if in.Snapshots != nil {
+		in, out := &in.Snapshots, &out.Snapshots
+		*out = make([]PathSnapshot, len(*in))
+		copy(*out, *in)
+	}
 	out.Progress = in.Progress
 	if in.DryRun != nil {
 		in, out := &in.DryRun, &out.DryRun
