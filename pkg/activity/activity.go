@@ -31,10 +31,14 @@ func ConfigMapName(bslsName string, shard int) string {
 	return fmt.Sprintf("%s-activity-%d", bslsName, shard)
 }
 
-// Snapshot is one snapshot, as much of it as an admin audits.
+// Snapshot is one snapshot, as much of it as an admin audits. In a
+// restore's result it is what one path is restored from: Path is the path
+// restored, Root the snapshot's source path that holds it, and Bytes and
+// Files what lies at Path in the snapshot.
 type Snapshot struct {
 	ID    string    `json:"id"`
 	Path  string    `json:"path"`
+	Root  string    `json:"root,omitempty"`
 	Start time.Time `json:"start"`
 	End   time.Time `json:"end"`
 	Bytes int64     `json:"bytes"`
@@ -71,7 +75,9 @@ type Result struct {
 	// Message is the guest's own words, printable and bounded; on failure,
 	// why.
 	Message string `json:"message,omitempty"`
-	// Snapshots are the request's snapshots in the repository.
+	// Snapshots are the request's snapshots in the repository: of a
+	// snapshot request, those taken; of a restore, those its paths are
+	// restored from, chosen when the guest started it.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
 	// Started is when the guest said it started; Ended when it said it
 	// ended (both as its server pod received them).

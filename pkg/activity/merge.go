@@ -84,13 +84,17 @@ func MergeResults(recorded, other []Result) []Result {
 
 // Supersede is what stands of two results to one request, have recorded
 // before next: the first ending; else next, started when have did if
-// that is earlier.
+// that is earlier, and with have's snapshots when it names none (a
+// restore's are chosen when it starts, and its ending keeps them).
 func Supersede(have, next Result) Result {
 	if have.Ended != nil {
 		return have
 	}
 	if have.Started.Before(next.Started) {
 		next.Started = have.Started
+	}
+	if len(next.Snapshots) == 0 {
+		next.Snapshots = have.Snapshots
 	}
 	return next
 }

@@ -25,8 +25,10 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -173,11 +175,14 @@ const (
 //	path <base64 of the path>            (one per path)
 //	tag <base64 of key:value>            (one per tag, sorted)
 //	description <base64 of the text>     (when there is one)
+//	target <base64 of the folder>        (a restore: where it writes)
+//	in-place                             (a restore that may overwrite)
 //	end
 //
 // Everything a person wrote is base64, so no path, tag or description can
 // reach the guest's shell as anything but data; UIDs, kinds and names are
-// validated (userset.Request.Validate) to hold no space.
+// validated (userset.Request.Validate) to hold no space. What a restore
+// restores from is chosen when it starts (EncodePlan).
 func EncodeRequests(requests []userset.Request) []byte {
 	var b bytes.Buffer
 	enc := base64.StdEncoding.EncodeToString
@@ -192,7 +197,33 @@ func EncodeRequests(requests []userset.Request) []byte {
 		if r.Description != "" {
 			fmt.Fprintf(&b, "description %s\n", enc([]byte(r.Description)))
 		}
+		if r.Target != "" {
+			fmt.Fprintf(&b, "target %s\n", enc([]byte(r.Target)))
+		}
+		if r.InPlace {
+			b.WriteString("in-place\n")
+		}
 		b.WriteString("end\n")
+	}
+	return b.Bytes()
+}
+
+// EncodePlan renders what a restore restores, the answer to its guest's
+// Running, for a POSIX shell to read line by line, a path at a time:
+//
+//	from <base64 of the kopia restore source> <base64 of the path>
+//
+// The source is "<snapshot ID>" or "<snapshot ID>/<path below the
+// snapshot's root>", as `kopia restore` takes it.
+func EncodePlan(plan []activity.Snapshot) []byte {
+	var b bytes.Buffer
+	enc := base64.StdEncoding.EncodeToString
+	for _, step := range plan {
+		source := step.ID
+		if below := strings.TrimPrefix(strings.TrimPrefix(step.Path, step.Root), "/"); step.Path != step.Root && below != "" {
+			source += "/" + below
+		}
+		fmt.Fprintf(&b, "from %s %s\n", enc([]byte(source)), enc([]byte(step.Path)))
 	}
 	return b.Bytes()
 }

@@ -1,8 +1,10 @@
 package clientdist
 
 import (
+	"encoding/base64"
 	"testing"
 
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -12,6 +14,7 @@ func TestEncodeRequests(t *testing.T) {
 		{UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "before-upgrade",
 			Paths: []string{"/srv/my files", "/etc/$(reboot)"}, Tags: map[string]string{"z": "last", "why": "it's; done"}, Description: "line one\nline two"},
 		{UID: "bbbb0000-0000-4000-8000-000000000002", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "plain", Paths: []string{"/srv"}},
+		{UID: "cccc0000-0000-4000-8000-000000000003", User: "web@team-a", Kind: userset.RequestRestore, Name: "back", Paths: []string{"/etc"}, Source: "web@team-a", Target: "/", InPlace: true},
 	}))
 	want := `request aaaa0000-0000-4000-8000-000000000001 snapshot before-upgrade
 path L3Nydi9teSBmaWxlcw==
@@ -23,8 +26,31 @@ end
 request bbbb0000-0000-4000-8000-000000000002 snapshot plain
 path L3Nydg==
 end
+request cccc0000-0000-4000-8000-000000000003 restore back
+path L2V0Yw==
+target Lw==
+in-place
+end
 `
 	if got != want {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// A restore's plan names, for each path, the source `kopia restore` takes:
+// the snapshot alone for its root, else the snapshot and the path below
+// its root.
+func TestEncodePlan(t *testing.T) {
+	plan := []activity.Snapshot{
+		{ID: "k1", Path: "/srv", Root: "/srv"},
+		{ID: "k1", Path: "/srv/my notes/a.txt", Root: "/srv"},
+		{ID: "k2", Path: "/etc/nginx", Root: "/"},
+	}
+	b64 := func(s string) string { return base64.StdEncoding.EncodeToString([]byte(s)) }
+	want := "from " + b64("k1") + " " + b64("/srv") + "\n" +
+		"from " + b64("k1/my notes/a.txt") + " " + b64("/srv/my notes/a.txt") + "\n" +
+		"from " + b64("k2/etc/nginx") + " " + b64("/etc/nginx") + "\n"
+	if got := string(EncodePlan(plan)); got != want {
+		t.Errorf("EncodePlan:\n%s\nwant\n%s", got, want)
 	}
 }

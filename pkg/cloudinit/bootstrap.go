@@ -680,7 +680,7 @@ WantedBy=timers.target
 `))
 
 // requestsScript carries out the requests from the cluster addressed to
-// this VM (GuestSnapshot, docs/requests.md): it polls its server's client
+// this VM (GuestSnapshot, GuestRestore; docs/requests.md): it polls its server's client
 // port as the VM's Kopia user (a returning guest's poll costs the server
 // no password hash), takes what it is asked, one request at a time, and
 // answers each; the server checks an answer against the repository. What
@@ -689,7 +689,7 @@ WantedBy=timers.target
 // a header file, never in their arguments.
 const requestsScript = `#!/bin/sh
 # guestbackup-requests: carries out the requests from the cluster
-# (GuestSnapshot) addressed to this VM. To turn them off, create
+# (GuestSnapshot, GuestRestore) addressed to this VM. To turn them off, create
 # ` + RequestsOff + `: each request then fails, saying so.
 set -u
 conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
@@ -737,11 +737,12 @@ with open(sys.argv[4], "wb") as f:
   fi
 }
 
-# answer UID PHASE MESSAGE tells the server where this guest is with a
-# request; the last ending it told is in $work/answered, for the owner.
+# answer UID PHASE MESSAGE [OUT] tells the server where this guest is with
+# a request, keeping its answer in file OUT; the last ending it told is in
+# $work/answered, for the owner.
 answer() {
   printf '%s' "$3" >"$work/answer.txt"
-  if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" /dev/null "$work/answer.txt" 2>"$work/answer.err"; then
+  if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" "${4:-/dev/null}" "$work/answer.txt" 2>"$work/answer.err"; then
     log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
     return 1
   fi
@@ -789,6 +790,66 @@ snapshot() {
   fi
 }
 
+# restore UID NAME restores what the server chose when the request
+# started (its answer to Running, package clientdist's EncodePlan): each
+# path under $target at its full path, where nothing is yet, or over itself
+# with $in_place. Outside in place, no folder on the way may be a symbolic
+# link, so that nothing a snapshot holds leads the restore out of $target.
+restore() {
+  if [ -e "$off" ]; then
+    log "request $2 refused: $off exists"
+    answer "$1" Failed "remote requests are turned off in this guest ($off exists): its owner must remove that file to allow them"
+    return
+  fi
+  answer "$1" Running "" "$work/plan" || return 0
+  log "restoring what request $2 asks for"
+  failed="" restored=""
+  while read -r word source dest; do
+    [ "$word" = from ] || continue
+    source=$(printf '%s' "$source" | base64 -d) path=$(printf '%s' "$dest" | base64 -d)
+    if [ -n "$in_place" ]; then
+      dest=$path
+    elif ! dest=$(fresh "$target" "$path"); then
+      failed="$failed; $path: $dest"
+      continue
+    fi
+    if "$kopia" restore "$source" "$dest" </dev/null >"$work/restore.log" 2>&1; then
+      log "restored $path to $dest for request $2"
+      restored="$restored; $path: $(grep '^Restored' "$work/restore.log" | tail -n 1)"
+    else
+      failed="$failed; $path: $(tail -n 1 "$work/restore.log")"
+    fi
+  done <"$work/plan"
+  if [ -z "$failed" ]; then
+    answer "$1" Succeeded "${restored#; }"
+  else
+    answer "$1" Failed "the restore failed in the guest:${failed#;}"
+  fi
+}
+
+# fresh TARGET PATH makes the folders of TARGET/PATH above it and prints
+# TARGET/PATH, or prints why not: a folder on the way that is a symbolic
+# link, or something already at TARGET/PATH, which a restore outside in
+# place never overwrites.
+fresh() {
+  (umask 077 && mkdir -p "$1") || { printf 'cannot create %s\n' "$1"; return 1; }
+  at=$1 rest=${2#/}
+  while [ "${rest#*/}" != "$rest" ]; do
+    at=$at/${rest%%/*} rest=${rest#*/}
+    if [ -L "$at" ]; then
+      printf '%s is a symbolic link, which a restore into %s does not follow\n' "$at" "$1"
+      return 1
+    fi
+    [ -d "$at" ] || mkdir "$at" || { printf 'cannot create %s\n' "$at"; return 1; }
+  done
+  at=$at/$rest
+  if [ -e "$at" ] || [ -L "$at" ]; then
+    printf '%s exists already: restore into a new folder, or in place\n' "$at"
+    return 1
+  fi
+  printf '%s\n' "$at"
+}
+
 # take reads the poll's answer (package clientdist's EncodeRequests) and
 # carries out each request in turn.
 take() {
@@ -796,15 +857,18 @@ take() {
   while read -r word arg rest; do
     case $word in
     request)
-      uid=$arg kind=${rest%% *} name=${rest#* }
+      uid=$arg kind=${rest%% *} name=${rest#* } target="" in_place=""
       : >"$work/paths" && : >"$work/tags" && : >"$work/description"
       ;;
     path) { printf '%s' "$arg" | base64 -d && echo; } >>"$work/paths" ;;
     tag) { printf '%s' "$arg" | base64 -d && echo; } >>"$work/tags" ;;
     description) printf '%s' "$arg" | base64 -d >"$work/description" ;;
+    target) target=$(printf '%s' "$arg" | base64 -d) ;;
+    in-place) in_place=1 ;;
     end)
       case $kind in
       ` + userset.RequestSnapshot + `) snapshot "$uid" "$name" ;;
+      ` + userset.RequestRestore + `) restore "$uid" "$name" ;;
       *) answer "$uid" Failed "this guest does not know requests of kind $kind" ;;
       esac
       ;;

@@ -14,6 +14,7 @@ import (
 	"github.com/kopia/kopia/repo"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -28,6 +29,15 @@ type desk struct {
 	// withdrawn are listed by the poll but gone by the answer: deleted
 	// in between.
 	withdrawn map[string]bool
+	// plans are what the restores restore from, by UID, as the server
+	// pod chooses them.
+	plans map[string][]activity.Snapshot
+}
+
+func (d *desk) Plan(_ context.Context, _, uid string) ([]activity.Snapshot, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.plans[uid], nil
 }
 
 func (d *desk) Pending(user string) ([]userset.Request, error) {
@@ -237,5 +247,134 @@ func TestHooksRunAroundEverySnapshot(t *testing.T) {
 	ran, _ = os.ReadFile(log)
 	if !strings.HasSuffix(string(ran), "pre "+data+" [now]\npost "+data+" [now]\n") {
 		t.Errorf("a request's hooks, naming it:\n%s", ran)
+	}
+}
+
+// A running guest carries out a restore as its server chose it: each path
+// from its snapshot, byte for byte and with its mode, under the target
+// folder at its full path; never over something there, never through a
+// folder on the way that is a symbolic link; over itself only in place.
+func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
+	tools := testbed.MustTools(t)
+	ctx := t.Context()
+	srv, password := serverWithWeb(t)
+	d := &desk{plans: map[string][]activity.Snapshot{}}
+	port := startClientPortWith(t, srv.CA, clientBinaries(t), "web@team-a", password, d)
+	client := port.status
+	data := filepath.Join(t.TempDir(), "my data; $(reboot)")
+	write := func(name, content string, mode os.FileMode) {
+		t.Helper()
+		p := filepath.Join(data, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), mode); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(p, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("a.txt", "first a\n", 0o640)
+	write("sub/b.txt", "first b\n", 0o600)
+	write("sub/deeper/c.txt", "first c\n", 0o644)
+	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Client: &client, RequestPoll: 30 * time.Second}
+	box := newSandbox(t, b, tools.Kopia)
+	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1")
+	if out, err := box.run(ConnectScript); err != nil {
+		t.Fatalf("connect: %v\n%s", err, out)
+	}
+	kopia := filepath.Join(box.root, KopiaCommand)
+	if out, err := testbed.Run(ctx, time.Minute, box.root, box.env, kopia, "snapshot", "create", data); err != nil {
+		t.Fatalf("snapshot: %v\n%s", err, out)
+	}
+	list, err := testbed.Run(ctx, time.Minute, box.root, box.env, kopia, "snapshot", "list", "--json", data)
+	var listed []struct {
+		ID string `json:"id"`
+	}
+	if err != nil || json.Unmarshal([]byte(list), &listed) != nil || len(listed) != 1 {
+		t.Fatalf("snapshot list: %v\n%s", err, list)
+	}
+	id := listed[0].ID
+	restore := func(uid, target string, inPlace bool, paths ...string) []string {
+		t.Helper()
+		r := userset.Request{UID: uid, User: "web@team-a", Kind: userset.RequestRestore, Name: "restore-" + uid[len(uid)-1:], Paths: paths, Source: "web@team-a", Target: target, InPlace: inPlace}
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		var plan []activity.Snapshot
+		for _, p := range paths {
+			plan = append(plan, activity.Snapshot{ID: id, Path: p, Root: data})
+		}
+		d.mu.Lock()
+		d.plans[uid] = plan
+		d.mu.Unlock()
+		before := len(d.got())
+		d.add(r)
+		if out, err := box.run(RequestsScript); err != nil {
+			t.Fatalf("requests: %v\n%s", err, out)
+		}
+		return d.got()[before:]
+	}
+	same := func(restored, original string) {
+		t.Helper()
+		want, err := os.ReadFile(original)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := os.ReadFile(restored)
+		if err != nil || string(got) != string(want) {
+			t.Errorf("%s holds %q (%v), want %q", restored, got, err, want)
+		}
+		wi, _ := os.Stat(original)
+		if gi, err := os.Stat(restored); err != nil || gi.Mode() != wi.Mode() {
+			t.Errorf("%s has mode %v (%v), want %v", restored, gi.Mode(), err, wi.Mode())
+		}
+	}
+
+	restores := filepath.Join(box.root, "restores")
+	into := filepath.Join(restores, "first")
+	got := restore("9e1f0000-0000-4000-8000-000000000001", into, false, filepath.Join(data, "sub"), filepath.Join(data, "a.txt"))
+	if len(got) != 2 || got[0] != "9e1f0000-0000-4000-8000-000000000001 Running " || !strings.HasPrefix(got[1], "9e1f0000-0000-4000-8000-000000000001 Succeeded "+filepath.Join(data, "sub")+": Restored 2 files") {
+		t.Fatalf("answers %q, want Running, then Succeeded with what kopia restored", got)
+	}
+	for _, name := range []string{"a.txt", "sub/b.txt", "sub/deeper/c.txt"} {
+		same(into+filepath.Join(data, name), filepath.Join(data, name))
+	}
+
+	// Asked again into the same folder, it overwrites nothing.
+	write("a.txt", "second a\n", 0o640)
+	got = restore("9e1f0000-0000-4000-8000-000000000002", into, false, filepath.Join(data, "a.txt"))
+	if len(got) != 2 || !strings.Contains(got[1], " Failed the restore failed in the guest: "+filepath.Join(data, "a.txt")+": "+into+filepath.Join(data, "a.txt")+" exists already") {
+		t.Errorf("answers %q, want a failure: the file is there", got)
+	}
+	if b, _ := os.ReadFile(into + filepath.Join(data, "a.txt")); string(b) != "first a\n" {
+		t.Errorf("a restore overwrote what it found: %q", b)
+	}
+
+	// A folder on the way that is a symbolic link leads nowhere.
+	trap, elsewhere := filepath.Join(restores, "trap"), t.TempDir()
+	first := strings.Split(strings.TrimPrefix(data, "/"), "/")[0]
+	if err := os.MkdirAll(trap, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(elsewhere, filepath.Join(trap, first)); err != nil {
+		t.Fatal(err)
+	}
+	got = restore("9e1f0000-0000-4000-8000-000000000003", trap, false, filepath.Join(data, "sub"))
+	if len(got) != 2 || !strings.Contains(got[1], " Failed the restore failed in the guest: "+filepath.Join(data, "sub")+": "+filepath.Join(trap, first)+" is a symbolic link") {
+		t.Errorf("answers %q, want a failure: a symbolic link on the way", got)
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Errorf("a restore wrote through a symbolic link: %v", entries)
+	}
+
+	// In place, it puts the snapshot's file back over the changed one.
+	got = restore("9e1f0000-0000-4000-8000-000000000004", "/", true, filepath.Join(data, "a.txt"))
+	if len(got) != 2 || !strings.Contains(got[1], " Succeeded ") {
+		t.Fatalf("answers %q, want the restore in place to succeed", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(data, "a.txt")); string(b) != "first a\n" {
+		t.Errorf("in place, a.txt holds %q, want the snapshot's", b)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -42,8 +43,12 @@ const MaxShardRequestsBytes = 256 << 10
 // RequestSnapshot is the kind of a request to snapshot now (GuestSnapshot).
 const RequestSnapshot = "snapshot"
 
+// RequestRestore is the kind of a request to restore paths of snapshots
+// into the running guest (GuestRestore).
+const RequestRestore = "restore"
+
 // RequestKinds are the kinds a guest carries out.
-var RequestKinds = []string{RequestSnapshot}
+var RequestKinds = []string{RequestSnapshot, RequestRestore}
 
 // RequestTag is the Kopia tag a guest puts on each snapshot it takes for a
 // request, whose UID is its value: the server pod finds the request's
@@ -66,6 +71,22 @@ type Request struct {
 	Tags map[string]string `json:"tags,omitempty"`
 	// Description is the snapshots' Kopia description.
 	Description string `json:"description,omitempty"`
+
+	// Source is the Kopia identity whose snapshots a restore reads: User
+	// itself, or the identity User's restore grant names
+	// (guestbackup.io/restore-from), whose snapshots its guest may read.
+	Source string `json:"source,omitempty"`
+	// SnapshotID chooses a restore's snapshot by ID; Before, the last one
+	// started before it; neither, the latest. The server pod resolves
+	// them against the repository when the guest starts the restore.
+	SnapshotID string     `json:"snapshotID,omitempty"`
+	Before     *time.Time `json:"before,omitempty"`
+	// Target is the guest folder a restore writes each path under, at its
+	// full path; "/" with InPlace.
+	Target string `json:"target,omitempty"`
+	// InPlace lets a restore replace what its paths hold in the guest;
+	// without it, a restore writes only where nothing is.
+	InPlace bool `json:"inPlace,omitempty"`
 }
 
 var (
@@ -106,11 +127,47 @@ func (r Request) Validate() error {
 	if strings.ContainsAny(r.Description, "\x00") {
 		return fmt.Errorf("request %s: the description holds a NUL character", r.UID)
 	}
+	if err := r.validateRestore(); err != nil {
+		return fmt.Errorf("request %s: %w", r.UID, err)
+	}
 	if n := r.size(); n > MaxRequestBytes {
 		return fmt.Errorf("request %s takes %d bytes, more than %d: name fewer or shorter paths, tags and description", r.UID, n, MaxRequestBytes)
 	}
 	return nil
 }
+
+// validateRestore checks a restore's own fields, and that a snapshot
+// request carries none of them.
+func (r Request) validateRestore() error {
+	if r.Kind != RequestRestore {
+		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace {
+			return fmt.Errorf("a %s request carries restore fields", r.Kind)
+		}
+		return nil
+	}
+	if err := identity.ValidateUsername(r.Source); err != nil {
+		return fmt.Errorf("restore source: %w", err)
+	}
+	if r.SnapshotID != "" && !snapshotIDPattern.MatchString(r.SnapshotID) {
+		return fmt.Errorf("snapshot ID %q is not a snapshot ID", r.SnapshotID)
+	}
+	if r.SnapshotID != "" && r.Before != nil {
+		return fmt.Errorf("the snapshot is chosen by ID and by time at once")
+	}
+	if !path.IsAbs(r.Target) || path.Clean(r.Target) != r.Target || strings.ContainsAny(r.Target, "\x00\n\r") {
+		return fmt.Errorf("target %q is not a clean absolute path", r.Target)
+	}
+	if (r.Target == "/") != r.InPlace {
+		return fmt.Errorf("target %q: only a restore in place writes over the guest's own paths (target /)", r.Target)
+	}
+	if len(r.Tags) > 0 || r.Description != "" {
+		return fmt.Errorf("a restore carries no tags or description")
+	}
+	return nil
+}
+
+// snapshotIDPattern is a Kopia manifest ID, as admission checks it.
+var snapshotIDPattern = regexp.MustCompile(`^[0-9a-zA-Z]{1,64}$`)
 
 // size is r's length, encoded.
 func (r Request) size() int {
@@ -136,6 +193,50 @@ func SnapshotRequest(s *v1alpha1.GuestSnapshot, vmPaths []string) (Request, erro
 	}
 	r := Request{UID: string(s.UID), User: identity.OfVM(s.Spec.VM, s.Namespace), Kind: RequestSnapshot, Name: s.Name,
 		Paths: clean, Tags: s.Spec.Tags, Description: s.Spec.Description}
+	if err := r.Validate(); err != nil {
+		return Request{}, fmt.Errorf("it cannot be handed to the guest: %w", err)
+	}
+	return r, nil
+}
+
+// RestoreRequest is the Request that carries GuestRestore g to the guest
+// of its VM, whose annotations are vmAnnotations: the source's identity
+// is the VM's own, or the one its restore grant names (RestoreFrom, the
+// rule admission applied, checked again as the grant may have gone
+// since). Its error says, for the request's status, why g cannot be
+// carried into a running guest.
+func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (Request, error) {
+	if g.Spec.Target.PersistentVolumeClaim != nil {
+		return Request{}, fmt.Errorf("restoring into a PersistentVolumeClaim is not carried out by this version: restore into the running guest (omit spec.target, or set directory or inPlace) and copy from there")
+	}
+	if g.Spec.DryRun {
+		return Request{}, fmt.Errorf("a dry run is not carried out by this version: list the snapshot in the guest (guestbackup-kopia ls -l -r <snapshot>/<path>)")
+	}
+	r := Request{UID: string(g.UID), User: identity.OfVM(g.Spec.VM, g.Namespace), Kind: RequestRestore, Name: g.Name,
+		SnapshotID: g.Spec.Snapshot.ID}
+	r.Source = r.User
+	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
+		grant, refusal := RestoreFrom(g.Spec.VM, g.Namespace, vmAnnotations)
+		r.Source = identity.OfVM(g.Spec.SourceVM, g.Namespace)
+		if refusal != "" || grant == nil || grant.Source != r.Source {
+			return Request{}, fmt.Errorf("VirtualMachine %s may no longer read the snapshots of %s: annotate it with %s=%s to grant it", g.Spec.VM, g.Spec.SourceVM, v1alpha1.AnnotationRestoreFrom, g.Spec.SourceVM)
+		}
+	}
+	if b := g.Spec.Snapshot.Before; b != nil {
+		t := b.UTC()
+		r.Before = &t
+	}
+	switch t := g.Spec.Target; {
+	case t.InPlace:
+		r.Target, r.InPlace = "/", true
+	case t.Directory != "":
+		r.Target = path.Clean(t.Directory)
+	default:
+		r.Target = path.Join(v1alpha1.DefaultRestoreDirectory, g.Name)
+	}
+	for _, p := range g.Spec.Paths {
+		r.Paths = append(r.Paths, path.Clean(p))
+	}
 	if err := r.Validate(); err != nil {
 		return Request{}, fmt.Errorf("it cannot be handed to the guest: %w", err)
 	}

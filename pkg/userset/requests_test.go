@@ -4,6 +4,12 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
 
 func request(uid, user string, paths ...string) Request {
@@ -30,17 +36,24 @@ func TestRequestsRoundTrip(t *testing.T) {
 
 func TestDecodeRequestsRefuses(t *testing.T) {
 	for name, tt := range map[string]struct{ line, want string }{
-		"not JSON":          {`uid web`, "requests line 1: invalid character"},
-		"not a UID":         {`{"uid":"../x","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, `request UID "../x" is not a UID`},
-		"not an identity":   {`{"uid":"aa","user":"Web","kind":"snapshot","name":"a","paths":["/srv"]}`, "request aa:"},
-		"unknown kind":      {`{"uid":"aa","user":"web@team-a","kind":"delete","name":"a","paths":["/srv"]}`, `kind "delete" is none of [snapshot]`},
-		"name with a space": {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a b","paths":["/srv"]}`, `name "a b" is not an object name`},
-		"no path":           {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":[]}`, "names no path"},
-		"relative path":     {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["srv"]}`, `path "srv" is not a clean absolute path`},
-		"climbing path":     {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv/../etc"]}`, "is not a clean absolute path"},
-		"newline in a path": {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv\nx"]}`, "is not a clean absolute path"},
-		"the request tag":   {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"tags":{"guestbackup-request":"bb"}}`, `tag "guestbackup-request" is not a tag a request may set`},
-		"twice":             {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}` + "\n" + `{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, "requests line 2: request aa listed twice"},
+		"not JSON":                       {`uid web`, "requests line 1: invalid character"},
+		"not a UID":                      {`{"uid":"../x","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, `request UID "../x" is not a UID`},
+		"not an identity":                {`{"uid":"aa","user":"Web","kind":"snapshot","name":"a","paths":["/srv"]}`, "request aa:"},
+		"unknown kind":                   {`{"uid":"aa","user":"web@team-a","kind":"delete","name":"a","paths":["/srv"]}`, `kind "delete" is none of [snapshot restore]`},
+		"restore without a source":       {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"target":"/var/lib/guestbackup/restores/a"}`, "restore source:"},
+		"restore into a relative folder": {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"restores"}`, `target "restores" is not a clean absolute path`},
+		"restore over / not in place":    {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/"}`, "only a restore in place writes over the guest's own paths"},
+		"in place elsewhere":             {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/tmp","inPlace":true}`, "only a restore in place"},
+		"ID and time":                    {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/tmp","snapshotID":"k1","before":"2026-12-01T00:00:00Z"}`, "by ID and by time at once"},
+		"ID that climbs":                 {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/tmp","snapshotID":"../k1"}`, "is not a snapshot ID"},
+		"snapshot with a target":         {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"target":"/tmp"}`, "a snapshot request carries restore fields"},
+		"name with a space":              {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a b","paths":["/srv"]}`, `name "a b" is not an object name`},
+		"no path":                        {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":[]}`, "names no path"},
+		"relative path":                  {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["srv"]}`, `path "srv" is not a clean absolute path`},
+		"climbing path":                  {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv/../etc"]}`, "is not a clean absolute path"},
+		"newline in a path":              {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv\nx"]}`, "is not a clean absolute path"},
+		"the request tag":                {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"tags":{"guestbackup-request":"bb"}}`, `tag "guestbackup-request" is not a tag a request may set`},
+		"twice":                          {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}` + "\n" + `{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"]}`, "requests line 2: request aa listed twice"},
 	} {
 		_, err := DecodeRequests([]byte(tt.line + "\n"))
 		if err == nil || !strings.Contains(err.Error(), tt.want) {
@@ -105,3 +118,62 @@ func TestDispatchKeepsAShardWritable(t *testing.T) {
 		t.Error("every request listed: the budget bounds nothing")
 	}
 }
+
+// RestoreRequest carries a GuestRestore to its VM's guest: the target
+// folder is spelled out, the source is an identity, and what a running
+// guest cannot carry, or a grant gone since admission, fails with what to
+// do.
+func TestRestoreRequest(t *testing.T) {
+	before := metav1.NewTime(time.Date(2026, 12, 6, 18, 0, 0, 0, time.FixedZone("CET", 3600)))
+	restore := func(change func(*v1alpha1.GuestRestoreSpec)) *v1alpha1.GuestRestore {
+		g := &v1alpha1.GuestRestore{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "nginx-config", UID: types.UID("aaaa0000-0000-4000-8000-000000000001")},
+			Spec: v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/nginx/", "/srv/a.txt"}}}
+		change(&g.Spec)
+		return g
+	}
+	granted := map[string]string{v1alpha1.AnnotationRestoreFrom: "old"}
+	for name, tt := range map[string]struct {
+		g       *v1alpha1.GuestRestore
+		vm      map[string]string
+		want    Request
+		wantErr string
+	}{
+		"the latest, into the default folder": {g: restore(func(*v1alpha1.GuestRestoreSpec) {}), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config"}},
+		"by ID, into a folder": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.Snapshot.ID = "k0123abc"; s.Target.Directory = "/srv/back/" }), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", SnapshotID: "k0123abc", Target: "/srv/back"}},
+		"before a time, in place": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.Snapshot.Before = &before; s.Target.InPlace = true }), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Before: ptr(time.Date(2026, 12, 6, 17, 0, 0, 0, time.UTC)), Target: "/", InPlace: true}},
+		"another VM's, granted": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "old" }), vm: granted, want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "old@team-a", Target: "/var/lib/guestbackup/restores/nginx-config"}},
+		"the VM itself as its source": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "web" }), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config"}},
+		"another VM's, the grant gone": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "old" }),
+			wantErr: "VirtualMachine web may no longer read the snapshots of old: annotate it with guestbackup.io/restore-from=old"},
+		"another VM's, another granted": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "older" }), vm: granted,
+			wantErr: "may no longer read the snapshots of older"},
+		"into a claim": {g: restore(func(s *v1alpha1.GuestRestoreSpec) {
+			s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
+		}), wantErr: "restoring into a PersistentVolumeClaim is not carried out by this version"},
+		"a dry run": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }), wantErr: "a dry run is not carried out by this version"},
+	} {
+		got, err := RestoreRequest(tt.g, tt.vm)
+		switch {
+		case tt.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("%s: %v, want an error containing %q", name, err, tt.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", name, err)
+		case string(EncodeRequests([]Request{got})) != string(EncodeRequests([]Request{tt.want})):
+			t.Errorf("%s:\n%s\nwant\n%s", name, EncodeRequests([]Request{got}), EncodeRequests([]Request{tt.want}))
+		}
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -81,6 +81,10 @@ type Requests interface {
 	// ErrRequestEnded when phase is Running and the request has ended.
 	// Repeating an ending changes nothing.
 	Result(ctx context.Context, user, uid, phase, message string) error
+	// Plan is what user's guest restores for its started request uid:
+	// the snapshot of each path, chosen when it started; none for a
+	// request of another kind.
+	Plan(ctx context.Context, user, uid string) ([]activity.Snapshot, error)
 }
 
 // Options configure a Server.
@@ -497,17 +501,38 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, fmt.Sprintf("no request %q is addressed to %s", uid, user), http.StatusNotFound)
 	case errors.Is(err, ErrRequestEnded):
 		// A poll that reached a replica which had not heard of the
-		// ending: the guest's Running answer fails, and it carries
-		// nothing out twice.
-		http.Error(w, fmt.Sprintf("request %q has ended already", uid), http.StatusConflict)
+		// ending, or a restore that cannot be carried out: the guest's
+		// Running answer fails, and it carries nothing out.
+		http.Error(w, fmt.Sprintf("request %q: %v", uid, err), http.StatusConflict)
 	case err != nil:
 		s.opts.Log.Error(err, "cannot record a guest's result", "user", user, "uid", uid)
 		w.Header().Set("Retry-After", "10")
 		http.Error(w, "the result cannot be recorded now; try again shortly", http.StatusServiceUnavailable)
+	case phase == string(v1alpha1.PhaseRunning):
+		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
+		s.plan(w, r, user, uid)
 	default:
 		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
 		w.WriteHeader(http.StatusNoContent)
 	}
+}
+
+// plan answers a guest's Running with what it is to restore, if its
+// request is a restore (clientdist.EncodePlan); with nothing otherwise.
+func (s *Server) plan(w http.ResponseWriter, r *http.Request, user, uid string) {
+	plan, err := s.opts.Requests.Plan(r.Context(), user, uid)
+	if err != nil {
+		s.opts.Log.Error(err, "cannot read a restore's plan", "user", user, "uid", uid)
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, "the restore's plan cannot be read now; try again shortly", http.StatusServiceUnavailable)
+		return
+	}
+	if len(plan) == 0 {
+		w.WriteHeader(http.StatusNoContent)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write(clientdist.EncodePlan(plan))
 }
 
 // resultPhases are the phases a guest may report.

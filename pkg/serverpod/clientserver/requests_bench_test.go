@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/logins"
@@ -40,6 +41,10 @@ func (v *verified) Pending(user string) ([]userset.Request, error) { return nil,
 
 func (v *verified) Result(context.Context, string, string, string, string) error {
 	return ErrUnknownRequest
+}
+
+func (v *verified) Plan(context.Context, string, string) ([]activity.Snapshot, error) {
+	return nil, ErrUnknownRequest
 }
 
 // cpu is this process's CPU time so far.

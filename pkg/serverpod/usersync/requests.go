@@ -95,7 +95,7 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	case prev != nil && prev.Ended != nil:
 		s.noteEnded(uid)
 		if phase == string(v1alpha1.PhaseRunning) {
-			return clientserver.ErrRequestEnded
+			return fmt.Errorf("%w: %s", clientserver.ErrRequestEnded, prev.Message)
 		}
 		return nil // answered already: a retry of the same ending changes nothing
 	case prev != nil && phase == string(v1alpha1.PhaseRunning):
@@ -103,7 +103,25 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	}
 	now := s.now()
 	res := activity.Result{UID: uid, Phase: phase, Message: message, Started: now}
-	if phase != string(v1alpha1.PhaseRunning) {
+	running, restore := phase == string(v1alpha1.PhaseRunning), requests[i].Kind == userset.RequestRestore
+	switch {
+	case running && restore:
+		// The snapshots it restores from are chosen now, once: the
+		// result keeps them for the guest's repeated Running, for any
+		// replica, and for the request's status.
+		plan, refused, err := s.planRestore(ctx, requests[i])
+		if err != nil {
+			return err
+		}
+		res.Snapshots = plan
+		if refused != "" {
+			res.Phase, res.Message, res.Ended = string(v1alpha1.PhaseFailed), string(refused), &now
+		}
+	case !running && restore:
+		// What a restore wrote is in the guest, which is the owner's
+		// own: its word is taken.
+		res.Ended = &now
+	case !running:
 		res.Ended = &now
 		// One at a time: each refreshes the repository's view.
 		s.verifying.Lock()
@@ -123,7 +141,45 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	}
 	// The results of requests no longer asked go with the next publish.
 	s.queue.Add(publishActivity)
+	if running && stands.Ended != nil {
+		return fmt.Errorf("%w: %s", clientserver.ErrRequestEnded, stands.Message)
+	}
 	return nil
+}
+
+// Plan is what the guest of user restores for its request uid, as its
+// Running answer recorded it: for each path, the snapshot and the path in
+// it (package clientdist's EncodePlan); none for another kind, or before
+// the restore started.
+func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapshot, error) {
+	requests, err := s.listedRequests(user)
+	if err != nil {
+		return nil, err
+	}
+	i := slices.IndexFunc(requests, func(r userset.Request) bool { return r.UID == uid })
+	if i < 0 {
+		return nil, clientserver.ErrUnknownRequest
+	}
+	if requests[i].Kind != userset.RequestRestore {
+		return nil, nil
+	}
+	res, err := activityscan.PublishedResult(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS, user, uid)
+	if err != nil || res == nil {
+		return nil, err
+	}
+	return res.Snapshots, nil
+}
+
+// planRestore chooses what restore request r restores from (restorePlan),
+// in the repository refreshed first: the snapshot it names may have been
+// written through the Kopia server a moment ago.
+func (s *Syncer) planRestore(ctx context.Context, r userset.Request) ([]activity.Snapshot, restoreRefusal, error) {
+	s.verifying.Lock()
+	defer s.verifying.Unlock()
+	if err := s.opts.Repository.Refresh(ctx); err != nil {
+		return nil, "", fmt.Errorf("refresh repository: %w", err)
+	}
+	return restorePlan(ctx, s.opts.Repository, r)
 }
 
 // noteEnded remembers that request uid has ended, so that Pending no

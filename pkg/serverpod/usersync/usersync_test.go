@@ -348,6 +348,86 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Eventually(func() *activity.Report { return activityOf(alice.user).Report }).WithTimeout(provisioned).Should(HaveField("Message", "heard again"))
 		Expect(activityOf(alice.user).Results).To(BeEmpty())
 	})
+
+	// The server pod, not the guest, chooses what a restore restores
+	// from: among the snapshots of the request's source identity only,
+	// of the snapshot source that holds each path, by ID, time or the
+	// latest; a request it cannot carry out ends at its start, saying why.
+	It("chooses what a restore restores from, under the source's identity only", func() {
+		ctx := context.Background()
+		users := repositoryUsers()
+		Expect(users).To(HaveKey(alice.user))
+		eve := newGuest("eve@team-a")
+		users[eve.user] = eve.hash
+		writeUsersWithRequests(users)
+		data := GinkgoT().TempDir()
+		Expect(os.MkdirAll(filepath.Join(data, "sub"), 0o755)).To(Succeed())
+		Expect(os.WriteFile(filepath.Join(data, "sub", "a.txt"), []byte("first\n"), 0o600)).To(Succeed())
+		Expect(os.Symlink("/etc", filepath.Join(data, "link"))).To(Succeed())
+		aliceClient, err := connect(alice.user, alice.password)
+		Expect(err).NotTo(HaveOccurred())
+		snapshot := func(c *testbed.KopiaClient, dir string) string {
+			out, err := c.Run(ctx, "snapshot", "create", dir)
+			Expect(err).NotTo(HaveOccurred(), out)
+			ids, err := c.SnapshotIDs(ctx, dir)
+			Expect(err).NotTo(HaveOccurred())
+			return ids[len(ids)-1]
+		}
+		first := snapshot(aliceClient, data)
+		between := time.Now().UTC()
+		Expect(os.WriteFile(filepath.Join(data, "sub", "a.txt"), []byte("second, longer\n"), 0o600)).To(Succeed())
+		second := snapshot(aliceClient, data)
+		var eveClient *testbed.KopiaClient
+		Eventually(func() (err error) { eveClient, err = connect(eve.user, eve.password); return err }).WithTimeout(provisioned).Should(Succeed())
+		eves := snapshot(eveClient, GinkgoT().TempDir())
+
+		restore := func(n int, change func(*userset.Request)) userset.Request {
+			r := userset.Request{UID: fmt.Sprintf("0b7c8f2a-2222-4000-8000-%012d", n), User: alice.user, Kind: userset.RequestRestore, Name: fmt.Sprintf("restore-%d", n),
+				Paths: []string{filepath.Join(data, "sub", "a.txt")}, Source: alice.user, Target: "/var/lib/guestbackup/restores/x"}
+			change(&r)
+			return r
+		}
+		byID := restore(1, func(r *userset.Request) { r.SnapshotID = first })
+		latest := restore(2, func(*userset.Request) {})
+		before := restore(3, func(r *userset.Request) { r.Before = &between; r.Paths = []string{data} })
+		unknown := restore(4, func(r *userset.Request) { r.Paths = []string{"/nowhere/x"} })
+		others := restore(5, func(r *userset.Request) { r.SnapshotID = eves })
+		through := restore(6, func(r *userset.Request) { r.Paths = []string{filepath.Join(data, "link", "passwd")} })
+		writeUsersWithRequests(users, byID, latest, before, unknown)
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(HaveLen(4))
+
+		By("by ID, by the latest, and by time, each with what lies at its path in the snapshot")
+		start := func(r userset.Request) []activity.Snapshot {
+			GinkgoHelper()
+			Expect(syncer.Result(ctx, alice.user, r.UID, "Running", "")).To(Succeed())
+			plan, err := syncer.Plan(ctx, alice.user, r.UID)
+			Expect(err).NotTo(HaveOccurred())
+			return plan
+		}
+		Expect(start(byID)).To(ConsistOf(And(HaveField("ID", first), HaveField("Path", byID.Paths[0]), HaveField("Root", data),
+			HaveField("Files", BeEquivalentTo(1)), HaveField("Bytes", BeEquivalentTo(len("first\n"))))))
+		Expect(start(latest)).To(ConsistOf(And(HaveField("ID", second), HaveField("Bytes", BeEquivalentTo(len("second, longer\n"))))))
+		Expect(start(before)).To(ConsistOf(And(HaveField("ID", first), HaveField("Path", data), HaveField("Files", BeEquivalentTo(1)))))
+		Expect(start(latest)).To(ConsistOf(HaveField("ID", second)), "a repeated Running is handed the same plan")
+		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", byID.UID), HaveField("Phase", "Running"), HaveField("Snapshots", HaveLen(1)))))
+
+		By("keeping the plan when the guest ends the restore")
+		Expect(syncer.Result(ctx, alice.user, byID.UID, "Succeeded", "Restored 1 files")).To(Succeed())
+		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", byID.UID), HaveField("Phase", "Succeeded"),
+			HaveField("Snapshots", ConsistOf(HaveField("ID", first))))))
+
+		By("ending at its start a restore of a path no snapshot holds")
+		Expect(syncer.Result(ctx, alice.user, unknown.UID, "Running", "")).To(And(
+			MatchError(clientserver.ErrRequestEnded), MatchError(ContainSubstring(alice.user+" has no snapshot of /nowhere/x or of a folder holding it (its snapshots are of "))))
+
+		By("refusing another identity's snapshot, and a path through a snapshot's symbolic link")
+		writeUsersWithRequests(users, others, through)
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(HaveLen(2))
+		Expect(syncer.Result(ctx, alice.user, others.UID, "Running", "")).To(MatchError(ContainSubstring(alice.user + " has no snapshot " + eves + ": give an ID")))
+		Expect(syncer.Result(ctx, alice.user, through.UID, "Running", "")).To(MatchError(ContainSubstring(filepath.Join(data, "link") + " is not a folder in it")))
+		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", others.UID), HaveField("Phase", "Failed"), HaveField("Snapshots", BeEmpty()))))
+		writeUsersWithRequests(users)
+	})
 })
 
 // runReplica runs the user sync of another server pod of the BSLS, whose
