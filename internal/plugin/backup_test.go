@@ -1,11 +1,7 @@
 package plugin
 
 import (
-	"strings"
 	"testing"
-
-	"github.com/google/go-cmp/cmp"
-	"github.com/spf13/pflag"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 )
@@ -30,24 +26,9 @@ func TestBackupSpec(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var o backupOptions
-			fs := pflag.NewFlagSet("backup", pflag.ContinueOnError)
-			o.addFlags(fs)
-			if err := fs.Parse(tt.args); err != nil {
-				t.Fatal(err)
-			}
+			parseFlags(t, o.addFlags, tt.args)
 			got, err := o.spec("web")
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("spec() error = %v, want one saying %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := cmp.Diff(tt.want, got); d != "" {
-				t.Errorf("spec() (-want +got):\n%s", d)
-			}
+			checkSpec(t, got, err, tt.want, tt.wantErr)
 		})
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/spf13/pflag"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/cli-runtime/pkg/genericiooptions"
@@ -224,5 +225,34 @@ func TestSubmit(t *testing.T) {
 				t.Errorf("standard output (-want +got):\n%s", d)
 			}
 		})
+	}
+}
+
+// parseFlags parses args with the flags add binds.
+func parseFlags(t *testing.T, add func(*pflag.FlagSet), args []string) *pflag.FlagSet {
+	t.Helper()
+	fs := pflag.NewFlagSet(t.Name(), pflag.ContinueOnError)
+	add(fs)
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return fs
+}
+
+// checkSpec fails t unless a command's flags made the spec want, or, with
+// wantErr, an error saying it.
+func checkSpec[S any](t *testing.T, got S, err error, want S, wantErr string) {
+	t.Helper()
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("spec() error = %v, want one saying %q", err, wantErr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("spec() (-want +got):\n%s", d)
 	}
 }

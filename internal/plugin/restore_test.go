@@ -7,8 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/google/go-cmp/cmp"
-	"github.com/spf13/pflag"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -110,28 +108,13 @@ func TestRestoreSpec(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			var o restoreOptions
-			fs := pflag.NewFlagSet("restore", pflag.ContinueOnError)
-			o.addFlags(fs)
-			if err := fs.Parse(tt.args); err != nil {
-				t.Fatal(err)
-			}
+			fs := parseFlags(t, o.addFlags, tt.args)
 			vm, err := vmName(fs.Arg(0))
 			if err != nil {
 				t.Fatal(err)
 			}
 			got, err := o.spec(vm, fs.Args()[1:])
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("spec() error = %v, want one saying %q", err, tt.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := cmp.Diff(tt.want, got); d != "" {
-				t.Errorf("spec() (-want +got):\n%s", d)
-			}
+			checkSpec(t, got, err, tt.want, tt.wantErr)
 		})
 	}
 }
