@@ -147,12 +147,17 @@ spec:
   description: |
     Shows, from the cluster, how guestbackup backs up the KubeVirt
     VirtualMachines of a namespace: each VM's snapshots, its newest backup,
-    and whether its guest connects. It reads the GuestProtection guestbackup
-    keeps for every VM that opts in, so the namespace's view role is enough.
-    Exit codes tell a script whether every VM is protected.
+    and whether its guest connects (status). It reads the GuestProtection
+    guestbackup keeps for every VM that opts in, so the namespace's view
+    role is enough. Exit codes tell a script whether every VM is protected.
+    With the edit role, it backs a VM up now (backup) and restores files
+    and folders of its snapshots into its guest or a PersistentVolumeClaim
+    (restore), each done under the VM's own identity.
   caveats: |
-    guestbackup must be installed in the cluster (its chart). Try:
+    guestbackup must be installed in the cluster (its chart); backup and
+    restore need its requests enabled. Try:
       kubectl guestbackup status --help
+      kubectl guestbackup restore --help
   platforms:
 `, version)
 	for _, p := range platforms {

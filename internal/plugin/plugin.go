@@ -1,7 +1,10 @@
 // Package plugin is `kubectl guestbackup`, the kubectl plugin owners and
-// admins use to see, from the cluster, how their VMs are backed up. It
-// needs no rights beyond reading GuestProtections, which the chart
-// aggregates into the built-in view role.
+// admins use to see, from the cluster, how their VMs are backed up, and to
+// ask for a backup or a restore. It needs no rights beyond those of what it
+// does: reading GuestProtections (status), which the chart aggregates into
+// the built-in view role, and creating and reading the GuestSnapshot
+// (backup) or GuestRestore (restore) it makes, which it aggregates into
+// edit.
 package plugin
 
 import (
@@ -40,13 +43,15 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		Use: "guestbackup",
 		// kubectl runs the plugin as `kubectl guestbackup`: its help says so.
 		Annotations: map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl guestbackup"},
-		Short:       "See how guestbackup backs up your VirtualMachines, and back them up now",
+		Short:       "See how guestbackup backs up your VirtualMachines, back them up now, restore their files",
 		Long: `kubectl guestbackup shows, from the cluster, how guestbackup backs up the
 VirtualMachines of a namespace: their snapshots, their newest backup, and
 whether their guests connect. It reads the GuestProtection guestbackup keeps
 for every VM that opts in (annotation guestbackup.io/server), so the
 namespace's view role is enough. With the edit role, it backs a VM up now
-(backup): its guest takes the snapshot under its own identity.`,
+(backup) and restores files and folders from its snapshots (restore), into
+its guest or into a PersistentVolumeClaim: the guest, or a Job, does it
+under the VM's own identity.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -54,7 +59,7 @@ namespace's view role is enough. With the edit role, it backs a VM up now
 	root.SetIn(streams.In)
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
-	root.AddCommand(newStatusCommand(flags, streams), newBackupCommand(flags, streams))
+	root.AddCommand(newStatusCommand(flags, streams), newBackupCommand(flags, streams), newRestoreCommand(flags, streams))
 	return root
 }
 
