@@ -117,7 +117,7 @@ type Reconciler struct {
 	// ActivityInterval is how often server pods publish their guests' new
 	// snapshots for the audit; 0 disables it.
 	ActivityInterval time.Duration
-	// Requests carries GuestSnapshots to their guests, through the users
+	// Requests carries GuestSnapshots and GuestRestores to their guests, through the users
 	// Secrets (alpha: the chart sets it, and installs the API, with
 	// requests.enabled).
 	Requests bool
@@ -195,7 +195,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Requests {
 		// A request's phase decides whether its guest is handed it.
-		b = b.Watches(&v1alpha1.GuestSnapshot{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfRequest))
+		b = b.Watches(&v1alpha1.GuestSnapshot{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfRequest)).
+			Watches(&v1alpha1.GuestRestore{}, handler.EnqueueRequestsFromMapFunc(r.bslsOfRequest))
 	}
 	switch _, err := mgr.GetRESTMapper().RESTMapping(VeleroBSL.GroupKind(), VeleroBSL.Version); {
 	case err == nil:
@@ -509,11 +510,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 		return UserSet{}, err
 	}
 	CollectClients(&users, ClientInputs{Server: server, Clients: clients, Secrets: clientSecrets, Allowed: allowed})
-	snapshots, err := r.listRequests(ctx)
+	asked, err := r.listRequests(ctx)
 	if err != nil {
-		return UserSet{}, fmt.Errorf("list GuestSnapshots: %w", err)
+		return UserSet{}, err
 	}
-	requests := userset.Dispatch(QueueRequests(snapshots, vms, users))
+	requests := userset.Dispatch(QueueRequests(asked, vms, users))
 	for shard, hashes := range users.Shards {
 		s := &corev1.Secret{
 			TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},

@@ -2,6 +2,7 @@ package kopiaserver
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -16,59 +17,85 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
-// The rule to read GuestSnapshots is package requeststatus's: the chart
-// grants it with the requests' API (requests.enabled).
+// The rules to read GuestSnapshots and GuestRestores are package
+// requeststatus's: the chart grants them with the requests' API
+// (requests.enabled).
 
-// QueueRequests are the GuestSnapshots a server's guests are to carry out:
+// Requests are the requests, of both kinds, a server's guests may be
+// handed.
+type Requests struct {
+	Snapshots []v1alpha1.GuestSnapshot
+	Restores  []v1alpha1.GuestRestore
+}
+
+// QueueRequests are the requests a server's guests are to carry out:
 // those the request reconciler admitted (Pending) or a guest started
-// (Running), of a VM whose user is in users, as userset.SnapshotRequest
-// makes them; one it refuses is left out (the request reconciler fails it).
-func QueueRequests(snapshots []v1alpha1.GuestSnapshot, vms map[types.NamespacedName]*metav1.PartialObjectMetadata, users UserSet) []userset.Queued {
+// (Running), of a VM whose user is in users, as cloudinit.SnapshotRequest
+// and userset.RestoreRequest make them; one they refuse is left out (the
+// request reconciler fails it).
+func QueueRequests(requests Requests, vms map[types.NamespacedName]*metav1.PartialObjectMetadata, users UserSet) []userset.Queued {
 	var queued []userset.Queued
-	for i := range snapshots {
-		s := &snapshots[i]
-		if s.Status.Phase != v1alpha1.PhasePending && s.Status.Phase != v1alpha1.PhaseRunning {
-			continue
+	add := func(o *metav1.ObjectMeta, vmName string, phase v1alpha1.RequestPhase, build func(vmAnnotations map[string]string) (userset.Request, error)) {
+		if phase != v1alpha1.PhasePending && phase != v1alpha1.PhaseRunning {
+			return
 		}
-		vm := vms[types.NamespacedName{Namespace: s.Namespace, Name: s.Spec.VM}]
+		vm := vms[types.NamespacedName{Namespace: o.Namespace, Name: vmName}]
 		if vm == nil {
-			continue
+			return
 		}
-		user := identity.OfVM(s.Spec.VM, s.Namespace)
+		user := identity.OfVM(vmName, o.Namespace)
 		if _, ok := users.Shards[userset.ShardOf(user)][user]; !ok {
-			continue
+			return
 		}
-		r, err := cloudinit.SnapshotRequest(s, vm.Annotations)
+		r, err := build(vm.Annotations)
 		if err != nil {
-			continue
+			return
 		}
-		queued = append(queued, userset.Queued{Request: r, Order: s.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + s.Name})
+		queued = append(queued, userset.Queued{Request: r, Order: o.CreationTimestamp.UTC().Format(time.RFC3339) + "/" + o.Name})
+	}
+	for i := range requests.Snapshots {
+		s := &requests.Snapshots[i]
+		add(&s.ObjectMeta, s.Spec.VM, s.Status.Phase, func(a map[string]string) (userset.Request, error) { return cloudinit.SnapshotRequest(s, a) })
+	}
+	for i := range requests.Restores {
+		g := &requests.Restores[i]
+		add(&g.ObjectMeta, g.Spec.VM, g.Status.Phase, func(a map[string]string) (userset.Request, error) { return userset.RestoreRequest(g, a) })
 	}
 	return queued
 }
 
-// listRequests lists the GuestSnapshots when the reconciler carries
-// requests, else none.
-func (r *Reconciler) listRequests(ctx context.Context) ([]v1alpha1.GuestSnapshot, error) {
+// listRequests lists the GuestSnapshots and GuestRestores when the
+// reconciler carries requests, else none.
+func (r *Reconciler) listRequests(ctx context.Context) (Requests, error) {
 	if !r.Requests {
-		return nil, nil
+		return Requests{}, nil
 	}
-	list := &v1alpha1.GuestSnapshotList{}
-	if err := r.Client.List(ctx, list); err != nil {
-		return nil, err
+	snapshots := &v1alpha1.GuestSnapshotList{}
+	if err := r.Client.List(ctx, snapshots); err != nil {
+		return Requests{}, fmt.Errorf("list GuestSnapshots: %w", err)
 	}
-	return list.Items, nil
+	restores := &v1alpha1.GuestRestoreList{}
+	if err := r.Client.List(ctx, restores); err != nil {
+		return Requests{}, fmt.Errorf("list GuestRestores: %w", err)
+	}
+	return Requests{Snapshots: snapshots.Items, Restores: restores.Items}, nil
 }
 
-// bslsOfRequest maps a GuestSnapshot to the BSLS its VM's annotation names.
+// bslsOfRequest maps a GuestSnapshot or GuestRestore to the BSLS its VM's
+// annotation names.
 func (r *Reconciler) bslsOfRequest(ctx context.Context, o client.Object) []reconcile.Request {
-	s, ok := o.(*v1alpha1.GuestSnapshot)
-	if !ok {
+	var vmName string
+	switch req := o.(type) {
+	case *v1alpha1.GuestSnapshot:
+		vmName = req.Spec.VM
+	case *v1alpha1.GuestRestore:
+		vmName = req.Spec.VM
+	default:
 		return nil
 	}
 	vm := &metav1.PartialObjectMetadata{}
 	vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
-	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Spec.VM}, vm); err != nil {
+	if err := r.Client.Get(ctx, types.NamespacedName{Namespace: o.GetNamespace(), Name: vmName}, vm); err != nil {
 		return nil
 	}
 	return bslsOfVM(ctx, vm)

@@ -1,6 +1,7 @@
 package kopiaserver
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,7 +14,8 @@ import (
 )
 
 // A server's guests are handed the requests the request reconciler admitted
-// or they started, for VMs whose user it serves, with their paths.
+// or they started, of both kinds, for VMs whose user it serves, with their
+// paths; a restore a running guest cannot carry is not handed out.
 func TestQueueRequests(t *testing.T) {
 	at := metav1.NewTime(time.Date(2026, 12, 7, 8, 0, 0, 0, time.UTC))
 	snap := func(name, vm string, phase v1alpha1.RequestPhase, paths ...string) v1alpha1.GuestSnapshot {
@@ -36,7 +38,14 @@ func TestQueueRequests(t *testing.T) {
 	for _, u := range []string{"web@team-a", "db@team-a", "gone@team-a"} {
 		users.Shards[userset.ShardOf(u)][u] = identity.Hash{}
 	}
-	got := QueueRequests([]v1alpha1.GuestSnapshot{
+	restore := func(name, vm string, phase v1alpha1.RequestPhase, target v1alpha1.RestoreTarget) v1alpha1.GuestRestore {
+		return v1alpha1.GuestRestore{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: name, UID: types.UID(fmt.Sprintf("%08x-0000-4000-8000-000000000000", name[0])), CreationTimestamp: at},
+			Spec:       v1alpha1.GuestRestoreSpec{VM: vm, Paths: []string{"/srv/a.txt"}, Target: target},
+			Status:     v1alpha1.GuestRestoreStatus{Phase: phase},
+		}
+	}
+	got := QueueRequests(Requests{Snapshots: []v1alpha1.GuestSnapshot{
 		snap("a-pending", "web", v1alpha1.PhasePending),
 		snap("b-running", "db", v1alpha1.PhaseRunning, "/var/lib/db"),
 		snap("c-new", "web", ""),
@@ -45,10 +54,18 @@ func TestQueueRequests(t *testing.T) {
 		snap("f-no-paths", "db", v1alpha1.PhasePending),
 		snap("g-gone", "gone", v1alpha1.PhasePending, "/srv"),
 		snap("h-other-server", "other", v1alpha1.PhasePending),
-	}, vms, users)
+	}, Restores: []v1alpha1.GuestRestore{
+		restore("i-restore", "web", v1alpha1.PhasePending, v1alpha1.RestoreTarget{}),
+		restore("j-in-place", "web", v1alpha1.PhaseRunning, v1alpha1.RestoreTarget{InPlace: true}),
+		restore("k-claim", "web", v1alpha1.PhasePending, v1alpha1.RestoreTarget{PersistentVolumeClaim: &v1alpha1.RestoreClaim{ClaimName: "data"}}),
+		restore("l-done", "web", v1alpha1.PhaseSucceeded, v1alpha1.RestoreTarget{}),
+		restore("m-other-server", "other", v1alpha1.PhasePending, v1alpha1.RestoreTarget{}),
+	}}, vms, users)
 	want := []userset.Queued{
 		{Request: userset.Request{UID: "0000000a-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "a-pending", Paths: []string{"/srv", "/etc"}, Tags: map[string]string{"why": "test"}}, Order: "2026-12-07T08:00:00Z/a-pending"},
 		{Request: userset.Request{UID: "0000000b-0000-4000-8000-000000000000", User: "db@team-a", Kind: userset.RequestSnapshot, Name: "b-running", Paths: []string{"/var/lib/db"}, Tags: map[string]string{"why": "test"}}, Order: "2026-12-07T08:00:00Z/b-running"},
+		{Request: userset.Request{UID: "00000069-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestRestore, Name: "i-restore", Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/i-restore"}, Order: "2026-12-07T08:00:00Z/i-restore"},
+		{Request: userset.Request{UID: "0000006a-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestRestore, Name: "j-in-place", Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/", InPlace: true}, Order: "2026-12-07T08:00:00Z/j-in-place"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("queued %d requests, want %d: %+v", len(got), len(want), got)

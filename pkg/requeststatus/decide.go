@@ -1,15 +1,17 @@
 // Package requeststatus is the controller's side of the requests a guest
-// carries out (GuestSnapshot, docs/requests.md). It admits each request to
-// its VM's server (phase Pending), where the BSLS reconciler lists it in
-// the users Secret its guest's server pod reads; the guest polls for it,
-// takes the snapshots and answers; the server pod checks the answer
-// against the repository and publishes it in the guest's activity
+// carries out (GuestSnapshot, GuestRestore; docs/requests.md). It admits
+// each request to its VM's server (phase Pending), where the BSLS
+// reconciler lists it in the users Secret its guest's server pod reads;
+// the guest polls for it, carries it out and answers; the server pod
+// checks the answer against the repository (a snapshot's) or chooses what
+// it restores from (a restore's) and publishes it in the guest's activity
 // (package activity); and this package records that into the request's
 // status, with Events on the request and on the VM that name who asked.
 package requeststatus
 
 import (
 	"fmt"
+	"path"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +22,7 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/cloudinit"
 	"github.com/guestbackup/guestbackup/pkg/units"
+	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
 // Event reasons, on the request and on its VM.
@@ -34,11 +37,61 @@ const (
 	// ReasonSnapshotFailed: the request ended without a snapshot of each
 	// path; the message says why.
 	ReasonSnapshotFailed = "SnapshotRequestFailed"
+
+	// ReasonRestoreRequested: a GuestRestore was handed to the VM's
+	// server; its guest takes it at its next poll.
+	ReasonRestoreRequested = "RestoreRequested"
+	// ReasonRestoreStarted: the guest started it, from the snapshots its
+	// server chose.
+	ReasonRestoreStarted = "RestoreStarted"
+	// ReasonRestored: the guest restored every path.
+	ReasonRestored = "Restored"
+	// ReasonRestoreFailed: the restore ended without restoring every path;
+	// the message says why.
+	ReasonRestoreFailed = "RestoreRequestFailed"
 )
 
-// Inputs are what a decision about one GuestSnapshot reads.
+// Request is what a decision reads of a request, of either kind.
+type Request struct {
+	// Kind is RequestSnapshot or RequestRestore.
+	Kind string
+	// Name and Namespace name the request; UID is what its guest's
+	// result names it by.
+	Name, Namespace, UID string
+	// VM is the VM whose guest carries it out.
+	VM string
+	// Requester is who asked, as the webhook stamped it.
+	Requester *v1alpha1.Requester
+	// Where says where a restore writes, for its messages.
+	Where string
+	// Carry says why the request cannot be handed to the guest of a VM
+	// with these annotations; nil when it can.
+	Carry func(vmAnnotations map[string]string) error
+}
+
+// Request kinds.
+const (
+	RequestSnapshot = "Snapshot"
+	RequestRestore  = "Restore"
+)
+
+// Status is what a decision sets of a request's status, the same for both
+// kinds: a GuestSnapshot's files and bytes are what its snapshots hold, a
+// GuestRestore's (status.progress) what it restored.
+type Status struct {
+	Phase          v1alpha1.RequestPhase
+	Message        string
+	Snapshots      []v1alpha1.PathSnapshot
+	Files, Bytes   int64
+	StartTime      *metav1.Time
+	CompletionTime *metav1.Time
+}
+
+// Inputs are what a decision about one request reads.
 type Inputs struct {
-	Snapshot *v1alpha1.GuestSnapshot
+	Request Request
+	// Status is the request's status now.
+	Status Status
 	// VM is the request's VM (metadata); nil when it does not exist.
 	VM *metav1.PartialObjectMetadata
 	// Server is the BSLS the VM's annotation names; nil when it does not
@@ -52,10 +105,10 @@ type Inputs struct {
 	Now time.Time
 }
 
-// Decision is the status a GuestSnapshot should have, and the Events that
+// Decision is the status a request should have, and the Events that
 // announce the change.
 type Decision struct {
-	Status v1alpha1.GuestSnapshotStatus
+	Status Status
 	// Events go on the request and on its VM.
 	Events []Event
 }
@@ -65,43 +118,73 @@ type Event struct {
 	Type, Reason, Message string
 }
 
-// Decide is what becomes of a GuestSnapshot. A request that ended stays
-// as it is; one whose VM cannot carry it out fails at once, saying what
-// to fix; otherwise its status follows the guest's result.
+// words are a kind's Event reasons and phrases.
+type words struct {
+	requested, started, done, failed string
+	// running is the status message while the guest works.
+	running string
+}
+
+var kindWords = map[string]words{
+	RequestSnapshot: {ReasonSnapshotRequested, ReasonSnapshotStarted, ReasonSnapshotTaken, ReasonSnapshotFailed, "the guest is taking the snapshots"},
+	RequestRestore:  {ReasonRestoreRequested, ReasonRestoreStarted, ReasonRestored, ReasonRestoreFailed, "the guest is restoring"},
+}
+
+// Decide is what becomes of a request. One that ended stays as it is; one
+// whose VM cannot carry it out fails at once, saying what to fix;
+// otherwise its status follows the guest's result.
 func Decide(in Inputs) Decision {
-	s := in.Snapshot
-	d := Decision{Status: *s.Status.DeepCopy()}
-	if ended(s.Status.Phase) {
+	r, w := in.Request, kindWords[in.Request.Kind]
+	d := Decision{Status: in.Status}
+	d.Status.Snapshots = slices.Clone(in.Status.Snapshots)
+	if ended(in.Status.Phase) {
 		return d
 	}
+	asked := fmt.Sprintf("%s requested by %s (%s)", r.Kind, requester(r), r.Name)
 	if problem := unfit(in); problem != "" {
 		now := metav1.NewTime(in.Now)
 		d.Status.Phase, d.Status.Message, d.Status.CompletionTime = v1alpha1.PhaseFailed, problem, &now
-		d.Events = append(d.Events, Event{"Warning", ReasonSnapshotFailed, fmt.Sprintf("Snapshot requested by %s (%s) failed: %s", requester(s), s.Name, problem)})
+		d.Events = append(d.Events, Event{"Warning", w.failed, fmt.Sprintf("%s failed: %s", asked, problem)})
 		return d
 	}
 	var res *activity.Result
 	if in.Guest != nil {
-		if i := slices.IndexFunc(in.Guest.Results, func(r activity.Result) bool { return r.UID == string(s.UID) }); i >= 0 {
+		if i := slices.IndexFunc(in.Guest.Results, func(res activity.Result) bool { return res.UID == r.UID }); i >= 0 {
 			res = &in.Guest.Results[i]
 		}
 	}
 	if res == nil {
-		if s.Status.Phase == "" {
+		if in.Status.Phase == "" {
 			d.Status.Phase = v1alpha1.PhasePending
-			d.Status.Message = fmt.Sprintf("waiting for the guest of VirtualMachine %s to take it: a running guest polls its server for requests", s.Spec.VM)
-			d.Events = append(d.Events, Event{"Normal", ReasonSnapshotRequested, fmt.Sprintf("Snapshot requested by %s (%s)", requester(s), s.Name)})
+			d.Status.Message = fmt.Sprintf("waiting for the guest of VirtualMachine %s to take it: a running guest polls its server for requests", r.VM)
+			d.Events = append(d.Events, Event{"Normal", w.requested, asked})
 		}
 		return d
 	}
 	start := metav1.NewTime(res.Started)
 	d.Status.StartTime = &start
+	d.Status.Snapshots, d.Status.Files, d.Status.Bytes = nil, 0, 0
+	var from []string
+	for _, sn := range res.Snapshots {
+		d.Status.Snapshots = append(d.Status.Snapshots, v1alpha1.PathSnapshot{Path: sn.Path, ID: sn.ID})
+		d.Status.Files += int64(sn.Files)
+		d.Status.Bytes += sn.Bytes
+		from = append(from, fmt.Sprintf("%s (%s)", sn.Path, sn.ID))
+	}
+	size := fmt.Sprintf("%d files, %s", d.Status.Files, units.Bytes(uint64(max(d.Status.Bytes, 0))))
 	switch res.Phase {
 	case string(v1alpha1.PhaseRunning):
-		if s.Status.Phase != v1alpha1.PhaseRunning {
-			d.Status.Phase = v1alpha1.PhaseRunning
-			d.Status.Message = "the guest is taking the snapshots"
-			d.Events = append(d.Events, Event{"Normal", ReasonSnapshotStarted, fmt.Sprintf("Snapshot requested by %s (%s) started in the guest", requester(s), s.Name)})
+		if r.Kind == RequestRestore {
+			// Until it ends, a restore has written nothing it reports.
+			d.Status.Files, d.Status.Bytes = 0, 0
+		}
+		if in.Status.Phase != v1alpha1.PhaseRunning {
+			d.Status.Phase, d.Status.Message = v1alpha1.PhaseRunning, w.running
+			message := asked + " started in the guest"
+			if r.Kind == RequestRestore {
+				message += ": " + strings.Join(from, ", ") + " " + r.Where
+			}
+			d.Events = append(d.Events, Event{"Normal", w.started, message})
 		}
 	case string(v1alpha1.PhaseSucceeded), string(v1alpha1.PhaseFailed):
 		d.Status.Phase = v1alpha1.RequestPhase(res.Phase)
@@ -109,23 +192,23 @@ func Decide(in Inputs) Decision {
 			end := metav1.NewTime(*res.Ended)
 			d.Status.CompletionTime = &end
 		}
-		d.Status.Snapshots, d.Status.Files, d.Status.Bytes = nil, 0, 0
-		var taken []string
-		for _, sn := range res.Snapshots {
-			d.Status.Snapshots = append(d.Status.Snapshots, v1alpha1.PathSnapshot{Path: sn.Path, ID: sn.ID})
-			d.Status.Files += int64(sn.Files)
-			d.Status.Bytes += sn.Bytes
-			taken = append(taken, fmt.Sprintf("%s (%s)", sn.Path, sn.ID))
-		}
-		if d.Status.Phase == v1alpha1.PhaseSucceeded {
-			d.Status.Message = fmt.Sprintf("took %d snapshot(s): %d files, %s", len(res.Snapshots), d.Status.Files, units.Bytes(uint64(max(d.Status.Bytes, 0))))
-			d.Events = append(d.Events, Event{"Normal", ReasonSnapshotTaken, fmt.Sprintf("Snapshot requested by %s (%s) taken: %s", requester(s), s.Name, strings.Join(taken, ", "))})
-		} else {
+		switch {
+		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.Kind == RequestRestore:
+			d.Status.Message = fmt.Sprintf("restored %s %s", size, r.Where)
+			d.Events = append(d.Events, Event{"Normal", w.done, fmt.Sprintf("%s restored %s %s", asked, strings.Join(from, ", "), r.Where)})
+		case d.Status.Phase == v1alpha1.PhaseSucceeded:
+			d.Status.Message = fmt.Sprintf("took %d snapshot(s): %s", len(res.Snapshots), size)
+			d.Events = append(d.Events, Event{"Normal", w.done, fmt.Sprintf("%s taken: %s", asked, strings.Join(from, ", "))})
+		default:
+			if r.Kind == RequestRestore {
+				// What a failed restore wrote is unknown.
+				d.Status.Files, d.Status.Bytes = 0, 0
+			}
 			d.Status.Message = res.Message
 			if d.Status.Message == "" {
 				d.Status.Message = "the guest reported a failure without saying why: see its journal (journalctl -u guestbackup-requests)"
 			}
-			d.Events = append(d.Events, Event{"Warning", ReasonSnapshotFailed, fmt.Sprintf("Snapshot requested by %s (%s) failed: %s", requester(s), s.Name, d.Status.Message)})
+			d.Events = append(d.Events, Event{"Warning", w.failed, fmt.Sprintf("%s failed: %s", asked, d.Status.Message)})
 		}
 	}
 	return d
@@ -133,32 +216,32 @@ func Decide(in Inputs) Decision {
 
 // unfit says why the request's VM cannot carry it out, or "".
 func unfit(in Inputs) string {
-	s, vm, server := in.Snapshot, in.VM, in.Server
+	r, vm, server := in.Request, in.VM, in.Server
 	if vm == nil {
-		return fmt.Sprintf("VirtualMachine %s does not exist in namespace %s", s.Spec.VM, s.Namespace)
+		return fmt.Sprintf("VirtualMachine %s does not exist in namespace %s", r.VM, r.Namespace)
 	}
 	ref := vm.Annotations[v1alpha1.AnnotationServer]
 	if ref == "" {
-		return fmt.Sprintf("VirtualMachine %s is not backed up by guestbackup: annotate it with %s to opt it in", s.Spec.VM, v1alpha1.AnnotationServer)
+		return fmt.Sprintf("VirtualMachine %s is not backed up by guestbackup: annotate it with %s to opt it in", r.VM, v1alpha1.AnnotationServer)
 	}
 	switch {
 	case server == nil:
-		return fmt.Sprintf("BackupStorageLocationServer %s, which VirtualMachine %s's annotation %s names, does not exist", ref, s.Spec.VM, v1alpha1.AnnotationServer)
+		return fmt.Sprintf("BackupStorageLocationServer %s, which VirtualMachine %s's annotation %s names, does not exist", ref, r.VM, v1alpha1.AnnotationServer)
 	case !in.Admitted:
-		return fmt.Sprintf("BackupStorageLocationServer %s does not admit namespace %s (its spec.access.namespaceSelector): ask its admin", ref, s.Namespace)
+		return fmt.Sprintf("BackupStorageLocationServer %s does not admit namespace %s (its spec.access.namespaceSelector): ask its admin", ref, r.Namespace)
 	case server.Status.RequestPollInterval == nil:
 		return fmt.Sprintf("BackupStorageLocationServer %s carries no requests: its guests poll its client port, which it does not publish yet (status.client)", ref)
 	}
-	if _, err := cloudinit.SnapshotRequest(s, vm.Annotations); err != nil {
+	if err := r.Carry(vm.Annotations); err != nil {
 		return err.Error()
 	}
 	return ""
 }
 
 // requester names who asked, as the webhook stamped it.
-func requester(s *v1alpha1.GuestSnapshot) string {
-	if s.Spec.Requester != nil && s.Spec.Requester.Username != "" {
-		return s.Spec.Requester.Username
+func requester(r Request) string {
+	if r.Requester != nil && r.Requester.Username != "" {
+		return r.Requester.Username
 	}
 	return "an unknown user"
 }
@@ -166,4 +249,47 @@ func requester(s *v1alpha1.GuestSnapshot) string {
 // ended reports whether phase is final.
 func ended(phase v1alpha1.RequestPhase) bool {
 	return phase == v1alpha1.PhaseSucceeded || phase == v1alpha1.PhaseFailed
+}
+
+// SnapshotRequest is what a decision reads of GuestSnapshot s, and
+// SnapshotStatus its status.
+func SnapshotRequest(s *v1alpha1.GuestSnapshot) Request {
+	return Request{Kind: RequestSnapshot, Name: s.Name, Namespace: s.Namespace, UID: string(s.UID), VM: s.Spec.VM, Requester: s.Spec.Requester,
+		Carry: func(a map[string]string) error { _, err := cloudinit.SnapshotRequest(s, a); return err }}
+}
+
+// SnapshotStatus is what a decision reads of a GuestSnapshot's status.
+func SnapshotStatus(st v1alpha1.GuestSnapshotStatus) Status {
+	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Files, Bytes: st.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime}
+}
+
+// applySnapshot writes what a decision set into a GuestSnapshot's status.
+func applySnapshot(st Status, to *v1alpha1.GuestSnapshotStatus) {
+	to.Phase, to.Message, to.Snapshots, to.Files, to.Bytes, to.StartTime, to.CompletionTime = st.Phase, st.Message, st.Snapshots, st.Files, st.Bytes, st.StartTime, st.CompletionTime
+}
+
+// RestoreRequest is what a decision reads of GuestRestore g.
+func RestoreRequest(g *v1alpha1.GuestRestore) Request {
+	where := "into " + path.Join(v1alpha1.DefaultRestoreDirectory, g.Name) + " in the guest"
+	switch t := g.Spec.Target; {
+	case t.InPlace:
+		where = "in place in the guest"
+	case t.Directory != "":
+		where = "into " + path.Clean(t.Directory) + " in the guest"
+	}
+	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
+		where = "from VirtualMachine " + g.Spec.SourceVM + "'s snapshots " + where
+	}
+	return Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where,
+		Carry: func(a map[string]string) error { _, err := userset.RestoreRequest(g, a); return err }}
+}
+
+// RestoreStatus is what a decision reads of a GuestRestore's status.
+func RestoreStatus(st v1alpha1.GuestRestoreStatus) Status {
+	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Progress.Files, Bytes: st.Progress.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime}
+}
+
+// applyRestore writes what a decision set into a GuestRestore's status.
+func applyRestore(st Status, to *v1alpha1.GuestRestoreStatus) {
+	to.Phase, to.Message, to.Snapshots, to.Progress.Files, to.Progress.Bytes, to.StartTime, to.CompletionTime = st.Phase, st.Message, st.Snapshots, st.Files, st.Bytes, st.StartTime, st.CompletionTime
 }

@@ -46,102 +46,103 @@ func guest(results ...activity.Result) *activity.Guest {
 func TestDecide(t *testing.T) {
 	ended := now.Add(-10 * time.Second)
 	for name, tt := range map[string]struct {
+		snap               *v1alpha1.GuestSnapshot
 		in                 Inputs
 		phase              v1alpha1.RequestPhase
 		message, events    string
 		snapshots, bytesOK bool
 	}{
 		"new, its VM opted in: handed to the server": {
-			in:    Inputs{Snapshot: request(""), VM: vm(optedIn), Server: server, Admitted: true},
+			snap: request(""), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
 			phase: v1alpha1.PhasePending, message: "waiting for the guest of VirtualMachine web",
 			events: "Normal SnapshotRequested Snapshot requested by alice (before-upgrade)",
 		},
 		"pending, no answer yet: nothing new": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhasePending), VM: vm(optedIn), Server: server, Admitted: true, Guest: guest()},
+			snap: request(v1alpha1.PhasePending), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest()},
 			phase: v1alpha1.PhasePending,
 		},
 		"its VM does not exist": {
-			in:    Inputs{Snapshot: request("")},
+			snap: request(""), in: Inputs{},
 			phase: v1alpha1.PhaseFailed, message: "VirtualMachine web does not exist in namespace team-a",
 			events: "Warning SnapshotRequestFailed Snapshot requested by alice (before-upgrade) failed: VirtualMachine web does not exist",
 		},
 		"its VM opted out": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhasePending), VM: vm(nil)},
+			snap: request(v1alpha1.PhasePending), in: Inputs{VM: vm(nil)},
 			phase: v1alpha1.PhaseFailed, message: "is not backed up by guestbackup: annotate it with guestbackup.io/server",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"no path anywhere": {
-			in:    Inputs{Snapshot: request(""), VM: vm(map[string]string{v1alpha1.AnnotationServer: "backup/main"}), Server: server, Admitted: true},
+			snap: request(""), in: Inputs{VM: vm(map[string]string{v1alpha1.AnnotationServer: "backup/main"}), Server: server, Admitted: true},
 			phase: v1alpha1.PhaseFailed, message: "the request names no path and the VM has no annotation guestbackup.io/paths: set spec.paths",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"its VM's server does not exist": {
-			in:    Inputs{Snapshot: request(""), VM: vm(optedIn)},
+			snap: request(""), in: Inputs{VM: vm(optedIn)},
 			phase: v1alpha1.PhaseFailed, message: "BackupStorageLocationServer backup/main, which VirtualMachine web's annotation guestbackup.io/server names, does not exist",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"its namespace is not admitted by the server": {
-			in:    Inputs{Snapshot: request(""), VM: vm(optedIn), Server: server},
+			snap: request(""), in: Inputs{VM: vm(optedIn), Server: server},
 			phase: v1alpha1.PhaseFailed, message: "BackupStorageLocationServer backup/main does not admit namespace team-a",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"its server publishes no client port": {
-			in:    Inputs{Snapshot: request(""), VM: vm(optedIn), Server: &v1alpha1.BackupStorageLocationServer{}, Admitted: true},
+			snap: request(""), in: Inputs{VM: vm(optedIn), Server: &v1alpha1.BackupStorageLocationServer{}, Admitted: true},
 			phase: v1alpha1.PhaseFailed, message: "carries no requests",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"a tag that poses as the request's own": {
-			in: Inputs{Snapshot: func() *v1alpha1.GuestSnapshot {
+			snap: func() *v1alpha1.GuestSnapshot {
 				s := request("")
 				s.Spec.Tags = map[string]string{"guestbackup-request": "another-uid"}
 				return s
-			}(), VM: vm(optedIn), Server: server, Admitted: true},
+			}(), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
 			phase: v1alpha1.PhaseFailed, message: `it cannot be handed to the guest: request ` + uid + `: tag "guestbackup-request" is not a tag a request may set`,
 			events: "Warning SnapshotRequestFailed",
 		},
 		"too big to hand over": {
-			in: Inputs{Snapshot: request("", func() []string {
+			snap: request("", func() []string {
 				var paths []string
 				for i := range 8 {
 					paths = append(paths, "/"+strings.Repeat(string(rune('a'+i)), 4000))
 				}
 				return paths
-			}()...), VM: vm(optedIn), Server: server, Admitted: true},
+			}()...), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
 			phase: v1alpha1.PhaseFailed, message: "more than 16384: name fewer or shorter paths, tags and description",
 			events: "Warning SnapshotRequestFailed",
 		},
 		"its own paths, though the VM has none": {
-			in:    Inputs{Snapshot: request("", "/srv"), VM: vm(map[string]string{v1alpha1.AnnotationServer: "backup/main"}), Server: server, Admitted: true},
+			snap: request("", "/srv"), in: Inputs{VM: vm(map[string]string{v1alpha1.AnnotationServer: "backup/main"}), Server: server, Admitted: true},
 			phase: v1alpha1.PhasePending, events: "Normal SnapshotRequested",
 		},
 		"started by the guest": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhasePending), VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started})},
+			snap: request(v1alpha1.PhasePending), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started})},
 			phase: v1alpha1.PhaseRunning, message: "the guest is taking the snapshots",
 			events: "Normal SnapshotStarted Snapshot requested by alice (before-upgrade) started in the guest",
 		},
 		"another request's result changes nothing": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhasePending), VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: "other", Phase: "Succeeded", Started: started, Ended: &ended})},
+			snap: request(v1alpha1.PhasePending), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: "other", Phase: "Succeeded", Started: started, Ended: &ended})},
 			phase: v1alpha1.PhasePending,
 		},
 		"taken": {
-			in: Inputs{Snapshot: request(v1alpha1.PhaseRunning), VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: []activity.Snapshot{
+			snap: request(v1alpha1.PhaseRunning), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: []activity.Snapshot{
 				{ID: "k1", Path: "/srv", Files: 3, Bytes: 2048}, {ID: "k2", Path: "/etc", Files: 1, Bytes: 1024},
 			}})},
 			phase: v1alpha1.PhaseSucceeded, message: "took 2 snapshot(s): 4 files, 3.0 KiB", snapshots: true,
 			events: "Normal SnapshotTaken Snapshot requested by alice (before-upgrade) taken: /srv (k1), /etc (k2)",
 		},
 		"failed in the guest": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhaseRunning), VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Failed", Message: "remote requests are turned off in this guest", Started: started, Ended: &ended})},
+			snap: request(v1alpha1.PhaseRunning), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Failed", Message: "remote requests are turned off in this guest", Started: started, Ended: &ended})},
 			phase: v1alpha1.PhaseFailed, message: "remote requests are turned off in this guest",
 			events: "Warning SnapshotRequestFailed Snapshot requested by alice (before-upgrade) failed: remote requests are turned off in this guest",
 		},
 		"ended: stays as it is, VM gone or not": {
-			in:    Inputs{Snapshot: request(v1alpha1.PhaseSucceeded)},
+			snap: request(v1alpha1.PhaseSucceeded), in: Inputs{},
 			phase: v1alpha1.PhaseSucceeded,
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			tt.in.Now = now
+			tt.in.Now, tt.in.Request, tt.in.Status = now, SnapshotRequest(tt.snap), SnapshotStatus(tt.snap.Status)
 			d := Decide(tt.in)
 			if d.Status.Phase != tt.phase {
 				t.Errorf("phase %q, want %q", d.Status.Phase, tt.phase)
@@ -159,8 +160,102 @@ func TestDecide(t *testing.T) {
 			if tt.snapshots && (len(d.Status.Snapshots) != 2 || d.Status.Files != 4 || d.Status.Bytes != 3072 || d.Status.StartTime == nil || d.Status.CompletionTime == nil) {
 				t.Errorf("status %+v", d.Status)
 			}
-			if tt.phase == v1alpha1.PhaseFailed && tt.in.Snapshot.Status.Phase != v1alpha1.PhaseFailed && d.Status.CompletionTime == nil {
+			if tt.phase == v1alpha1.PhaseFailed && tt.snap.Status.Phase != v1alpha1.PhaseFailed && d.Status.CompletionTime == nil {
 				t.Error("a failure without a completion time")
+			}
+		})
+	}
+}
+
+func restoreOf(phase v1alpha1.RequestPhase, change func(*v1alpha1.GuestRestoreSpec)) *v1alpha1.GuestRestore {
+	g := &v1alpha1.GuestRestore{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "nginx-config", UID: types.UID(uid)},
+		Spec:       v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/nginx"}, Requester: &v1alpha1.Requester{Username: "alice"}},
+		Status:     v1alpha1.GuestRestoreStatus{Phase: phase},
+	}
+	change(&g.Spec)
+	return g
+}
+
+// A GuestRestore follows its guest as a GuestSnapshot does, and says what
+// it restored, from which snapshot, where, and for whom.
+func TestDecideRestore(t *testing.T) {
+	ended := now.Add(-10 * time.Second)
+	plan := []activity.Snapshot{{ID: "k1", Path: "/etc/nginx", Root: "/etc", Files: 3, Bytes: 2048}}
+	same := func(*v1alpha1.GuestRestoreSpec) {}
+	for name, tt := range map[string]struct {
+		restore         *v1alpha1.GuestRestore
+		in              Inputs
+		phase           v1alpha1.RequestPhase
+		message, events string
+		files           int64
+	}{
+		"new: handed to the server": {
+			restore: restoreOf("", same), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
+			phase: v1alpha1.PhasePending, message: "waiting for the guest of VirtualMachine web",
+			events: "Normal RestoreRequested Restore requested by alice (nginx-config)",
+		},
+		"into a claim, which this version does not carry": {
+			restore: restoreOf("", func(s *v1alpha1.GuestRestoreSpec) {
+				s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
+			}), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
+			phase: v1alpha1.PhaseFailed, message: "restoring into a PersistentVolumeClaim is not carried out by this version",
+			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: restoring into a PersistentVolumeClaim",
+		},
+		"from another VM whose grant has gone since": {
+			restore: restoreOf(v1alpha1.PhasePending, func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "old" }),
+			in:      Inputs{VM: vm(optedIn), Server: server, Admitted: true},
+			phase:   v1alpha1.PhaseFailed, message: "VirtualMachine web may no longer read the snapshots of old",
+			events: "Warning RestoreRequestFailed",
+		},
+		"started, from the snapshot its server chose": {
+			restore: restoreOf(v1alpha1.PhasePending, same),
+			in:      Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan})},
+			phase:   v1alpha1.PhaseRunning, message: "the guest is restoring",
+			events: "Normal RestoreStarted Restore requested by alice (nginx-config) started in the guest: /etc/nginx (k1) into /var/lib/guestbackup/restores/nginx-config in the guest",
+		},
+		"restored in place": {
+			restore: restoreOf(v1alpha1.PhaseRunning, func(s *v1alpha1.GuestRestoreSpec) { s.Target.InPlace = true }),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan,
+				Message: "/etc/nginx: Restored 3 files"})},
+			phase: v1alpha1.PhaseSucceeded, message: "restored 3 files, 2.0 KiB in place in the guest", files: 3,
+			events: "Normal Restored Restore requested by alice (nginx-config) restored /etc/nginx (k1) in place in the guest",
+		},
+		"restored from another VM's snapshots into a folder": {
+			restore: restoreOf(v1alpha1.PhaseRunning, func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "old"; s.Target.Directory = "/srv/back/" }),
+			in: Inputs{VM: vm(map[string]string{v1alpha1.AnnotationServer: "backup/main", v1alpha1.AnnotationRestoreFrom: "old"}), Server: server, Admitted: true,
+				Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan})},
+			phase: v1alpha1.PhaseSucceeded, message: "restored 3 files, 2.0 KiB from VirtualMachine old's snapshots into /srv/back in the guest", files: 3,
+			events: "Normal Restored Restore requested by alice (nginx-config) restored /etc/nginx (k1) from VirtualMachine old's snapshots into /srv/back in the guest",
+		},
+		"failed in the guest: nothing counted as written": {
+			restore: restoreOf(v1alpha1.PhaseRunning, same),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Failed", Started: started, Ended: &ended, Snapshots: plan,
+				Message: "the restore failed in the guest: /etc/nginx: /var/lib/guestbackup/restores/nginx-config/etc/nginx exists already"})},
+			phase: v1alpha1.PhaseFailed, message: "exists already",
+			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: the restore failed in the guest",
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tt.in.Now, tt.in.Request, tt.in.Status = now, RestoreRequest(tt.restore), RestoreStatus(tt.restore.Status)
+			d := Decide(tt.in)
+			if d.Status.Phase != tt.phase || !strings.Contains(d.Status.Message, tt.message) {
+				t.Errorf("phase %q, message %q; want %q, %q", d.Status.Phase, d.Status.Message, tt.phase, tt.message)
+			}
+			var events []string
+			for _, e := range d.Events {
+				events = append(events, e.Type+" "+e.Reason+" "+e.Message)
+			}
+			if got := strings.Join(events, "\n"); !strings.HasPrefix(got, tt.events) || tt.events == "" && got != "" {
+				t.Errorf("events %q, want %q", got, tt.events)
+			}
+			if d.Status.Files != tt.files {
+				t.Errorf("files %d, want %d", d.Status.Files, tt.files)
+			}
+			var status v1alpha1.GuestRestoreStatus
+			applyRestore(d.Status, &status)
+			if tt.phase != v1alpha1.PhasePending && tt.phase != v1alpha1.PhaseFailed && (len(status.Snapshots) != 1 || status.Snapshots[0].ID != "k1" || status.StartTime == nil) {
+				t.Errorf("status %+v names not the snapshot it restores from", status)
 			}
 		})
 	}

@@ -32,18 +32,18 @@ import (
 // installs with their API (requests.enabled): reading the activity
 // ConfigMaps, VMs, BSLSs and Namespaces and recording Events are the
 // controller's anyway (packages audit's and kopiaserver's rules).
-// +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots,verbs=get;list;watch
-// +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots/status,verbs=patch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots;guestrestores,verbs=get;list;watch
+// +kubebuilder:rbac:groups=guestbackup.io,resources=guestsnapshots/status;guestrestores/status,verbs=patch
 
-// uidIndex indexes GuestSnapshots by UID: a guest's result names its
-// request by UID alone.
+// uidIndex indexes requests by UID: a guest's result names its request by
+// UID alone.
 const uidIndex = "metadata.uid"
 
-// vmIndex indexes GuestSnapshots by their VM's name: a VM that goes fails
-// its requests.
+// vmIndex indexes requests by their VM's name: a VM that goes fails its
+// requests.
 const vmIndex = "spec.vm"
 
-// Reconciler keeps each GuestSnapshot's status.
+// Reconciler keeps each GuestSnapshot's and GuestRestore's status.
 type Reconciler struct {
 	Client   client.Client
 	Recorder record.EventRecorder
@@ -51,8 +51,64 @@ type Reconciler struct {
 	Clock clock.PassiveClock
 }
 
-// SetupWithManager registers the reconciler: GuestSnapshots, and the
-// activity ConfigMaps, mapped to the requests their guests answered.
+// kind is how the reconciler reads and writes one kind of request.
+type kind[T client.Object] struct {
+	name string
+	// object is a new, empty request; list lists them.
+	object func() T
+	list   func(ctx context.Context, c client.Client, opts ...client.ListOption) ([]T, error)
+	// request and status are what a decision reads of one; apply writes
+	// what it decided into its status.
+	request func(T) Request
+	status  func(T) Status
+	apply   func(Status, T)
+	vm      func(T) string
+}
+
+var snapshots = kind[*v1alpha1.GuestSnapshot]{
+	name:   "guestsnapshot",
+	object: func() *v1alpha1.GuestSnapshot { return &v1alpha1.GuestSnapshot{} },
+	list: func(ctx context.Context, c client.Client, opts ...client.ListOption) ([]*v1alpha1.GuestSnapshot, error) {
+		l := &v1alpha1.GuestSnapshotList{}
+		if err := c.List(ctx, l, opts...); err != nil {
+			return nil, err
+		}
+		return pointers(l.Items), nil
+	},
+	request: SnapshotRequest,
+	status:  func(s *v1alpha1.GuestSnapshot) Status { return SnapshotStatus(s.Status) },
+	apply:   func(st Status, s *v1alpha1.GuestSnapshot) { applySnapshot(st, &s.Status) },
+	vm:      func(s *v1alpha1.GuestSnapshot) string { return s.Spec.VM },
+}
+
+var restores = kind[*v1alpha1.GuestRestore]{
+	name:   "guestrestore",
+	object: func() *v1alpha1.GuestRestore { return &v1alpha1.GuestRestore{} },
+	list: func(ctx context.Context, c client.Client, opts ...client.ListOption) ([]*v1alpha1.GuestRestore, error) {
+		l := &v1alpha1.GuestRestoreList{}
+		if err := c.List(ctx, l, opts...); err != nil {
+			return nil, err
+		}
+		return pointers(l.Items), nil
+	},
+	request: RestoreRequest,
+	status:  func(g *v1alpha1.GuestRestore) Status { return RestoreStatus(g.Status) },
+	apply:   func(st Status, g *v1alpha1.GuestRestore) { applyRestore(st, &g.Status) },
+	vm:      func(g *v1alpha1.GuestRestore) string { return g.Spec.VM },
+}
+
+// pointers points at each item of a list.
+func pointers[T any](items []T) []*T {
+	out := make([]*T, len(items))
+	for i := range items {
+		out[i] = &items[i]
+	}
+	return out
+}
+
+// SetupWithManager registers the reconciler for both kinds: the requests,
+// their VMs, and the activity ConfigMaps, mapped to the requests their
+// guests answered.
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Clock == nil {
 		r.Clock = clock.RealClock{}
@@ -63,19 +119,34 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorderFor("guestbackup-requests")
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.GuestSnapshot{}, uidIndex, func(o client.Object) []string {
+	if err := setup(mgr, &kindReconciler[*v1alpha1.GuestSnapshot]{Reconciler: r, kind: snapshots}); err != nil {
+		return err
+	}
+	return setup(mgr, &kindReconciler[*v1alpha1.GuestRestore]{Reconciler: r, kind: restores})
+}
+
+// kindReconciler keeps the status of one kind of request.
+type kindReconciler[T client.Object] struct {
+	*Reconciler
+	kind kind[T]
+}
+
+// setup indexes one kind of request and registers its controller.
+func setup[T client.Object](mgr ctrl.Manager, r *kindReconciler[T]) error {
+	k := r.kind
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), k.object(), uidIndex, func(o client.Object) []string {
 		return []string{string(o.GetUID())}
 	}); err != nil {
-		return fmt.Errorf("index GuestSnapshots by UID: %w", err)
+		return fmt.Errorf("index %s by UID: %w", k.name, err)
 	}
-	if err := mgr.GetFieldIndexer().IndexField(context.Background(), &v1alpha1.GuestSnapshot{}, vmIndex, func(o client.Object) []string {
-		return []string{o.(*v1alpha1.GuestSnapshot).Spec.VM}
+	if err := mgr.GetFieldIndexer().IndexField(context.Background(), k.object(), vmIndex, func(o client.Object) []string {
+		return []string{k.vm(o.(T))}
 	}); err != nil {
-		return fmt.Errorf("index GuestSnapshots by VM: %w", err)
+		return fmt.Errorf("index %s by VM: %w", k.name, err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		Named("guestsnapshot").
-		For(&v1alpha1.GuestSnapshot{}).
+		Named(k.name).
+		For(k.object()).
 		// A VM deleted or opted out fails its requests (metadata only,
 		// the cache the other VM reconcilers share).
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(r.requestsOfVM), builder.OnlyMetadata).
@@ -87,22 +158,22 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 }
 
 // requestsOfVM maps a VM to its requests that have not ended.
-func (r *Reconciler) requestsOfVM(ctx context.Context, o client.Object) []reconcile.Request {
-	list := &v1alpha1.GuestSnapshotList{}
-	if err := r.Client.List(ctx, list, client.InNamespace(o.GetNamespace()), client.MatchingFields{vmIndex: o.GetName()}); err != nil {
+func (r *kindReconciler[T]) requestsOfVM(ctx context.Context, o client.Object) []reconcile.Request {
+	items, err := r.kind.list(ctx, r.Client, client.InNamespace(o.GetNamespace()), client.MatchingFields{vmIndex: o.GetName()})
+	if err != nil {
 		return nil
 	}
 	var reqs []reconcile.Request
-	for i := range list.Items {
-		if !ended(list.Items[i].Status.Phase) {
-			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&list.Items[i])})
+	for _, item := range items {
+		if !ended(r.kind.status(item).Phase) {
+			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(item)})
 		}
 	}
 	return reqs
 }
 
 // answered maps an activity ConfigMap to the requests its guests answered.
-func (r *Reconciler) answered(ctx context.Context, o client.Object) []reconcile.Request {
+func (r *kindReconciler[T]) answered(ctx context.Context, o client.Object) []reconcile.Request {
 	cm, ok := o.(*corev1.ConfigMap)
 	if !ok {
 		return nil
@@ -114,15 +185,15 @@ func (r *Reconciler) answered(ctx context.Context, o client.Object) []reconcile.
 	var reqs []reconcile.Request
 	for _, g := range guests {
 		for _, res := range g.Results {
-			list := &v1alpha1.GuestSnapshotList{}
-			if err := r.Client.List(ctx, list, client.MatchingFields{uidIndex: res.UID}); err != nil {
+			items, err := r.kind.list(ctx, r.Client, client.MatchingFields{uidIndex: res.UID})
+			if err != nil {
 				continue
 			}
-			for _, s := range list.Items {
+			for _, item := range items {
 				// Only a request of the VM the result's guest is: a
 				// server lists the results of its own users.
-				if identity.OfVM(s.Spec.VM, s.Namespace) == g.User {
-					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&s)})
+				if identity.OfVM(r.kind.vm(item), item.GetNamespace()) == g.User {
+					reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(item)})
 				}
 			}
 		}
@@ -130,23 +201,23 @@ func (r *Reconciler) answered(ctx context.Context, o client.Object) []reconcile.
 	return reqs
 }
 
-// Reconcile brings one GuestSnapshot's status up to date.
-func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
-	s := &v1alpha1.GuestSnapshot{}
-	if err := r.Client.Get(ctx, req.NamespacedName, s); err != nil {
+// Reconcile brings one request's status up to date.
+func (r *kindReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
+	obj := r.kind.object()
+	if err := r.Client.Get(ctx, req.NamespacedName, obj); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if ended(s.Status.Phase) {
+	in := Inputs{Request: r.kind.request(obj), Status: r.kind.status(obj), Now: r.Clock.Now()}
+	if ended(in.Status.Phase) {
 		return ctrl.Result{}, nil
 	}
-	in := Inputs{Snapshot: s, Now: r.Clock.Now()}
 	vm := &metav1.PartialObjectMetadata{}
 	vm.SetGroupVersionKind(kubevirtv1.VirtualMachineGroupVersionKind)
-	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Spec.VM}, vm); {
+	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: in.Request.Namespace, Name: in.Request.VM}, vm); {
 	case err == nil:
 		in.VM = vm
 	case !apierrors.IsNotFound(err):
-		return ctrl.Result{}, fmt.Errorf("get VirtualMachine %s/%s: %w", s.Namespace, s.Spec.VM, err)
+		return ctrl.Result{}, fmt.Errorf("get VirtualMachine %s/%s: %w", in.Request.Namespace, in.Request.VM, err)
 	}
 	if in.VM != nil {
 		if err := r.serverOf(ctx, &in); err != nil {
@@ -161,18 +232,18 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		in.Guest = g
 	}
 	d := Decide(in)
-	if equality.Semantic.DeepEqual(d.Status, s.Status) {
+	orig := obj.DeepCopyObject().(T)
+	r.kind.apply(d.Status, obj)
+	if equality.Semantic.DeepEqual(orig, obj) {
 		return ctrl.Result{}, nil
 	}
-	orig := s.DeepCopy()
-	s.Status = d.Status
-	if err := r.Client.Status().Patch(ctx, s, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
-		return ctrl.Result{}, fmt.Errorf("update status of GuestSnapshot %s: %w", req.NamespacedName, err)
+	if err := r.Client.Status().Patch(ctx, obj, client.MergeFromWithOptions(orig, client.MergeFromWithOptimisticLock{})); err != nil {
+		return ctrl.Result{}, fmt.Errorf("update status of %s %s: %w", r.kind.name, req.NamespacedName, err)
 	}
 	// After the status: a failed write records nothing, and the next
 	// pass, which decides again from the same inputs, announces it once.
 	for _, e := range d.Events {
-		r.Recorder.Event(s, e.Type, e.Reason, e.Message)
+		r.Recorder.Event(obj, e.Type, e.Reason, e.Message)
 		if in.VM != nil {
 			ev := vmevent.Normal(e.Reason, e.Message)
 			if e.Type == corev1.EventTypeWarning {
@@ -197,8 +268,8 @@ func (r *Reconciler) serverOf(ctx context.Context, in *Inputs) error {
 	}
 	in.Server = server
 	ns := &corev1.Namespace{}
-	if err := r.Client.Get(ctx, types.NamespacedName{Name: in.Snapshot.Namespace}, ns); err != nil {
-		return fmt.Errorf("get namespace %s: %w", in.Snapshot.Namespace, err)
+	if err := r.Client.Get(ctx, types.NamespacedName{Name: in.Request.Namespace}, ns); err != nil {
+		return fmt.Errorf("get namespace %s: %w", in.Request.Namespace, err)
 	}
 	in.Admitted, err = kopiaserver.Admits(server, ns)
 	return err

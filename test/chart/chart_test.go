@@ -414,8 +414,8 @@ var _ = Describe("The chart rendered", func() {
 					// The controller's own, exactly: it reads requests and writes their status.
 					name := release + "-controller-requests"
 					Expect(as[rbacv1.ClusterRole](r.find("ClusterRole", name)).Rules).To(Equal([]rbacv1.PolicyRule{
-						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestsnapshots"}, Verbs: []string{"get", "list", "watch"}},
-						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestsnapshots/status"}, Verbs: []string{"patch"}},
+						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores", "guestsnapshots"}, Verbs: []string{"get", "list", "watch"}},
+						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores/status", "guestsnapshots/status"}, Verbs: []string{"patch"}},
 					}))
 					binding := as[rbacv1.ClusterRoleBinding](r.find("ClusterRoleBinding", name))
 					Expect(binding.RoleRef.Name).To(Equal(name))
