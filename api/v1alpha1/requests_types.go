@@ -177,11 +177,6 @@ type SnapshotSelector struct {
 	Before *metav1.Time `json:"before,omitempty"`
 }
 
-// DefaultRestoreDirectory is the folder of the guest under which a
-// GuestRestore without a target writes, in a subfolder named after the
-// request.
-const DefaultRestoreDirectory = "/var/lib/guestbackup/restores"
-
 // RestoreTarget is where a GuestRestore writes. At most one field is set;
 // none means a fresh folder in the running guest,
 // /var/lib/guestbackup/restores/<request name>.

@@ -746,7 +746,9 @@ answer() {
     log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
     return 1
   fi
-  [ "$2" = Running ] || echo "$1 $2" >"$work/answered"
+  [ "$2" = Running ] && return 0
+  echo "$1 $2" >"$work/answered"
+  log "answered request $1: $2"
 }
 
 # snapshot UID NAME snapshots the paths in $work/paths, each with the

@@ -270,7 +270,7 @@ func applySnapshot(st Status, to *v1alpha1.GuestSnapshotStatus) {
 
 // RestoreRequest is what a decision reads of GuestRestore g.
 func RestoreRequest(g *v1alpha1.GuestRestore) Request {
-	where := "into " + path.Join(v1alpha1.DefaultRestoreDirectory, g.Name) + " in the guest"
+	where := "into " + path.Join(v1alpha1.RestoresFolder, g.Name) + " in the guest"
 	switch t := g.Spec.Target; {
 	case t.InPlace:
 		where = "in place in the guest"

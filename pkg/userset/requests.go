@@ -87,6 +87,11 @@ type Request struct {
 	// InPlace lets a restore replace what its paths hold in the guest;
 	// without it, a restore writes only where nothing is.
 	InPlace bool `json:"inPlace,omitempty"`
+
+	// Order sorts a user's requests oldest first (Queued.Order), the order
+	// its guest carries them out in: a restore asked after a snapshot
+	// restores from it.
+	Order string `json:"order,omitempty"`
 }
 
 var (
@@ -126,6 +131,9 @@ func (r Request) Validate() error {
 	}
 	if strings.ContainsAny(r.Description, "\x00") {
 		return fmt.Errorf("request %s: the description holds a NUL character", r.UID)
+	}
+	if len(r.Order) > 512 || strings.ContainsAny(r.Order, "\x00\n\r") {
+		return fmt.Errorf("request %s: order %q is not an order", r.UID, r.Order)
 	}
 	if err := r.validateRestore(); err != nil {
 		return fmt.Errorf("request %s: %w", r.UID, err)
@@ -232,7 +240,7 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 	case t.Directory != "":
 		r.Target = path.Clean(t.Directory)
 	default:
-		r.Target = path.Join(v1alpha1.DefaultRestoreDirectory, g.Name)
+		r.Target = path.Join(v1alpha1.RestoresFolder, g.Name)
 	}
 	for _, p := range g.Spec.Paths {
 		r.Paths = append(r.Paths, path.Clean(p))
@@ -291,8 +299,14 @@ func DecodeRequests(data []byte) ([]Request, error) {
 type Queued struct {
 	Request
 	// Order sorts requests of one user, oldest first (their creation
-	// times, then names: both immutable).
+	// times, then names: both immutable); Dispatch copies it into the
+	// requests it lists.
 	Order string
+}
+
+// Oldest sorts requests oldest first, by Order then UID.
+func Oldest(a, b Request) int {
+	return cmp.Or(strings.Compare(a.Order, b.Order), strings.Compare(a.UID, b.UID))
 }
 
 // Dispatch is what the users Secrets list of queued: per shard, the
@@ -316,10 +330,12 @@ func Dispatch(queued []Queued) map[int][]Request {
 		slices.SortFunc(qs, oldest)
 		size := 0
 		for _, q := range qs {
-			if size += q.size(); size > MaxShardRequestsBytes {
+			r := q.Request
+			r.Order = q.Order
+			if size += r.size(); size > MaxShardRequestsBytes {
 				break
 			}
-			shards[shard] = append(shards[shard], q.Request)
+			shards[shard] = append(shards[shard], r)
 		}
 	}
 	return shards

@@ -22,7 +22,8 @@ const ReportPrelude = `#!/bin/sh
 
 // WebConfig is the first VM owner's own inline cloud-config: a file to back
 // up, another to back up when asked from the cluster, a marker, and a
-// report that waits for the guest's answer to that request, restores the
+// report that waits for the guest's answers to that request and to the
+// restore asked after it (GuestRestore web-restore-asked), restores the
 // asked-for file from the snapshot it took, and restores the file from the
 // guest's first snapshot after deleting it, then powers the guest off.
 const WebConfig = `#cloud-config
@@ -37,10 +38,13 @@ write_files:
   permissions: '0755'
   content: |
     ` + ReportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
+    answered() { journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request \([^:]*\): \(.*\)/\1 \2/p'; }
     i=0
-    while [ $i -lt 300 ] && ! [ -s /var/lib/guestbackup/requests/answered ]; do sleep 2; i=$((i+2)); done
-    say "requested $(cat /var/lib/guestbackup/requests/answered 2>/dev/null)"
-    journalctl --no-pager -u guestbackup-requests | tail -n 8 | sed 's/^/GB-E2E-LOG /' >/dev/console
+    while [ $i -lt 300 ] && [ "$(answered | wc -l)" -lt 2 ]; do sleep 2; i=$((i+2)); done
+    say "requested $(answered | sed -n 1p)"
+    journalctl --no-pager -u guestbackup-requests | tail -n 12 | sed 's/^/GB-E2E-LOG /' >/dev/console
+    restored=/var/lib/guestbackup/restores/web-restore-asked/srv/asked/note.txt
+    say "cluster-restore $(answered | sed -n 2p) $(sha256sum <$restored | cut -d' ' -f1) $(stat -c %a:%U:%G $restored) $(stat -c %a:%U:%G /srv/asked/note.txt)"
     asked=$(snapshot_id /srv/asked)
     if guestbackup-kopia restore "$asked/note.txt" /var/tmp/asked.txt >/var/tmp/asked.log 2>&1 && cmp -s /srv/asked/note.txt /var/tmp/asked.txt; then
       say "asked-restore $asked identical $(sha256sum </var/tmp/asked.txt | cut -d' ' -f1)"

@@ -107,8 +107,10 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 	}
 
 	// asked is the owner's request to back up web now, made with `kubectl
-	// guestbackup backup` before the VM boots.
+	// guestbackup backup` before the VM boots; askedBack, made after it
+	// with `kubectl guestbackup restore`, restores the file it takes.
 	asked := &v1alpha1.GuestSnapshot{}
+	askedBack := &v1alpha1.GuestRestore{}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
 		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
@@ -132,6 +134,25 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
 			return string(s.Data[userset.RequestsKey])
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(asked.UID)), "the request, handed to the guest's server")
+
+		By("asking, after it, for the asked-for file back, restored into the request's own folder in the guest")
+		// A guest carries out its requests oldest first, by creation
+		// time (whole seconds), then name: this one is made in a later
+		// second, so that it restores from the snapshot asked first.
+		Eventually(func() bool { return time.Now().After(asked.CreationTimestamp.Add(time.Second)) }).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		plugin = exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/web", "/srv/asked/note.txt", "--name", "web-restore-asked",
+			"-n", vmNS, "-o", "json", "--kubeconfig", bed.Kubeconfig())
+		stderr.Reset()
+		plugin.Stderr = &stderr
+		created, err = plugin.Output()
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(json.Unmarshal(created, askedBack)).To(Succeed(), string(created))
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
+			return string(s.Data[userset.RequestsKey])
+		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(askedBack.UID)), "the restore, handed to the guest's server")
+
 		Eventually(func() string {
 			s := &corev1.Secret{}
 			_ = c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: v1alpha1.CredentialSecretName("web")}, s)
@@ -203,6 +224,30 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" ("+asked.Name+")"), taken))
 		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", asked.Name)).To(ContainElement(taken))
+	})
+
+	It("restores when asked from the cluster: the guest writes the file back into the request's folder, byte for byte with its mode and owner, from the snapshot its server chose", func() {
+		Expect(asked.Status.Snapshots).To(HaveLen(1), "the snapshot asked before")
+		from := asked.Status.Snapshots[0].ID
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(askedBack), askedBack)
+			return askedBack.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseSucceeded), "the restore's status: %+v", askedBack.Status)
+		note := sha256.Sum256([]byte("asked for from the cluster\n"))
+		Expect(Markers(web.console)).To(HaveKeyWithValue("cluster-restore", string(askedBack.UID)+" Succeeded "+hex.EncodeToString(note[:])+" 644:root:root 644:root:root"),
+			"the guest's services said:\n%s", Logs(web.console))
+		Expect(askedBack.Status.Snapshots).To(Equal([]v1alpha1.PathSnapshot{{Path: "/srv/asked/note.txt", ID: from}}), "the latest snapshot holding the path")
+		Expect(askedBack.Status.Progress).To(Equal(v1alpha1.RestoreProgress{Files: 1, Bytes: int64(len("asked for from the cluster\n"))}))
+		Expect(askedBack.Status.StartTime).NotTo(BeNil())
+		Expect(askedBack.Status.CompletionTime).NotTo(BeNil())
+
+		By("saying so, naming who asked, on the request and on the VM")
+		Expect(askedBack.Spec.Requester).NotTo(BeNil(), "the webhook stamps who asked")
+		restored := HavePrefix("Normal Restored: Restore requested by " + askedBack.Spec.Requester.Username + " (web-restore-asked) restored /srv/asked/note.txt (" + from +
+			") into /var/lib/guestbackup/restores/web-restore-asked in the guest")
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
+			HavePrefix("Normal RestoreRequested: Restore requested by "+askedBack.Spec.Requester.Username+" (web-restore-asked)"), restored))
+		Expect(bed.Events(ctx, vmNS, "GuestRestore", askedBack.Name)).To(ContainElement(restored))
 	})
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {

@@ -21,7 +21,8 @@ import (
 var _ clientserver.Requests = (*Syncer)(nil)
 
 // Pending returns the requests the users Secrets address to user that it
-// has not finished, as far as this pod knows: what its guest's poll gets.
+// has not finished, as far as this pod knows, oldest first: what its
+// guest's poll gets, and the order the guest carries them out in.
 // A request it finished stays listed until the controller has recorded
 // the result, and this pod does not hand it out again meanwhile; another
 // replica, which did not take the ending, may, and the guest's own record
@@ -33,7 +34,9 @@ func (s *Syncer) Pending(user string) ([]userset.Request, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] }), nil
+	requests = slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] })
+	slices.SortFunc(requests, userset.Oldest)
+	return requests, nil
 }
 
 // listedRequests are the requests the users Secret of user's shard

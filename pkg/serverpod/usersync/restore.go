@@ -81,6 +81,9 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 				return nil, "", fmt.Errorf("read the snapshots of %s:%s: %w", r.Source, root, err)
 			}
 			if m = latest(manifests, r.Before); m == nil {
+				if r.Before == nil {
+					return nil, restoreRefusal(fmt.Sprintf("%s has no complete snapshot of %s yet: take one, then ask again", r.Source, root)), nil
+				}
 				return nil, restoreRefusal(fmt.Sprintf("%s has no complete snapshot of %s started before %s: choose a later time, or the latest", r.Source, root, r.Before.UTC().Format(time.RFC3339))), nil
 			}
 		}

@@ -248,11 +248,12 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		one, two := GinkgoT().TempDir(), GinkgoT().TempDir()
 		Expect(os.WriteFile(filepath.Join(one, "a.txt"), []byte("one\n"), 0o600)).To(Succeed())
 		Expect(os.WriteFile(filepath.Join(two, "b.txt"), []byte("two\n"), 0o600)).To(Succeed())
-		now := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000001", User: alice.user, Kind: userset.RequestSnapshot, Name: "now", Paths: []string{one}}
-		both := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000002", User: alice.user, Kind: userset.RequestSnapshot, Name: "both", Paths: []string{one, two}}
+		now := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000001", User: alice.user, Kind: userset.RequestSnapshot, Name: "now", Paths: []string{one}, Order: "2026-12-07T08:00:01Z/now"}
+		both := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000002", User: alice.user, Kind: userset.RequestSnapshot, Name: "both", Paths: []string{one, two}, Order: "2026-12-07T08:00:00Z/both"}
 		daves := userset.Request{UID: "0b7c8f2a-1111-4000-8000-000000000003", User: dave.user, Kind: userset.RequestSnapshot, Name: "daves", Paths: []string{two}}
 		writeUsersWithRequests(users, now, both, daves)
-		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(ConsistOf(now, both))
+		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(Equal([]userset.Request{both, now}),
+			"oldest first: the order its guest carries them out in")
 		Expect(syncer.Pending(dave.user)).To(ConsistOf(daves), "a guest is handed its own requests only")
 
 		By("refusing a result from a guest the request is not addressed to")
@@ -501,8 +502,8 @@ func writeUsersWithRequests(keep map[string]identity.Hash, requests ...userset.R
 	}
 	listed := userset.Dispatch(func() []userset.Queued {
 		var q []userset.Queued
-		for i, r := range requests {
-			q = append(q, userset.Queued{Request: r, Order: fmt.Sprint(i)})
+		for _, r := range requests {
+			q = append(q, userset.Queued{Request: r, Order: r.Order})
 		}
 		return q
 	}())
