@@ -6,14 +6,18 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
 	"regexp"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/local"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/test/story"
@@ -135,7 +139,7 @@ var _ = Describe("Restore on their own, and a guest that does not connect", Orde
 		ctx = context.Background()
 		o := local.ControllerOptions()
 		o.GuestNotConnectedAfter = notConnectedAfter
-		bp := startBackupPlatformWith(ctx, local.Options{Logger: GinkgoLogr, Controller: &o}, bslsNS, vmNS)
+		bp := startBackupPlatformWith(ctx, local.Options{Logger: GinkgoLogr, Controller: &o, Requests: true}, bslsNS, vmNS)
 		platform = bp.Platform
 		blocks = guestDocBlocks()
 		Expect(blocks).NotTo(BeEmpty())
@@ -237,6 +241,10 @@ write_files:
     say "status $(cat /var/lib/guestbackup/status)"
     /usr/local/sbin/guide
     say "fromold $(cat /srv/data/report-from-old.txt)"
+    i=0
+    while [ $i -lt 300 ] && ! journalctl --no-pager -u guestbackup-requests | grep -q 'answered request'; do sleep 2; i=$((i+2)); done
+    say "answered $(journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request //p' | head -n 1)"
+    say "cluster-fromold $(cat /var/lib/guestbackup/restores/new-from-old/srv/data/report.txt)"
     systemctl poweroff
 runcmd:
 - [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
@@ -244,9 +252,33 @@ runcmd:
 		vm := newVM("new", config, map[string]string{"guestbackup.io/restore-from": "old"})
 		Eventually(vmEvents("new")).WithTimeout(time.Minute).Should(ContainElement(
 			HavePrefix("Normal RestoreAccessGranted: This VM's guest may read the snapshots of old@team-a")))
+
+		By("asking from the cluster, with kubectl guestbackup, for the deleted VM's file in the new VM's guest")
+		plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/new", "/srv/data/report.txt", "--source-vm", "old",
+			"--name", "new-from-old", "-n", vmNS, "--kubeconfig", platform.API.Kubeconfig(GinkgoT()))
+		out, err := plugin.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		asked := &v1alpha1.GuestRestore{}
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = platform.API.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "new-from-old"}, asked)
+			return asked.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhasePending), "the restore, handed to the new VM's server")
+
 		m := run(vm, nil)
 		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"), m["logs"])
 		blocksOK(m, "guest-restore-from")
 		Expect(m).To(HaveKeyWithValue("fromold", "report v2"), "the deleted VM's file, from its latest snapshot")
+
+		By("restoring it, as asked from the cluster, into the request's folder in the new VM's guest, from the deleted VM's latest snapshot")
+		Expect(m).To(HaveKeyWithValue("answered", string(asked.UID)+": Succeeded"), m["logs"])
+		Expect(m).To(HaveKeyWithValue("cluster-fromold", "report v2"), m["logs"])
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = platform.API.Client.Get(ctx, client.ObjectKeyFromObject(asked), asked)
+			return asked.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseSucceeded), "%+v", asked.Status)
+		Expect(asked.Status.Snapshots).To(ConsistOf(HaveField("Path", "/srv/data/report.txt")))
+		Eventually(vmEvents("new")).WithTimeout(30 * time.Second).Should(ContainElement(HavePrefix(
+			"Normal Restored: Restore requested by " + asked.Spec.Requester.Username + " (new-from-old) restored /srv/data/report.txt (" + asked.Status.Snapshots[0].ID +
+				") from VirtualMachine old's snapshots into /var/lib/guestbackup/restores/new-from-old in the guest")))
 	})
 })
