@@ -68,12 +68,12 @@ below it: nothing in the guest is overwritten. Or at most one of:
 The running guest writes nothing where something already is, and follows
 no symbolic link on the way, except --in-place.
 
---list restores nothing: the request lists what it would write (paths,
-types, sizes, modification times; the first 500) and counts it all; with
---wait it prints that listing.
+--list restores nothing: the VM's server lists what it would write (paths,
+types, sizes, modification times; the first 100) and counts it all, even
+for a stopped VM; with --wait it prints that listing.
 
-Not carried out by this version: --pvc, --pvc-size and --list make a
-request that fails at once, saying what to do instead.
+Not carried out by this version: --pvc and --pvc-size make a request that
+fails at once, saying what to do instead.
 
 With --wait, it follows the request until it ends, printing what was
 written so far, then what was restored, from which snapshots, and where.
@@ -82,8 +82,8 @@ written so far, then what was restored, from which snapshots, and where.
 		Example: `  # /etc/nginx as in web's latest snapshot, into web's restores folder
   kubectl guestbackup restore web /etc/nginx -n apps --wait
 
-  # /home/alice as it was yesterday evening, under /srv/back in the guest
-  kubectl guestbackup restore vm/web /home/alice --before 2026-12-06T18:00:00Z --to /srv/back --wait
+  # What restoring /home/alice as it was yesterday evening would write
+  kubectl guestbackup restore vm/web /home/alice --before 2026-12-06T18:00:00Z --list --wait
 
   # Put one file back in place, from a snapshot ID
   kubectl guestbackup restore vm/web /etc/app.conf --from k3c5a1e2f0d9b8a7c6 --in-place --wait

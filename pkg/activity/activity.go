@@ -79,10 +79,41 @@ type Result struct {
 	// snapshot request, those taken; of a restore, those its paths are
 	// restored from, chosen when the guest started it.
 	Snapshots []Snapshot `json:"snapshots,omitempty"`
+	// Listing is what a restore's dry run would write, as its server pod
+	// listed it from the repository; nil for anything else.
+	Listing *Listing `json:"listing,omitempty"`
 	// Started is when the guest said it started; Ended when it said it
 	// ended (both as its server pod received them).
 	Started time.Time  `json:"started"`
 	Ended   *time.Time `json:"ended,omitempty"`
+}
+
+// MaxListingEntries and MaxListingBytes bound a dry run's listing, so that
+// a shard's activity stays well within what a ConfigMap holds: beyond, the
+// listing is truncated (its counts stay whole).
+const (
+	MaxListingEntries = 100
+	MaxListingBytes   = 16 << 10
+)
+
+// Listing is what a restore would write: its first entries, in path order,
+// and the count and size of all its files.
+type Listing struct {
+	Entries   []Entry `json:"entries,omitempty"`
+	Files     int64   `json:"files"`
+	Bytes     int64   `json:"bytes"`
+	Truncated bool    `json:"truncated,omitempty"`
+}
+
+// Entry is one file, folder or symbolic link a restore would write.
+type Entry struct {
+	// Path is where it would be written in the guest.
+	Path string `json:"path"`
+	// Type is file, directory or symlink.
+	Type string `json:"type"`
+	// Size is a file's size, or a folder's files'.
+	Size    int64     `json:"size"`
+	ModTime time.Time `json:"modTime"`
 }
 
 // Report is a problem a guest reported to its server pod.

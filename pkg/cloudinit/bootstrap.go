@@ -401,7 +401,7 @@ kopia=${KOPIA:-kopia}
 export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
 ` + trustEnv + `
-log() { echo "guestbackup: $*"; }
+log() { printf 'guestbackup: %s\n' "$*"; }
 # mark records the outcome where an admin or the owner looks first.
 mark() {
   mkdir -p "$state_dir" && chmod 0700 "$state_dir"
@@ -591,7 +591,7 @@ export KOPIA_CHECK_FOR_UPDATES=false
 # shellcheck source=/dev/null
 . "$conf_dir/guestbackup.conf"
 who="$GUESTBACKUP_USER@$GUESTBACKUP_HOST"
-log() { echo "guestbackup: $*"; }
+log() { printf 'guestbackup: %s\n' "$*"; }
 ` + reportFunc + hooksFunc + `
 mkdir -p "$state_dir" && chmod 0700 "$state_dir"
 paths=$(cat "$conf_dir/paths")
@@ -699,7 +699,7 @@ poll=${GUESTBACKUP_REQUEST_POLL:-30}
 ` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
 ` + trustEnv + `
-log() { echo "guestbackup: $*"; }
+log() { printf 'guestbackup: %s\n' "$*"; }
 
 # shellcheck source=/dev/null
 . "$conf_dir/guestbackup.conf"
@@ -804,6 +804,10 @@ restore() {
     return
   fi
   answer "$1" Running "" "$work/plan" || return 0
+  if ! grep -q '^from ' "$work/plan"; then
+    answer "$1" Failed "the server named nothing to restore: ask again, or tell the server's admin"
+    return
+  fi
   log "restoring what request $2 asks for"
   failed="" restored=""
   while read -r word source dest; do
@@ -830,19 +834,33 @@ restore() {
 }
 
 # fresh TARGET PATH makes the folders of TARGET/PATH above it and prints
-# TARGET/PATH, or prints why not: a folder on the way that is a symbolic
-# link, or something already at TARGET/PATH, which a restore outside in
-# place never overwrites.
+# TARGET/PATH, or prints why not. Every folder on the way, the target's own
+# included, must be one only root may change (none a symbolic link, each
+# root's and writable by no one else unless sticky, as /tmp is), so that
+# nothing leads the restore elsewhere while it writes; the folders it makes
+# are root's alone. It never names something already there: a restore
+# outside in place overwrites nothing.
 fresh() {
-  (umask 077 && mkdir -p "$1") || { printf 'cannot create %s\n' "$1"; return 1; }
-  at=$1 rest=${2#/}
+  at="" rest=${1#/}/${2#/}
   while [ "${rest#*/}" != "$rest" ]; do
     at=$at/${rest%%/*} rest=${rest#*/}
     if [ -L "$at" ]; then
-      printf '%s is a symbolic link, which a restore into %s does not follow\n' "$at" "$1"
+      printf '%s is a symbolic link, which a restore into %s does not follow: name the folder it leads to\n' "$at" "$1"
       return 1
     fi
-    [ -d "$at" ] || mkdir "$at" || { printf 'cannot create %s\n' "$at"; return 1; }
+    if ! [ -d "$at" ]; then
+      (umask 077 && mkdir "$at") || { printf 'cannot create %s\n' "$at"; return 1; }
+      continue
+    fi
+    perm=$(stat -c %a "$at") owner=$(stat -c %u "$at") writable=""
+    # Group or others may write, unless the sticky bit keeps them from
+    # moving what is not theirs.
+    case ${perm#"${perm%??}"} in *[2367]*) writable=1 ;; esac
+    case ${#perm}:${perm%???} in 4:[1357]) writable="" ;; esac
+    if [ "$owner" != 0 ] || [ -n "$writable" ]; then
+      printf '%s may be changed by others than root (owner %s, mode %s): restore into a folder only root may change\n' "$at" "$owner" "$perm"
+      return 1
+    fi
   done
   at=$at/$rest
   if [ -e "$at" ] || [ -L "$at" ]; then

@@ -369,6 +369,32 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 		t.Errorf("a restore wrote through a symbolic link: %v", entries)
 	}
 
+	// Nor into a folder others may change: a guest's user who made it, or
+	// may write it, could move a link under the restore while it writes.
+	for _, tt := range []struct {
+		name, uid string
+		prepare   func(string) error
+	}{
+		{"writable by others", "9e1f0000-0000-4000-8000-000000000005", func(dir string) error { return os.Chmod(dir, 0o777) }},
+		{"another user's", "9e1f0000-0000-4000-8000-000000000006", func(dir string) error { return os.Chown(dir, 65534, 65534) }},
+	} {
+		name := tt.name
+		dir := filepath.Join(restores, strings.ReplaceAll(name, " ", "-"))
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := tt.prepare(dir); err != nil {
+			t.Fatal(err)
+		}
+		got = restore(tt.uid, filepath.Join(dir, "into"), false, filepath.Join(data, "a.txt"))
+		if len(got) != 2 || !strings.Contains(got[1], dir+" may be changed by others than root") {
+			t.Errorf("a folder %s: answers %q, want a refusal", name, got)
+		}
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			t.Errorf("a restore wrote into a folder %s: %v", name, entries)
+		}
+	}
+
 	// In place, it puts the snapshot's file back over the changed one.
 	got = restore("9e1f0000-0000-4000-8000-000000000004", "/", true, filepath.Join(data, "a.txt"))
 	if len(got) != 2 || !strings.Contains(got[1], " Succeeded ") {

@@ -49,6 +49,9 @@ const (
 	// ReasonRestoreFailed: the restore ended without restoring every path;
 	// the message says why.
 	ReasonRestoreFailed = "RestoreRequestFailed"
+	// ReasonRestoreListed: a dry run listed what the restore would write
+	// (status.dryRun), and wrote nothing.
+	ReasonRestoreListed = "RestoreListed"
 )
 
 // Request is what a decision reads of a request, of either kind.
@@ -64,6 +67,8 @@ type Request struct {
 	Requester *v1alpha1.Requester
 	// Where says where a restore writes, for its messages.
 	Where string
+	// DryRun is a restore that only lists what it would write.
+	DryRun bool
 	// Carry says why the request cannot be handed to the guest of a VM
 	// with these annotations; nil when it can.
 	Carry func(vmAnnotations map[string]string) error
@@ -85,6 +90,8 @@ type Status struct {
 	Files, Bytes   int64
 	StartTime      *metav1.Time
 	CompletionTime *metav1.Time
+	// DryRun is a restore's dry run's listing.
+	DryRun *v1alpha1.DryRunListing
 }
 
 // Inputs are what a decision about one request reads.
@@ -193,6 +200,13 @@ func Decide(in Inputs) Decision {
 			d.Status.CompletionTime = &end
 		}
 		switch {
+		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.DryRun:
+			// A dry run writes nothing: what it counts is what a restore
+			// would write.
+			d.Status.Files, d.Status.Bytes = 0, 0
+			d.Status.DryRun = dryRun(res.Listing)
+			d.Status.Message = fmt.Sprintf("a dry run: restoring would write %d files, %s %s; nothing was written", d.Status.DryRun.Files, units.Bytes(uint64(max(d.Status.DryRun.Bytes, 0))), r.Where)
+			d.Events = append(d.Events, Event{"Normal", ReasonRestoreListed, fmt.Sprintf("%s listed (a dry run): %s would be restored %s", asked, strings.Join(from, ", "), r.Where)})
 		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.Kind == RequestRestore:
 			d.Status.Message = fmt.Sprintf("restored %s %s", size, r.Where)
 			d.Events = append(d.Events, Event{"Normal", w.done, fmt.Sprintf("%s restored %s %s", asked, strings.Join(from, ", "), r.Where)})
@@ -280,16 +294,35 @@ func RestoreRequest(g *v1alpha1.GuestRestore) Request {
 	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
 		where = "from VirtualMachine " + g.Spec.SourceVM + "'s snapshots " + where
 	}
-	return Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where,
+	return Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where, DryRun: g.Spec.DryRun,
 		Carry: func(a map[string]string) error { _, err := userset.RestoreRequest(g, a); return err }}
 }
 
 // RestoreStatus is what a decision reads of a GuestRestore's status.
 func RestoreStatus(st v1alpha1.GuestRestoreStatus) Status {
-	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Progress.Files, Bytes: st.Progress.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime}
+	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Progress.Files, Bytes: st.Progress.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime, DryRun: st.DryRun}
 }
 
 // applyRestore writes what a decision set into a GuestRestore's status.
 func applyRestore(st Status, to *v1alpha1.GuestRestoreStatus) {
 	to.Phase, to.Message, to.Snapshots, to.Progress.Files, to.Progress.Bytes, to.StartTime, to.CompletionTime = st.Phase, st.Message, st.Snapshots, st.Files, st.Bytes, st.StartTime, st.CompletionTime
+	to.DryRun = st.DryRun
+}
+
+// dryRun is a server's listing as a GuestRestore's status.dryRun.
+func dryRun(l *activity.Listing) *v1alpha1.DryRunListing {
+	out := &v1alpha1.DryRunListing{}
+	if l == nil {
+		return out
+	}
+	out.Files, out.Bytes, out.Truncated = l.Files, l.Bytes, l.Truncated
+	for _, e := range l.Entries[:min(len(l.Entries), v1alpha1.MaxDryRunEntries)] {
+		entry := v1alpha1.DryRunEntry{Path: e.Path, Type: e.Type, Size: e.Size}
+		if !e.ModTime.IsZero() {
+			t := metav1.NewTime(e.ModTime)
+			entry.ModTime = &t
+		}
+		out.Entries = append(out.Entries, entry)
+	}
+	return out
 }

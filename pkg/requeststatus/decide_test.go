@@ -228,6 +228,13 @@ func TestDecideRestore(t *testing.T) {
 			phase: v1alpha1.PhaseSucceeded, message: "restored 3 files, 2.0 KiB from VirtualMachine old's snapshots into /srv/back in the guest", files: 3,
 			events: "Normal Restored Restore requested by alice (nginx-config) restored /etc/nginx (k1) from VirtualMachine old's snapshots into /srv/back in the guest",
 		},
+		"a dry run, listed by the server": {
+			restore: restoreOf(v1alpha1.PhasePending, func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan,
+				Listing: &activity.Listing{Files: 3, Bytes: 2048, Truncated: true, Entries: []activity.Entry{{Path: "/var/lib/guestbackup/restores/nginx-config/etc/nginx", Type: "directory", Size: 2048, ModTime: started}}}})},
+			phase: v1alpha1.PhaseSucceeded, message: "a dry run: restoring would write 3 files, 2.0 KiB into /var/lib/guestbackup/restores/nginx-config in the guest; nothing was written",
+			events: "Normal RestoreListed Restore requested by alice (nginx-config) listed (a dry run): /etc/nginx (k1) would be restored into /var/lib/guestbackup/restores/nginx-config in the guest",
+		},
 		"failed in the guest: nothing counted as written": {
 			restore: restoreOf(v1alpha1.PhaseRunning, same),
 			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Failed", Started: started, Ended: &ended, Snapshots: plan,
@@ -254,6 +261,10 @@ func TestDecideRestore(t *testing.T) {
 			}
 			var status v1alpha1.GuestRestoreStatus
 			applyRestore(d.Status, &status)
+			if tt.restore.Spec.DryRun && (status.DryRun == nil || status.DryRun.Files != 3 || !status.DryRun.Truncated || len(status.DryRun.Entries) != 1 ||
+				status.DryRun.Entries[0].Type != "directory" || status.DryRun.Entries[0].ModTime == nil) {
+				t.Errorf("dry run %+v, want the server's listing", status.DryRun)
+			}
 			if tt.phase != v1alpha1.PhasePending && tt.phase != v1alpha1.PhaseFailed && (len(status.Snapshots) != 1 || status.Snapshots[0].ID != "k1" || status.StartTime == nil) {
 				t.Errorf("status %+v names not the snapshot it restores from", status)
 			}

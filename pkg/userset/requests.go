@@ -36,9 +36,17 @@ const MaxRequestsPerUser = 4
 const MaxRequestBytes = 16 << 10
 
 // MaxShardRequestsBytes bounds the requests of one users Secret, encoded,
-// well within what a Secret holds beside its users: beyond it, the newest
+// with what their results will add to the shard's activity ConfigMap
+// (ResultBytesPerPath for each path), well within what a Secret and a
+// ConfigMap hold beside their users and guests: beyond it, the newest
 // requests wait their turn.
 const MaxShardRequestsBytes = 256 << 10
+
+// ResultBytesPerPath bounds what a request's result records in its
+// shard's activity for one path, beside the path itself twice (a
+// restore's step names the path and the snapshot's root): a snapshot's
+// ID, times and counts, encoded.
+const ResultBytesPerPath = 256
 
 // RequestSnapshot is the kind of a request to snapshot now (GuestSnapshot).
 const RequestSnapshot = "snapshot"
@@ -87,6 +95,9 @@ type Request struct {
 	// InPlace lets a restore replace what its paths hold in the guest;
 	// without it, a restore writes only where nothing is.
 	InPlace bool `json:"inPlace,omitempty"`
+	// DryRun makes a restore a listing of what it would write, which the
+	// server pod makes from the repository alone: no guest is handed it.
+	DryRun bool `json:"dryRun,omitempty"`
 
 	// Order sorts a user's requests oldest first (Queued.Order), the order
 	// its guest carries them out in: a restore asked after a snapshot
@@ -148,7 +159,7 @@ func (r Request) Validate() error {
 // request carries none of them.
 func (r Request) validateRestore() error {
 	if r.Kind != RequestRestore {
-		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace {
+		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace || r.DryRun {
 			return fmt.Errorf("a %s request carries restore fields", r.Kind)
 		}
 		return nil
@@ -176,6 +187,16 @@ func (r Request) validateRestore() error {
 
 // snapshotIDPattern is a Kopia manifest ID, as admission checks it.
 var snapshotIDPattern = regexp.MustCompile(`^[0-9a-zA-Z]{1,64}$`)
+
+// budget is what r takes of its shard's room: its encoding, and what its
+// result will record in the shard's activity ConfigMap.
+func (r Request) budget() int {
+	n := r.size()
+	for _, p := range r.Paths {
+		n += ResultBytesPerPath + 2*len(p)
+	}
+	return n
+}
 
 // size is r's length, encoded.
 func (r Request) size() int {
@@ -217,11 +238,8 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 	if g.Spec.Target.PersistentVolumeClaim != nil {
 		return Request{}, fmt.Errorf("restoring into a PersistentVolumeClaim is not carried out by this version: restore into the running guest (omit spec.target, or set directory or inPlace) and copy from there")
 	}
-	if g.Spec.DryRun {
-		return Request{}, fmt.Errorf("a dry run is not carried out by this version: list the snapshot in the guest (guestbackup-kopia ls -l -r <snapshot>/<path>)")
-	}
 	r := Request{UID: string(g.UID), User: identity.OfVM(g.Spec.VM, g.Namespace), Kind: RequestRestore, Name: g.Name,
-		SnapshotID: g.Spec.Snapshot.ID}
+		SnapshotID: g.Spec.Snapshot.ID, DryRun: g.Spec.DryRun}
 	r.Source = r.User
 	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
 		grant, refusal := RestoreFrom(g.Spec.VM, g.Namespace, vmAnnotations)
@@ -332,7 +350,7 @@ func Dispatch(queued []Queued) map[int][]Request {
 		for _, q := range qs {
 			r := q.Request
 			r.Order = q.Order
-			if size += r.size(); size > MaxShardRequestsBytes {
+			if size += r.budget(); size > MaxShardRequestsBytes {
 				break
 			}
 			shards[shard] = append(shards[shard], r)

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 )
 
 func request(uid, user string, paths ...string) Request {
@@ -160,7 +161,9 @@ func TestRestoreRequest(t *testing.T) {
 		"into a claim": {g: restore(func(s *v1alpha1.GuestRestoreSpec) {
 			s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
 		}), wantErr: "restoring into a PersistentVolumeClaim is not carried out by this version"},
-		"a dry run": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }), wantErr: "a dry run is not carried out by this version"},
+		"a dry run": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config", DryRun: true}},
 	} {
 		got, err := RestoreRequest(tt.g, tt.vm)
 		switch {
@@ -177,3 +180,46 @@ func TestRestoreRequest(t *testing.T) {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// What the listed requests' results will record in their shard's activity
+// ConfigMap is within the shard's budget too: a tenant's restores of many
+// short paths, answered Running and never ended, cannot make the ConfigMap
+// too large to write for every guest of the shard.
+func TestDispatchBoundsTheResults(t *testing.T) {
+	paths := make([]string, 64)
+	for i := range paths {
+		paths[i] = fmt.Sprintf("/%c", 'a'+i%26)
+		if i >= 26 {
+			paths[i] = fmt.Sprintf("/%c%d", 'a'+i%26, i)
+		}
+	}
+	var queued []Queued
+	shard := ShardOf("vm-0@team-a")
+	for i := 0; len(queued) < 1000; i++ {
+		user := fmt.Sprintf("vm-%d@team-a", i)
+		if ShardOf(user) != shard {
+			continue
+		}
+		r := Request{UID: fmt.Sprintf("eeee0000-0000-4000-8000-%012d", len(queued)), User: user, Kind: RequestRestore, Name: "r", Paths: paths, Source: user, Target: "/var/lib/guestbackup/restores/r"}
+		if err := r.Validate(); err != nil {
+			t.Fatal(err)
+		}
+		queued = append(queued, Queued{Request: r, Order: fmt.Sprint(len(queued))})
+	}
+	listed := Dispatch(queued)[shard]
+	guests := map[string]activity.Guest{}
+	at := time.Date(2026, 12, 7, 8, 0, 0, 123456789, time.UTC)
+	for _, r := range listed {
+		g := guests[r.User]
+		g.User = r.User
+		res := activity.Result{UID: r.UID, Phase: "Running", Started: at}
+		for _, p := range r.Paths {
+			res.Snapshots = append(res.Snapshots, activity.Snapshot{ID: strings.Repeat("f", 32), Path: p, Root: p, Start: at, End: at, Bytes: 1 << 40, Files: 1 << 30})
+		}
+		g.Results = append(g.Results, res)
+		guests[r.User] = g
+	}
+	if size := len(activity.Encode(guests)); len(listed) == 0 || size > MaxShardRequestsBytes {
+		t.Errorf("%d listed restores record %d bytes of results in their shard's activity, more than %d", len(listed), size, MaxShardRequestsBytes)
+	}
+}

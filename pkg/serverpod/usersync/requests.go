@@ -34,7 +34,8 @@ func (s *Syncer) Pending(user string) ([]userset.Request, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	requests = slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] })
+	// A dry run is the server pod's to list (carryDryRuns).
+	requests = slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] || r.DryRun })
 	slices.SortFunc(requests, userset.Oldest)
 	return requests, nil
 }
@@ -108,17 +109,16 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	res := activity.Result{UID: uid, Phase: phase, Message: message, Started: now}
 	running, restore := phase == string(v1alpha1.PhaseRunning), requests[i].Kind == userset.RequestRestore
 	switch {
+	case requests[i].DryRun:
+		// The server pod lists it (carryDryRuns); a guest has nothing to
+		// do with it.
+		return clientserver.ErrUnknownRequest
 	case running && restore:
 		// The snapshots it restores from are chosen now, once: the
 		// result keeps them for the guest's repeated Running, for any
 		// replica, and for the request's status.
-		plan, refused, err := s.planRestore(ctx, requests[i])
-		if err != nil {
+		if err := s.planRestore(ctx, requests[i], &res); err != nil {
 			return err
-		}
-		res.Snapshots = plan
-		if refused != "" {
-			res.Phase, res.Message, res.Ended = string(v1alpha1.PhaseFailed), string(refused), &now
 		}
 	case !running && restore:
 		// What a restore wrote is in the guest, which is the owner's
@@ -174,15 +174,86 @@ func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapsho
 }
 
 // planRestore chooses what restore request r restores from (restorePlan),
-// in the repository refreshed first: the snapshot it names may have been
-// written through the Kopia server a moment ago.
-func (s *Syncer) planRestore(ctx context.Context, r userset.Request) ([]activity.Snapshot, restoreRefusal, error) {
+// in the repository refreshed first (the snapshot it names may have been
+// written through the Kopia server a moment ago), into res: its
+// snapshots; for a dry run, the listing and the ending; for a restore
+// that cannot be carried out, the failure and why.
+func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activity.Result) error {
 	s.verifying.Lock()
 	defer s.verifying.Unlock()
 	if err := s.opts.Repository.Refresh(ctx); err != nil {
-		return nil, "", fmt.Errorf("refresh repository: %w", err)
+		return fmt.Errorf("refresh repository: %w", err)
 	}
-	return restorePlan(ctx, s.opts.Repository, r)
+	plan, refused, err := restorePlan(ctx, s.opts.Repository, r)
+	if err != nil {
+		return err
+	}
+	end := func(phase v1alpha1.RequestPhase, message string) {
+		ended := res.Started
+		res.Phase, res.Message, res.Ended = string(phase), message, &ended
+	}
+	res.Snapshots = snapshots(plan)
+	switch {
+	case refused != "":
+		end(v1alpha1.PhaseFailed, string(refused))
+	case r.DryRun:
+		if res.Listing, err = dryRunListing(ctx, plan, r.Target, r.InPlace); err != nil {
+			return err
+		}
+		end(v1alpha1.PhaseSucceeded, "a dry run: nothing written")
+	}
+	return nil
+}
+
+// dryRunsListed reports whether the users Secrets list a dry run this pod
+// has not carried out.
+func (s *Syncer) dryRunsListed(lister corelisters.SecretNamespaceLister) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for shard := range userset.Shards {
+		requests, _ := shardRequests(lister, s.opts.BSLS, shard)
+		if slices.ContainsFunc(requests, func(r userset.Request) bool { return r.DryRun && !s.ended[r.UID] }) {
+			return true
+		}
+	}
+	return false
+}
+
+// carryDryRuns carries out the restores' dry runs the users Secrets list:
+// their listing needs the repository alone, so no guest is handed them,
+// and a stopped VM's are listed too. Each is done once: its result is
+// recorded where every replica reads it.
+func (s *Syncer) carryDryRuns(ctx context.Context, lister corelisters.SecretNamespaceLister) error {
+	configMaps := s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace)
+	for shard := range userset.Shards {
+		requests, err := shardRequests(lister, s.opts.BSLS, shard)
+		if err != nil {
+			return nil // no shard is read while one cannot be: the next pass
+		}
+		for _, r := range requests {
+			s.mu.Lock()
+			done := s.ended[r.UID]
+			s.mu.Unlock()
+			if !r.DryRun || done {
+				continue
+			}
+			prev, err := activityscan.PublishedResult(ctx, configMaps, s.opts.BSLS, r.User, r.UID)
+			if err != nil {
+				return err
+			}
+			if prev == nil || prev.Ended == nil {
+				res := activity.Result{UID: r.UID, Started: s.now()}
+				if err := s.planRestore(ctx, r, &res); err != nil {
+					return fmt.Errorf("dry run %s: %w", r.UID, err)
+				}
+				if _, err := activityscan.RecordResult(ctx, configMaps, s.opts.BSLS, r.User, res); err != nil {
+					return err
+				}
+			}
+			s.noteEnded(r.UID)
+		}
+	}
+	return nil
 }
 
 // noteEnded remembers that request uid has ended, so that Pending no

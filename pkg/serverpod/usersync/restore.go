@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"path"
 	"slices"
 	"strings"
@@ -33,7 +34,7 @@ type restoreRefusal string
 // repository holds under the source's identity. A refusal says why the
 // request cannot be carried out; an error, that the repository could not
 // be read.
-func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([]activity.Snapshot, restoreRefusal, error) {
+func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([]restoreStep, restoreRefusal, error) {
 	user, host, _ := strings.Cut(r.Source, "@")
 	entries, err := rep.FindManifests(ctx, map[string]string{
 		manifest.TypeLabelKey:  snapshot.ManifestType,
@@ -56,6 +57,8 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 			return nil, restoreRefusal(fmt.Sprintf("%s has no snapshot %s: give an ID that guestbackup-kopia snapshot list prints in its guest, or choose by time", r.Source, r.SnapshotID)), nil
 		case err != nil:
 			return nil, "", fmt.Errorf("read snapshot %s: %w", r.SnapshotID, err)
+		case m.IncompleteReason != "":
+			return nil, restoreRefusal(fmt.Sprintf("snapshot %s of %s is incomplete (%s): give the ID of a complete one, or choose by time", r.SnapshotID, m.Source.Path, m.IncompleteReason)), nil
 		}
 		m.ID = em.ID
 		chosen = m
@@ -65,8 +68,13 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 		p := e.Labels[snapshot.PathLabel]
 		sources[p] = append(sources[p], e.ID)
 	}
-	plan := make([]activity.Snapshot, 0, len(r.Paths))
+	plan := make([]restoreStep, 0, len(r.Paths))
 	for _, p := range r.Paths {
+		if strings.HasSuffix(p, placeholderSuffix) {
+			// kopia restore reads such a source as a placeholder file of
+			// the guest, not a path of the snapshot.
+			return nil, restoreRefusal(fmt.Sprintf("%s ends in %s, which kopia restore takes for a placeholder file: restore the folder that holds it", p, placeholderSuffix)), nil
+		}
 		m := chosen
 		switch {
 		case m != nil && !holds(m.Source.Path, p):
@@ -87,23 +95,104 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 				return nil, restoreRefusal(fmt.Sprintf("%s has no complete snapshot of %s started before %s: choose a later time, or the latest", r.Source, root, r.Before.UTC().Format(time.RFC3339))), nil
 			}
 		}
-		step, why, err := restoreStep(ctx, rep, m, p)
+		step, why, err := stepOf(ctx, rep, m, p)
 		if why != "" || err != nil {
 			return nil, why, err
+		}
+		if r.Source != r.User {
+			// Another VM wrote these snapshots, and kopia restore writes
+			// each entry where its name leads: a name that climbs would
+			// write outside the target. (Kopia reads one entry per name
+			// of a folder, so no link and folder of one name reach it.)
+			// A VM's own snapshots are its own root's doing, and are not
+			// walked.
+			if why, err := checkNames(ctx, step.entry, p, maxCheckedEntries); why != "" || err != nil {
+				return nil, why, err
+			}
 		}
 		plan = append(plan, step)
 	}
 	return plan, "", nil
 }
 
-// restoreStep is what restoring path p from snapshot m writes: the
-// snapshot, and the size of what it holds at p.
-func restoreStep(ctx context.Context, rep repo.Repository, m *snapshot.Manifest, p string) (activity.Snapshot, restoreRefusal, error) {
+// placeholderSuffix marks a shallow restore's placeholder, which kopia
+// restore takes a source ending in for a file of the local filesystem.
+const placeholderSuffix = ".kopia-entry"
+
+// maxCheckedEntries bounds the entries checkNames reads below one path: a
+// restore from another VM's snapshots is checked whole before it starts.
+const maxCheckedEntries = 100_000
+
+// checkNames walks e, at path p of the snapshot, and refuses a name that is
+// not one plain name (empty, ".", "..", or holding "/" or NUL), or more
+// than limit entries.
+func checkNames(ctx context.Context, e fs.Entry, p string, limit int) (restoreRefusal, error) {
+	seen := 0
+	var walk func(at string, dir fs.Directory) (restoreRefusal, error)
+	walk = func(at string, dir fs.Directory) (restoreRefusal, error) {
+		var why restoreRefusal
+		err := fs.IterateEntries(ctx, dir, func(ctx context.Context, child fs.Entry) error {
+			name := child.Name()
+			switch seen++; {
+			case seen > limit:
+				why = restoreRefusal(fmt.Sprintf("%s holds more than %d entries, which a restore from another VM's snapshots checks one by one before it starts: restore smaller folders", p, limit))
+			case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
+				why = restoreRefusal(fmt.Sprintf("the snapshot holds, in %s, an entry named %q, which is no file name: it was not written by kopia, and is not restored", at, name))
+			}
+			if why != "" {
+				return errStop
+			}
+			if d, ok := child.(fs.Directory); ok {
+				w, err := walk(path.Join(at, name), d)
+				if w != "" || err != nil {
+					why = w
+					return cmp.Or(err, errStop)
+				}
+			}
+			return nil
+		})
+		if errors.Is(err, errStop) {
+			err = nil
+		}
+		return why, err
+	}
+	dir, ok := e.(fs.Directory)
+	if !ok {
+		return "", nil
+	}
+	why, err := walk(p, dir)
+	if err != nil {
+		return "", fmt.Errorf("check the names below %s: %w", p, err)
+	}
+	return why, nil
+}
+
+// errStop ends a walk early.
+var errStop = errors.New("stop")
+
+// restoreStep is what restoring one path writes: the snapshot it comes
+// from, with the size of what it holds at the path, and that entry.
+type restoreStep struct {
+	activity.Snapshot
+	entry fs.Entry
+}
+
+// snapshots are the plan's snapshots, as a result records them.
+func snapshots(plan []restoreStep) []activity.Snapshot {
+	out := make([]activity.Snapshot, len(plan))
+	for i, step := range plan {
+		out[i] = step.Snapshot
+	}
+	return out
+}
+
+// stepOf is what restoring path p from snapshot m writes.
+func stepOf(ctx context.Context, rep repo.Repository, m *snapshot.Manifest, p string) (restoreStep, restoreRefusal, error) {
 	root, err := snapshotfs.SnapshotRoot(rep, m)
 	if err != nil {
-		return activity.Snapshot{}, "", fmt.Errorf("open snapshot %s: %w", m.ID, err)
+		return restoreStep{}, "", fmt.Errorf("open snapshot %s: %w", m.ID, err)
 	}
-	step := activity.Snapshot{ID: string(m.ID), Path: p, Root: m.Source.Path, Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC()}
+	step := restoreStep{Snapshot: activity.Snapshot{ID: string(m.ID), Path: p, Root: m.Source.Path, Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC()}}
 	var e fs.Entry = root
 	walked := m.Source.Path
 	// Each step descends into a directory of the snapshot, never through
@@ -114,28 +203,33 @@ func restoreStep(ctx context.Context, rep repo.Repository, m *snapshot.Manifest,
 		}
 		dir, ok := e.(fs.Directory)
 		if !ok {
-			return activity.Snapshot{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s: %s is not a folder in it", m.ID, m.Source.Path, p, walked)), nil
+			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s: %s is not a folder in it", m.ID, m.Source.Path, p, walked)), nil
 		}
 		walked = path.Join(walked, name)
 		child, err := dir.Child(ctx, name)
 		switch {
 		case errors.Is(err, fs.ErrEntryNotFound):
-			return activity.Snapshot{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s", m.ID, m.Source.Path, p)), nil
+			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s", m.ID, m.Source.Path, p)), nil
 		case err != nil:
-			return activity.Snapshot{}, "", fmt.Errorf("read snapshot %s at %s: %w", m.ID, p, err)
+			return restoreStep{}, "", fmt.Errorf("read snapshot %s at %s: %w", m.ID, p, err)
 		}
 		e = child
 	}
 	switch e := e.(type) {
 	case fs.DirectoryWithSummary:
 		sum, err := e.Summary(ctx)
-		if err != nil {
-			return activity.Snapshot{}, "", fmt.Errorf("read the summary of %s in snapshot %s: %w", p, m.ID, err)
+		switch {
+		case err != nil:
+			return restoreStep{}, "", fmt.Errorf("read the summary of %s in snapshot %s: %w", p, m.ID, err)
+		case sum != nil:
+			// A folder kopia wrote carries its summary; one a guest
+			// forged may not, and is then counted as nothing.
+			step.Files, step.Bytes = int32(min(max(sum.TotalFileCount, 0), int64(^uint32(0)>>1))), max(sum.TotalFileSize, 0)
 		}
-		step.Files, step.Bytes = int32(min(sum.TotalFileCount, int64(^uint32(0)>>1))), sum.TotalFileSize
 	case fs.File:
 		step.Files, step.Bytes = 1, e.Size()
 	}
+	step.entry = e
 	return step, "", nil
 }
 
@@ -186,4 +280,71 @@ func listed(sources map[string][]manifest.ID) string {
 		return strings.Join(roots[:8], ", ") + fmt.Sprintf(" and %d more", len(roots)-8)
 	}
 	return strings.Join(roots, ", ")
+}
+
+// dryRunListing is what restoring plan, into target (or in place), would write:
+// its entries in path order, at most activity.MaxListingEntries and
+// MaxListingBytes of them, and the count and size of all its files. It
+// reads folders of the snapshots only as far as the entries it lists.
+func dryRunListing(ctx context.Context, plan []restoreStep, target string, inPlace bool) (*activity.Listing, error) {
+	l := &activity.Listing{}
+	size := 0
+	add := func(at string, e fs.Entry) bool {
+		if len(l.Entries) >= activity.MaxListingEntries || size+len(at) > activity.MaxListingBytes {
+			l.Truncated = true
+			return false
+		}
+		entry := activity.Entry{Path: at, Type: "file", Size: e.Size(), ModTime: e.ModTime().UTC()}
+		switch {
+		case e.IsDir():
+			entry.Type, entry.Size = "directory", 0
+			if d, ok := e.(fs.DirectoryWithSummary); ok {
+				if sum, err := d.Summary(ctx); err == nil && sum != nil {
+					entry.Size = sum.TotalFileSize
+				}
+			}
+		case e.Mode()&os.ModeSymlink != 0:
+			entry.Type, entry.Size = "symlink", 0
+		}
+		size += len(at) + 64
+		l.Entries = append(l.Entries, entry)
+		return true
+	}
+	var walk func(at string, e fs.Entry) error
+	walk = func(at string, e fs.Entry) error {
+		if !add(at, e) {
+			return nil
+		}
+		dir, ok := e.(fs.Directory)
+		if !ok {
+			return nil
+		}
+		// Kopia iterates a folder in no particular order.
+		children, err := fs.GetAllEntries(ctx, dir)
+		if err != nil {
+			return err
+		}
+		slices.SortFunc(children, func(a, b fs.Entry) int { return strings.Compare(a.Name(), b.Name()) })
+		for _, child := range children {
+			if l.Truncated {
+				return nil
+			}
+			if err := walk(path.Join(at, child.Name()), child); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for _, step := range plan {
+		l.Files += int64(step.Files)
+		l.Bytes += step.Bytes
+		at := step.Path
+		if !inPlace {
+			at = path.Join(target, step.Path)
+		}
+		if err := walk(at, step.entry); err != nil {
+			return nil, fmt.Errorf("list %s in snapshot %s: %w", step.Path, step.ID, err)
+		}
+	}
+	return l, nil
 }

@@ -534,6 +534,10 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 		// The quotas are the Secrets' alone: taken whether or not the
 		// repository took the users.
 		s.applyQuotas(lister)
+		if s.dryRunsListed(lister) {
+			// A new dry run is listed now, not at the next interval.
+			s.queue.Add(publishActivity)
+		}
 		if err != nil {
 			// When is AddRateLimited's delay, taken here to log it.
 			delay := s.backoff.When(syncUsers)
@@ -1008,6 +1012,9 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	lister := s.lister
 	s.mu.Unlock()
 	keep, asked := s.askedRequests(lister)
+	if err := s.carryDryRuns(ctx, lister); err != nil {
+		return err
+	}
 	if asked != s.asked && keep != nil {
 		// Results of requests no longer asked go from every shard, though
 		// this pod has nothing new to write there.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/kopia/kopia/repo"
@@ -427,9 +428,40 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Expect(syncer.Result(ctx, alice.user, others.UID, "Running", "")).To(MatchError(ContainSubstring(alice.user + " has no snapshot " + eves + ": give an ID")))
 		Expect(syncer.Result(ctx, alice.user, through.UID, "Running", "")).To(MatchError(ContainSubstring(filepath.Join(data, "link") + " is not a folder in it")))
 		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", others.UID), HaveField("Phase", "Failed"), HaveField("Snapshots", BeEmpty()))))
+
+		By("listing a dry run from the repository alone: no guest is handed it, nor may answer it")
+		dry := restore(7, func(r *userset.Request) { r.DryRun = true; r.Paths = []string{data} })
+		writeUsersWithRequests(users, dry)
+		Eventually(func() []activity.Result { return activityOf(alice.user).Results }).WithTimeout(provisioned).Should(ContainElement(And(
+			HaveField("UID", dry.UID), HaveField("Phase", "Succeeded"), HaveField("Ended", Not(BeNil())),
+			HaveField("Snapshots", ConsistOf(HaveField("ID", second))),
+			HaveField("Listing.Files", BeEquivalentTo(1)), HaveField("Listing.Bytes", BeEquivalentTo(len("second, longer\n"))), HaveField("Listing.Truncated", BeFalse()),
+			// A folder's time, as kopia reads it back, is the newest of
+			// what it holds: a file's is its own.
+			HaveField("Listing.Entries", WithTransform(func(es []activity.Entry) []string {
+				var out []string
+				for _, e := range es {
+					out = append(out, fmt.Sprintf("%s %s %d %t", strings.TrimPrefix(e.Path, "/var/lib/guestbackup/restores/x"+data), e.Type, e.Size, e.ModTime.IsZero()))
+				}
+				return out
+			}, Equal([]string{
+				" directory 15 false", "/link symlink 0 false", "/sub directory 15 false", "/sub/a.txt file 15 false",
+			}))),
+			HaveField("Listing.Entries", ContainElement(And(HaveField("Path", "/var/lib/guestbackup/restores/x"+data+"/sub/a.txt"), HaveField("ModTime", fileTime(filepath.Join(data, "sub", "a.txt")))))),
+		)), "the listing, in path order, where the restore would write")
+		Expect(syncer.Pending(alice.user)).NotTo(ContainElement(HaveField("UID", dry.UID)))
+		Expect(syncer.Result(ctx, alice.user, dry.UID, "Running", "")).To(HaveOccurred(), "a guest has nothing to do with a dry run")
 		writeUsersWithRequests(users)
 	})
 })
+
+// fileTime is p's modification time, as a snapshot records it.
+func fileTime(p string) time.Time {
+	GinkgoHelper()
+	fi, err := os.Stat(p)
+	Expect(err).NotTo(HaveOccurred())
+	return fi.ModTime().UTC()
+}
 
 // runReplica runs the user sync of another server pod of the BSLS, whose
 // Kopia server is srv, with its own view of the repository, until the
