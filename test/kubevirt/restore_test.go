@@ -253,6 +253,16 @@ runcmd:
 		Eventually(vmEvents("new")).WithTimeout(time.Minute).Should(ContainElement(
 			HavePrefix("Normal RestoreAccessGranted: This VM's guest may read the snapshots of old@team-a")))
 
+		By("listing from the cluster, with kubectl guestbackup restore --list, what restoring the deleted VM's folder would write, before the new VM runs")
+		listing := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/new", "/srv/data", "--source-vm", "old", "--list", "--wait",
+			"--timeout", "2m", "--name", "new-list-old", "-n", vmNS, "--kubeconfig", platform.API.Kubeconfig(GinkgoT()))
+		listed, err := listing.Output()
+		Expect(err).NotTo(HaveOccurred(), string(listed))
+		Expect(string(listed)).To(ContainSubstring("guestrestore/new-list-old succeeded, a dry run: restoring would write"))
+		Expect(string(listed)).To(MatchRegexp(`(?m)^file +[0-9.]+ B +\S+ +/var/lib/guestbackup/restores/new-list-old/srv/data/report.txt$`))
+		Eventually(vmEvents("new")).WithTimeout(30 * time.Second).Should(ContainElement(
+			HavePrefix("Normal RestoreListed: Restore requested by ")))
+
 		By("asking from the cluster, with kubectl guestbackup, for the deleted VM's file in the new VM's guest")
 		plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/new", "/srv/data/report.txt", "--source-vm", "old",
 			"--name", "new-from-old", "-n", vmNS, "--kubeconfig", platform.API.Kubeconfig(GinkgoT()))
