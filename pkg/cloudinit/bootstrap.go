@@ -814,11 +814,13 @@ restore() {
     [ "$word" = from ] || continue
     source=$(printf '%s' "$source" | base64 -d) path=$(printf '%s' "$dest" | base64 -d)
     if [ -n "$in_place" ]; then
-      dest=$path
-    elif ! dest=$(fresh "$target" "$path"); then
+      dest=$(in_place "$path")
+    else
+      dest=$(fresh "$target" "$path")
+    fi || {
       failed="$failed; $path: $dest"
       continue
-    fi
+    }
     if "$kopia" restore "$source" "$dest" </dev/null >"$work/restore.log" 2>&1; then
       log "restored $path to $dest for request $2"
       restored="$restored; $path: $(grep '^Restored' "$work/restore.log" | tail -n 1)"
@@ -833,32 +835,38 @@ restore() {
   fi
 }
 
+# root_only DIR [ABOVE] succeeds when folder DIR is one only root may
+# change: root's, and writable by no one else; with ABOVE (a folder above
+# the restore's own), sticky too, as /tmp is, which keeps others from
+# moving what is not theirs.
+root_only() {
+  perm=000$(stat -c %a "$1") && owner=$(stat -c %u "$1") || return 1
+  perm=${perm#"${perm%????}"}
+  [ "$owner" = 0 ] || return 1
+  case ${perm#??} in *[2367]*) ;; *) return 0 ;; esac
+  [ -n "${2:-}" ] || return 1
+  case ${perm%???} in [1357]) return 0 ;; esac
+  return 1
+}
+
 # fresh TARGET PATH makes the folders of TARGET/PATH above it and prints
-# TARGET/PATH, or prints why not. Every folder on the way, the target's own
-# included, must be one only root may change (none a symbolic link, each
-# root's and writable by no one else unless sticky, as /tmp is), so that
-# nothing leads the restore elsewhere while it writes; the folders it makes
-# are root's alone. It never names something already there: a restore
-# outside in place overwrites nothing.
+# TARGET/PATH, or prints why not. No folder on the way, from / down, may
+# be a symbolic link or one others may change (root_only; sticky only
+# above TARGET), so that nothing leads the restore elsewhere while it
+# writes as root; the folders it makes are root's alone. It never names
+# something already there: a restore outside in place overwrites nothing.
 fresh() {
-  at="" rest=${1#/}/${2#/}
+  at="" rest=${1#/}/${2#/} above=1
   while [ "${rest#*/}" != "$rest" ]; do
     at=$at/${rest%%/*} rest=${rest#*/}
+    [ "$at" = "$1" ] && above=""
     if [ -L "$at" ]; then
       printf '%s is a symbolic link, which a restore into %s does not follow: name the folder it leads to\n' "$at" "$1"
       return 1
-    fi
-    if ! [ -d "$at" ]; then
+    elif ! [ -d "$at" ]; then
       (umask 077 && mkdir "$at") || { printf 'cannot create %s\n' "$at"; return 1; }
-      continue
-    fi
-    perm=$(stat -c %a "$at") owner=$(stat -c %u "$at") writable=""
-    # Group or others may write, unless the sticky bit keeps them from
-    # moving what is not theirs.
-    case ${perm#"${perm%??}"} in *[2367]*) writable=1 ;; esac
-    case ${#perm}:${perm%???} in 4:[1357]) writable="" ;; esac
-    if [ "$owner" != 0 ] || [ -n "$writable" ]; then
-      printf '%s may be changed by others than root (owner %s, mode %s): restore into a folder only root may change\n' "$at" "$owner" "$perm"
+    elif ! root_only "$at" $above; then
+      printf '%s may be changed by others than root: restore into a folder only root may change\n' "$at"
       return 1
     fi
   done
@@ -868,6 +876,30 @@ fresh() {
     return 1
   fi
   printf '%s\n' "$at"
+}
+
+# in_place PATH prints PATH when a restore may write over it, or why not:
+# PATH itself no symbolic link, and every folder above it one only root
+# may change (root_only; sticky above its own folder), so that nothing
+# leads the restore elsewhere.
+in_place() {
+  if [ -L "$1" ]; then
+    printf '%s is a symbolic link, which a restore in place does not replace: restore it into a folder\n' "$1"
+    return 1
+  fi
+  at="" rest=${1#/} above=1
+  while [ "${rest#*/}" != "$rest" ]; do
+    at=$at/${rest%%/*} rest=${rest#*/}
+    [ "${rest#*/}" = "$rest" ] && above=""
+    if [ -L "$at" ]; then
+      printf '%s is a symbolic link, which a restore in place does not follow: restore into a folder\n' "$at"
+      return 1
+    elif [ -d "$at" ] && ! root_only "$at" $above; then
+      printf '%s may be changed by others than root: restore into a folder instead\n' "$at"
+      return 1
+    fi
+  done
+  printf '%s\n' "$1"
 }
 
 # take reads the poll's answer (package clientdist's EncodeRequests) and

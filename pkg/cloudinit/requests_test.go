@@ -377,6 +377,8 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 	}{
 		{"writable by others", "9e1f0000-0000-4000-8000-000000000005", func(dir string) error { return os.Chmod(dir, 0o777) }},
 		{"another user's", "9e1f0000-0000-4000-8000-000000000006", func(dir string) error { return os.Chown(dir, 65534, 65534) }},
+		{"anyone may write, sticky", "9e1f0000-0000-4000-8000-000000000007", func(dir string) error { return os.Chmod(dir, 0o777|os.ModeSticky) }},
+		{"others may write, alone", "9e1f0000-0000-4000-8000-000000000008", func(dir string) error { return os.Chmod(dir, 0o007) }},
 	} {
 		name := tt.name
 		dir := filepath.Join(restores, strings.ReplaceAll(name, " ", "-"))
@@ -386,13 +388,27 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 		if err := tt.prepare(dir); err != nil {
 			t.Fatal(err)
 		}
-		got = restore(tt.uid, filepath.Join(dir, "into"), false, filepath.Join(data, "a.txt"))
+		into := filepath.Join(dir, "into")
+		if strings.Contains(name, "sticky") || strings.Contains(name, "alone") {
+			into = dir // the target itself
+		}
+		got = restore(tt.uid, into, false, filepath.Join(data, "a.txt"))
 		if len(got) != 2 || !strings.Contains(got[1], dir+" may be changed by others than root") {
 			t.Errorf("a folder %s: answers %q, want a refusal", name, got)
 		}
 		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
 			t.Errorf("a restore wrote into a folder %s: %v", name, entries)
 		}
+	}
+
+	// In place, never through a link, nor over one.
+	linked := filepath.Join(t.TempDir(), "linked")
+	if err := os.Symlink(data, linked); err != nil {
+		t.Fatal(err)
+	}
+	got = restore("9e1f0000-0000-4000-8000-000000000009", "/", true, filepath.Join(linked, "a.txt"))
+	if len(got) != 2 || !strings.Contains(got[1], linked+" is a symbolic link, which a restore in place does not follow") {
+		t.Errorf("in place through a link: answers %q, want a refusal", got)
 	}
 
 	// In place, it puts the snapshot's file back over the changed one.

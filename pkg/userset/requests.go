@@ -13,6 +13,7 @@ import (
 	"time"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
@@ -35,12 +36,22 @@ const MaxRequestsPerUser = 4
 // server's users from changing.
 const MaxRequestBytes = 16 << 10
 
+// MaxRequestPaths bounds the paths of one request, as the API bounds a
+// request's own (spec.paths): those a VM's annotation gives a request that
+// names none are bounded the same.
+const MaxRequestPaths = 64
+
 // MaxShardRequestsBytes bounds the requests of one users Secret, encoded,
 // with what their results will add to the shard's activity ConfigMap
 // (ResultBytesPerPath for each path), well within what a Secret and a
 // ConfigMap hold beside their users and guests: beyond it, the newest
 // requests wait their turn.
 const MaxShardRequestsBytes = 256 << 10
+
+// resultBytes bounds a result's own fields in its shard's activity: its
+// UID, phase and times, and its message (at most 512 bytes, as the server
+// pod takes it, JSON-escaped).
+const resultBytes = 4 << 10
 
 // ResultBytesPerPath bounds what a request's result records in its
 // shard's activity for one path, beside the path itself twice (a
@@ -130,6 +141,9 @@ func (r Request) Validate() error {
 	if len(r.Paths) == 0 {
 		return fmt.Errorf("request %s names no path", r.UID)
 	}
+	if len(r.Paths) > MaxRequestPaths {
+		return fmt.Errorf("request %s names %d paths, more than %d: name fewer, or snapshot the folders that hold them", r.UID, len(r.Paths), MaxRequestPaths)
+	}
 	for _, p := range r.Paths {
 		if !path.IsAbs(p) || path.Clean(p) != p || strings.ContainsAny(p, "\x00\n\r") {
 			return fmt.Errorf("request %s: path %q is not a clean absolute path", r.UID, p)
@@ -182,6 +196,15 @@ func (r Request) validateRestore() error {
 	if len(r.Tags) > 0 || r.Description != "" {
 		return fmt.Errorf("a restore carries no tags or description")
 	}
+	// One path within another would be restored twice, the second time
+	// through what the first wrote (a link of the snapshot, say).
+	for _, p := range r.Paths {
+		for _, q := range r.Paths {
+			if p != q && (q == "/" || strings.HasPrefix(p, q+"/")) {
+				return fmt.Errorf("path %s lies within %s, which the restore writes already: name one of them", p, q)
+			}
+		}
+	}
 	return nil
 }
 
@@ -189,11 +212,17 @@ func (r Request) validateRestore() error {
 var snapshotIDPattern = regexp.MustCompile(`^[0-9a-zA-Z]{1,64}$`)
 
 // budget is what r takes of its shard's room: its encoding, and what its
-// result will record in the shard's activity ConfigMap.
+// result will record in the shard's activity ConfigMap (its message, a
+// step per path, a dry run's listing). With MaxRequestBytes and
+// MaxRequestPaths, one request's is well under MaxShardRequestsBytes, so
+// the oldest request of a shard is always listed.
 func (r Request) budget() int {
-	n := r.size()
+	n := r.size() + resultBytes
 	for _, p := range r.Paths {
 		n += ResultBytesPerPath + 2*len(p)
+	}
+	if r.DryRun {
+		n += activity.MaxListingBytes + activity.MaxListingEntries*ResultBytesPerPath
 	}
 	return n
 }

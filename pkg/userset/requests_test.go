@@ -158,6 +158,8 @@ func TestRestoreRequest(t *testing.T) {
 			wantErr: "VirtualMachine web may no longer read the snapshots of old: annotate it with guestbackup.io/restore-from=old"},
 		"another VM's, another granted": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.SourceVM = "older" }), vm: granted,
 			wantErr: "may no longer read the snapshots of older"},
+		"a path within another": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.Paths = []string{"/srv/x", "/srv"} }),
+			wantErr: "path /srv/x lies within /srv, which the restore writes already: name one of them"},
 		"into a claim": {g: restore(func(s *v1alpha1.GuestRestoreSpec) {
 			s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
 		}), wantErr: "restoring into a PersistentVolumeClaim is not carried out by this version"},
@@ -221,5 +223,33 @@ func TestDispatchBoundsTheResults(t *testing.T) {
 	}
 	if size := len(activity.Encode(guests)); len(listed) == 0 || size > MaxShardRequestsBytes {
 		t.Errorf("%d listed restores record %d bytes of results in their shard's activity, more than %d", len(listed), size, MaxShardRequestsBytes)
+	}
+}
+
+// However a request is made within its bounds, its budget leaves room in
+// its shard, so that the oldest request of a shard is always listed; a VM
+// annotation naming more paths than a request may is refused, not listed.
+func TestOneRequestAlwaysFitsItsShard(t *testing.T) {
+	paths := make([]string, MaxRequestPaths)
+	for i := range paths {
+		paths[i] = fmt.Sprintf("/%03d%s", i, strings.Repeat("p", 200))
+	}
+	r := Request{UID: "ffff0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "largest", Paths: paths, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/largest", DryRun: true}
+	if err := r.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r.budget() > MaxShardRequestsBytes/2 {
+		t.Errorf("the largest request's budget is %d bytes, more than half a shard's %d", r.budget(), MaxShardRequestsBytes)
+	}
+	many := make([]string, 2900)
+	for i := range many {
+		many[i] = fmt.Sprintf("/a%d", i)
+	}
+	s := &v1alpha1.GuestSnapshot{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "many", UID: "ffff0000-0000-4000-8000-000000000002"}, Spec: v1alpha1.GuestSnapshotSpec{VM: "web"}}
+	if _, err := SnapshotRequest(s, many); err == nil || !strings.Contains(err.Error(), "names 2900 paths, more than 64") {
+		t.Errorf("a request of 2900 paths: %v", err)
+	}
+	if listed := Dispatch([]Queued{{Request: r, Order: "1"}})[ShardOf(r.User)]; len(listed) != 1 {
+		t.Errorf("the largest request alone is not listed: %v", listed)
 	}
 }

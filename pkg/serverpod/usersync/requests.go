@@ -2,12 +2,14 @@ package usersync
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
 	"strings"
 	"time"
 
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -173,6 +175,11 @@ func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapsho
 	return res.Snapshots, nil
 }
 
+// planTimeout bounds how long the server pod chooses and checks what one
+// restore restores: a snapshot another guest forged may be as large as it
+// likes, and the guest's Running answer waits for the choice.
+const planTimeout = 45 * time.Second
+
 // planRestore chooses what restore request r restores from (restorePlan),
 // in the repository refreshed first (the snapshot it names may have been
 // written through the Kopia server a moment ago), into res: its
@@ -180,12 +187,24 @@ func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapsho
 // that cannot be carried out, the failure and why.
 func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activity.Result) error {
 	s.verifying.Lock()
-	defer s.verifying.Unlock()
-	if err := s.opts.Repository.Refresh(ctx); err != nil {
+	err := s.opts.Repository.Refresh(ctx)
+	s.verifying.Unlock()
+	if err != nil {
 		return fmt.Errorf("refresh repository: %w", err)
 	}
-	plan, refused, err := restorePlan(ctx, s.opts.Repository, r)
-	if err != nil {
+	bounded, cancel := context.WithTimeout(ctx, planTimeout)
+	defer cancel()
+	plan, refused, err := restorePlan(bounded, s.opts.Repository, r)
+	if refused == "" && err == nil && r.DryRun {
+		res.Listing, refused, err = dryRunListing(bounded, s.opts.Repository, plan, r.Target, r.InPlace)
+	}
+	switch {
+	case ctx.Err() != nil:
+		// The guest went, or the pod stops: nothing is decided.
+		return ctx.Err()
+	case errors.Is(bounded.Err(), context.DeadlineExceeded):
+		err, refused = nil, restoreRefusal(fmt.Sprintf("choosing and checking what to restore took longer than %s: restore fewer or smaller paths", planTimeout))
+	case err != nil:
 		return err
 	}
 	end := func(phase v1alpha1.RequestPhase, message string) {
@@ -195,11 +214,9 @@ func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activi
 	res.Snapshots = snapshots(plan)
 	switch {
 	case refused != "":
+		res.Listing = nil
 		end(v1alpha1.PhaseFailed, string(refused))
 	case r.DryRun:
-		if res.Listing, err = dryRunListing(ctx, plan, r.Target, r.InPlace); err != nil {
-			return err
-		}
 		end(v1alpha1.PhaseSucceeded, "a dry run: nothing written")
 	}
 	return nil
@@ -222,13 +239,15 @@ func (s *Syncer) dryRunsListed(lister corelisters.SecretNamespaceLister) bool {
 // carryDryRuns carries out the restores' dry runs the users Secrets list:
 // their listing needs the repository alone, so no guest is handed them,
 // and a stopped VM's are listed too. Each is done once: its result is
-// recorded where every replica reads it.
-func (s *Syncer) carryDryRuns(ctx context.Context, lister corelisters.SecretNamespaceLister) error {
+// recorded where every replica reads it, a failure too. One that cannot
+// be done now is left for the next pass, and keeps no other from being
+// done.
+func (s *Syncer) carryDryRuns(ctx context.Context, lister corelisters.SecretNamespaceLister) {
 	configMaps := s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace)
 	for shard := range userset.Shards {
 		requests, err := shardRequests(lister, s.opts.BSLS, shard)
 		if err != nil {
-			return nil // no shard is read while one cannot be: the next pass
+			continue
 		}
 		for _, r := range requests {
 			s.mu.Lock()
@@ -237,23 +256,28 @@ func (s *Syncer) carryDryRuns(ctx context.Context, lister corelisters.SecretName
 			if !r.DryRun || done {
 				continue
 			}
-			prev, err := activityscan.PublishedResult(ctx, configMaps, s.opts.BSLS, r.User, r.UID)
-			if err != nil {
-				return err
-			}
-			if prev == nil || prev.Ended == nil {
-				res := activity.Result{UID: r.UID, Started: s.now()}
-				if err := s.planRestore(ctx, r, &res); err != nil {
-					return fmt.Errorf("dry run %s: %w", r.UID, err)
-				}
-				if _, err := activityscan.RecordResult(ctx, configMaps, s.opts.BSLS, r.User, res); err != nil {
-					return err
-				}
+			if err := s.carryDryRun(ctx, configMaps, r); err != nil {
+				s.opts.Log.Error(err, "dry run not listed; trying again at the next publish", "user", r.User, "uid", r.UID)
+				continue
 			}
 			s.noteEnded(r.UID)
 		}
 	}
-	return nil
+}
+
+// carryDryRun lists dry run r and records it, unless its ending is
+// recorded already.
+func (s *Syncer) carryDryRun(ctx context.Context, configMaps corev1client.ConfigMapInterface, r userset.Request) error {
+	prev, err := activityscan.PublishedResult(ctx, configMaps, s.opts.BSLS, r.User, r.UID)
+	if err != nil || prev != nil && prev.Ended != nil {
+		return err
+	}
+	res := activity.Result{UID: r.UID, Started: s.now()}
+	if err := s.planRestore(ctx, r, &res); err != nil {
+		return err
+	}
+	_, err = activityscan.RecordResult(ctx, configMaps, s.opts.BSLS, r.User, res)
+	return err
 }
 
 // noteEnded remembers that request uid has ended, so that Pending no
@@ -277,18 +301,30 @@ func (s *Syncer) requestSnapshots(ctx context.Context, user, uid string) ([]acti
 	return activityscan.RequestSnapshots(ctx, s.opts.Repository, user, uid)
 }
 
-// verify makes res say what the repository holds: a success without a
-// snapshot of each path the request names is a failure, whatever the
-// guest said.
+// verify makes res say what the repository holds: the newest snapshot of
+// each path the request names (a guest may tag any number with the
+// request's tag; its result records one per path, as its shard's budget
+// counts), and a success without a snapshot of each path is a failure,
+// whatever the guest said.
 func verify(res *activity.Result, r userset.Request) {
-	if res.Phase != string(v1alpha1.PhaseSucceeded) {
-		return
-	}
+	var kept []activity.Snapshot
 	var missing []string
 	for _, p := range r.Paths {
-		if !slices.ContainsFunc(res.Snapshots, func(sn activity.Snapshot) bool { return sn.Path == p }) {
-			missing = append(missing, p)
+		newest := -1
+		for i, sn := range res.Snapshots {
+			if sn.Path == p {
+				newest = i // RequestSnapshots returns them oldest first
+			}
 		}
+		if newest < 0 {
+			missing = append(missing, p)
+			continue
+		}
+		kept = append(kept, res.Snapshots[newest])
+	}
+	res.Snapshots = kept
+	if res.Phase != string(v1alpha1.PhaseSucceeded) {
+		return
 	}
 	if len(missing) > 0 {
 		res.Phase = string(v1alpha1.PhaseFailed)

@@ -3,6 +3,7 @@ package usersync
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -69,6 +70,7 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 		sources[p] = append(sources[p], e.ID)
 	}
 	plan := make([]restoreStep, 0, len(r.Paths))
+	left := maxCheckedEntries
 	for _, p := range r.Paths {
 		if strings.HasSuffix(p, placeholderSuffix) {
 			// kopia restore reads such a source as a placeholder file of
@@ -106,7 +108,7 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 			// of a folder, so no link and folder of one name reach it.)
 			// A VM's own snapshots are its own root's doing, and are not
 			// walked.
-			if why, err := checkNames(ctx, step.entry, p, maxCheckedEntries); why != "" || err != nil {
+			if why, err := checkNames(ctx, rep, step.entry, p, &left); why != "" || err != nil {
 				return nil, why, err
 			}
 		}
@@ -119,52 +121,95 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 // restore takes a source ending in for a file of the local filesystem.
 const placeholderSuffix = ".kopia-entry"
 
-// maxCheckedEntries bounds the entries checkNames reads below one path: a
+// maxCheckedEntries bounds the entries checkNames reads for one request: a
 // restore from another VM's snapshots is checked whole before it starts.
 const maxCheckedEntries = 100_000
 
+// maxPathBytes is the longest path a Linux file system holds: no entry of
+// a snapshot kopia wrote lies deeper.
+const maxPathBytes = 4096
+
+// maxFolderListing bounds one folder's listing the server pod reads of a
+// snapshot: kopia decodes a listing whole, and a guest may forge one of
+// any size.
+const maxFolderListing = 64 << 20
+
+// readable refuses folder e of snapshot m, at path at, when its listing is
+// larger than maxFolderListing; other entries pass.
+func readable(ctx context.Context, rep repo.Repository, e fs.Entry, at string) (restoreRefusal, error) {
+	d, ok := e.(snapshot.HasDirEntry)
+	if !ok || d.DirEntry() == nil || d.DirEntry().Type != snapshot.EntryTypeDirectory {
+		return "", nil
+	}
+	r, err := rep.OpenObject(ctx, d.DirEntry().ObjectID)
+	if err != nil {
+		return restoreRefusal(fmt.Sprintf("the snapshot's folder %s cannot be read (%v)", at, err)), nil
+	}
+	defer r.Close() //nolint:errcheck // read-only
+	if n := r.Length(); n > maxFolderListing {
+		return restoreRefusal(fmt.Sprintf("the snapshot's folder %s has a listing of %d bytes, more than the %d a restore from the cluster reads: restore it from inside the guest", at, n, maxFolderListing)), nil
+	}
+	return "", nil
+}
+
 // checkNames walks e, at path p of the snapshot, and refuses a name that is
-// not one plain name (empty, ".", "..", or holding "/" or NUL), or more
-// than limit entries.
-func checkNames(ctx context.Context, e fs.Entry, p string, limit int) (restoreRefusal, error) {
-	seen := 0
-	var walk func(at string, dir fs.Directory) (restoreRefusal, error)
-	walk = func(at string, dir fs.Directory) (restoreRefusal, error) {
-		var why restoreRefusal
-		err := fs.IterateEntries(ctx, dir, func(ctx context.Context, child fs.Entry) error {
-			name := child.Name()
-			switch seen++; {
-			case seen > limit:
-				why = restoreRefusal(fmt.Sprintf("%s holds more than %d entries, which a restore from another VM's snapshots checks one by one before it starts: restore smaller folders", p, limit))
-			case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
-				why = restoreRefusal(fmt.Sprintf("the snapshot holds, in %s, an entry named %q, which is no file name: it was not written by kopia, and is not restored", at, name))
-			}
-			if why != "" {
-				return errStop
-			}
-			if d, ok := child.(fs.Directory); ok {
-				w, err := walk(path.Join(at, name), d)
-				if w != "" || err != nil {
-					why = w
-					return cmp.Or(err, errStop)
-				}
-			}
-			return nil
-		})
-		if errors.Is(err, errStop) {
-			err = nil
+// not one plain name (empty, ".", "..", or holding "/" or NUL), a path
+// longer than maxPathBytes, a folder listing too large to read, or more
+// entries than *left allows, which it counts down. It keeps a path's
+// folders, not their names: a path is spelled only in a refusal.
+func checkNames(ctx context.Context, rep repo.Repository, e fs.Entry, p string, left *int) (restoreRefusal, error) {
+	type folder struct {
+		dir    fs.Directory
+		parent *folder
+		name   string
+		length int
+	}
+	spell := func(f *folder) string {
+		var names []string
+		for ; f.parent != nil; f = f.parent {
+			names = append(names, f.name)
 		}
-		return why, err
+		slices.Reverse(names)
+		return path.Join(append([]string{p}, names...)...)
 	}
 	dir, ok := e.(fs.Directory)
 	if !ok {
 		return "", nil
 	}
-	why, err := walk(p, dir)
-	if err != nil {
-		return "", fmt.Errorf("check the names below %s: %w", p, err)
+	stack := []*folder{{dir: dir, length: len(p)}}
+	for len(stack) > 0 {
+		f := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		if why, err := readable(ctx, rep, f.dir, spell(f)); why != "" || err != nil {
+			return why, err
+		}
+		var why restoreRefusal
+		err := fs.IterateEntries(ctx, f.dir, func(ctx context.Context, child fs.Entry) error {
+			name := child.Name()
+			switch *left--; {
+			case *left < 0:
+				why = restoreRefusal(fmt.Sprintf("%s holds more than %d entries, which a restore from another VM's snapshots checks one by one before it starts: restore fewer or smaller folders", p, maxCheckedEntries))
+			case name == "" || name == "." || name == ".." || strings.ContainsAny(name, "/\x00"):
+				why = restoreRefusal(fmt.Sprintf("the snapshot holds, in %s, an entry named %q, which is no file name: it was not written by kopia, and is not restored", spell(f), name))
+			case f.length+1+len(name) > maxPathBytes:
+				why = restoreRefusal(fmt.Sprintf("the snapshot holds, in %s, a path longer than %d bytes, which no file system holds: it was not written by kopia, and is not restored", spell(f), maxPathBytes))
+			}
+			if why != "" {
+				return errStop
+			}
+			if d, ok := child.(fs.Directory); ok {
+				stack = append(stack, &folder{dir: d, parent: f, name: name, length: f.length + 1 + len(name)})
+			}
+			return nil
+		})
+		switch {
+		case why != "":
+			return why, nil
+		case err != nil:
+			return restoreRefusal(fmt.Sprintf("the snapshot's folder %s cannot be read (%v)", spell(f), err)), nil
+		}
 	}
-	return why, nil
+	return "", nil
 }
 
 // errStop ends a walk early.
@@ -205,22 +250,30 @@ func stepOf(ctx context.Context, rep repo.Repository, m *snapshot.Manifest, p st
 		if !ok {
 			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s: %s is not a folder in it", m.ID, m.Source.Path, p, walked)), nil
 		}
+		if why, err := readable(ctx, rep, e, walked); why != "" || err != nil {
+			return restoreStep{}, why, err
+		}
 		walked = path.Join(walked, name)
 		child, err := dir.Child(ctx, name)
 		switch {
 		case errors.Is(err, fs.ErrEntryNotFound):
 			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s of %s holds no %s", m.ID, m.Source.Path, p)), nil
 		case err != nil:
-			return restoreStep{}, "", fmt.Errorf("read snapshot %s at %s: %w", m.ID, p, err)
+			// A folder of the snapshot that does not decode is the
+			// snapshot's fault, not the moment's: the request fails.
+			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s cannot be read at %s (%v)", m.ID, p, err)), nil
 		}
 		e = child
+	}
+	if why, err := readable(ctx, rep, e, p); why != "" || err != nil {
+		return restoreStep{}, why, err
 	}
 	switch e := e.(type) {
 	case fs.DirectoryWithSummary:
 		sum, err := e.Summary(ctx)
 		switch {
 		case err != nil:
-			return restoreStep{}, "", fmt.Errorf("read the summary of %s in snapshot %s: %w", p, m.ID, err)
+			return restoreStep{}, restoreRefusal(fmt.Sprintf("snapshot %s cannot be read at %s (%v)", m.ID, p, err)), nil
 		case sum != nil:
 			// A folder kopia wrote carries its summary; one a guest
 			// forged may not, and is then counted as nothing.
@@ -286,11 +339,12 @@ func listed(sources map[string][]manifest.ID) string {
 // its entries in path order, at most activity.MaxListingEntries and
 // MaxListingBytes of them, and the count and size of all its files. It
 // reads folders of the snapshots only as far as the entries it lists.
-func dryRunListing(ctx context.Context, plan []restoreStep, target string, inPlace bool) (*activity.Listing, error) {
+func dryRunListing(ctx context.Context, rep repo.Repository, plan []restoreStep, target string, inPlace bool) (*activity.Listing, restoreRefusal, error) {
 	l := &activity.Listing{}
 	size := 0
 	add := func(at string, e fs.Entry) bool {
-		if len(l.Entries) >= activity.MaxListingEntries || size+len(at) > activity.MaxListingBytes {
+		encoded, _ := json.Marshal(at) // a string: cannot fail
+		if len(l.Entries) >= activity.MaxListingEntries || size+len(encoded) > activity.MaxListingBytes {
 			l.Truncated = true
 			return false
 		}
@@ -306,7 +360,7 @@ func dryRunListing(ctx context.Context, plan []restoreStep, target string, inPla
 		case e.Mode()&os.ModeSymlink != 0:
 			entry.Type, entry.Size = "symlink", 0
 		}
-		size += len(at) + 64
+		size += len(encoded)
 		l.Entries = append(l.Entries, entry)
 		return true
 	}
@@ -319,10 +373,16 @@ func dryRunListing(ctx context.Context, plan []restoreStep, target string, inPla
 		if !ok {
 			return nil
 		}
+		switch why, err := readable(ctx, rep, e, at); {
+		case err != nil:
+			return err
+		case why != "":
+			return refusalError(why)
+		}
 		// Kopia iterates a folder in no particular order.
 		children, err := fs.GetAllEntries(ctx, dir)
 		if err != nil {
-			return err
+			return refusalError(fmt.Sprintf("the snapshot's folder %s cannot be read (%v)", at, err))
 		}
 		slices.SortFunc(children, func(a, b fs.Entry) int { return strings.Compare(a.Name(), b.Name()) })
 		for _, child := range children {
@@ -342,9 +402,18 @@ func dryRunListing(ctx context.Context, plan []restoreStep, target string, inPla
 		if !inPlace {
 			at = path.Join(target, step.Path)
 		}
-		if err := walk(at, step.entry); err != nil {
-			return nil, fmt.Errorf("list %s in snapshot %s: %w", step.Path, step.ID, err)
+		var why refusalError
+		switch err := walk(at, step.entry); {
+		case errors.As(err, &why):
+			return nil, restoreRefusal(why), nil
+		case err != nil:
+			return nil, "", fmt.Errorf("list %s in snapshot %s: %w", step.Path, step.ID, err)
 		}
 	}
-	return l, nil
+	return l, "", nil
 }
+
+// refusalError carries a restoreRefusal through a walk's error.
+type refusalError string
+
+func (e refusalError) Error() string { return string(e) }

@@ -55,6 +55,13 @@ func newForger(t *testing.T) *forger {
 // srv, a folder of entries; file entries get one small file's content.
 func (f *forger) snapshot(user, source string, entries ...*snapshot.DirEntry) string {
 	f.t.Helper()
+	return f.nested(user, source, nil, entries...)
+}
+
+// nested is snapshot with the entries in folders named nest, one in the
+// other, below srv.
+func (f *forger) nested(user, source string, nest []string, entries ...*snapshot.DirEntry) string {
+	f.t.Helper()
 	var id manifest.ID
 	err := repo.WriteSession(f.t.Context(), f.rep, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
 		// write stores data as one object: a directory listing's ID has
@@ -87,6 +94,11 @@ func (f *forger) snapshot(user, source string, entries ...*snapshot.DirEntry) st
 		inner, err := dir(entries...)
 		if err != nil {
 			return err
+		}
+		for i := len(nest) - 1; i >= 0; i-- {
+			if inner, err = dir(&snapshot.DirEntry{Name: nest[i], Type: snapshot.EntryTypeDirectory, ObjectID: inner, Permissions: 0o755, ModTime: f.now}); err != nil {
+				return err
+			}
 		}
 		root, err := dir(&snapshot.DirEntry{Name: "srv", Type: snapshot.EntryTypeDirectory, ObjectID: inner, Permissions: 0o755, ModTime: f.now})
 		if err != nil {
@@ -147,5 +159,21 @@ func TestRestorePlanRefusesForgedNames(t *testing.T) {
 				t.Errorf("a VM's own snapshot: %v %q %v", plan, why, err)
 			}
 		})
+	}
+}
+
+// Nor does a forged tree deeper than any file system's paths reach kopia
+// restore, nor cost the server more than one folder at a time.
+func TestRestorePlanRefusesForgedDepth(t *testing.T) {
+	f := newForger(t)
+	nest := make([]string, 40)
+	for i := range nest {
+		nest[i] = strings.Repeat(string(rune('a'+i%26)), 200)
+	}
+	f.nested("old@team-a", "/deep", nest, &snapshot.DirEntry{Name: "x", Type: snapshot.EntryTypeFile})
+	r := userset.Request{UID: "aa", User: "new@team-a", Kind: userset.RequestRestore, Name: "r", Paths: []string{"/deep/srv"}, Source: "old@team-a", Target: "/var/lib/guestbackup/restores/r"}
+	_, why, err := restorePlan(t.Context(), f.rep, r)
+	if err != nil || !strings.Contains(string(why), "a path longer than 4096 bytes, which no file system holds") {
+		t.Errorf("refusal %q, %v; want the path's length refused", why, err)
 	}
 }

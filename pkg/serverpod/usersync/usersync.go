@@ -1012,9 +1012,6 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	lister := s.lister
 	s.mu.Unlock()
 	keep, asked := s.askedRequests(lister)
-	if err := s.carryDryRuns(ctx, lister); err != nil {
-		return err
-	}
 	if asked != s.asked && keep != nil {
 		// Results of requests no longer asked go from every shard, though
 		// this pod has nothing new to write there.
@@ -1026,6 +1023,8 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	if keep != nil {
 		s.asked = asked
 	}
+	// After the guests' activity, which no dry run may hold up.
+	s.carryDryRuns(ctx, lister)
 	return nil
 }
 
