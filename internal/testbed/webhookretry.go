@@ -15,11 +15,18 @@ import (
 // endpoint), as opposed to a webhook's answer.
 var kubeVirtWebhookCall = regexp.MustCompile(`failed calling webhook "[^"]+\.kubevirt\.io"`)
 
-// KubeVirtWebhookAttempts and KubeVirtWebhookBackoff bound RetryKubeVirtWebhooks:
-// at most 4 calls of 10 s (virt-operator's webhook timeout) each, 2 s apart.
+// KubeVirtWebhookAttempts, KubeVirtWebhookBackoff and KubeVirtWebhookMaxBackoff
+// bound RetryKubeVirtWebhooks: at most 8 calls of 10 s (virt-operator's
+// webhook timeout) each, the waits between them doubling from 2 s to 30 s,
+// about two minutes of waiting in all. A loaded machine first makes the
+// webhook time out, then fails virt-api's readiness probe, which takes
+// its endpoint away ("no endpoints available") until the probe passes
+// again: that takes tens of seconds, not the seconds a fixed short wait
+// gives.
 const (
-	KubeVirtWebhookAttempts = 4
-	KubeVirtWebhookBackoff  = 2 * time.Second
+	KubeVirtWebhookAttempts   = 8
+	KubeVirtWebhookBackoff    = 2 * time.Second
+	KubeVirtWebhookMaxBackoff = 30 * time.Second
 )
 
 // RetryKubeVirtWebhooks is c, whose writes (create, update, patch) are
@@ -33,13 +40,15 @@ const (
 // other error are returned at once: they are what the tests test. logf,
 // when set, says each retry.
 func RetryKubeVirtWebhooks(c client.Client, logf func(format string, args ...any)) client.Client {
-	return &kubeVirtWebhookRetry{Client: c, backoff: KubeVirtWebhookBackoff, logf: logf}
+	return &kubeVirtWebhookRetry{Client: c, backoff: KubeVirtWebhookBackoff, maxBackoff: KubeVirtWebhookMaxBackoff, logf: logf}
 }
 
 type kubeVirtWebhookRetry struct {
 	client.Client
-	backoff time.Duration
-	logf    func(format string, args ...any)
+	// backoff is the first wait, doubled after each retry up to
+	// maxBackoff.
+	backoff, maxBackoff time.Duration
+	logf                func(format string, args ...any)
 }
 
 func (c *kubeVirtWebhookRetry) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
@@ -57,7 +66,8 @@ func (c *kubeVirtWebhookRetry) Patch(ctx context.Context, obj client.Object, pat
 // retry calls write until it succeeds, fails otherwise than by a KubeVirt
 // webhook call, or KubeVirtWebhookAttempts ran out.
 func (c *kubeVirtWebhookRetry) retry(ctx context.Context, verb string, obj client.Object, write func() error) error {
-	for attempt := 1; ; attempt++ {
+	wait := c.backoff
+	for attempt := 1; ; attempt, wait = attempt+1, min(2*wait, max(c.maxBackoff, c.backoff)) {
 		err := write()
 		if err == nil || !IsKubeVirtWebhookCallFailure(err) {
 			return err
@@ -71,7 +81,7 @@ func (c *kubeVirtWebhookRetry) retry(ctx context.Context, verb string, obj clien
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("%s %s/%s: %w (after %v)", verb, obj.GetNamespace(), obj.GetName(), ctx.Err(), err)
-		case <-time.After(c.backoff):
+		case <-time.After(wait):
 		}
 	}
 }

@@ -53,10 +53,18 @@ func TestRetryKubeVirtWebhooks(t *testing.T) {
 	}{
 		{"stores at once when the webhook answers", nil, 1, false},
 		{"retries a timed-out KubeVirt webhook until it answers", []error{callFailure("virtualmachines-mutator.kubevirt.io"), callFailure("virtualmachines-mutator.kubevirt.io")}, 3, false},
-		{"gives up after its attempts", []error{
+		{"waits out virt-api's lost endpoint", []error{
 			callFailure("virtualmachines-mutator.kubevirt.io"), callFailure("virtualmachines-mutator.kubevirt.io"),
 			callFailure("virtualmachines-mutator.kubevirt.io"), callFailure("virtualmachines-mutator.kubevirt.io"),
-		}, KubeVirtWebhookAttempts, true},
+			callFailure("virtualmachines-mutator.kubevirt.io"),
+		}, 6, false},
+		{"gives up after its attempts", func() []error {
+			var errs []error
+			for range KubeVirtWebhookAttempts {
+				errs = append(errs, callFailure("virtualmachines-mutator.kubevirt.io"))
+			}
+			return errs
+		}(), KubeVirtWebhookAttempts, true},
 		{"never retries guestbackup's webhook", []error{callFailure("virtualmachines.guestbackup.io")}, 1, true},
 		{"never retries a denial", []error{apierrors.NewBadRequest("admission webhook denied the request")}, 1, true},
 	} {
@@ -72,7 +80,7 @@ func TestRetryKubeVirtWebhooks(t *testing.T) {
 				},
 			}).Build()
 			var retries int
-			c := &kubeVirtWebhookRetry{Client: inner, backoff: time.Millisecond, logf: func(string, ...any) { retries++ }}
+			c := &kubeVirtWebhookRetry{Client: inner, backoff: time.Millisecond, maxBackoff: 4 * time.Millisecond, logf: func(string, ...any) { retries++ }}
 			err := c.Create(context.Background(), &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "x"}})
 			if (err != nil) != tc.wantErr {
 				t.Fatalf("Create: %v, want error %v", err, tc.wantErr)
