@@ -88,16 +88,9 @@ type Result struct {
 	Ended   *time.Time `json:"ended,omitempty"`
 }
 
-// MaxListingEntries and MaxListingBytes bound a dry run's listing, so that
-// a shard's activity stays well within what a ConfigMap holds: beyond, the
-// listing is truncated (its counts stay whole).
-const (
-	MaxListingEntries = 100
-	MaxListingBytes   = 16 << 10
-)
-
-// Listing is what a restore would write: its first entries, in path order,
-// and the count and size of all its files.
+// Listing is what a restore would write: its first entries, in path order
+// (at most userset.MaxListingEntries and MaxListingBytes of them), and the
+// count and size of all its files.
 type Listing struct {
 	Entries   []Entry `json:"entries,omitempty"`
 	Files     int64   `json:"files"`

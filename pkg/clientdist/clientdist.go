@@ -28,7 +28,6 @@ import (
 	"strings"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -208,6 +207,13 @@ func EncodeRequests(requests []userset.Request) []byte {
 	return b.Bytes()
 }
 
+// PlanStep is what a restore restores of one path.
+type PlanStep struct {
+	// ID is the snapshot (manifest) ID; Root its source path, which holds
+	// Path.
+	ID, Root, Path string
+}
+
 // EncodePlan renders what a restore restores, the answer to its guest's
 // Running, for a POSIX shell to read line by line, a path at a time:
 //
@@ -215,7 +221,7 @@ func EncodeRequests(requests []userset.Request) []byte {
 //
 // The source is "<snapshot ID>" or "<snapshot ID>/<path below the
 // snapshot's root>", as `kopia restore` takes it.
-func EncodePlan(plan []activity.Snapshot) []byte {
+func EncodePlan(plan []PlanStep) []byte {
 	var b bytes.Buffer
 	enc := base64.StdEncoding.EncodeToString
 	for _, step := range plan {

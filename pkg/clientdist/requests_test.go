@@ -4,7 +4,6 @@ import (
 	"encoding/base64"
 	"testing"
 
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
 
@@ -41,7 +40,7 @@ end
 // the snapshot alone for its root, else the snapshot and the path below
 // its root.
 func TestEncodePlan(t *testing.T) {
-	plan := []activity.Snapshot{
+	plan := []PlanStep{
 		{ID: "k1", Path: "/srv", Root: "/srv"},
 		{ID: "k1", Path: "/srv/my notes/a.txt", Root: "/srv"},
 		{ID: "k2", Path: "/etc/nginx", Root: "/"},

@@ -14,7 +14,7 @@ import (
 	"github.com/kopia/kopia/repo"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -31,10 +31,10 @@ type desk struct {
 	withdrawn map[string]bool
 	// plans are what the restores restore from, by UID, as the server
 	// pod chooses them.
-	plans map[string][]activity.Snapshot
+	plans map[string][]clientdist.PlanStep
 }
 
-func (d *desk) Plan(_ context.Context, _, uid string) ([]activity.Snapshot, error) {
+func (d *desk) Plan(_ context.Context, _, uid string) ([]clientdist.PlanStep, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.plans[uid], nil
@@ -258,7 +258,7 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 	tools := testbed.MustTools(t)
 	ctx := t.Context()
 	srv, password := serverWithWeb(t)
-	d := &desk{plans: map[string][]activity.Snapshot{}}
+	d := &desk{plans: map[string][]clientdist.PlanStep{}}
 	port := startClientPortWith(t, srv.CA, clientBinaries(t), "web@team-a", password, d)
 	client := port.status
 	data := filepath.Join(t.TempDir(), "my data; $(reboot)")
@@ -302,9 +302,9 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 		if err := r.Validate(); err != nil {
 			t.Fatal(err)
 		}
-		var plan []activity.Snapshot
+		var plan []clientdist.PlanStep
 		for _, p := range paths {
-			plan = append(plan, activity.Snapshot{ID: id, Path: p, Root: data})
+			plan = append(plan, clientdist.PlanStep{ID: id, Path: p, Root: data})
 		}
 		d.mu.Lock()
 		d.plans[uid] = plan

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
@@ -47,6 +46,15 @@ const MaxRequestPaths = 64
 // ConfigMap hold beside their users and guests: beyond it, the newest
 // requests wait their turn.
 const MaxShardRequestsBytes = 256 << 10
+
+// MaxListingEntries and MaxListingBytes bound a dry run's listing as its
+// result records it (entries, and their paths JSON-encoded), so that a
+// shard's activity stays well within what a ConfigMap holds: beyond, the
+// listing is truncated (its counts stay whole).
+const (
+	MaxListingEntries = 100
+	MaxListingBytes   = 16 << 10
+)
 
 // resultBytes bounds a result's own fields in its shard's activity: its
 // UID, phase and times, and its message (at most 512 bytes, as the server
@@ -222,7 +230,7 @@ func (r Request) budget() int {
 		n += ResultBytesPerPath + 2*len(p)
 	}
 	if r.DryRun {
-		n += activity.MaxListingBytes + activity.MaxListingEntries*ResultBytesPerPath
+		n += MaxListingBytes + MaxListingEntries*ResultBytesPerPath
 	}
 	return n
 }

@@ -84,7 +84,7 @@ type Requests interface {
 	// Plan is what user's guest restores for its started request uid:
 	// the snapshot of each path, chosen when it started; none for a
 	// request of another kind.
-	Plan(ctx context.Context, user, uid string) ([]activity.Snapshot, error)
+	Plan(ctx context.Context, user, uid string) ([]clientdist.PlanStep, error)
 }
 
 // Options configure a Server.

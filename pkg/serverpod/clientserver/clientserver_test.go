@@ -504,7 +504,7 @@ func (d *desk) Result(_ context.Context, user, uid, phase, message string) error
 	return ErrUnknownRequest
 }
 
-func (d *desk) Plan(context.Context, string, string) ([]activity.Snapshot, error) { return nil, nil }
+func (d *desk) Plan(context.Context, string, string) ([]clientdist.PlanStep, error) { return nil, nil }
 
 // A guest polls for its own requests and answers them, with its own
 // credentials; it can neither read nor answer another guest's.

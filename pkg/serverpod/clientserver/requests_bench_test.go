@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/guestbackup/guestbackup/internal/testbed"
-	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/pki"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/logins"
@@ -43,7 +43,7 @@ func (v *verified) Result(context.Context, string, string, string, string) error
 	return ErrUnknownRequest
 }
 
-func (v *verified) Plan(context.Context, string, string) ([]activity.Snapshot, error) {
+func (v *verified) Plan(context.Context, string, string) ([]clientdist.PlanStep, error) {
 	return nil, ErrUnknownRequest
 }
 

@@ -14,6 +14,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/activityscan"
 	"github.com/guestbackup/guestbackup/pkg/serverpod/clientserver"
@@ -156,7 +157,7 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 // Running answer recorded it: for each path, the snapshot and the path in
 // it (package clientdist's EncodePlan); none for another kind, or before
 // the restore started.
-func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapshot, error) {
+func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]clientdist.PlanStep, error) {
 	requests, err := s.listedRequests(user)
 	if err != nil {
 		return nil, err
@@ -172,7 +173,11 @@ func (s *Syncer) Plan(ctx context.Context, user, uid string) ([]activity.Snapsho
 	if err != nil || res == nil {
 		return nil, err
 	}
-	return res.Snapshots, nil
+	plan := make([]clientdist.PlanStep, len(res.Snapshots))
+	for i, sn := range res.Snapshots {
+		plan[i] = clientdist.PlanStep{ID: sn.ID, Root: sn.Root, Path: sn.Path}
+	}
+	return plan, nil
 }
 
 // planTimeout bounds how long the server pod chooses and checks what one

@@ -336,7 +336,7 @@ func listed(sources map[string][]manifest.ID) string {
 }
 
 // dryRunListing is what restoring plan, into target (or in place), would write:
-// its entries in path order, at most activity.MaxListingEntries and
+// its entries in path order, at most userset.MaxListingEntries and
 // MaxListingBytes of them, and the count and size of all its files. It
 // reads folders of the snapshots only as far as the entries it lists.
 func dryRunListing(ctx context.Context, rep repo.Repository, plan []restoreStep, target string, inPlace bool) (*activity.Listing, restoreRefusal, error) {
@@ -344,7 +344,7 @@ func dryRunListing(ctx context.Context, rep repo.Repository, plan []restoreStep,
 	size := 0
 	add := func(at string, e fs.Entry) bool {
 		encoded, _ := json.Marshal(at) // a string: cannot fail
-		if len(l.Entries) >= activity.MaxListingEntries || size+len(encoded) > activity.MaxListingBytes {
+		if len(l.Entries) >= userset.MaxListingEntries || size+len(encoded) > userset.MaxListingBytes {
 			l.Truncated = true
 			return false
 		}

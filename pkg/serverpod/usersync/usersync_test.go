@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -399,12 +400,21 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Eventually(func() ([]userset.Request, error) { return syncer.Pending(alice.user) }).WithTimeout(provisioned).Should(HaveLen(4))
 
 		By("by ID, by the latest, and by time, each with what lies at its path in the snapshot")
+		// start answers Running for r, and returns what the result
+		// records, which is the plan handed to the guest.
 		start := func(r userset.Request) []activity.Snapshot {
 			GinkgoHelper()
 			Expect(syncer.Result(ctx, alice.user, r.UID, "Running", "")).To(Succeed())
 			plan, err := syncer.Plan(ctx, alice.user, r.UID)
 			Expect(err).NotTo(HaveOccurred())
-			return plan
+			res := activityOf(alice.user).Results
+			i := slices.IndexFunc(res, func(res activity.Result) bool { return res.UID == r.UID })
+			Expect(i).NotTo(BeNumerically("<", 0))
+			Expect(plan).To(HaveLen(len(res[i].Snapshots)))
+			for j, step := range plan {
+				Expect(step).To(Equal(clientdist.PlanStep{ID: res[i].Snapshots[j].ID, Root: res[i].Snapshots[j].Root, Path: res[i].Snapshots[j].Path}))
+			}
+			return res[i].Snapshots
 		}
 		Expect(start(byID)).To(ConsistOf(And(HaveField("ID", first), HaveField("Path", byID.Paths[0]), HaveField("Root", data),
 			HaveField("Files", BeEquivalentTo(1)), HaveField("Bytes", BeEquivalentTo(len("first\n"))))))
