@@ -208,12 +208,19 @@ func (r Request) validateRestore() error {
 	// through what the first wrote (a link of the snapshot, say).
 	for _, p := range r.Paths {
 		for _, q := range r.Paths {
-			if p != q && (q == "/" || strings.HasPrefix(p, q+"/")) {
+			if p != q && Holds(q, p) {
 				return fmt.Errorf("path %s lies within %s, which the restore writes already: name one of them", p, q)
 			}
 		}
 	}
 	return nil
+}
+
+// Holds reports whether path p is folder or lies below it (both clean and
+// absolute): what a restore of folder writes, and what a snapshot of it
+// holds.
+func Holds(folder, p string) bool {
+	return folder == p || folder == "/" || strings.HasPrefix(p, folder+"/")
 }
 
 // snapshotIDPattern is a Kopia manifest ID, as admission checks it.

@@ -79,7 +79,7 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 		}
 		m := chosen
 		switch {
-		case m != nil && !holds(m.Source.Path, p):
+		case m != nil && !userset.Holds(m.Source.Path, p):
 			return nil, restoreRefusal(fmt.Sprintf("snapshot %s is of %s, which does not hold %s: restore %s from a snapshot of its own, in another request", r.SnapshotID, m.Source.Path, p, p)), nil
 		case m == nil:
 			root := sourceOf(sources, p)
@@ -286,17 +286,12 @@ func stepOf(ctx context.Context, rep repo.Repository, m *snapshot.Manifest, p st
 	return step, "", nil
 }
 
-// holds reports whether snapshot source path root holds path p.
-func holds(root, p string) bool {
-	return root == p || root == "/" || strings.HasPrefix(p, root+"/")
-}
-
 // sourceOf is the longest source path of sources that holds p; "" for
 // none.
 func sourceOf(sources map[string][]manifest.ID, p string) string {
 	best := ""
 	for root := range sources {
-		if holds(root, p) && len(root) > len(best) {
+		if userset.Holds(root, p) && len(root) > len(best) {
 			best = root
 		}
 	}
