@@ -17,6 +17,11 @@ const (
 	ConditionBackupFresh = "BackupFresh"
 )
 
+// MaxRecentSnapshots bounds a GuestProtection's catalogue
+// (status.recentSnapshots): the newest snapshots of a guest, published by
+// its server pod for every guest of the server, at 10,000 guests too.
+const MaxRecentSnapshots = 10
+
 // GuestSnapshotSummary is one snapshot of a guest, as its owner sees it.
 type GuestSnapshotSummary struct {
 	// ID is Kopia's snapshot (manifest) ID.
@@ -51,6 +56,15 @@ type GuestProtectionStatus struct {
 	// LastSnapshot is the newest snapshot.
 	// +optional
 	LastSnapshot *GuestSnapshotSummary `json:"lastSnapshot,omitempty"`
+	// RecentSnapshots is the catalogue of the guest's snapshots, newest
+	// first: at most MaxRecentSnapshots of them, fewer when long paths
+	// would make the server's published catalogue too large (Snapshots
+	// counts them all). A snapshot that retention deleted leaves it. Pick
+	// one here to restore from (GuestRestore spec.snapshot).
+	// +kubebuilder:validation:MaxItems=10
+	// +listType=atomic
+	// +optional
+	RecentSnapshots []GuestSnapshotSummary `json:"recentSnapshots,omitempty"`
 	// Conditions: GuestConnected and BackupFresh.
 	// +listType=map
 	// +listMapKey=type

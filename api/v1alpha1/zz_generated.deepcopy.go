@@ -517,6 +517,13 @@ func (in *GuestProtectionStatus) DeepCopyInto(out *GuestProtectionStatus) {
 		*out = new(GuestSnapshotSummary)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.RecentSnapshots != nil {
+		in, out := &in.RecentSnapshots, &out.RecentSnapshots
+		*out = make([]GuestSnapshotSummary, len(*in))
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
+	}
 	if in.Conditions != nil {
 		in, out := &in.Conditions, &out.Conditions
 		*out = make([]v1.Condition, len(*in))
