@@ -121,30 +121,38 @@ type Report struct {
 
 // Encode renders guests as JSON lines sorted by user, so unchanged
 // activity gives an unchanged ConfigMap.
-func Encode(guests map[string]Guest) []byte {
+func Encode(guests map[string]Guest) []byte { return encodeLines(guests) }
+
+// Decode parses what Encode wrote.
+func Decode(data []byte) (map[string]Guest, error) {
+	return decodeLines(data, "activity", func(g Guest) string { return g.User })
+}
+
+// encodeLines renders values as JSON lines sorted by key.
+func encodeLines[T any](values map[string]T) []byte {
 	var b bytes.Buffer
-	for _, user := range slices.Sorted(maps.Keys(guests)) {
-		line, _ := json.Marshal(guests[user]) // plain data: cannot fail
+	for _, key := range slices.Sorted(maps.Keys(values)) {
+		line, _ := json.Marshal(values[key]) // plain data: cannot fail
 		b.Write(line)
 		b.WriteByte('\n')
 	}
 	return b.Bytes()
 }
 
-// Decode parses what Encode wrote.
-func Decode(data []byte) (map[string]Guest, error) {
-	guests := map[string]Guest{}
+// decodeLines parses JSON lines of what, each keyed by key.
+func decodeLines[T any](data []byte, what string, key func(T) string) (map[string]T, error) {
+	values := map[string]T{}
 	sc := bufio.NewScanner(bytes.NewReader(data))
 	sc.Buffer(nil, 1<<20)
 	for n := 1; sc.Scan(); n++ {
 		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
 			continue
 		}
-		var g Guest
-		if err := json.Unmarshal(sc.Bytes(), &g); err != nil {
-			return nil, fmt.Errorf("activity line %d: %w", n, err)
+		var v T
+		if err := json.Unmarshal(sc.Bytes(), &v); err != nil {
+			return nil, fmt.Errorf("%s line %d: %w", what, n, err)
 		}
-		guests[g.User] = g
+		values[key(v)] = v
 	}
-	return guests, sc.Err()
+	return values, sc.Err()
 }

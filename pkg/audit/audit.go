@@ -8,6 +8,8 @@ package audit
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -154,14 +156,16 @@ func vmsOfActivity(_ context.Context, o client.Object) []reconcile.Request {
 	if !ok {
 		return nil
 	}
-	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	d, err := decodeShard(cm)
 	if err != nil {
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(guests))
-	for user := range guests {
-		if vm, ns, ok := strings.Cut(user, "@"); ok {
-			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: vm}})
+	reqs := make([]reconcile.Request, 0, len(d.guests)+len(d.catalogues))
+	for _, users := range [][]string{slices.Collect(maps.Keys(d.guests)), slices.Collect(maps.Keys(d.catalogues))} {
+		for _, user := range users {
+			if vm, ns, ok := strings.Cut(user, "@"); ok {
+				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: vm}})
+			}
 		}
 	}
 	return reqs
@@ -193,6 +197,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	user := identity.OfVM(vm.Name, vm.Namespace)
 	bsls := vmsecret.Server(secret)
 	guest, err := r.guest(ctx, bsls, user)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	recent, err := r.catalogue(ctx, bsls, user)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -233,7 +241,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	}
 	vmevent.Record(r.Recorder, vm.ObjectMeta, d.Events)
 	if err := r.protect(ctx, vm, ProtectionInputs{
-		Server: bsls.String(), Identity: user, Guest: guest, NotConnected: notConnected,
+		Server: bsls.String(), Identity: user, Guest: guest, Recent: recent, NotConnected: notConnected,
 		Stale: announcedAfter(secret.Annotations, d.Annotations, AnnotationBackupStale) != "", Now: now,
 	}); err != nil {
 		return ctrl.Result{}, err
@@ -279,12 +287,35 @@ func (r *Reconciler) staleAfter() time.Duration {
 }
 
 // guest reads a user's activity from its server's ConfigMap; nil when the
-// server has published none for it. Only the server's own ConfigMap
+// server has published none for it.
+func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user string) (*activity.Guest, error) {
+	d, err := r.published(ctx, bsls, activity.ConfigMapName(bsls.Name, userset.ShardOf(user)))
+	if d == nil || err != nil {
+		return nil, err
+	}
+	if g, ok := d.guests[user]; ok {
+		return &g, nil
+	}
+	return nil, nil
+}
+
+// catalogue reads a user's catalogue from its server's ConfigMap; nil when
+// the server has published none for it.
+func (r *Reconciler) catalogue(ctx context.Context, bsls types.NamespacedName, user string) ([]activity.Snapshot, error) {
+	d, err := r.published(ctx, bsls, activity.CatalogueConfigMapName(bsls.Name, activity.CatalogueShardOf(user)))
+	if d == nil || err != nil {
+		return nil, err
+	}
+	return d.catalogues[user], nil
+}
+
+// published reads ConfigMap name, which server bsls publishes its guests
+// in, decoded; nil when there is none. Only the server's own ConfigMap
 // counts, the one its BSLS controls: the credential Secret names the
 // server by labels, and a tenant who can write such a Secret (the chart's
 // secretPolicy off) can name a namespace of hers, where she writes
 // ConfigMaps, labels and all.
-func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user string) (*activity.Guest, error) {
+func (r *Reconciler) published(ctx context.Context, bsls types.NamespacedName, name string) (*decodedShard, error) {
 	if bsls.Namespace == "" || bsls.Name == "" {
 		return nil, nil
 	}
@@ -296,7 +327,7 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 		return nil, fmt.Errorf("get BackupStorageLocationServer %s: %w", bsls, err)
 	}
 	cm := &corev1.ConfigMap{}
-	key := types.NamespacedName{Namespace: bsls.Namespace, Name: activity.ConfigMapName(bsls.Name, userset.ShardOf(user))}
+	key := types.NamespacedName{Namespace: bsls.Namespace, Name: name}
 	if err := r.Client.Get(ctx, key, cm); err != nil {
 		if apierrors.IsNotFound(err) {
 			r.shards.forget(key)
@@ -313,50 +344,64 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 			"configMap", key, "backupStorageLocationServer", bsls)
 		return nil, nil
 	}
-	guests, err := r.shards.decode(key, cm)
+	d, err := r.shards.decode(key, cm)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "activity ConfigMap unreadable", "configMap", key)
 		return nil, nil
 	}
-	if g, ok := guests[user]; ok {
-		return &g, nil
-	}
-	return nil, nil
+	return d, nil
 }
 
-// shards remembers each activity ConfigMap decoded, by its version: every
-// VM of a shard reads the same ConfigMap (a server's guests over 16), so
-// decoding it for each VM made a restart's audit quadratic in the guests
-// (88 ms a VM with 10,000 of them: make bench, BenchmarkOptedInVMs). A
-// server pod rewrites it once a scan at most.
+// shards remembers each ConfigMap a server publishes its guests in,
+// decoded, by its version: every VM of a shard reads the same ConfigMap (a
+// server's guests over 16), so decoding it for each VM made a restart's
+// audit quadratic in the guests (88 ms a VM with 10,000 of them: make
+// bench, BenchmarkOptedInVMs). A server pod rewrites it once a scan at
+// most.
 type shards struct {
 	mu      sync.Mutex
-	decoded map[types.NamespacedName]decodedShard
+	decoded map[types.NamespacedName]*decodedShard
 }
 
+// decodedShard is what one ConfigMap publishes: the guests' activity
+// (activity.Key) or their catalogues (activity.CatalogueKey).
 type decodedShard struct {
-	version string
-	guests  map[string]activity.Guest
+	version    string
+	guests     map[string]activity.Guest
+	catalogues map[string][]activity.Snapshot
 }
 
-// decode is the guests of activity ConfigMap cm, key: decoded when cm is
-// a version it has not decoded yet. The map returned is shared: read it
-// only.
-func (s *shards) decode(key types.NamespacedName, cm *corev1.ConfigMap) (map[string]activity.Guest, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if d, ok := s.decoded[key]; ok && d.version == cm.ResourceVersion && cm.ResourceVersion != "" {
-		return d.guests, nil
-	}
+// decodeShard decodes what cm publishes.
+func decodeShard(cm *corev1.ConfigMap) (*decodedShard, error) {
 	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
 	if err != nil {
 		return nil, err
 	}
-	if s.decoded == nil {
-		s.decoded = map[types.NamespacedName]decodedShard{}
+	catalogues, err := activity.DecodeCatalogues([]byte(cm.Data[activity.CatalogueKey]))
+	if err != nil {
+		return nil, err
 	}
-	s.decoded[key] = decodedShard{version: cm.ResourceVersion, guests: guests}
-	return guests, nil
+	return &decodedShard{version: cm.ResourceVersion, guests: guests, catalogues: catalogues}, nil
+}
+
+// decode is what ConfigMap cm, key, publishes: decoded when cm is a
+// version it has not decoded yet. What it returns is shared: read it
+// only.
+func (s *shards) decode(key types.NamespacedName, cm *corev1.ConfigMap) (*decodedShard, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if d, ok := s.decoded[key]; ok && d.version == cm.ResourceVersion && cm.ResourceVersion != "" {
+		return d, nil
+	}
+	d, err := decodeShard(cm)
+	if err != nil {
+		return nil, err
+	}
+	if s.decoded == nil {
+		s.decoded = map[types.NamespacedName]*decodedShard{}
+	}
+	s.decoded[key] = d
+	return d, nil
 }
 
 // forget drops what was decoded of a ConfigMap that is gone.

@@ -58,6 +58,7 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		_, err := scanner.Scan(ctx, r)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(scanner.Publish(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName, nil)).To(Succeed())
+		Expect(scanner.PublishCatalogues(ctx, configMaps().CoreV1().ConfigMaps(bslsNamespace), bslsName)).To(Succeed())
 	}
 	events := func(reason string) func() []string { return vmEvents(ctx, api, "web", reason) }
 	protection := func() (*v1alpha1.GuestProtection, error) {
@@ -181,6 +182,15 @@ var _ = Describe("The guest activity audit", Ordered, func() {
 		Eventually(protection).WithTimeout(10 * time.Second).Should(And(
 			HaveField("Status.Snapshots", BeEquivalentTo(2)),
 			condition(v1alpha1.ConditionBackupFresh, metav1.ConditionTrue, audit.ReasonWithinSchedule)))
+
+		By("listing both snapshots, newest first, on the VM's GuestProtection")
+		ids, err := guest.SnapshotIDs(ctx, data)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(2))
+		Eventually(protection).WithTimeout(10 * time.Second).Should(HaveField("Status.RecentSnapshots", HaveExactElements(
+			And(HaveField("ID", ids[1]), HaveField("Path", data), HaveField("Bytes", BeEquivalentTo(6000)), HaveField("Files", BeEquivalentTo(1))),
+			And(HaveField("ID", ids[0]), HaveField("Path", data)),
+		)))
 	})
 
 	It("makes the VM's GuestProtection again when it is deleted, and deletes it when the VM opts out", func() {

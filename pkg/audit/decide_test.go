@@ -190,11 +190,11 @@ func TestShardsDecodeEachVersionOnce(t *testing.T) {
 	var s shards
 	decoded := func(c *corev1.ConfigMap) []string {
 		t.Helper()
-		guests, err := s.decode(key, c)
+		d, err := s.decode(key, c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return slices.Sorted(maps.Keys(guests))
+		return slices.Sorted(maps.Keys(d.guests))
 	}
 	if got := decoded(cm("1", "a@ns", "b@ns")); !slices.Equal(got, []string{"a@ns", "b@ns"}) {
 		t.Fatalf("version 1: %v", got)

@@ -50,8 +50,9 @@ var _ = Describe("Activity a tenant forges", Ordered, func() {
 	forgedEnd := time.Now().UTC().Add(-time.Hour).Truncate(time.Second)
 
 	// forge creates, as the tenant, VM vm and a credential Secret naming
-	// BSLS server of her namespace, and that server's activity ConfigMap
-	// of vm's shard, saying its guest has 30 snapshots.
+	// BSLS server of her namespace, and that server's activity and
+	// catalogue ConfigMaps of vm's shard, saying its guest has 30
+	// snapshots and listing one.
 	forge := func(vm, server string) {
 		GinkgoHelper()
 		ref := vmNamespace + "/" + server
@@ -72,6 +73,15 @@ var _ = Describe("Activity a tenant forges", Ordered, func() {
 			Data: map[string]string{activity.Key: string(activity.Encode(map[string]activity.Guest{user: {
 				User: user, Snapshots: 30, First: forgedEnd.Add(-30 * 24 * time.Hour),
 				Last: activity.Snapshot{ID: "forged", Path: "/srv", Start: forgedEnd.Add(-time.Minute), End: forgedEnd, Bytes: 1 << 30, Files: 1000},
+			}}))},
+		})).To(Succeed())
+		Expect(tenant.Create(ctx, &corev1.ConfigMap{
+			ObjectMeta: metav1.ObjectMeta{
+				Name: activity.CatalogueConfigMapName(server, activity.CatalogueShardOf(user)), Namespace: vmNamespace,
+				Labels: labels.Merge(kopiaserver.Labels(bsls), map[string]string{activity.Label: server}),
+			},
+			Data: map[string]string{activity.CatalogueKey: string(activity.EncodeCatalogues(map[string][]activity.Snapshot{user: {
+				{ID: "forged", Path: "/srv", Start: forgedEnd.Add(-time.Minute), End: forgedEnd, Bytes: 1 << 30, Files: 1000},
 			}}))},
 		})).To(Succeed())
 	}
@@ -105,6 +115,7 @@ var _ = Describe("Activity a tenant forges", Ordered, func() {
 		}).Should(HaveField("Status.Identity", vm+"@"+vmNamespace))
 		Expect(p.Status.Snapshots).To(BeZero(), "the GuestProtection counts the forged snapshots")
 		Expect(p.Status.LastSnapshot).To(BeNil(), "the GuestProtection shows the forged snapshot")
+		Expect(p.Status.RecentSnapshots).To(BeEmpty(), "the GuestProtection lists the forged snapshot")
 
 		By("announcing no snapshot on the VM")
 		// Recorded on the Secret before the Events are made, and before

@@ -38,6 +38,8 @@ type ProtectionInputs struct {
 	Server, Identity string
 	// Guest is the guest's activity on its server; nil when none.
 	Guest *activity.Guest
+	// Recent is the guest's catalogue on its server, newest first.
+	Recent []activity.Snapshot
 	// NotConnected: GuestNotConnected is announced for the running
 	// instance. Stale: BackupStale is announced.
 	NotConnected, Stale bool
@@ -59,10 +61,10 @@ func ProtectionStatus(in ProtectionInputs) v1alpha1.GuestProtectionStatus {
 		if !g.First.IsZero() {
 			s.FirstSnapshotTime = ptr.To(stored(g.First))
 		}
-		s.LastSnapshot = &v1alpha1.GuestSnapshotSummary{
-			ID: g.Last.ID, Path: g.Last.Path, Bytes: g.Last.Bytes, Files: g.Last.Files,
-			StartTime: stored(g.Last.Start), EndTime: stored(g.Last.End),
-		}
+		s.LastSnapshot = ptr.To(summary(g.Last))
+	}
+	for _, snap := range in.Recent[:min(len(in.Recent), v1alpha1.MaxRecentSnapshots)] {
+		s.RecentSnapshots = append(s.RecentSnapshots, summary(snap))
 	}
 	connected := metav1.Condition{Type: v1alpha1.ConditionGuestConnected, Status: metav1.ConditionUnknown, Reason: ReasonNoSnapshotYet,
 		Message: "no snapshot of this guest has reached its server yet"}
@@ -92,6 +94,14 @@ func ProtectionStatus(in ProtectionInputs) v1alpha1.GuestProtectionStatus {
 		meta.SetStatusCondition(&s.Conditions, c)
 	}
 	return s
+}
+
+// summary is snap as its owner sees it.
+func summary(snap activity.Snapshot) v1alpha1.GuestSnapshotSummary {
+	return v1alpha1.GuestSnapshotSummary{
+		ID: snap.ID, Path: snap.Path, Bytes: snap.Bytes, Files: snap.Files,
+		StartTime: stored(snap.Start), EndTime: stored(snap.End),
+	}
 }
 
 // stored is t as the API server keeps a metav1.Time: whole seconds, UTC,

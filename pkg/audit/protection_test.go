@@ -1,6 +1,8 @@
 package audit
 
 import (
+	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -51,6 +53,41 @@ func TestProtectionStatus(t *testing.T) {
 			}
 			if tt.wantSnapshots > 0 && (got.LastSnapshot == nil || got.LastSnapshot.ID != "k1" || got.LastSnapshot.Bytes != 6000 || got.FirstSnapshotTime == nil) {
 				t.Errorf("last snapshot %+v, first %v: want k1 of 6000 bytes and the first's time", got.LastSnapshot, got.FirstSnapshotTime)
+			}
+		})
+	}
+}
+
+// The catalogue is the server's, in its order, as the API server keeps
+// its times; a longer one than the API admits is cut to the newest.
+func TestProtectionStatusCatalogue(t *testing.T) {
+	now := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	var recent []activity.Snapshot
+	for i := range v1alpha1.MaxRecentSnapshots + 2 {
+		end := now.Add(-time.Duration(i)*time.Hour + 300*time.Millisecond)
+		recent = append(recent, activity.Snapshot{ID: fmt.Sprintf("k%d", i), Path: "/srv", Start: end.Add(-time.Minute), End: end, Bytes: int64(i), Files: 1})
+	}
+	tests := []struct {
+		name   string
+		recent []activity.Snapshot
+		want   []string
+	}{
+		{name: "none published", want: nil},
+		{name: "two", recent: recent[:2], want: []string{"k0", "k1"}},
+		{name: "more than the API admits", recent: recent, want: []string{"k0", "k1", "k2", "k3", "k4", "k5", "k6", "k7", "k8", "k9"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := ProtectionStatus(ProtectionInputs{Server: "backup/main", Identity: "web@team-a", Recent: tt.recent, Now: now})
+			var ids []string
+			for _, s := range got.RecentSnapshots {
+				ids = append(ids, s.ID)
+				if s.EndTime.Nanosecond() != 0 || s.StartTime.Nanosecond() != 0 || s.Path != "/srv" {
+					t.Errorf("%+v: want whole seconds and the path", s)
+				}
+			}
+			if !slices.Equal(ids, tt.want) {
+				t.Errorf("recent snapshots %v, want %v", ids, tt.want)
 			}
 		})
 	}

@@ -33,7 +33,7 @@ func TestAudit(t *testing.T) {
 }
 
 // startAuditBed starts an API server with the namespaces, the BSLS, and
-// the activity ConfigMaps its reconciler creates, labelled as it labels
+// the activity and catalogue ConfigMaps its reconciler creates, labelled as it labels
 // them (the controller caches only guestbackup's ConfigMaps) and
 // controlled by the BSLS (the audit believes no other).
 func startAuditBed(ctx context.Context) *testbed.APIServer {
@@ -43,9 +43,16 @@ func startAuditBed(ctx context.Context) *testbed.APIServer {
 		Expect(api.Client.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}})).To(Succeed())
 	}
 	bsls := createServer(ctx, api, types.NamespacedName{Namespace: bslsNamespace, Name: bslsName})
+	names := []string{}
 	for shard := range userset.Shards {
+		names = append(names, activity.ConfigMapName(bslsName, shard))
+	}
+	for shard := range activity.CatalogueShards {
+		names = append(names, activity.CatalogueConfigMapName(bslsName, shard))
+	}
+	for _, name := range names {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Name: activity.ConfigMapName(bslsName, shard), Namespace: bslsNamespace,
+			Name: name, Namespace: bslsNamespace,
 			Labels: labels.Merge(kopiaserver.Labels(bsls), map[string]string{activity.Label: bslsName}),
 		}}
 		Expect(controllerutil.SetControllerReference(bsls, cm, api.Scheme)).To(Succeed())

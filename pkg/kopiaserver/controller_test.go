@@ -342,6 +342,15 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 					guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
 					return guests["web@team-a"].Last, err
 				}).WithTimeout(reconciled).Should(And(HaveField("ID", ids[0]), HaveField("Path", data)))
+				By("and in the guest's catalogue, through the same Role")
+				Eventually(func() ([]activity.Snapshot, error) {
+					cm := &corev1.ConfigMap{}
+					if err := get(activity.CatalogueConfigMapName(name, activity.CatalogueShardOf("web@team-a")), cm)(); err != nil {
+						return nil, err
+					}
+					catalogues, err := activity.DecodeCatalogues([]byte(cm.Data[activity.CatalogueKey]))
+					return catalogues["web@team-a"], err
+				}).WithTimeout(reconciled).Should(HaveExactElements(And(HaveField("ID", ids[0]), HaveField("Path", data))))
 
 				out, err = client.Run(ctx, "snapshot", "delete", ids[0], "--delete")
 				Expect(err).NotTo(HaveOccurred(), out)

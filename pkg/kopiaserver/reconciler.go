@@ -687,17 +687,30 @@ func vmIdentityChanged() predicate.Predicate {
 	}}
 }
 
+// publishedConfigMaps are the names of the ConfigMaps b's server pod
+// publishes its guests in: their activity, then their catalogues.
+func publishedConfigMaps(b *v1alpha1.BackupStorageLocationServer) []string {
+	names := make([]string, 0, userset.Shards+activity.CatalogueShards)
+	for shard := range userset.Shards {
+		names = append(names, activity.ConfigMapName(b.Name, shard))
+	}
+	for shard := range activity.CatalogueShards {
+		names = append(names, activity.CatalogueConfigMapName(b.Name, shard))
+	}
+	return names
+}
+
 // activityConfigMaps creates the ConfigMaps the server pod publishes its
-// guests' activity in; their content is the server pod's, never rewritten
+// guests' activity and catalogues in (publishedConfigMaps); their content is the server pod's, never rewritten
 // here. One that exists without a controller (restored from a backup
 // before its BSLS, or written by hand) is adopted: the audit and the
 // request status believe only a ConfigMap the BSLS controls, and would
 // otherwise ignore every guest of its shard for good. One that another
 // object controls is left, and logged.
 func (r *Reconciler) activityConfigMaps(ctx context.Context, b *v1alpha1.BackupStorageLocationServer) error {
-	for shard := range userset.Shards {
+	for _, name := range publishedConfigMaps(b) {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{
-			Name: activity.ConfigMapName(b.Name, shard), Namespace: b.Namespace,
+			Name: name, Namespace: b.Namespace,
 			Labels: labels.Merge(Labels(b), map[string]string{activity.Label: b.Name}),
 		}}
 		existing := &corev1.ConfigMap{}

@@ -17,7 +17,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
-	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientdist"
 	"github.com/guestbackup/guestbackup/pkg/kopiaenv"
 	"github.com/guestbackup/guestbackup/pkg/maintenancestate"
@@ -557,10 +556,7 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 	for i := range names {
 		names[i] = userset.SecretName(b.Name, i)
 	}
-	activityNames := make([]string, userset.Shards)
-	for i := range activityNames {
-		activityNames[i] = activity.ConfigMapName(b.Name, i)
-	}
+	activityNames := publishedConfigMaps(b)
 	// The repository's maintenance, published for the controller's status.
 	activityNames = append(activityNames, maintenancestate.ConfigMapName(b.Name))
 	role := &rbacv1.Role{
@@ -568,8 +564,9 @@ func ServerRole(b *v1alpha1.BackupStorageLocationServer) (*corev1.ServiceAccount
 		ObjectMeta: meta,
 		Rules: []rbacv1.PolicyRule{
 			{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "watch"}, ResourceNames: names},
-			// The guests' activity, published for the controller's audit,
-			// and the repository's maintenance, for the BSLS's status.
+			// The guests' activity and catalogues, published for the
+			// controller's audit, and the repository's maintenance, for
+			// the BSLS's status.
 			{APIGroups: []string{""}, Resources: []string{"configmaps"}, Verbs: []string{"get", "update"}, ResourceNames: activityNames},
 			// Warning Events on the BSLS (ForeignACLRemoved). An Event's
 			// name is generated, so it cannot be limited by name.

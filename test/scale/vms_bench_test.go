@@ -521,7 +521,7 @@ func instanceOf(vm *kubevirtv1.VirtualMachine, node string, started time.Time) *
 }
 
 // seed creates the fleet's VMs, Secrets and instances, and its guests'
-// activity, as they are once guestbackup settled.
+// activity and catalogues, as they are once guestbackup settled.
 func (f *fleet) seed(ctx context.Context, b *testing.B, bsls *v1alpha1.BackupStorageLocationServer) {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
@@ -570,6 +570,34 @@ func (f *fleet) seed(ctx context.Context, b *testing.B, bsls *v1alpha1.BackupSto
 			b.Fatalf("the controller made no activity ConfigMap %s: %v", key, err)
 		}
 		cm.Data = map[string]string{activity.Key: string(activity.Encode(guests))}
+		if err := f.c.Update(ctx, cm); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// Each guest's catalogue: its ten newest, hourly before the last.
+	catalogues := make([]map[string][]activity.Snapshot, activity.CatalogueShards)
+	for i := range catalogues {
+		catalogues[i] = map[string][]activity.Snapshot{}
+	}
+	for i, guest := range guests {
+		var snaps []activity.Snapshot
+		for h := range v1alpha1.MaxRecentSnapshots {
+			s := guest.Last
+			if h > 0 {
+				s.ID = fmt.Sprintf("k%015x%016x", h, i)
+				s.Start, s.End = s.Start.Add(-time.Duration(h)*time.Hour), s.End.Add(-time.Duration(h)*time.Hour)
+			}
+			snaps = append(snaps, s)
+		}
+		catalogues[activity.CatalogueShardOf(guest.User)][guest.User] = activity.Newest(guest.User, snaps)
+	}
+	for shard, c := range catalogues {
+		cm := &corev1.ConfigMap{}
+		key := types.NamespacedName{Namespace: fleetServer.Namespace, Name: activity.CatalogueConfigMapName(fleetServer.Name, shard)}
+		if err := f.c.Get(ctx, key, cm); err != nil {
+			b.Fatalf("the controller made no catalogue ConfigMap %s: %v", key, err)
+		}
+		cm.Data = map[string]string{activity.CatalogueKey: string(activity.EncodeCatalogues(c))}
 		if err := f.c.Update(ctx, cm); err != nil {
 			b.Fatal(err)
 		}

@@ -1,7 +1,8 @@
 // Package activityscan finds what a Kopia server's guests did, in the
 // server pod: it scans the repository's snapshot manifests incrementally
 // and publishes, per guest, how many snapshots it has and its latest one
-// into the activity ConfigMaps (package activity is their format).
+// into the activity ConfigMaps, and its newest ones into the catalogue
+// ConfigMaps (package activity is their format).
 package activityscan
 
 import (
@@ -9,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"time"
@@ -20,6 +22,7 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/util/retry"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -36,11 +39,22 @@ type Scanner struct {
 	// marks the shards to read and write again all the same (Republish).
 	written [userset.Shards][]byte
 	stale   [userset.Shards]bool
+
+	// catalogues are the guests' catalogues, made from the manifests top
+	// names, each user's newest by write time.
+	catalogues map[string]catalogue
+	top        map[string][]manifest.ID
+	// cataloguesWritten is each catalogue shard as PublishCatalogues last
+	// wrote (or found) it; nil before.
+	cataloguesWritten [activity.CatalogueShards][]byte
 }
 
 // New returns a Scanner that has seen nothing.
 func New() *Scanner {
-	return &Scanner{seen: map[manifest.ID]bool{}, guests: map[string]activity.Guest{}}
+	return &Scanner{
+		seen: map[manifest.ID]bool{}, guests: map[string]activity.Guest{},
+		catalogues: map[string]catalogue{}, top: map[string][]manifest.ID{},
+	}
 }
 
 // Seen is how many snapshot manifests the Scanner has read the metadata of
@@ -69,9 +83,11 @@ func (s *Scanner) Scan(ctx context.Context, r repo.Repository) (bool, error) {
 	counts := map[string]int{}
 	newest := map[string]*manifest.EntryMetadata{}
 	first := map[string]time.Time{}
+	top := map[string][]*manifest.EntryMetadata{}
 	for _, e := range entries {
 		user := e.Labels[snapshot.UsernameLabel] + "@" + e.Labels[snapshot.HostnameLabel]
 		counts[user]++
+		top[user] = keepNewest(top[user], e)
 		if s.seen[e.ID] {
 			continue
 		}
@@ -94,17 +110,12 @@ func (s *Scanner) Scan(ctx context.Context, r repo.Repository) (bool, error) {
 			g.First, changed = f.UTC(), true
 		}
 		if e := newest[user]; e != nil {
-			var m snapshot.Manifest
-			if _, err := r.GetManifest(ctx, e.ID, &m); err != nil {
-				return changed, fmt.Errorf("read snapshot %s of %s: %w", e.ID, user, err)
+			snap, err := readSnapshot(ctx, r, user, e.ID)
+			if err != nil {
+				return changed, err
 			}
-			if end := m.EndTime.ToTime(); !had || end.After(g.Last.End) {
-				g.Last = activity.Snapshot{
-					ID: string(e.ID), Path: m.Source.Path,
-					Start: m.StartTime.ToTime().UTC(), End: end.UTC(),
-					Bytes: m.Stats.TotalFileSize, Files: m.Stats.TotalFileCount,
-				}
-				changed = true
+			if !had || snap.End.After(g.Last.End) {
+				g.Last, changed = snap, true
 			}
 		}
 		s.guests[user] = g
@@ -115,7 +126,147 @@ func (s *Scanner) Scan(ctx context.Context, r repo.Repository) (bool, error) {
 			s.guests[user] = g
 		}
 	}
+	catalogued, err := s.catalogue(ctx, r, top)
+	return changed || catalogued, err
+}
+
+// catalogue is one guest's catalogue: its snapshots as read, with their
+// times whole, which order them even within a second, and as published
+// (activity.Newest).
+type catalogue struct {
+	read, published []activity.Snapshot
+}
+
+// keepNewest adds e to newest, the newest manifests of one user by write
+// time (then ID), newest first, and keeps v1alpha1.MaxRecentSnapshots.
+func keepNewest(newest []*manifest.EntryMetadata, e *manifest.EntryMetadata) []*manifest.EntryMetadata {
+	newer := func(a, b *manifest.EntryMetadata) bool {
+		return a.ModTime.After(b.ModTime) || a.ModTime.Equal(b.ModTime) && a.ID > b.ID
+	}
+	if len(newest) == v1alpha1.MaxRecentSnapshots && !newer(e, newest[len(newest)-1]) {
+		return newest
+	}
+	i := len(newest)
+	for i > 0 && newer(e, newest[i-1]) {
+		i--
+	}
+	newest = slices.Insert(newest, i, e)
+	return newest[:min(len(newest), v1alpha1.MaxRecentSnapshots)]
+}
+
+// catalogue makes each guest's catalogue again from its newest manifests,
+// top, when they are not those it was made from: a snapshot was taken, or
+// one of them deleted. Only a manifest new to a catalogue is read.
+func (s *Scanner) catalogue(ctx context.Context, r repo.Repository, top map[string][]*manifest.EntryMetadata) (bool, error) {
+	changed := false
+	for user := range s.catalogues {
+		if top[user] == nil {
+			delete(s.catalogues, user)
+			delete(s.top, user)
+			changed = true
+		}
+	}
+	for user, entries := range top {
+		ids := make([]manifest.ID, len(entries))
+		for i, e := range entries {
+			ids[i] = e.ID
+		}
+		if slices.Equal(ids, s.top[user]) {
+			continue
+		}
+		known := map[string]activity.Snapshot{}
+		for _, snap := range s.catalogues[user].read {
+			known[snap.ID] = snap
+		}
+		snaps := make([]activity.Snapshot, 0, len(entries))
+		for _, e := range entries {
+			snap, ok := known[string(e.ID)]
+			if !ok {
+				var err error
+				if snap, err = readSnapshot(ctx, r, user, e.ID); err != nil {
+					return changed, err
+				}
+			}
+			snaps = append(snaps, snap)
+		}
+		s.catalogues[user], s.top[user] = catalogue{read: snaps, published: activity.Newest(user, snaps)}, ids
+		changed = true
+	}
 	return changed, nil
+}
+
+// readSnapshot reads manifest id of user as an activity.Snapshot.
+func readSnapshot(ctx context.Context, r repo.Repository, user string, id manifest.ID) (activity.Snapshot, error) {
+	var m snapshot.Manifest
+	if _, err := r.GetManifest(ctx, id, &m); err != nil {
+		return activity.Snapshot{}, fmt.Errorf("read snapshot %s of %s: %w", id, user, err)
+	}
+	files, bytes := contents(&m)
+	return activity.Snapshot{
+		ID: string(id), Path: m.Source.Path,
+		Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC(),
+		Bytes: bytes, Files: files,
+	}, nil
+}
+
+// contents is how many files a snapshot holds, and their size. Its root's
+// summary says, as `kopia snapshot list` does: the upload's counter of
+// files leaves out those unchanged since the previous snapshot, so a
+// second snapshot of the same files counted none. Without a summary
+// (a manifest that has none), the upload's counters are summed.
+func contents(m *snapshot.Manifest) (files int32, bytes int64) {
+	if m.RootEntry != nil && m.RootEntry.DirSummary != nil {
+		s := m.RootEntry.DirSummary
+		return int32(min(max(s.TotalFileCount, 0), math.MaxInt32)), max(s.TotalFileSize, 0)
+	}
+	return int32(min(int64(m.Stats.TotalFileCount)+int64(m.Stats.CachedFiles), math.MaxInt32)), m.Stats.TotalFileSize
+}
+
+// PublishCatalogues writes the catalogue ConfigMaps of bsls whose content
+// is not what the last call wrote; they must exist (the controller
+// creates them). Every replica of the server makes the same catalogues
+// from the same repository, so each writes its own over what it finds:
+// one that has not yet seen a snapshot writes a catalogue without it, and
+// its next scan, which sees it, writes it in.
+func (s *Scanner) PublishCatalogues(ctx context.Context, configMaps corev1client.ConfigMapInterface, bsls string) error {
+	var shards [activity.CatalogueShards]map[string][]activity.Snapshot
+	for i := range shards {
+		shards[i] = map[string][]activity.Snapshot{}
+	}
+	for user, c := range s.catalogues {
+		if len(c.published) > 0 {
+			shards[activity.CatalogueShardOf(user)][user] = c.published
+		}
+	}
+	for shard, catalogues := range shards {
+		data := activity.EncodeCatalogues(catalogues)
+		if s.cataloguesWritten[shard] != nil && bytes.Equal(data, s.cataloguesWritten[shard]) {
+			continue
+		}
+		name := activity.CatalogueConfigMapName(bsls, shard)
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			cm, err := configMaps.Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return fmt.Errorf("catalogue ConfigMap %s: %w", name, err)
+			}
+			if cm.Data[activity.CatalogueKey] == string(data) {
+				return nil
+			}
+			if cm.Data == nil {
+				cm.Data = map[string]string{}
+			}
+			cm.Data[activity.CatalogueKey] = string(data)
+			if _, err := configMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("update catalogue ConfigMap %s: %w", name, err)
+			}
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+		s.cataloguesWritten[shard] = append([]byte{}, data...)
+	}
+	return nil
 }
 
 // Report records a guest's report in its activity; it is published with
@@ -251,15 +402,11 @@ func RequestSnapshots(ctx context.Context, r repo.Repository, user, uid string) 
 	}
 	out := make([]activity.Snapshot, 0, len(entries))
 	for _, e := range entries {
-		var m snapshot.Manifest
-		if _, err := r.GetManifest(ctx, e.ID, &m); err != nil {
-			return nil, fmt.Errorf("read snapshot %s of %s: %w", e.ID, user, err)
+		snap, err := readSnapshot(ctx, r, user, e.ID)
+		if err != nil {
+			return nil, err
 		}
-		out = append(out, activity.Snapshot{
-			ID: string(e.ID), Path: m.Source.Path,
-			Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC(),
-			Bytes: m.Stats.TotalFileSize, Files: m.Stats.TotalFileCount,
-		})
+		out = append(out, snap)
 	}
 	slices.SortFunc(out, func(a, b activity.Snapshot) int { return cmp.Or(a.Start.Compare(b.Start), strings.Compare(a.ID, b.ID)) })
 	return out, nil

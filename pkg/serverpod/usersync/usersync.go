@@ -983,7 +983,7 @@ func count(changes []kopiauser.Change) (added, updated, deleted int) {
 }
 
 // publishActivity reads the snapshots written since the last call and
-// publishes what changed.
+// publishes what changed: the guests' activity, then their catalogues.
 func (s *Syncer) publishActivity(ctx context.Context) error {
 	if err := s.opts.Repository.Refresh(ctx); err != nil {
 		return fmt.Errorf("refresh repository: %w", err)
@@ -1025,7 +1025,7 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	}
 	// After the guests' activity, which no dry run may hold up.
 	s.carryDryRuns(ctx, lister)
-	return nil
+	return s.activity.PublishCatalogues(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 }
 
 // measureRepository measures the repository's storage and index for

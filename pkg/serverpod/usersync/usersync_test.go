@@ -242,6 +242,10 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: activity.ConfigMapName(bsls, shard), Namespace: namespace, Labels: map[string]string{activity.Label: bsls}}}
 			Expect(client.IgnoreAlreadyExists(apiServer.Client.Create(ctx, cm))).To(Succeed())
 		}
+		for shard := range activity.CatalogueShards {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: activity.CatalogueConfigMapName(bsls, shard), Namespace: namespace, Labels: map[string]string{activity.Label: bsls}}}
+			Expect(client.IgnoreAlreadyExists(apiServer.Client.Create(ctx, cm))).To(Succeed())
+		}
 		users := repositoryUsers()
 		Expect(users).To(HaveKey(alice.user))
 		// In alice's shard: what tells their requests apart is the user.
@@ -294,6 +298,18 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 			HaveField("Message", "the guest reported success, but the repository holds no snapshot of "+one+" for this request"),
 			HaveField("Snapshots", ConsistOf(HaveField("Path", two))),
 		)))
+
+		By("listing the guest's newest snapshots, newest first, in its catalogue, and no other guest's")
+		ofTwo, err := aliceClient.SnapshotIDs(ctx, two)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ofTwo).To(HaveLen(1))
+		newestTwo := func(c []activity.Snapshot) []activity.Snapshot { return c[:min(2, len(c))] }
+		Eventually(func() []activity.Snapshot { return catalogueOf(alice.user) }).WithTimeout(provisioned).Should(WithTransform(newestTwo, HaveExactElements(
+			And(HaveField("ID", ofTwo[0]), HaveField("Path", two), HaveField("Files", BeEquivalentTo(1)), HaveField("Bytes", BeEquivalentTo(4))),
+			And(HaveField("ID", ids[0]), HaveField("Path", one)),
+		)))
+		Eventually(func() []activity.Snapshot { return catalogueOf(dave.user) }).WithTimeout(provisioned).Should(ConsistOf(HaveField("Path", two)),
+			"dave's own snapshot, forged tag and all, in dave's catalogue")
 
 		By("dropping the results of requests the Secrets no longer list")
 		writeUsersWithRequests(users, daves)
@@ -552,6 +568,15 @@ func writeUsersWithRequests(keep map[string]identity.Hash, requests ...userset.R
 	for i, users := range shards {
 		writeShardData(context.Background(), i, map[string][]byte{userset.Key: userset.Encode(users), userset.RequestsKey: userset.EncodeRequests(listed[i])})
 	}
+}
+
+// catalogueOf is the catalogue of user its server last published.
+func catalogueOf(user string) []activity.Snapshot {
+	cm := &corev1.ConfigMap{}
+	Expect(apiServer.Client.Get(context.Background(), types.NamespacedName{Namespace: namespace, Name: activity.CatalogueConfigMapName(bsls, activity.CatalogueShardOf(user))}, cm)).To(Succeed())
+	catalogues, err := activity.DecodeCatalogues([]byte(cm.Data[activity.CatalogueKey]))
+	Expect(err).NotTo(HaveOccurred())
+	return catalogues[user]
 }
 
 // activityOf is the activity of user its server last published.

@@ -1,0 +1,101 @@
+package activity
+
+import (
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"hash/fnv"
+	"slices"
+	"strings"
+
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+)
+
+// A guest's catalogue is its newest snapshots, which its owner lists from
+// the cluster (GuestProtection status.recentSnapshots). The server pod
+// publishes the catalogues of its guests into "catalogue ConfigMaps",
+// apart from the activity ConfigMaps: at 10,000 guests they hold about
+// 13 MB, more than the 16 activity shards leave room for beside the
+// requests' results, so they have shards of their own.
+const (
+	// CatalogueKey is the data key of a catalogue ConfigMap.
+	CatalogueKey = "catalogue"
+	// CatalogueShards is how many catalogue ConfigMaps a BSLS has: at
+	// 10,000 guests, each holds about 313 catalogues (365 in an unlucky
+	// shard) of at most MaxCatalogueBytes, 821 KiB at worst, under the
+	// 1 MiB a ConfigMap may hold. Ten snapshots of a short path take about
+	// 1.6 KB.
+	CatalogueShards = 32
+	// MaxCatalogueBytes bounds one guest's catalogue, encoded: ten
+	// snapshots of a 40-byte path by a VM whose names take 127 bytes fit,
+	// and a guest decides its snapshots' paths: long ones cost it
+	// snapshots in its catalogue, never room in the others'.
+	MaxCatalogueBytes = 2304
+)
+
+// CatalogueConfigMapName is a BSLS's catalogue ConfigMap of one shard.
+func CatalogueConfigMapName(bslsName string, shard int) string {
+	return fmt.Sprintf("%s-catalogue-%d", bslsName, shard)
+}
+
+// CatalogueShardOf is the catalogue shard of a Kopia user.
+func CatalogueShardOf(user string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(user)) // never fails
+	return int(h.Sum32() % CatalogueShards)
+}
+
+// catalogueLine is one guest's catalogue in a catalogue ConfigMap.
+type catalogueLine struct {
+	User      string     `json:"user"`
+	Snapshots []Snapshot `json:"snapshots"`
+}
+
+// Newest is the catalogue of snapshots: newest first (by end time, then
+// ID), at most v1alpha1.MaxRecentSnapshots of them, and no more than fit
+// in MaxCatalogueBytes with user's name. It stops at the first that does
+// not fit, so that what it lists is always the newest ones. Times are kept
+// to the second, as the API server keeps them.
+func Newest(user string, snapshots []Snapshot) []Snapshot {
+	sorted := slices.Clone(snapshots)
+	slices.SortFunc(sorted, func(a, b Snapshot) int {
+		return cmp.Or(b.End.Compare(a.End), strings.Compare(b.ID, a.ID))
+	})
+	out := []Snapshot{}
+	size := len(user) + len(`{"user":"","snapshots":[]}`)
+	for _, s := range sorted[:min(len(sorted), v1alpha1.MaxRecentSnapshots)] {
+		s.Root = ""
+		s.Start, s.End = s.Start.UTC().Truncate(1e9), s.End.UTC().Truncate(1e9)
+		line, _ := json.Marshal(s) // plain data: cannot fail
+		if size+len(line)+1 > MaxCatalogueBytes {
+			break
+		}
+		size += len(line) + 1
+		out = append(out, s)
+	}
+	return out
+}
+
+// EncodeCatalogues renders the catalogues of guests, by user, as JSON
+// lines sorted by user, so unchanged catalogues give an unchanged
+// ConfigMap.
+func EncodeCatalogues(catalogues map[string][]Snapshot) []byte {
+	lines := map[string]catalogueLine{}
+	for user, snapshots := range catalogues {
+		lines[user] = catalogueLine{User: user, Snapshots: snapshots}
+	}
+	return encodeLines(lines)
+}
+
+// DecodeCatalogues parses what EncodeCatalogues wrote.
+func DecodeCatalogues(data []byte) (map[string][]Snapshot, error) {
+	lines, err := decodeLines(data, "catalogue", func(l catalogueLine) string { return l.User })
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string][]Snapshot, len(lines))
+	for user, l := range lines {
+		out[user] = l.Snapshots
+	}
+	return out, nil
+}
