@@ -120,14 +120,7 @@ func TestSnapshotsShow(t *testing.T) {
 			var out, errOut strings.Builder
 			err := snapshotsOptions{output: tt.output}.show(context.Background(), c, genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}, "apps", tt.vm, now)
 
-			code := ExitOK
-			var exit *ExitError
-			if errors.As(err, &exit) {
-				code = exit.Code
-			} else if err != nil {
-				t.Fatalf("show() = %v, not an ExitError", err)
-			}
-			if code != tt.wantCode {
+			if code := exitCode(t, err); code != tt.wantCode {
 				t.Errorf("exit code %d, want %d (%v)", code, tt.wantCode, err)
 			}
 			if tt.wantErr != "" && (err == nil || err.Error() != tt.wantErr) {
