@@ -147,7 +147,8 @@ spec:
   description: |
     Shows, from the cluster, how guestbackup backs up the KubeVirt
     VirtualMachines of a namespace: each VM's snapshots, its newest backup,
-    and whether its guest connects (status). It reads the GuestProtection
+    and whether its guest connects (status), and lists a VM's newest
+    snapshots, to restore from (snapshots). It reads the GuestProtection
     guestbackup keeps for every VM that opts in, so the namespace's view
     role is enough. Exit codes tell a script whether every VM is protected.
     With the edit role, it backs a VM up now (backup) and restores files
@@ -157,6 +158,7 @@ spec:
     guestbackup must be installed in the cluster (its chart); backup and
     restore need its requests enabled. Try:
       kubectl guestbackup status --help
+      kubectl guestbackup snapshots --help
       kubectl guestbackup restore --help
   platforms:
 `, version)

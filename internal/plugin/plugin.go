@@ -1,8 +1,8 @@
 // Package plugin is `kubectl guestbackup`, the kubectl plugin owners and
 // admins use to see, from the cluster, how their VMs are backed up, and to
 // ask for a backup or a restore. It needs no rights beyond those of what it
-// does: reading GuestProtections (status), which the chart aggregates into
-// the built-in view role, and creating and reading the GuestSnapshot
+// does: reading GuestProtections (status, snapshots), which the chart
+// aggregates into the built-in view role, and creating and reading the GuestSnapshot
 // (backup) or GuestRestore (restore) it makes, which it aggregates into
 // edit.
 package plugin
@@ -46,7 +46,8 @@ func NewCommand(streams genericiooptions.IOStreams) *cobra.Command {
 		Short:       "See how guestbackup backs up your VirtualMachines, back them up now, restore their files",
 		Long: `kubectl guestbackup shows, from the cluster, how guestbackup backs up the
 VirtualMachines of a namespace: their snapshots, their newest backup, and
-whether their guests connect. It reads the GuestProtection guestbackup keeps
+whether their guests connect (status), and lists a VM's newest snapshots
+(snapshots). It reads the GuestProtection guestbackup keeps
 for every VM that opts in (annotation guestbackup.io/server), so the
 namespace's view role is enough. With the edit role, it backs a VM up now
 (backup) and restores files and folders from its snapshots (restore), into
@@ -59,7 +60,7 @@ under the VM's own identity.`,
 	root.SetIn(streams.In)
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
-	root.AddCommand(newStatusCommand(flags, streams), newBackupCommand(flags, streams), newRestoreCommand(flags, streams))
+	root.AddCommand(newStatusCommand(flags, streams), newSnapshotsCommand(flags, streams), newBackupCommand(flags, streams), newRestoreCommand(flags, streams))
 	return root
 }
 
@@ -115,12 +116,9 @@ func (o statusOptions) run(ctx context.Context, flags *genericclioptions.ConfigF
 	now := time.Now()
 
 	if len(args) == 1 {
-		p := &v1alpha1.GuestProtection{}
-		if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: args[0]}, p); err != nil {
-			if apierrors.IsNotFound(err) {
-				return &ExitError{ExitNotProtected, fmt.Errorf("VirtualMachine %s/%s is not protected by guestbackup: it has no GuestProtection. Annotate it guestbackup.io/server=<namespace>/<server> to opt it in (kubectl describe vm %s says why if it was refused), or wait a minute after doing so", namespace, args[0], args[0])}
-			}
-			return &ExitError{ExitFailed, fmt.Errorf("read the GuestProtection of %s/%s: %w", namespace, args[0], err)}
+		p, err := getProtection(ctx, c, namespace, args[0])
+		if err != nil {
+			return err
 		}
 		if printer != nil {
 			err = printer.PrintObj(typed(p), streams.Out)
@@ -159,6 +157,19 @@ func (o statusOptions) run(ctx context.Context, flags *genericclioptions.ConfigF
 		return &ExitError{ExitFailed, err}
 	}
 	return exitFor(statusExit(list.Items))
+}
+
+// getProtection reads the GuestProtection of VM namespace/vm; its error
+// carries the exit code: ExitNotProtected when the VM has none.
+func getProtection(ctx context.Context, c client.Client, namespace, vm string) (*v1alpha1.GuestProtection, error) {
+	p := &v1alpha1.GuestProtection{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: vm}, p); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, &ExitError{ExitNotProtected, fmt.Errorf("VirtualMachine %s/%s is not protected by guestbackup: it has no GuestProtection. Annotate it guestbackup.io/server=<namespace>/<server> to opt it in (kubectl describe vm %s says why if it was refused), or wait a minute after doing so", namespace, vm, vm)}
+		}
+		return nil, &ExitError{ExitFailed, fmt.Errorf("read the GuestProtection of %s/%s: %w", namespace, vm, err)}
+	}
+	return p, nil
 }
 
 // exitFor is nil for ExitOK, else an ExitError that prints nothing.

@@ -197,14 +197,7 @@ func TestSubmit(t *testing.T) {
 			var out, errOut strings.Builder
 			err = o.submit(context.Background(), c, genericiooptions.IOStreams{Out: &out, ErrOut: &errOut}, printer, tt.request)
 
-			code := ExitOK
-			var exit *ExitError
-			if errors.As(err, &exit) {
-				code = exit.Code
-			} else if err != nil {
-				t.Fatalf("submit() = %v, not an ExitError", err)
-			}
-			if code != tt.wantCode {
+			if code := exitCode(t, err); code != tt.wantCode {
 				t.Errorf("exit code %d, want %d (%v)", code, tt.wantCode, err)
 			}
 			// The API server picks the suffix of the request's name;
@@ -226,6 +219,20 @@ func TestSubmit(t *testing.T) {
 			}
 		})
 	}
+}
+
+// exitCode is the exit code a command's error sets; it fails t for an
+// error that sets none.
+func exitCode(t *testing.T, err error) int {
+	t.Helper()
+	var exit *ExitError
+	if errors.As(err, &exit) {
+		return exit.Code
+	}
+	if err != nil {
+		t.Fatalf("%v is not an ExitError", err)
+	}
+	return ExitOK
 }
 
 // parseFlags parses args with the flags add binds.

@@ -50,8 +50,9 @@ vm/NAME, then the absolute paths to restore, as they were snapshotted
 (files or folders, at most 64).
 
 Which snapshot: the latest, unless --from names a snapshot ID (as
-'kubectl guestbackup status VM' or 'guestbackup-kopia snapshot list' print
-it) or --before a time (RFC 3339): the last snapshot taken before it.
+'kubectl guestbackup snapshots VM' or 'guestbackup-kopia snapshot list'
+print it) or --before a time (RFC 3339): the last snapshot started before
+it.
 --source-vm restores another VM's snapshots (one deleted, say): the VM must
 grant it with its annotation guestbackup.io/restore-from=SOURCE.
 

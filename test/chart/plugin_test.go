@@ -24,7 +24,7 @@ import (
 // `kubectl guestbackup`, the real plugin binary run by the real kubectl,
 // as an owner who holds in the namespace only the chart's view rules (what
 // the built-in view role aggregates).
-var _ = Describe("kubectl guestbackup status, with the chart's view rules only", Ordered, func() {
+var _ = Describe("kubectl guestbackup status and snapshots, with the chart's view rules only", Ordered, func() {
 	const (
 		release = "plugin"
 		ns      = "plugin-apps"
@@ -75,9 +75,16 @@ var _ = Describe("kubectl guestbackup status, with the chart's view rules only",
 		})).To(Succeed())
 
 		end := metav1.NewTime(time.Now().Add(-time.Hour).Truncate(time.Second))
+		// web's catalogue: its newest three snapshots of its twelve, one
+		// every six hours, newest first as its server publishes them.
+		var recent []v1alpha1.GuestSnapshotSummary
+		for i, id := range []string{"kweb", "kweb-6h", "kweb-12h"} {
+			t := metav1.NewTime(end.Add(time.Duration(-6*i) * time.Hour))
+			recent = append(recent, v1alpha1.GuestSnapshotSummary{ID: id, Path: "/etc", StartTime: t, EndTime: t, Bytes: 4096, Files: 3})
+		}
 		protect(ns, "web", v1alpha1.GuestProtectionStatus{
 			Server: "backup/main", Identity: "web@" + ns, Snapshots: 12, FirstSnapshotTime: &end,
-			LastSnapshot: &v1alpha1.GuestSnapshotSummary{ID: "kweb", Path: "/etc", StartTime: end, EndTime: end, Bytes: 4096, Files: 3},
+			LastSnapshot: &recent[0], RecentSnapshots: recent,
 			Conditions: []metav1.Condition{
 				condition(v1alpha1.ConditionGuestConnected, metav1.ConditionTrue, "SnapshotsSeen"),
 				condition(v1alpha1.ConditionBackupFresh, metav1.ConditionTrue, "WithinSchedule"),
@@ -142,10 +149,57 @@ var _ = Describe("kubectl guestbackup status, with the chart's view rules only",
 		Expect(errOut).NotTo(ContainSubstring("secret-project"))
 	})
 
+	It("lists a VM's snapshots newest first, saying the server holds more", func() {
+		out, errOut, code := kubectl("snapshots", "vm/web", "-n", ns)
+		Expect(code).To(Equal(plugin.ExitOK), errOut)
+		Expect(out).To(MatchRegexp(`^ID\s+STARTED\s+AGE\s+PATH\s+FILES\s+SIZE\n` +
+			`kweb\s+\S+Z\s+\d+m\s+/etc\s+3\s+4\.0 KiB\n` +
+			`kweb-6h\s+\S+Z\s+7h(\d+m)?\s+/etc\s+3\s+4\.0 KiB\n` +
+			`kweb-12h\s+\S+Z\s+13h\s+/etc\s+3\s+4\.0 KiB\n$`))
+		Expect(errOut).To(HavePrefix("Listed: the newest 3 of the 12 snapshots of VirtualMachine " + ns + "/web."))
+		Expect(errOut).To(ContainSubstring("--before TIME"))
+	})
+
+	It("lists them as JSON a script can read", func() {
+		out, errOut, code := kubectl("snapshots", "web", "-n", ns, "-o", "json")
+		Expect(code).To(Equal(plugin.ExitOK), errOut)
+		var catalogue struct {
+			Namespace, VM string
+			Total         int32
+			Snapshots     []v1alpha1.GuestSnapshotSummary
+		}
+		Expect(json.Unmarshal([]byte(out), &catalogue)).To(Succeed(), out)
+		Expect(catalogue.Namespace).To(Equal(ns))
+		Expect(catalogue.VM).To(Equal("web"))
+		Expect(catalogue.Total).To(BeEquivalentTo(12))
+		Expect(catalogue.Snapshots).To(HaveExactElements(HaveField("ID", "kweb"), HaveField("ID", "kweb-6h"), HaveField("ID", "kweb-12h")))
+		Expect(errOut).To(BeEmpty())
+	})
+
+	It("lists nothing of a VM in a namespace the owner may not read, and exits 1 saying so", func() {
+		out, errOut, code := kubectl("snapshots", "vm/secret-project", "-n", other)
+		Expect(code).To(Equal(plugin.ExitFailed))
+		Expect(errOut).To(ContainSubstring("forbidden"))
+		Expect(out).To(BeEmpty())
+	})
+
+	It("exits 2 for the snapshots of a VM that is not protected, as status does", func() {
+		out, errOut, code := kubectl("snapshots", "vm/nope", "-n", ns)
+		Expect(code).To(Equal(plugin.ExitNotProtected))
+		Expect(errOut).To(ContainSubstring("VirtualMachine " + ns + "/nope is not protected by guestbackup"))
+		Expect(errOut).To(ContainSubstring("guestbackup.io/server="))
+		Expect(out).To(BeEmpty())
+	})
+
 	It("explains itself to a newcomer", func() {
 		out, _, code := kubectl("status", "--help")
 		Expect(code).To(Equal(plugin.ExitOK))
 		Expect(out).To(ContainSubstring("Exit codes: 0 every VM shown is fresh and connected"))
 		Expect(out).To(ContainSubstring("kubectl guestbackup status web -n apps"))
+
+		out, _, code = kubectl("snapshots", "--help")
+		Expect(code).To(Equal(plugin.ExitOK))
+		Expect(out).To(ContainSubstring("Exit codes: 0 the snapshots were listed"))
+		Expect(out).To(ContainSubstring("kubectl guestbackup snapshots web -n apps"))
 	})
 })
