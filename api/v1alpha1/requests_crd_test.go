@@ -123,7 +123,20 @@ var _ = Describe("GuestSnapshot and GuestRestore", func() {
 		Entry("a storage class for an existing claim", v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc"},
 			Target: v1alpha1.RestoreTarget{PersistentVolumeClaim: &v1alpha1.RestoreClaim{ClaimName: "data", StorageClassName: ptr.To("fast")}}},
 			"persistentVolumeClaim.storageClassName applies only to a claim created with size"),
+		Entry("a history that is not a dry run", v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/hosts"}, History: true},
+			"history lists the versions of one path across snapshots: set dryRun too"),
+		Entry("a history of two paths", v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/hosts", "/etc/fstab"}, DryRun: true, History: true},
+			"history lists the versions of one path across snapshots: set dryRun too, name exactly one path"),
+		Entry("a history of one snapshot", v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/hosts"}, DryRun: true, History: true,
+			Snapshot: v1alpha1.SnapshotSelector{ID: "k0123"}},
+			"and no snapshot.id (snapshot.before bounds the snapshots listed)"),
 	)
+
+	It("admits a history of one path, bounded by a time or not", func() {
+		Expect(apiServer.Client.Create(ctx, newRestore(v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/hosts"}, DryRun: true, History: true}))).To(Succeed())
+		Expect(apiServer.Client.Create(ctx, newRestore(v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/hosts"}, DryRun: true, History: true,
+			Snapshot: v1alpha1.SnapshotSelector{Before: &metav1.Time{Time: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}}}))).To(Succeed())
+	})
 
 	It("rejects a GuestSnapshot tag that Kopia could not carry", func() {
 		err := apiServer.Client.Create(ctx, newSnapshot(v1alpha1.GuestSnapshotSpec{VM: "web", Tags: map[string]string{"why:now": "x"}}))

@@ -225,6 +225,7 @@ type RestoreClaim struct {
 
 // GuestRestoreSpec is "restore these paths of a snapshot". Immutable.
 // +kubebuilder:validation:XValidation:rule="self == oldSelf",message="a GuestRestore's spec cannot change: a request is one-shot; create a new GuestRestore instead"
+// +kubebuilder:validation:XValidation:rule="!has(self.history) || !self.history || (has(self.dryRun) && self.dryRun && size(self.paths) == 1 && (!has(self.snapshot) || !has(self.snapshot.id)))",message="history lists the versions of one path across snapshots: set dryRun too, name exactly one path, and no snapshot.id (snapshot.before bounds the snapshots listed)"
 type GuestRestoreSpec struct {
 	// VM is the name of the VirtualMachine, in this request's namespace,
 	// under whose identity the restore runs, and whose guest it restores
@@ -263,6 +264,13 @@ type GuestRestoreSpec struct {
 	// nothing.
 	// +optional
 	DryRun bool `json:"dryRun,omitempty"`
+
+	// History, with dryRun, lists instead the versions of the one path
+	// across the source VM's snapshots into status.history: newest first,
+	// at most MaxHistoryVersions of them, among those started before
+	// snapshot.before when it is set. Nothing is written.
+	// +optional
+	History bool `json:"history,omitempty"`
 
 	// Requester is who created this request: written by guestbackup's
 	// webhook at creation, never by a client.
@@ -317,6 +325,32 @@ type DryRunListing struct {
 	Truncated bool `json:"truncated,omitempty"`
 }
 
+// MaxHistoryVersions bounds status.history of a GuestRestore: the newest
+// versions of a path it lists.
+const MaxHistoryVersions = 50
+
+// PathVersion is a path as one snapshot holds it.
+type PathVersion struct {
+	// SnapshotID is the snapshot's Kopia ID (restore from it with
+	// snapshot.id).
+	SnapshotID string `json:"snapshotID"`
+	// StartTime is when the guest started the snapshot.
+	StartTime metav1.Time `json:"startTime"`
+	// Type is file, directory or symlink.
+	// +kubebuilder:validation:Enum=file;directory;symlink
+	Type string `json:"type"`
+	// Size is its size in bytes (of a folder: its files').
+	// +optional
+	Size int64 `json:"size,omitempty"`
+	// ModTime is its modification time in the snapshot.
+	// +optional
+	ModTime *metav1.Time `json:"modTime,omitempty"`
+	// Changed is true when its content differs from the version listed
+	// after it (the next older), and for the oldest listed.
+	// +optional
+	Changed bool `json:"changed,omitempty"`
+}
+
 // GuestRestoreStatus is what became of a GuestRestore.
 type GuestRestoreStatus struct {
 	// Phase is Pending, Running, Succeeded or Failed; empty until the
@@ -344,6 +378,13 @@ type GuestRestoreStatus struct {
 	// DryRun is what a dry run would restore.
 	// +optional
 	DryRun *DryRunListing `json:"dryRun,omitempty"`
+
+	// History is, for a request with spec.history, the versions of its
+	// path, newest first: one per snapshot that holds it.
+	// +kubebuilder:validation:MaxItems=50
+	// +listType=atomic
+	// +optional
+	History []PathVersion `json:"history,omitempty"`
 
 	// StartTime is when the restore started.
 	// +optional

@@ -151,15 +151,17 @@ spec:
     snapshots, to restore from (snapshots). It reads the GuestProtection
     guestbackup keeps for every VM that opts in, so the namespace's view
     role is enough. Exit codes tell a script whether every VM is protected.
-    With the edit role, it backs a VM up now (backup) and restores files
+    With the edit role, it backs a VM up now (backup), restores files
     and folders of its snapshots into its guest or a PersistentVolumeClaim
-    (restore), each done under the VM's own identity.
+    (restore), and lists a file's versions across its snapshots (history),
+    each done under the VM's own identity.
   caveats: |
     guestbackup must be installed in the cluster (its chart); backup and
     restore need its requests enabled. Try:
       kubectl guestbackup status --help
       kubectl guestbackup snapshots --help
       kubectl guestbackup restore --help
+      kubectl guestbackup history --help
   platforms:
 `, version)
 	for _, p := range platforms {

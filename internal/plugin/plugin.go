@@ -52,7 +52,8 @@ for every VM that opts in (annotation guestbackup.io/server), so the
 namespace's view role is enough. With the edit role, it backs a VM up now
 (backup) and restores files and folders from its snapshots (restore), into
 its guest or into a PersistentVolumeClaim: the guest, or a Job, does it
-under the VM's own identity.`,
+under the VM's own identity. It also lists a file's versions across the
+snapshots (history), which the VM's server reads under the same identity.`,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
@@ -60,7 +61,7 @@ under the VM's own identity.`,
 	root.SetIn(streams.In)
 	root.SetOut(streams.Out)
 	root.SetErr(streams.ErrOut)
-	root.AddCommand(newStatusCommand(flags, streams), newSnapshotsCommand(flags, streams), newBackupCommand(flags, streams), newRestoreCommand(flags, streams))
+	root.AddCommand(newStatusCommand(flags, streams), newSnapshotsCommand(flags, streams), newBackupCommand(flags, streams), newRestoreCommand(flags, streams), newHistoryCommand(flags, streams))
 	return root
 }
 
@@ -116,7 +117,11 @@ func (o statusOptions) run(ctx context.Context, flags *genericclioptions.ConfigF
 	now := time.Now()
 
 	if len(args) == 1 {
-		p, err := getProtection(ctx, c, namespace, args[0])
+		vm, err := vmName(args[0])
+		if err != nil {
+			return &ExitError{ExitFailed, err}
+		}
+		p, err := getProtection(ctx, c, namespace, vm)
 		if err != nil {
 			return err
 		}

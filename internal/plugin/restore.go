@@ -186,6 +186,9 @@ func (r restoreRequest) kind() string          { return "GuestRestore" }
 func (r restoreRequest) vm() string            { return r.r.Spec.VM }
 
 func (r restoreRequest) next() string {
+	if r.r.Spec.History {
+		return "it lists, writing nothing, " + versionsOf(r.r)
+	}
 	what := fmt.Sprintf("%s from %s %s", strings.Join(r.r.Spec.Paths, ", "), snapshotOf(r.r), restoredTo(r.r))
 	if r.r.Spec.DryRun {
 		return "it lists, writing nothing, what restoring " + what + " would write"
@@ -215,8 +218,14 @@ func (r restoreRequest) printOutcome(w io.Writer) {
 	switch {
 	case s.Phase == v1alpha1.PhaseFailed:
 		fmt.Fprintf(w, "guestrestore/%s failed%s: %s\n", g.Name, wrote, s.Message)
+	case s.Phase != v1alpha1.PhaseSucceeded && g.Spec.History:
+		fmt.Fprintf(w, "guestrestore/%s is %s: it lists %s\n", g.Name, phaseOrNew(s.Phase), versionsOf(g))
 	case s.Phase != v1alpha1.PhaseSucceeded:
 		fmt.Fprintf(w, "guestrestore/%s is %s: %d files, %s written so far %s\n", g.Name, phaseOrNew(s.Phase), s.Progress.Files, size(s.Progress.Bytes), restoredTo(g))
+	case g.Spec.History:
+		fmt.Fprintf(w, "guestrestore/%s succeeded: %d versions of %s, newest first, %s\n", g.Name, len(s.History), g.Spec.Paths[0], acrossOf(g))
+		printHistory(w, s.History)
+		return
 	case g.Spec.DryRun && s.DryRun != nil:
 		fmt.Fprintf(w, "guestrestore/%s succeeded, a dry run: restoring would write %d files, %s %s\n", g.Name, s.DryRun.Files, size(s.DryRun.Bytes), restoredTo(g))
 	case g.Spec.DryRun:

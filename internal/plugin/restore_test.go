@@ -144,3 +144,48 @@ func TestRestoreOutput(t *testing.T) {
 		})
 	}
 }
+
+// TestHistorySpec holds history's arguments and flags to the GuestRestore
+// they ask for: a dry run of one path's versions, which waits for them.
+func TestHistorySpec(t *testing.T) {
+	evening := metav1.NewTime(time.Date(2026, 12, 6, 18, 0, 0, 0, time.UTC))
+	tests := []struct {
+		name     string
+		args     []string
+		want     v1alpha1.GuestRestoreSpec
+		wantWait bool
+		wantErr  string
+	}{
+		{
+			name: "a file's versions in all snapshots, waited for",
+			args: []string{"vm/web", "/etc/nginx/nginx.conf"},
+			want: v1alpha1.GuestRestoreSpec{VM: "web", Paths: []string{"/etc/nginx/nginx.conf"}, DryRun: true, History: true}, wantWait: true,
+		},
+		{
+			name: "another VM's, before a time, only created",
+			args: []string{"new", "/srv/data", "--source-vm", "old", "--before", "2026-12-06T19:00:00+01:00", "--wait=false"},
+			want: v1alpha1.GuestRestoreSpec{VM: "new", SourceVM: "old", Paths: []string{"/srv/data"}, DryRun: true, History: true,
+				Snapshot: v1alpha1.SnapshotSelector{Before: &evening}},
+		},
+		{
+			name:    "a time without its zone",
+			args:    []string{"web", "/etc/hosts", "--before", "yesterday"},
+			wantErr: `--before "yesterday" is not a time: give one in RFC 3339`,
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var o historyOptions
+			fs := parseFlags(t, o.addFlags, tt.args)
+			vm, err := vmName(fs.Arg(0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := o.spec(vm, fs.Arg(1))
+			checkSpec(t, got, err, tt.want, tt.wantErr)
+			if tt.wantErr == "" && o.wait != tt.wantWait {
+				t.Errorf("wait %t, want %t", o.wait, tt.wantWait)
+			}
+		})
+	}
+}

@@ -82,6 +82,9 @@ type Result struct {
 	// Listing is what a restore's dry run would write, as its server pod
 	// listed it from the repository; nil for anything else.
 	Listing *Listing `json:"listing,omitempty"`
+	// History is, for a history's dry run, its path's versions, newest
+	// first, as its server pod listed them from the repository.
+	History []Version `json:"history,omitempty"`
 	// Started is when the guest said it started; Ended when it said it
 	// ended (both as its server pod received them).
 	Started time.Time  `json:"started"`
@@ -107,6 +110,20 @@ type Entry struct {
 	// Size is a file's size, or a folder's files'.
 	Size    int64     `json:"size"`
 	ModTime time.Time `json:"modTime"`
+}
+
+// Version is a path as one snapshot holds it.
+type Version struct {
+	// ID and Start are the snapshot's.
+	ID    string    `json:"id"`
+	Start time.Time `json:"start"`
+	// Type is file, directory or symlink.
+	Type    string    `json:"type"`
+	Size    int64     `json:"size"`
+	ModTime time.Time `json:"modTime"`
+	// Changed: its content differs from the next older version listed;
+	// true for the oldest listed.
+	Changed bool `json:"changed,omitempty"`
 }
 
 // Report is a problem a guest reported to its server pod.

@@ -182,6 +182,34 @@ var _ = Describe("kubectl guestbackup, as a tenant runs it", Ordered, func() {
 		Expect(r.out).To(gbytes.Say(`(?m)^file\s+1\.0 KiB\s+2026-12-06T17:02:11Z\s+/var/lib/guestbackup/restores/listed/etc/nginx/nginx\.conf$`))
 	})
 
+	It("prints a file's versions across the snapshots, waiting for them without being asked to", func() {
+		r := start(dave, "history", "vm/web", "/etc/nginx/nginx.conf", "--name", "versions")
+		Eventually(r.errOut).Should(gbytes.Say(`guestrestore/versions created: it lists, writing nothing, the versions of /etc/nginx/nginx.conf across the snapshots of VirtualMachine web`))
+		stored := &v1alpha1.GuestRestore{}
+		Eventually(func() error { return api.Client.Get(ctx, client.ObjectKey{Namespace: teamA, Name: "versions"}, stored) }).Should(Succeed())
+		Expect(stored.Spec).To(And(HaveField("DryRun", BeTrue()), HaveField("History", BeTrue()), HaveField("Paths", Equal([]string{"/etc/nginx/nginx.conf"}))))
+		Expect(stored.Spec.Requester).To(HaveField("Username", dave), "stamped by the webhook")
+
+		at := func(day int) *metav1.Time {
+			t := metav1.NewTime(time.Date(2026, 12, day, 2, 0, 0, 0, time.UTC))
+			return &t
+		}
+		controller("versions", v1alpha1.GuestRestoreStatus{
+			Phase:   v1alpha1.PhaseSucceeded,
+			Message: "listed 3 versions of /etc/nginx/nginx.conf, newest first; nothing was written",
+			History: []v1alpha1.PathVersion{
+				{SnapshotID: "kc3", StartTime: *at(7), Type: "file", Size: 2048, ModTime: at(6), Changed: true},
+				{SnapshotID: "kb2", StartTime: *at(6), Type: "file", Size: 1024, ModTime: at(5)},
+				{SnapshotID: "ka1", StartTime: *at(5), Type: "file", Size: 1024, ModTime: at(5), Changed: true},
+			},
+		})
+		code, msg := exit(r)
+		Expect(code).To(Equal(plugin.ExitOK), msg)
+		Expect(r.out).To(gbytes.Say(`guestrestore/versions succeeded: 3 versions of /etc/nginx/nginx.conf, newest first, across the snapshots of VirtualMachine web`))
+		Expect(r.out).To(gbytes.Say(`(?m)^2026-12-07T02:00:00Z\s+kc3\s+file\s+2\.0 KiB\s+2026-12-06T02:00:00Z\s+yes$`))
+		Expect(r.out).To(gbytes.Say(`(?m)^2026-12-06T02:00:00Z\s+kb2\s+file\s+1\.0 KiB\s+2026-12-05T02:00:00Z\s+no$`))
+	})
+
 	It("exits 4 when the restore fails, saying why", func() {
 		r := start(dave, "restore", "web", "/etc/nginx", "--name", "failing", "--wait")
 		controller("failing", v1alpha1.GuestRestoreStatus{Phase: v1alpha1.PhaseFailed, Message: "no snapshot of VirtualMachine web holds /etc/nginx"})

@@ -69,6 +69,10 @@ type Request struct {
 	Where string
 	// DryRun is a restore that only lists what it would write.
 	DryRun bool
+	// History is a dry run that lists its path's versions instead; Path
+	// is that path.
+	History bool
+	Path    string
 	// Carry says why the request cannot be handed to the guest of a VM
 	// with these annotations; nil when it can.
 	Carry func(vmAnnotations map[string]string) error
@@ -92,6 +96,8 @@ type Status struct {
 	CompletionTime *metav1.Time
 	// DryRun is a restore's dry run's listing.
 	DryRun *v1alpha1.DryRunListing
+	// History is a history's versions of its path.
+	History []v1alpha1.PathVersion
 }
 
 // Inputs are what a decision about one request reads.
@@ -200,6 +206,11 @@ func Decide(in Inputs) Decision {
 			d.Status.CompletionTime = &end
 		}
 		switch {
+		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.History:
+			d.Status.Files, d.Status.Bytes = 0, 0
+			d.Status.History = history(res.History)
+			d.Status.Message = fmt.Sprintf("listed %d versions of %s, newest first; nothing was written", len(d.Status.History), r.Path)
+			d.Events = append(d.Events, Event{"Normal", ReasonRestoreListed, fmt.Sprintf("%s listed the versions of %s: %d snapshots hold it", asked, r.Path, len(d.Status.History))})
 		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.DryRun:
 			// A dry run writes nothing: what it counts is what a restore
 			// would write.
@@ -294,19 +305,40 @@ func RestoreRequest(g *v1alpha1.GuestRestore) Request {
 	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
 		where = "from VirtualMachine " + g.Spec.SourceVM + "'s snapshots " + where
 	}
-	return Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where, DryRun: g.Spec.DryRun,
-		Carry: func(a map[string]string) error { _, err := userset.RestoreRequest(g, a); return err }}
+	r := Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where, DryRun: g.Spec.DryRun,
+		History: g.Spec.History,
+		Carry:   func(a map[string]string) error { _, err := userset.RestoreRequest(g, a); return err }}
+	if len(g.Spec.Paths) > 0 {
+		r.Path = path.Clean(g.Spec.Paths[0])
+	}
+	return r
 }
 
 // RestoreStatus is what a decision reads of a GuestRestore's status.
 func RestoreStatus(st v1alpha1.GuestRestoreStatus) Status {
-	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Progress.Files, Bytes: st.Progress.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime, DryRun: st.DryRun}
+	return Status{Phase: st.Phase, Message: st.Message, Snapshots: st.Snapshots, Files: st.Progress.Files, Bytes: st.Progress.Bytes, StartTime: st.StartTime, CompletionTime: st.CompletionTime, DryRun: st.DryRun,
+		History: st.History}
 }
 
 // applyRestore writes what a decision set into a GuestRestore's status.
 func applyRestore(st Status, to *v1alpha1.GuestRestoreStatus) {
 	to.Phase, to.Message, to.Snapshots, to.Progress.Files, to.Progress.Bytes, to.StartTime, to.CompletionTime = st.Phase, st.Message, st.Snapshots, st.Files, st.Bytes, st.StartTime, st.CompletionTime
-	to.DryRun = st.DryRun
+	to.DryRun, to.History = st.DryRun, st.History
+}
+
+// history is a server's versions of a path as a GuestRestore's
+// status.history.
+func history(versions []activity.Version) []v1alpha1.PathVersion {
+	out := make([]v1alpha1.PathVersion, 0, len(versions))
+	for _, v := range versions[:min(len(versions), v1alpha1.MaxHistoryVersions)] {
+		pv := v1alpha1.PathVersion{SnapshotID: v.ID, StartTime: metav1.NewTime(v.Start), Type: v.Type, Size: v.Size, Changed: v.Changed}
+		if !v.ModTime.IsZero() {
+			t := metav1.NewTime(v.ModTime)
+			pv.ModTime = &t
+		}
+		out = append(out, pv)
+	}
+	return out
 }
 
 // dryRun is a server's listing as a GuestRestore's status.dryRun.

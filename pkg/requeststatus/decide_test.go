@@ -235,6 +235,18 @@ func TestDecideRestore(t *testing.T) {
 			phase: v1alpha1.PhaseSucceeded, message: "a dry run: restoring would write 3 files, 2.0 KiB into /var/lib/guestbackup/restores/nginx-config in the guest; nothing was written",
 			events: "Normal RestoreListed Restore requested by alice (nginx-config) listed (a dry run): /etc/nginx (k1) would be restored into /var/lib/guestbackup/restores/nginx-config in the guest",
 		},
+		"a history, listed by the server": {
+			restore: restoreOf(v1alpha1.PhasePending, func(s *v1alpha1.GuestRestoreSpec) {
+				s.DryRun, s.History, s.Paths = true, true, []string{"/etc/nginx/nginx.conf"}
+			}),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended,
+				History: []activity.Version{
+					{ID: "k3", Start: started, Type: "file", Size: 30, ModTime: started, Changed: true},
+					{ID: "k2", Start: started.Add(-time.Hour), Type: "file", Size: 20, ModTime: started.Add(-time.Hour)},
+				}})},
+			phase: v1alpha1.PhaseSucceeded, message: "listed 2 versions of /etc/nginx/nginx.conf, newest first; nothing was written",
+			events: "Normal RestoreListed Restore requested by alice (nginx-config) listed the versions of /etc/nginx/nginx.conf: 2 snapshots hold it",
+		},
 		"failed in the guest: nothing counted as written": {
 			restore: restoreOf(v1alpha1.PhaseRunning, same),
 			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Guest: guest(activity.Result{UID: uid, Phase: "Failed", Started: started, Ended: &ended, Snapshots: plan,
@@ -261,11 +273,15 @@ func TestDecideRestore(t *testing.T) {
 			}
 			var status v1alpha1.GuestRestoreStatus
 			applyRestore(d.Status, &status)
-			if tt.restore.Spec.DryRun && (status.DryRun == nil || status.DryRun.Files != 3 || !status.DryRun.Truncated || len(status.DryRun.Entries) != 1 ||
+			if tt.restore.Spec.History && (len(status.History) != 2 || status.History[0].SnapshotID != "k3" || !status.History[0].Changed ||
+				status.History[1].Changed || status.History[1].Size != 20 || status.History[1].ModTime == nil || status.DryRun != nil) {
+				t.Errorf("history %+v, dry run %+v: want the server's versions, newest first, and no listing", status.History, status.DryRun)
+			}
+			if tt.restore.Spec.DryRun && !tt.restore.Spec.History && (status.DryRun == nil || status.DryRun.Files != 3 || !status.DryRun.Truncated || len(status.DryRun.Entries) != 1 ||
 				status.DryRun.Entries[0].Type != "directory" || status.DryRun.Entries[0].ModTime == nil) {
 				t.Errorf("dry run %+v, want the server's listing", status.DryRun)
 			}
-			if tt.phase != v1alpha1.PhasePending && tt.phase != v1alpha1.PhaseFailed && (len(status.Snapshots) != 1 || status.Snapshots[0].ID != "k1" || status.StartTime == nil) {
+			if tt.phase != v1alpha1.PhasePending && tt.phase != v1alpha1.PhaseFailed && !tt.restore.Spec.History && (len(status.Snapshots) != 1 || status.Snapshots[0].ID != "k1" || status.StartTime == nil) {
 				t.Errorf("status %+v names not the snapshot it restores from", status)
 			}
 		})

@@ -117,6 +117,9 @@ type Request struct {
 	// DryRun makes a restore a listing of what it would write, which the
 	// server pod makes from the repository alone: no guest is handed it.
 	DryRun bool `json:"dryRun,omitempty"`
+	// History makes a dry run a listing of its one path's versions across
+	// the source's snapshots instead.
+	History bool `json:"history,omitempty"`
 
 	// Order sorts a user's requests oldest first (Queued.Order), the order
 	// its guest carries them out in: a restore asked after a snapshot
@@ -181,7 +184,7 @@ func (r Request) Validate() error {
 // request carries none of them.
 func (r Request) validateRestore() error {
 	if r.Kind != RequestRestore {
-		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace || r.DryRun {
+		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace || r.DryRun || r.History {
 			return fmt.Errorf("a %s request carries restore fields", r.Kind)
 		}
 		return nil
@@ -194,6 +197,9 @@ func (r Request) validateRestore() error {
 	}
 	if r.SnapshotID != "" && r.Before != nil {
 		return fmt.Errorf("the snapshot is chosen by ID and by time at once")
+	}
+	if r.History && (!r.DryRun || len(r.Paths) != 1 || r.SnapshotID != "") {
+		return fmt.Errorf("a history lists one path's versions across snapshots: a dry run of one path, chosen by no snapshot ID")
 	}
 	if !path.IsAbs(r.Target) || path.Clean(r.Target) != r.Target || strings.ContainsAny(r.Target, "\x00\n\r") {
 		return fmt.Errorf("target %q is not a clean absolute path", r.Target)
@@ -283,7 +289,7 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 		return Request{}, fmt.Errorf("restoring into a PersistentVolumeClaim is not carried out by this version: restore into the running guest (omit spec.target, or set directory or inPlace) and copy from there")
 	}
 	r := Request{UID: string(g.UID), User: identity.OfVM(g.Spec.VM, g.Namespace), Kind: RequestRestore, Name: g.Name,
-		SnapshotID: g.Spec.Snapshot.ID, DryRun: g.Spec.DryRun}
+		SnapshotID: g.Spec.Snapshot.ID, DryRun: g.Spec.DryRun, History: g.Spec.History}
 	r.Source = r.User
 	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
 		grant, refusal := RestoreFrom(g.Spec.VM, g.Namespace, vmAnnotations)

@@ -166,6 +166,13 @@ func TestRestoreRequest(t *testing.T) {
 		"a dry run": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }), want: Request{
 			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
 			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config", DryRun: true}},
+		"a history of one path": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun, s.History, s.Paths = true, true, []string{"/srv/a.txt"} }), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config", DryRun: true, History: true}},
+		"a history of two paths (admission refuses it)": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun, s.History = true, true }),
+			wantErr: "a history lists one path's versions across snapshots"},
+		"a history that is no dry run (admission refuses it)": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.History, s.Paths = true, []string{"/srv/a.txt"} }),
+			wantErr: "a history lists one path's versions across snapshots"},
 	} {
 		got, err := RestoreRequest(tt.g, tt.vm)
 		switch {

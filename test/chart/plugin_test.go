@@ -120,7 +120,7 @@ var _ = Describe("kubectl guestbackup status and snapshots, with the chart's vie
 	})
 
 	It("shows one VM in detail, and exits 0 for a fresh one", func() {
-		out, errOut, code := kubectl("status", "web", "-n", ns)
+		out, errOut, code := kubectl("status", "vm/web", "-n", ns)
 		Expect(code).To(Equal(plugin.ExitOK), errOut)
 		Expect(out).To(ContainSubstring("of /etc: 4.0 KiB in 3 files, snapshot kweb"))
 		Expect(out).To(MatchRegexp(`(?m)^BackupFresh:\s+True \(WithinSchedule\)`))

@@ -188,8 +188,9 @@ const planTimeout = 45 * time.Second
 // planRestore chooses what restore request r restores from (restorePlan),
 // in the repository refreshed first (the snapshot it names may have been
 // written through the Kopia server a moment ago), into res: its
-// snapshots; for a dry run, the listing and the ending; for a restore
-// that cannot be carried out, the failure and why.
+// snapshots; for a dry run, the listing and the ending; for a history,
+// its path's versions (pathHistory) and the ending; for a restore that
+// cannot be carried out, the failure and why.
 func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activity.Result) error {
 	s.verifying.Lock()
 	err := s.opts.Repository.Refresh(ctx)
@@ -199,8 +200,16 @@ func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activi
 	}
 	bounded, cancel := context.WithTimeout(ctx, planTimeout)
 	defer cancel()
-	plan, refused, err := restorePlan(bounded, s.opts.Repository, r)
-	if refused == "" && err == nil && r.DryRun {
+	var (
+		plan    []restoreStep
+		refused restoreRefusal
+	)
+	if r.History {
+		res.History, refused, err = pathHistory(bounded, s.opts.Repository, r)
+	} else {
+		plan, refused, err = restorePlan(bounded, s.opts.Repository, r)
+	}
+	if refused == "" && err == nil && r.DryRun && !r.History {
 		res.Listing, refused, err = dryRunListing(bounded, s.opts.Repository, plan, r.Target, r.InPlace)
 	}
 	switch {
@@ -219,8 +228,10 @@ func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activi
 	res.Snapshots = snapshots(plan)
 	switch {
 	case refused != "":
-		res.Listing = nil
+		res.Listing, res.History = nil, nil
 		end(v1alpha1.PhaseFailed, string(refused))
+	case r.History:
+		end(v1alpha1.PhaseSucceeded, fmt.Sprintf("listed %d versions of %s: nothing written", len(res.History), r.Paths[0]))
 	case r.DryRun:
 		end(v1alpha1.PhaseSucceeded, "a dry run: nothing written")
 	}

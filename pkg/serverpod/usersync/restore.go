@@ -15,9 +15,11 @@ import (
 	"github.com/kopia/kopia/fs"
 	"github.com/kopia/kopia/repo"
 	"github.com/kopia/kopia/repo/manifest"
+	"github.com/kopia/kopia/repo/object"
 	"github.com/kopia/kopia/snapshot"
 	"github.com/kopia/kopia/snapshot/snapshotfs"
 
+	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/userset"
 )
@@ -37,13 +39,9 @@ type restoreRefusal string
 // be read.
 func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([]restoreStep, restoreRefusal, error) {
 	user, host, _ := strings.Cut(r.Source, "@")
-	entries, err := rep.FindManifests(ctx, map[string]string{
-		manifest.TypeLabelKey:  snapshot.ManifestType,
-		snapshot.UsernameLabel: user,
-		snapshot.HostnameLabel: host,
-	})
+	sources, err := sourcesOf(ctx, rep, r.Source)
 	if err != nil {
-		return nil, "", fmt.Errorf("find the snapshots of %s: %w", r.Source, err)
+		return nil, "", err
 	}
 	var chosen *snapshot.Manifest
 	if r.SnapshotID != "" {
@@ -63,11 +61,6 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 		}
 		m.ID = em.ID
 		chosen = m
-	}
-	sources := map[string][]manifest.ID{}
-	for _, e := range entries {
-		p := e.Labels[snapshot.PathLabel]
-		sources[p] = append(sources[p], e.ID)
 	}
 	plan := make([]restoreStep, 0, len(r.Paths))
 	left := maxCheckedEntries
@@ -301,16 +294,115 @@ func sourceOf(sources map[string][]manifest.ID, p string) string {
 // latest is the newest complete snapshot of manifests started before
 // before (nil: the newest of all); nil for none.
 func latest(manifests []*snapshot.Manifest, before *time.Time) *snapshot.Manifest {
-	var best *snapshot.Manifest
+	if newest := newestFirst(manifests, before); len(newest) > 0 {
+		return newest[0]
+	}
+	return nil
+}
+
+// newestFirst is the complete snapshots of manifests started before
+// before (nil: all), newest first by start time, then ID.
+func newestFirst(manifests []*snapshot.Manifest, before *time.Time) []*snapshot.Manifest {
+	var out []*snapshot.Manifest
 	for _, m := range manifests {
 		if m.IncompleteReason != "" || before != nil && !m.StartTime.ToTime().Before(*before) {
 			continue
 		}
-		if best == nil || cmp.Or(m.StartTime.ToTime().Compare(best.StartTime.ToTime()), strings.Compare(string(m.ID), string(best.ID))) > 0 {
-			best = m
-		}
+		out = append(out, m)
 	}
-	return best
+	slices.SortFunc(out, func(a, b *snapshot.Manifest) int {
+		return cmp.Or(b.StartTime.ToTime().Compare(a.StartTime.ToTime()), strings.Compare(string(b.ID), string(a.ID)))
+	})
+	return out
+}
+
+// sourcesOf is the snapshots of Kopia user source, by snapshot source
+// path.
+func sourcesOf(ctx context.Context, rep repo.Repository, source string) (map[string][]manifest.ID, error) {
+	user, host, _ := strings.Cut(source, "@")
+	entries, err := rep.FindManifests(ctx, map[string]string{
+		manifest.TypeLabelKey:  snapshot.ManifestType,
+		snapshot.UsernameLabel: user,
+		snapshot.HostnameLabel: host,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("find the snapshots of %s: %w", source, err)
+	}
+	sources := map[string][]manifest.ID{}
+	for _, e := range entries {
+		p := e.Labels[snapshot.PathLabel]
+		sources[p] = append(sources[p], e.ID)
+	}
+	return sources, nil
+}
+
+// pathHistory lists the versions of history request r's one path: one per
+// complete snapshot of r.Source's snapshot source that holds it (started
+// before r.Before when set), newest first, at most
+// v1alpha1.MaxHistoryVersions. A version changed when its content (its
+// Kopia object) is not the next older one's. A snapshot whose path cannot
+// be read is left out, as one that does not hold it: nothing is written.
+func pathHistory(ctx context.Context, rep repo.Repository, r userset.Request) ([]activity.Version, restoreRefusal, error) {
+	p := r.Paths[0]
+	sources, err := sourcesOf(ctx, rep, r.Source)
+	if err != nil {
+		return nil, "", err
+	}
+	root := sourceOf(sources, p)
+	if root == "" {
+		return nil, restoreRefusal(fmt.Sprintf("%s has no snapshot of %s or of a folder holding it (its snapshots are of %s)", r.Source, p, listed(sources))), nil
+	}
+	manifests, err := snapshot.LoadSnapshots(ctx, rep, sources[root])
+	if err != nil {
+		return nil, "", fmt.Errorf("read the snapshots of %s:%s: %w", r.Source, root, err)
+	}
+	var (
+		versions []activity.Version
+		objects  []object.ID
+	)
+	for _, m := range newestFirst(manifests, r.Before) {
+		if len(versions) == v1alpha1.MaxHistoryVersions {
+			break
+		}
+		step, why, err := stepOf(ctx, rep, m, p)
+		switch {
+		case err != nil:
+			return nil, "", err
+		case why != "":
+			continue
+		}
+		typ, size := describe(ctx, step.entry)
+		versions = append(versions, activity.Version{ID: step.ID, Start: step.Start, Type: typ, Size: size, ModTime: step.entry.ModTime().UTC()})
+		var id object.ID
+		if d, ok := step.entry.(snapshot.HasDirEntry); ok && d.DirEntry() != nil {
+			id = d.DirEntry().ObjectID
+		}
+		objects = append(objects, id)
+	}
+	if len(versions) == 0 {
+		return nil, restoreRefusal(fmt.Sprintf("no complete snapshot of %s by %s holds %s", root, r.Source, p)), nil
+	}
+	for i := range versions {
+		versions[i].Changed = i == len(versions)-1 || objects[i] != objects[i+1]
+	}
+	return versions, "", nil
+}
+
+// describe is what entry e is (file, directory or symlink) and its size
+// (a folder's files', as its summary says; 0 without one).
+func describe(ctx context.Context, e fs.Entry) (string, int64) {
+	switch {
+	case e.IsDir():
+		if d, ok := e.(fs.DirectoryWithSummary); ok {
+			if sum, err := d.Summary(ctx); err == nil && sum != nil {
+				return "directory", sum.TotalFileSize
+			}
+		}
+		return "directory", 0
+	case e.Mode()&os.ModeSymlink != 0:
+		return "symlink", 0
+	}
+	return "file", e.Size()
 }
 
 // listed names the source paths of sources for a message: none, or the
@@ -343,18 +435,8 @@ func dryRunListing(ctx context.Context, rep repo.Repository, plan []restoreStep,
 			l.Truncated = true
 			return false
 		}
-		entry := activity.Entry{Path: at, Type: "file", Size: e.Size(), ModTime: e.ModTime().UTC()}
-		switch {
-		case e.IsDir():
-			entry.Type, entry.Size = "directory", 0
-			if d, ok := e.(fs.DirectoryWithSummary); ok {
-				if sum, err := d.Summary(ctx); err == nil && sum != nil {
-					entry.Size = sum.TotalFileSize
-				}
-			}
-		case e.Mode()&os.ModeSymlink != 0:
-			entry.Type, entry.Size = "symlink", 0
-		}
+		entry := activity.Entry{Path: at, ModTime: e.ModTime().UTC()}
+		entry.Type, entry.Size = describe(ctx, e)
 		size += len(encoded)
 		l.Entries = append(l.Entries, entry)
 		return true

@@ -13,6 +13,7 @@ import (
 	"github.com/kopia/kopia/repo/manifest"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	gtypes "github.com/onsi/gomega/types"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -477,6 +478,40 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		)), "the listing, in path order, where the restore would write")
 		Expect(syncer.Pending(alice.user)).NotTo(ContainElement(HaveField("UID", dry.UID)))
 		Expect(syncer.Result(ctx, alice.user, dry.UID, "Running", "")).To(HaveOccurred(), "a guest has nothing to do with a dry run")
+
+		By("listing a file's versions across the snapshots, newest first, each changed or not, from the repository alone")
+		Expect(os.WriteFile(filepath.Join(data, "sub", "a.txt"), []byte("third, the longest yet\n"), 0o600)).To(Succeed())
+		third := snapshot(aliceClient, data)
+		fourth := snapshot(aliceClient, data)
+		history := restore(8, func(r *userset.Request) { r.DryRun, r.History = true, true })
+		bounded := restore(9, func(r *userset.Request) { r.DryRun, r.History, r.Before = true, true, &between })
+		nowhere := restore(10, func(r *userset.Request) {
+			r.DryRun, r.History, r.Paths = true, true, []string{filepath.Join(data, "sub", "b.txt")}
+		})
+		writeUsersWithRequests(users, history, bounded, nowhere)
+		version := func(id string, size int, changed bool) gtypes.GomegaMatcher {
+			return And(HaveField("ID", id), HaveField("Type", "file"), HaveField("Size", BeEquivalentTo(size)), HaveField("Changed", changed), HaveField("ModTime", Not(BeZero())))
+		}
+		resultOf := func(uid string) func() *activity.Result {
+			return func() *activity.Result {
+				res := activityOf(alice.user).Results
+				if i := slices.IndexFunc(res, func(r activity.Result) bool { return r.UID == uid }); i >= 0 {
+					return &res[i]
+				}
+				return nil
+			}
+		}
+		Eventually(resultOf(history.UID)).WithTimeout(provisioned).Should(And(HaveField("Phase", "Succeeded"), HaveField("Listing", BeNil()),
+			HaveField("History", HaveExactElements(
+				version(fourth, len("third, the longest yet\n"), false),
+				version(third, len("third, the longest yet\n"), true),
+				version(second, len("second, longer\n"), true),
+				version(first, len("first\n"), true),
+			))))
+		Eventually(resultOf(bounded.UID)).WithTimeout(provisioned).Should(HaveField("History", HaveExactElements(version(first, len("first\n"), true))),
+			"only the snapshots started before the time")
+		Eventually(resultOf(nowhere.UID)).WithTimeout(provisioned).Should(And(HaveField("Phase", "Failed"),
+			HaveField("Message", "no complete snapshot of "+data+" by "+alice.user+" holds "+filepath.Join(data, "sub", "b.txt"))))
 		writeUsersWithRequests(users)
 	})
 })
