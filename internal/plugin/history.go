@@ -74,20 +74,7 @@ func (o *historyOptions) addFlags(f *pflag.FlagSet) {
 }
 
 func (o historyOptions) run(ctx context.Context, flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, arg, p string) error {
-	printer, vm, err := o.prepare(arg)
-	if err != nil {
-		return err
-	}
-	spec, err := o.spec(vm, p)
-	if err != nil {
-		return &ExitError{ExitFailed, err}
-	}
-	c, namespace, err := newClient(flags)
-	if err != nil {
-		return &ExitError{ExitFailed, err}
-	}
-	r := &v1alpha1.GuestRestore{ObjectMeta: o.objectMeta(namespace, vm), Spec: spec}
-	return o.submit(ctx, c, streams, printer, restoreRequest{r})
+	return o.submitRestore(ctx, flags, streams, arg, func(vm string) (v1alpha1.GuestRestoreSpec, error) { return o.spec(vm, p) })
 }
 
 // spec is the GuestRestore that lists the versions of vm's path p.

@@ -115,11 +115,19 @@ func (o *restoreOptions) addFlags(f *pflag.FlagSet) {
 }
 
 func (o restoreOptions) run(ctx context.Context, flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, arg string, paths []string) error {
+	return o.submitRestore(ctx, flags, streams, arg, func(vm string) (v1alpha1.GuestRestoreSpec, error) { return o.spec(vm, paths) })
+}
+
+// submitRestore makes, as o says, the GuestRestore that spec asks of the
+// VM arg names: restore's, or history's.
+func (o requestOptions) submitRestore(ctx context.Context, flags *genericclioptions.ConfigFlags, streams genericiooptions.IOStreams, arg string,
+	spec func(vm string) (v1alpha1.GuestRestoreSpec, error),
+) error {
 	printer, vm, err := o.prepare(arg)
 	if err != nil {
 		return err
 	}
-	spec, err := o.spec(vm, paths)
+	s, err := spec(vm)
 	if err != nil {
 		return &ExitError{ExitFailed, err}
 	}
@@ -127,7 +135,7 @@ func (o restoreOptions) run(ctx context.Context, flags *genericclioptions.Config
 	if err != nil {
 		return &ExitError{ExitFailed, err}
 	}
-	r := &v1alpha1.GuestRestore{ObjectMeta: o.objectMeta(namespace, vm), Spec: spec}
+	r := &v1alpha1.GuestRestore{ObjectMeta: o.objectMeta(namespace, vm), Spec: s}
 	return o.submit(ctx, c, streams, printer, restoreRequest{r})
 }
 

@@ -75,13 +75,9 @@ func restorePlan(ctx context.Context, rep repo.Repository, r userset.Request) ([
 		case m != nil && !userset.Holds(m.Source.Path, p):
 			return nil, restoreRefusal(fmt.Sprintf("snapshot %s is of %s, which does not hold %s: restore %s from a snapshot of its own, in another request", r.SnapshotID, m.Source.Path, p, p)), nil
 		case m == nil:
-			root := sourceOf(sources, p)
-			if root == "" {
-				return nil, restoreRefusal(fmt.Sprintf("%s has no snapshot of %s or of a folder holding it (its snapshots are of %s)", r.Source, p, listed(sources))), nil
-			}
-			manifests, err := snapshot.LoadSnapshots(ctx, rep, sources[root])
-			if err != nil {
-				return nil, "", fmt.Errorf("read the snapshots of %s:%s: %w", r.Source, root, err)
+			root, manifests, why, err := holding(ctx, rep, r.Source, sources, p)
+			if why != "" || err != nil {
+				return nil, why, err
 			}
 			if m = latest(manifests, r.Before); m == nil {
 				if r.Before == nil {
@@ -336,6 +332,20 @@ func sourcesOf(ctx context.Context, rep repo.Repository, source string) (map[str
 	return sources, nil
 }
 
+// holding is the snapshot source of source's sources that holds path p
+// (sourceOf) and its snapshots, or a refusal when none holds it.
+func holding(ctx context.Context, rep repo.Repository, source string, sources map[string][]manifest.ID, p string) (string, []*snapshot.Manifest, restoreRefusal, error) {
+	root := sourceOf(sources, p)
+	if root == "" {
+		return "", nil, restoreRefusal(fmt.Sprintf("%s has no snapshot of %s or of a folder holding it (its snapshots are of %s)", source, p, listed(sources))), nil
+	}
+	manifests, err := snapshot.LoadSnapshots(ctx, rep, sources[root])
+	if err != nil {
+		return "", nil, "", fmt.Errorf("read the snapshots of %s:%s: %w", source, root, err)
+	}
+	return root, manifests, "", nil
+}
+
 // pathHistory lists the versions of history request r's one path: one per
 // complete snapshot of r.Source's snapshot source that holds it (started
 // before r.Before when set), newest first, at most
@@ -348,13 +358,9 @@ func pathHistory(ctx context.Context, rep repo.Repository, r userset.Request) ([
 	if err != nil {
 		return nil, "", err
 	}
-	root := sourceOf(sources, p)
-	if root == "" {
-		return nil, restoreRefusal(fmt.Sprintf("%s has no snapshot of %s or of a folder holding it (its snapshots are of %s)", r.Source, p, listed(sources))), nil
-	}
-	manifests, err := snapshot.LoadSnapshots(ctx, rep, sources[root])
-	if err != nil {
-		return nil, "", fmt.Errorf("read the snapshots of %s:%s: %w", r.Source, root, err)
+	root, manifests, why, err := holding(ctx, rep, r.Source, sources, p)
+	if why != "" || err != nil {
+		return nil, why, err
 	}
 	var (
 		versions []activity.Version
