@@ -25,7 +25,9 @@ const ReportPrelude = `#!/bin/sh
 // report that waits for the guest's answers to that request and to the
 // restore asked after it (GuestRestore web-restore-asked), restores the
 // asked-for file from the snapshot it took, and restores the file from the
-// guest's first snapshot after deleting it, then powers the guest off.
+// guest's first snapshot after deleting it, then changes that file twice,
+// snapshotting after each change (three versions in all), and powers the
+// guest off.
 const WebConfig = `#cloud-config
 write_files:
 - path: /srv/data/hello.txt
@@ -60,6 +62,11 @@ write_files:
     else
       say "restore failed $(tail -n 3 /var/tmp/restore.log | tr '\n' ' ')"
     fi
+    printf 'second version\n' >/srv/data/hello.txt
+    guestbackup-kopia snapshot create /srv/data >/var/tmp/versions.log 2>&1
+    printf 'third version, longer\n' >/srv/data/hello.txt
+    guestbackup-kopia snapshot create /srv/data >>/var/tmp/versions.log 2>&1
+    say "versions $(guestbackup-kopia snapshot list --json /srv/data | grep -c '"id"') $(tail -n 1 /var/tmp/versions.log)"
     systemctl poweroff
 runcmd:
 - [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]

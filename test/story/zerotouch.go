@@ -7,11 +7,14 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"os/exec"
+	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	gtypes "github.com/onsi/gomega/types"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -174,18 +177,20 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Expect(err).NotTo(HaveOccurred(), out)
 		ids, err := kopia.SnapshotIDs(ctx, "/srv/data")
 		Expect(err).NotTo(HaveOccurred())
-		Expect(ids).To(HaveLen(1))
-		web.snapshot = ids[0]
+		Expect(m["versions"]).To(HavePrefix("3 "), "the guest's two snapshots after changing hello.txt:\n%s", Logs(res.Console))
+		Expect(ids).To(HaveLen(3))
+		web.snapshot = ids[0] // the first, oldest first
 
 		By("recording the whole story on the VM")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal CredentialsIssued: Issued Kopia credentials for web@team-a"),
 			HavePrefix("Normal UserProvisioned: User web@team-a provisioned"),
 			HavePrefix("Normal GuestConnected: Guest backs up as web@team-a"),
-			// The newest snapshot between two looks of the audit: the
-			// schedule's of /srv/data, or the one the owner asked for of
-			// /srv/asked when both came together.
-			And(HavePrefix("Normal SnapshotCreated: Snapshot"), Or(ContainSubstring("of /srv/data: 21 bytes in 1 files"), ContainSubstring("of /srv/asked: 27 bytes in 1 files"))),
+			// The newest snapshot between two looks of the audit: one of
+			// /srv/data (the schedule's, or one of the two the guest
+			// took of hello.txt's later versions), or the one the owner
+			// asked for of /srv/asked when they came together.
+			And(HavePrefix("Normal SnapshotCreated: Snapshot"), Or(ContainSubstring("of /srv/data: "), ContainSubstring("of /srv/asked: 27 bytes in 1 files"))),
 		))
 		Expect(vmEvents("web")()).NotTo(ContainElement(ContainSubstring(web.password)))
 	})
@@ -248,6 +253,64 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal RestoreRequested: Restore requested by "+askedBack.Spec.Requester.Username+" (web-restore-asked)"), restored))
 		Expect(bed.Events(ctx, vmNS, "GuestRestore", askedBack.Name)).To(ContainElement(restored))
+	})
+
+	It("lists the VM's snapshots, newest first, to an owner who holds only the namespace's view rules, and a file's versions to its owner, from the cluster", func() {
+		const viewer = "viewer@example.com"
+		By("granting the viewer what the chart aggregates into the built-in view role, and nothing else")
+		Expect(client.IgnoreAlreadyExists(c.Create(ctx, &rbacv1.Role{
+			ObjectMeta: metav1.ObjectMeta{Name: "guestbackup-view", Namespace: vmNS},
+			Rules:      []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestprotections"}, Verbs: []string{"get", "list", "watch"}}},
+		}))).To(Succeed())
+		Expect(client.IgnoreAlreadyExists(c.Create(ctx, &rbacv1.RoleBinding{
+			ObjectMeta: metav1.ObjectMeta{Name: "viewer", Namespace: vmNS},
+			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "guestbackup-view"},
+			Subjects:   []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: viewer}},
+		}))).To(Succeed())
+
+		Expect(asked.Status.Snapshots).To(HaveLen(1), "the snapshot asked before")
+		var catalogue struct {
+			Total     int32                           `json:"total"`
+			Snapshots []v1alpha1.GuestSnapshotSummary `json:"snapshots"`
+		}
+		snapshots := func(g Gomega) {
+			plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "snapshots", "vm/web", "-n", vmNS, "-o", "json",
+				"--kubeconfig", bed.Kubeconfig(), "--as", viewer)
+			var stderr bytes.Buffer
+			plugin.Stderr = &stderr
+			out, err := plugin.Output()
+			g.Expect(err).NotTo(HaveOccurred(), stderr.String())
+			g.Expect(json.Unmarshal(out, &catalogue)).To(Succeed(), string(out))
+			g.Expect(catalogue.Snapshots).To(ContainElements(
+				And(HaveField("ID", web.snapshot), HaveField("Path", "/srv/data"), HaveField("Files", BeEquivalentTo(1)), HaveField("Bytes", BeEquivalentTo(21))),
+				And(HaveField("ID", asked.Status.Snapshots[0].ID), HaveField("Path", "/srv/asked"), HaveField("Files", BeEquivalentTo(1))),
+			))
+		}
+		Eventually(snapshots).WithTimeout(90 * time.Second).Should(Succeed())
+		Expect(catalogue.Total).To(BeNumerically(">=", len(catalogue.Snapshots)))
+		Expect(catalogue.Snapshots).To(BeComparableTo(slices.SortedStableFunc(slices.Values(catalogue.Snapshots), func(a, b v1alpha1.GuestSnapshotSummary) int {
+			return b.EndTime.Compare(a.EndTime.Time)
+		})), "newest first")
+
+		By("listing, as the owner, hello.txt's three versions across the snapshots, with kubectl guestbackup history")
+		plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "history", "vm/web", "/srv/data/hello.txt", "--name", "web-hello-history",
+			"-n", vmNS, "-o", "json", "--timeout", "3m", "--kubeconfig", bed.Kubeconfig())
+		var stderr bytes.Buffer
+		plugin.Stderr = &stderr
+		out, err := plugin.Output()
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		history := &v1alpha1.GuestRestore{}
+		Expect(json.Unmarshal(out, history)).To(Succeed(), string(out))
+		Expect(history.Status.Phase).To(Equal(v1alpha1.PhaseSucceeded), history.Status.Message)
+		version := func(size int) gtypes.GomegaMatcher {
+			return And(HaveField("Type", "file"), HaveField("Size", BeEquivalentTo(size)), HaveField("Changed", BeTrue()), HaveField("ModTime", Not(BeNil())))
+		}
+		Expect(history.Status.History).To(HaveExactElements(
+			version(len("third version, longer\n")), version(len("second version\n")),
+			And(version(len("hello from the guest\n")), HaveField("SnapshotID", web.snapshot)),
+		), "newest first, each changed")
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElement(
+			HavePrefix("Normal RestoreListed: Restore requested by " + history.Spec.Requester.Username + " (web-hello-history) listed the versions of /srv/data/hello.txt: 3 snapshots hold it")))
 	})
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
