@@ -64,11 +64,15 @@ type BackupStorageLocationServerSpec struct {
 	// +optional
 	GuestSpread *metav1.Duration `json:"guestSpread,omitempty"`
 
-	// RequestPollInterval is how often a running guest asks its server for
-	// the requests (GuestSnapshot) addressed to it, when the requests' API
-	// is installed (alpha, the chart's requests.enabled): a request starts
-	// within about this long. Each poll is one HTTPS request that costs the
-	// server pod no password hash. A change reaches a guest when its
+	// RequestPollInterval is how often, at most, a running guest asks its
+	// server for the requests (GuestSnapshot, GuestRestore) addressed to
+	// it, when the requests' API is installed (alpha, the chart's
+	// requests.enabled). The server holds a poll that finds nothing for up
+	// to 4 minutes, and answers it as soon as a request is addressed to the
+	// guest: a request starts within seconds, and the guest asks again at
+	// once. This interval spaces only the polls answered sooner (a server
+	// that holds none, an error). Each poll is one HTTPS request that costs
+	// the server pod no password hash. A change reaches a guest when its
 	// bootstrap is next rendered (at its next boot at the latest). Unset:
 	// 30s; between 10s and 10m.
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('10s') && duration(self) <= duration('10m')",message="requestPollInterval is between 10s and 10m"

@@ -26,6 +26,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -155,6 +156,17 @@ const KindParam = "kind"
 // (package userset's Request), authenticated as its Kopia user, in the
 // form EncodeRequests writes.
 const RequestsPath = "/requests"
+
+// WaitParam asks a requests poll to be held, for up to this many seconds
+// (at most MaxPollWait), until a request is addressed to the guest: a
+// guest then polls once per hold, not once per interval, and starts a
+// request within seconds of its listing.
+const WaitParam = "wait"
+
+// MaxPollWait bounds how long a server holds a poll: below the idle
+// timeouts of the load balancers and NAT gateways between a guest and its
+// server (AWS's NLB's is 350 s), which would cut a longer one unseen.
+const MaxPollWait = 240 * time.Second
 
 // ResultPath is where a guest POSTs where it is with one request: the
 // request's UID and the phase (Running, Succeeded or Failed) as query

@@ -687,7 +687,7 @@ WantedBy=timers.target
 // a person wrote (paths, tags, description) arrives base64-encoded and is
 // only ever passed to kopia as data. The password reaches curl or wget in
 // a header file, never in their arguments.
-const requestsScript = `#!/bin/sh
+var requestsScript = `#!/bin/sh
 # guestbackup-requests: carries out the requests from the cluster
 # (GuestSnapshot, GuestRestore) addressed to this VM. To turn them off, create
 # ` + RequestsOff + `: each request then fails, saying so.
@@ -696,6 +696,8 @@ conf_dir=${GUESTBACKUP_CONF_DIR:-` + ConfDir + `}
 state_dir=${GUESTBACKUP_STATE_DIR:-` + StateDir + `}
 off=${GUESTBACKUP_REQUESTS_OFF:-` + RequestsOff + `}
 poll=${GUESTBACKUP_REQUEST_POLL:-30}
+hold=${GUESTBACKUP_REQUEST_HOLD:-` + strconv.Itoa(int(clientdist.MaxPollWait.Seconds())) + `}
+call_timeout=60
 ` + useKopia + `export HOME="${HOME:-/root}"
 export KOPIA_CHECK_FOR_UPDATES=false
 ` + trustEnv + `
@@ -714,20 +716,21 @@ header() {
 
 # call URL OUT [BODY]: a GET, or a POST of file BODY, trusting the
 # server's CA and no other, with whichever of curl, wget and python3
-# (which cloud-init needs) the guest has; the answer goes to file OUT.
+# (which cloud-init needs) the guest has, for at most $call_timeout
+# seconds; the answer goes to file OUT.
 call() {
   if command -v curl >/dev/null 2>&1; then
-    curl -fsS --max-time 60 --cacert "$conf_dir/trust/ca.crt" -H @"$work/header" ${3:+--data-binary "@$3"} -o "$2" "$1" </dev/null
+    curl -fsS --max-time "$call_timeout" --cacert "$conf_dir/trust/ca.crt" -H @"$work/header" ${3:+--data-binary "@$3"} -o "$2" "$1" </dev/null
   elif command -v wget >/dev/null 2>&1; then
     (umask 077 && printf 'header = %s\n' "$(cat "$work/header")" >"$work/wgetrc")
-    WGETRC="$work/wgetrc" wget -q -T 60 --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" ${3:+--post-file="$3"} -O "$2" "$1" </dev/null
+    WGETRC="$work/wgetrc" wget -q -T "$call_timeout" --ca-certificate="$conf_dir/trust/ca.crt" --ca-directory="$conf_dir/trust" ${3:+--post-file="$3"} -O "$2" "$1" </dev/null
   elif command -v python3 >/dev/null 2>&1; then
-    python3 -c 'import ssl, sys, urllib.request
+    GUESTBACKUP_CALL_TIMEOUT=$call_timeout python3 -c 'import os, ssl, sys, urllib.request
 ctx = ssl.create_default_context(cafile=sys.argv[2])
 name, value = open(sys.argv[3]).read().strip().split(": ", 1)
 data = open(sys.argv[5], "rb").read() if len(sys.argv) > 5 else None
 req = urllib.request.Request(sys.argv[1], data=data, headers={name: value})
-with urllib.request.urlopen(req, context=ctx, timeout=60) as r:
+with urllib.request.urlopen(req, context=ctx, timeout=int(os.environ["GUESTBACKUP_CALL_TIMEOUT"])) as r:
     body = r.read()
 with open(sys.argv[4], "wb") as f:
     f.write(body)' "$1" "$conf_dir/trust/ca.crt" "$work/header" "$2" ${3:+"$3"} </dev/null
@@ -928,20 +931,30 @@ take() {
   done <"$work/poll"
 }
 
+# GUESTBACKUP_REQUESTS_ONCE=1: one poll, now, then exit.
 while :; do
+  began=$(date +%s)
   # Only once connected: kopia has the server's session then.
   if [ -s "$state_dir/connected" ]; then
     header
-    if call "$GUESTBACKUP_CLIENT_URL/requests" "$work/poll" 2>"$work/poll.err"; then
+    # The server holds the poll until a request is addressed to this
+    # guest, or for $hold seconds: one connection per hold, and a
+    # request starts within seconds of its listing.
+    call_timeout=$((hold + 60))
+    if call "$GUESTBACKUP_CLIENT_URL/requests?` + clientdist.WaitParam + `=$hold" "$work/poll" 2>"$work/poll.err"; then
       take
     else
       log "cannot ask $GUESTBACKUP_CLIENT_URL for requests: $(tail -n 1 "$work/poll.err")"
     fi
+    call_timeout=60
     rm -f "$work/header" "$work/wgetrc"
   fi
-  # GUESTBACKUP_REQUESTS_ONCE=1: one poll, now, then exit.
   [ "${GUESTBACKUP_REQUESTS_ONCE:-}" = 1 ] && exit 0
-  sleep "$poll"
+  # A held poll ended with a request or its hold: the next goes at once.
+  # One answered sooner (nothing pending from a server that holds no
+  # polls, an error) waits out the poll interval.
+  took=$(($(date +%s) - began))
+  [ "$took" -lt "$poll" ] && sleep $((poll - took))
 done
 `
 

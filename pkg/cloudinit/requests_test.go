@@ -32,6 +32,19 @@ type desk struct {
 	// plans are what the restores restore from, by UID, as the server
 	// pod chooses them.
 	plans map[string][]clientdist.PlanStep
+	// changed wakes the held polls (add closes it); polled counts the
+	// looks of polls at what is pending.
+	changed chan struct{}
+	polled  int
+}
+
+func (d *desk) Changed(string) <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.changed == nil {
+		d.changed = make(chan struct{})
+	}
+	return d.changed
 }
 
 func (d *desk) Plan(_ context.Context, _, uid string) ([]clientdist.PlanStep, error) {
@@ -43,6 +56,7 @@ func (d *desk) Plan(_ context.Context, _, uid string) ([]clientdist.PlanStep, er
 func (d *desk) Pending(user string) ([]userset.Request, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	d.polled++
 	var out []userset.Request
 	for _, r := range d.requests {
 		if r.User == user && !slices.ContainsFunc(d.answers, func(a string) bool {
@@ -70,6 +84,10 @@ func (d *desk) add(r userset.Request) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.requests = append(d.requests, r)
+	if d.changed != nil {
+		close(d.changed)
+		d.changed = nil
+	}
 }
 
 func (d *desk) got() []string {
@@ -100,15 +118,38 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 	}
 	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Client: &client, RequestPoll: 30 * time.Second}
 	box := newSandbox(t, b, tools.Kopia)
-	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_REQUESTS_OFF="+filepath.Join(box.root, RequestsOff))
+	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_REQUEST_HOLD=0", "GUESTBACKUP_REQUESTS_OFF="+filepath.Join(box.root, RequestsOff))
 	if out, err := box.run(ConnectScript); err != nil {
 		t.Fatalf("connect: %v\n%s", err, out)
 	}
 
 	asked := userset.Request{UID: "8c2d0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "before-upgrade",
 		Paths: []string{data, other}, Tags: map[string]string{"why": "the upgrade: 2.0 'now'"}, Description: "before\nthe upgrade"}
+	// The guest's poll finds nothing, and its server holds it: the
+	// request listed meanwhile is its answer.
+	held := *box
+	held.env = append(slices.Clone(box.env), "GUESTBACKUP_REQUEST_HOLD=120")
+	ran := make(chan error, 1)
+	var out string
+	go func() {
+		var err error
+		out, err = held.run(RequestsScript)
+		ran <- err
+	}()
+	for i := 0; ; i++ {
+		d.mu.Lock()
+		polled := d.polled
+		d.mu.Unlock()
+		if polled > 0 {
+			break
+		}
+		if i == 600 {
+			t.Fatal("the guest did not poll within a minute")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	d.add(asked)
-	if out, err := box.run(RequestsScript); err != nil {
+	if err := <-ran; err != nil {
 		t.Fatalf("requests: %v\n%s", err, out)
 	}
 	if got, want := d.got(), []string{asked.UID + " Running ", asked.UID + " Succeeded "}; !slices.Equal(got, want) {
@@ -198,7 +239,7 @@ func TestHooksRunAroundEverySnapshot(t *testing.T) {
 	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Paths: []string{data}, Client: &client, RequestPoll: 30 * time.Second}
 	box := newSandbox(t, b, tools.Kopia)
 	hooks := filepath.Join(box.root, HooksDir)
-	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_HOOKS_DIR="+hooks)
+	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_REQUEST_HOLD=0", "GUESTBACKUP_HOOKS_DIR="+hooks)
 	if out, err := box.run(ConnectScript); err != nil {
 		t.Fatalf("connect: %v\n%s", err, out)
 	}
@@ -280,7 +321,7 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 	write("sub/deeper/c.txt", "first c\n", 0o644)
 	b := Bootstrap{ServerURL: srv.URL, CA: srv.CA.CertPEM(), Username: "web@team-a", Password: password, Generation: 1, Client: &client, RequestPoll: 30 * time.Second}
 	box := newSandbox(t, b, tools.Kopia)
-	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1")
+	box.env = append(box.env, "GUESTBACKUP_REQUESTS_ONCE=1", "GUESTBACKUP_REQUEST_HOLD=0")
 	if out, err := box.run(ConnectScript); err != nil {
 		t.Fatalf("connect: %v\n%s", err, out)
 	}

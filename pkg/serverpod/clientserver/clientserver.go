@@ -42,6 +42,7 @@ import (
 	"os"
 	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -85,6 +86,9 @@ type Requests interface {
 	// the snapshot of each path, chosen when it started; none for a
 	// request of another kind.
 	Plan(ctx context.Context, user, uid string) ([]clientdist.PlanStep, error)
+	// Changed is closed when the requests that may be addressed to user
+	// change: a held poll then looks again.
+	Changed(user string) <-chan struct{}
 }
 
 // Options configure a Server.
@@ -115,6 +119,17 @@ type Options struct {
 	// Grace is the head start a download has over MinRate (TLS handshake,
 	// TCP slow start, a guest busy booting); default 15 s.
 	Grace time.Duration
+	// MaxHeld bounds the polls held at once (clientdist.WaitParam), each
+	// a connection and a goroutine of the pod; beyond, a poll is answered
+	// at once. Default 20,000: two per guest at 10,000 guests.
+	MaxHeld int
+	// MaxHeldPerUser bounds one user's held polls, so that a guest that
+	// opens many cannot take the others' room; default 2 (a guest polls
+	// once at a time, and its previous poll may linger a moment).
+	MaxHeldPerUser int
+	// Done ends every held poll, answered with what is pending: the pod
+	// stops, and its server's shutdown waits for no hold. nil: never.
+	Done <-chan struct{}
 	// Clock stamps reports; nil: the real clock.
 	Clock clock.PassiveClock
 	Log   logr.Logger
@@ -126,7 +141,8 @@ type Server struct {
 	binaries  map[string]*binary
 	status    v1alpha1.ClientStatus
 	downloads chan struct{}
-	// mu guards sources: the downloads in flight per source address.
+	// mu guards sources, the downloads in flight per source address, and
+	// the held polls.
 	mu      sync.Mutex
 	sources map[string]int
 	// logins allows one password check at a time. A check may cost a hash
@@ -135,6 +151,9 @@ type Server struct {
 	// that reports with wrong passwords can take from guests' logins. A
 	// returning guest's check costs no hash, so the slot passes quickly.
 	logins chan struct{}
+	// held counts the polls held, in all and per user (guarded by mu).
+	held        int
+	heldPerUser map[string]int
 }
 
 type binary struct {
@@ -164,12 +183,19 @@ func Open(o Options) (*Server, error) {
 	if o.Clock == nil {
 		o.Clock = clock.RealClock{}
 	}
+	if o.MaxHeld <= 0 {
+		o.MaxHeld = 20_000
+	}
+	if o.MaxHeldPerUser <= 0 {
+		o.MaxHeldPerUser = 2
+	}
 	s := &Server{
 		opts: o, binaries: map[string]*binary{},
-		status:    v1alpha1.ClientStatus{SHA256: map[string]string{}},
-		downloads: make(chan struct{}, o.MaxDownloads),
-		sources:   map[string]int{},
-		logins:    make(chan struct{}, 1),
+		status:      v1alpha1.ClientStatus{SHA256: map[string]string{}},
+		downloads:   make(chan struct{}, o.MaxDownloads),
+		sources:     map[string]int{},
+		logins:      make(chan struct{}, 1),
+		heldPerUser: map[string]int{},
 	}
 	for _, arch := range slices.Sorted(maps.Keys(o.Binaries)) {
 		b, sum, version, err := openBinary(o.Binaries[arch])
@@ -452,25 +478,95 @@ func (s *Server) authenticate(w http.ResponseWriter, r *http.Request) (string, b
 // requests answers a guest's poll with the requests addressed to its own
 // identity, and only those. A returning guest's check costs no hash
 // (Authenticator verifies from memory), so polls from many guests cost
-// the pod little.
+// the pod little. A poll that asks to wait (clientdist.WaitParam) and
+// finds nothing pending is held until a request is addressed to its guest,
+// its wait ends, or the pod stops: one TLS handshake per hold, not per
+// interval, and a request starts within seconds.
 func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 	if s.opts.Authenticator == nil || s.opts.Requests == nil {
 		http.Error(w, "this server carries no requests", http.StatusNotImplemented)
+		return
+	}
+	wait, err := pollWait(r.URL.Query().Get(clientdist.WaitParam))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
 	user, ok := s.authenticate(w, r)
 	if !ok {
 		return
 	}
-	pending, err := s.opts.Requests.Pending(user)
-	if err != nil {
-		s.opts.Log.Error(err, "cannot list a guest's requests", "user", user)
-		w.Header().Set("Retry-After", "30")
-		http.Error(w, "the requests cannot be read now; try again shortly", http.StatusServiceUnavailable)
-		return
+	var timeout <-chan time.Time
+	for {
+		// Taken before Pending reads: a change between the two is not
+		// missed.
+		changed := s.opts.Requests.Changed(user)
+		pending, err := s.opts.Requests.Pending(user)
+		if err != nil {
+			s.opts.Log.Error(err, "cannot list a guest's requests", "user", user)
+			w.Header().Set("Retry-After", "30")
+			http.Error(w, "the requests cannot be read now; try again shortly", http.StatusServiceUnavailable)
+			return
+		}
+		if len(pending) > 0 || wait == 0 {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = w.Write(clientdist.EncodeRequests(pending))
+			return
+		}
+		if timeout == nil {
+			release, held := s.hold(user)
+			if !held {
+				wait = 0 // answered at once, as a poll that asked no wait
+				continue
+			}
+			defer release()
+			t := time.NewTimer(wait)
+			defer t.Stop()
+			timeout = t.C
+		}
+		select {
+		case <-changed:
+		case <-timeout:
+			wait = 0
+		case <-s.opts.Done:
+			wait = 0
+		case <-r.Context().Done():
+			return
+		}
 	}
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	_, _ = w.Write(clientdist.EncodeRequests(pending))
+}
+
+// pollWait is how long a poll asks to be held: v seconds, at most
+// clientdist.MaxPollWait; 0 for none.
+func pollWait(v string) (time.Duration, error) {
+	if v == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		return 0, fmt.Errorf("%s=%q is not a number of seconds", clientdist.WaitParam, v)
+	}
+	return min(time.Duration(n)*time.Second, clientdist.MaxPollWait), nil
+}
+
+// hold takes a slot for user's held poll; false when the pod holds as
+// many polls as it may, in all or of that user.
+func (s *Server) hold(user string) (release func(), ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held >= s.opts.MaxHeld || s.heldPerUser[user] >= s.opts.MaxHeldPerUser {
+		return nil, false
+	}
+	s.held++
+	s.heldPerUser[user]++
+	return func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.held--
+		if s.heldPerUser[user]--; s.heldPerUser[user] == 0 {
+			delete(s.heldPerUser, user)
+		}
+	}, true
 }
 
 // result takes where a guest is with one of its own requests.

@@ -471,6 +471,27 @@ type desk struct {
 	mu       sync.Mutex
 	requests []userset.Request
 	results  []string
+	changed  chan struct{}
+}
+
+// add lists r too, and wakes the held polls.
+func (d *desk) add(r userset.Request) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.requests = append(d.requests, r)
+	if d.changed != nil {
+		close(d.changed)
+		d.changed = nil
+	}
+}
+
+func (d *desk) Changed(string) <-chan struct{} {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.changed == nil {
+		d.changed = make(chan struct{})
+	}
+	return d.changed
 }
 
 func (d *desk) Authenticate(user, password string) bool {
@@ -480,6 +501,8 @@ func (d *desk) Authenticate(user, password string) bool {
 func (d *desk) Report(string, activity.Report) {}
 
 func (d *desk) Pending(user string) ([]userset.Request, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	var out []userset.Request
 	for _, r := range d.requests {
 		if r.User == user {
@@ -490,7 +513,10 @@ func (d *desk) Pending(user string) ([]userset.Request, error) {
 }
 
 func (d *desk) Result(_ context.Context, user, uid, phase, message string) error {
-	for _, r := range d.requests {
+	d.mu.Lock()
+	requests := slices.Clone(d.requests)
+	d.mu.Unlock()
+	for _, r := range requests {
 		if r.User == user && r.UID == uid {
 			d.mu.Lock()
 			defer d.mu.Unlock()
@@ -559,5 +585,93 @@ func TestRequestsAreTheGuestsOwn(t *testing.T) {
 	}
 	if want := []string{"web@team-a " + web.UID + " Succeeded done at last"}; !slices.Equal(d.results, want) {
 		t.Errorf("results recorded: %q, want %q", d.results, want)
+	}
+}
+
+// A poll that asks to wait is held until a request is addressed to its
+// guest, its wait ends, or the pod stops; a guest holds no more than its
+// share, and a wait that is no number is refused.
+func TestHeldPolls(t *testing.T) {
+	tools := testbed.MustTools(t)
+	d := &desk{}
+	done := make(chan struct{})
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": tools.Kopia}, Authenticator: d, Reporter: d, Requests: d, Done: done})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	type answer struct {
+		code int
+		body string
+	}
+	poll := func(user, wait string) <-chan answer {
+		out := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, ts.URL+clientdist.RequestsPath+"?"+clientdist.WaitParam+"="+wait, nil)
+			req.SetBasicAuth(user, "pw-of-"+user+"-0123456789")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				out <- answer{code: -1, body: err.Error()}
+				return
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			out <- answer{resp.StatusCode, string(body)}
+		}()
+		return out
+	}
+	held := func(user string) int {
+		srv.mu.Lock()
+		defer srv.mu.Unlock()
+		return srv.heldPerUser[user]
+	}
+	// holding waits, boundedly, until the server holds n polls of user.
+	holding := func(user string, n int) {
+		t.Helper()
+		for i := 0; held(user) != n; i++ {
+			if i == 500 {
+				t.Fatalf("the server holds %d polls of %s, want %d", held(user), user, n)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	web := userset.Request{UID: "5d1e0000-0000-4000-8000-000000000003", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "now", Paths: []string{"/srv"}}
+	db := userset.Request{UID: "5d1e0000-0000-4000-8000-000000000004", User: "db@team-a", Kind: userset.RequestSnapshot, Name: "now", Paths: []string{"/var/lib/db"}}
+
+	first := poll("web@team-a", "240")
+	holding("web@team-a", 1)
+	// Another guest's request wakes it: it finds nothing of its own, and
+	// waits on (its answer, below, is its own request).
+	d.add(db)
+	second := poll("web@team-a", "240")
+	holding("web@team-a", 2)
+	if a := <-poll("web@team-a", "240"); a.code != http.StatusOK || a.body != "" {
+		t.Errorf("a third held poll of one guest: %d %q, want an empty answer at once", a.code, a.body)
+	}
+	d.add(web)
+	want := string(clientdist.EncodeRequests([]userset.Request{web}))
+	for _, p := range []<-chan answer{first, second} {
+		if a := <-p; a.code != http.StatusOK || a.body != want {
+			t.Errorf("a held poll, once a request is addressed to its guest: %d %q, want %q", a.code, a.body, want)
+		}
+	}
+	holding("web@team-a", 0)
+
+	if a := <-poll("web@team-a", "240"); a.body != want {
+		t.Errorf("a poll that finds a request pending is answered at once: %q", a.body)
+	}
+	if a := <-poll("nobody@team-a", "1"); a.code != http.StatusOK || a.body != "" {
+		t.Errorf("a held poll whose wait ends: %d %q, want an empty answer", a.code, a.body)
+	}
+	if a := <-poll("web@team-a", "soon"); a.code != http.StatusBadRequest {
+		t.Errorf("a wait that is no number: %d, want 400", a.code)
+	}
+	stopping := poll("other@team-a", "240")
+	holding("other@team-a", 1)
+	close(done)
+	if a := <-stopping; a.code != http.StatusOK || a.body != "" {
+		t.Errorf("a held poll when the pod stops: %d %q, want an empty answer", a.code, a.body)
 	}
 }

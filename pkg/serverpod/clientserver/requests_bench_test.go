@@ -8,6 +8,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +31,26 @@ import (
 type verified struct {
 	verifier *logins.Verifier
 	hashes   map[string]identity.Hash
+
+	mu      sync.Mutex
+	listed  map[string][]userset.Request
+	changed chan struct{}
+}
+
+// list addresses one request to each of users, and wakes the held polls.
+func (v *verified) list(users []string) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.listed == nil {
+		v.listed = map[string][]userset.Request{}
+	}
+	for i, user := range users {
+		v.listed[user] = []userset.Request{{UID: fmt.Sprintf("5d1e0000-0000-4000-8000-%012d", i), User: user, Kind: userset.RequestSnapshot, Name: "now", Paths: []string{"/srv"}}}
+	}
+	if v.changed != nil {
+		close(v.changed)
+		v.changed = nil
+	}
 }
 
 func (v *verified) Authenticate(user, password string) bool {
@@ -37,7 +62,20 @@ func (v *verified) Authenticate(user, password string) bool {
 	return err == nil && ok
 }
 
-func (v *verified) Pending(user string) ([]userset.Request, error) { return nil, nil }
+func (v *verified) Pending(user string) ([]userset.Request, error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.listed[user], nil
+}
+
+func (v *verified) Changed(string) <-chan struct{} {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.changed == nil {
+		v.changed = make(chan struct{})
+	}
+	return v.changed
+}
 
 func (v *verified) Result(context.Context, string, string, string, string) error {
 	return ErrUnknownRequest
@@ -144,4 +182,78 @@ func BenchmarkRequestPolls(b *testing.B) {
 	perPoll := (cpu(b) - start) / time.Duration(n*count)
 	b.ReportMetric(float64(perPoll.Microseconds()), "server-cpu-µs/poll")
 	b.ReportMetric(100*10000/30*perPoll.Seconds(), "core-%-10k-guests-30s")
+
+	// Held polls, as guests make them (clientdist.WaitParam): one per
+	// guest at a time, each held until a request is listed for it. What
+	// one costs the server, handshake, hold and answer, is what a guest
+	// costs per MaxPollWait when no request comes; the time from the
+	// listing to each curl's answer is a request's wait for its guest,
+	// past the controller and the users Secret's watch.
+	const held = 50
+	users := make([]string, held)
+	for i := range users {
+		users[i] = fmt.Sprintf("vm-%d@team-a", i)
+	}
+	// One shell starts the curls, so that this process's CPU is the
+	// server's, not that of starting processes; each curl's answer is
+	// stamped by date, in nanoseconds since the epoch.
+	script := ""
+	for i, user := range users {
+		header := filepath.Join(dir, "held-"+user)
+		auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + passwords[user]))
+		if err := os.WriteFile(header, []byte("Authorization: Basic "+auth+"\n"), 0o600); err != nil {
+			b.Fatal(err)
+		}
+		script += fmt.Sprintf("(curl -fsS --http1.1 --max-time 300 --cacert %s -H @%s -o /dev/null '%s?%s=240' && date +%%s%%N >%s) &\n",
+			caFile, header, url, clientdist.WaitParam, filepath.Join(dir, fmt.Sprintf("answered-%d", i)))
+	}
+	inUse := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse + m.StackInuse
+	}
+	idle := inUse()
+	before := cpu(b)
+	shell := exec.Command("sh", "-c", script+"wait")
+	if err := shell.Start(); err != nil {
+		b.Fatal(err)
+	}
+	for i := 0; ; i++ {
+		srv.mu.Lock()
+		n := srv.held
+		srv.mu.Unlock()
+		if n == held {
+			break
+		}
+		if i == 3000 {
+			b.Fatalf("the server holds %d of %d polls after 30 s", n, held)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	perConn := float64(inUse()-idle) / held
+	listed := time.Now()
+	v.list(users)
+	if err := shell.Wait(); err != nil {
+		b.Fatalf("held polls: %v", err)
+	}
+	perHeld := (cpu(b) - before) / held
+	waits := make([]time.Duration, 0, held)
+	for i := range held {
+		stamp, err := os.ReadFile(filepath.Join(dir, fmt.Sprintf("answered-%d", i)))
+		if err != nil {
+			b.Fatalf("held poll of %s: no answer: %v", users[i], err)
+		}
+		ns, err := strconv.ParseInt(strings.TrimSpace(string(stamp)), 10, 64)
+		if err != nil {
+			b.Fatal(err)
+		}
+		waits = append(waits, time.Unix(0, ns).Sub(listed))
+	}
+	slices.Sort(waits)
+	b.ReportMetric(float64(perHeld.Microseconds()), "server-cpu-µs/held-poll")
+	b.ReportMetric(perConn/1024, "server-KiB/held-poll")
+	b.ReportMetric(100*10000/clientdist.MaxPollWait.Seconds()*perHeld.Seconds(), "core-%-10k-guests-held")
+	b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "listed-to-answered-p50-ms")
+	b.ReportMetric(float64(waits[len(waits)*95/100].Microseconds())/1000, "listed-to-answered-p95-ms")
 }

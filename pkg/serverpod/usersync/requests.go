@@ -7,8 +7,10 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 
@@ -41,6 +43,49 @@ func (s *Syncer) Pending(user string) ([]userset.Request, error) {
 	requests = slices.DeleteFunc(requests, func(r userset.Request) bool { return s.ended[r.UID] || r.DryRun })
 	slices.SortFunc(requests, userset.Oldest)
 	return requests, nil
+}
+
+// Changed is closed when the requests the users Secret of user's shard
+// lists change: a poll held for user looks again (clientserver).
+func (s *Syncer) Changed(user string) <-chan struct{} {
+	return s.polls.of(userset.ShardOf(user))
+}
+
+// shardSignals tell, per shard, that the requests its users Secret lists
+// changed: each signal closes the shard's channel, which the next of
+// replaces. Its zero value is ready.
+type shardSignals struct {
+	mu sync.Mutex
+	ch [userset.Shards]chan struct{}
+}
+
+// of is shard's channel, closed at its next signal.
+func (c *shardSignals) of(shard int) <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch[shard] == nil {
+		c.ch[shard] = make(chan struct{})
+	}
+	return c.ch[shard]
+}
+
+// signal closes shard's channel.
+func (c *shardSignals) signal(shard int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ch[shard] != nil {
+		close(c.ch[shard])
+		c.ch[shard] = nil
+	}
+}
+
+// requestsOf is what users Secret o (an informer's object) lists as
+// requests.
+func requestsOf(o any) string {
+	if s, ok := o.(*corev1.Secret); ok {
+		return string(s.Data[userset.RequestsKey])
+	}
+	return ""
 }
 
 // listedRequests are the requests the users Secret of user's shard

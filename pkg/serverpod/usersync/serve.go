@@ -258,13 +258,15 @@ func startMaintenance(ctx context.Context, o ServeOptions) (stop func(), err err
 // reports, authenticated and kept by syncer) on the client port, and
 // publishes what it serves for the BSLS's status until that succeeds.
 func serveClient(ctx context.Context, o ServeOptions, syncer *Syncer) (stop func(), err error) {
+	ctx, cancel := context.WithCancel(ctx)
 	srv, err := clientserver.Open(clientserver.Options{
 		Binaries: o.ClientPort.Binaries, Authenticator: syncer, Reporter: syncer, Requests: syncer, Log: o.Log.WithName("client"),
+		Done: ctx.Done(),
 	})
 	if err != nil {
+		cancel()
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() {

@@ -266,6 +266,9 @@ type Syncer struct {
 	// the repository.
 	ended     map[string]bool
 	verifying sync.Mutex
+	// polls wakes the polls held for a shard's guests when its users
+	// Secret's requests change.
+	polls shardSignals
 	// seenListed are the requests the users Secrets listed at some
 	// publish, by "user uid", for as long as the process lives (a request
 	// is a line of a Secret; they are few).
@@ -871,9 +874,14 @@ func (s *Syncer) watchShards(ctx context.Context) (corelisters.SecretNamespaceLi
 		}
 		informer := cache.NewSharedIndexInformer(lw, &corev1.Secret{}, 0, cache.Indexers{})
 		if _, err := informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(any) { s.poke() },
-			UpdateFunc: func(any, any) { s.poke() },
-			DeleteFunc: func(any) { s.poke() },
+			AddFunc: func(any) { s.poke(); s.polls.signal(shard) },
+			UpdateFunc: func(old, o any) {
+				s.poke()
+				if requestsOf(old) != requestsOf(o) {
+					s.polls.signal(shard)
+				}
+			},
+			DeleteFunc: func(any) { s.poke(); s.polls.signal(shard) },
 		}); err != nil {
 			return nil, stop, fmt.Errorf("watch users Secret %s: %w", name, err)
 		}
