@@ -742,9 +742,14 @@ with open(sys.argv[4], "wb") as f:
 
 # answer UID PHASE MESSAGE [OUT] tells the server where this guest is with
 # a request, keeping its answer in file OUT; the last ending it told is in
-# $work/answered, for the owner.
+# $work/answered, for the owner. An ending is kept in $work/ended/UID
+# before it is told: one the server did not hear is told again when the
+# request is listed again (take), and the request is not carried out twice.
 answer() {
   printf '%s' "$3" >"$work/answer.txt"
+  if [ "$2" != Running ]; then
+    mkdir -p "$work/ended" && printf '%s\n%s' "$2" "$3" >"$work/ended/$1"
+  fi
   if ! call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=$2" "${4:-/dev/null}" "$work/answer.txt" 2>"$work/answer.err"; then
     log "could not tell the server that request $1 is $2: $(tail -n 1 "$work/answer.err")"
     return 1
@@ -752,6 +757,24 @@ answer() {
   [ "$2" = Running ] && return 0
   echo "$1 $2" >"$work/answered"
   log "answered request $1: $2"
+}
+
+# told_again UID tells the server again the ending this guest kept for
+# request UID, if it kept one: the request ended here, and is not carried
+# out again.
+told_again() {
+  [ -f "$work/ended/$1" ] || return 1
+  log "request $1 ended here already: telling the server again"
+  answer "$1" "$(head -n 1 "$work/ended/$1")" "$(tail -n +2 "$work/ended/$1")" || :
+}
+
+# forget_told forgets the endings of requests the server no longer lists:
+# it heard them.
+forget_told() {
+  for f in "$work"/ended/*; do
+    [ -f "$f" ] || continue
+    grep -q "^request ${f##*/} " "$work/poll" || rm -f "$f"
+  done
 }
 
 # snapshot UID NAME snapshots the paths in $work/paths, each with the
@@ -913,6 +936,8 @@ take() {
     case $word in
     request)
       uid=$arg kind=${rest%% *} name=${rest#* } target="" in_place=""
+      # A UID names a file below: the server sends UIDs only.
+      case $uid in *[!0-9a-f-]* | "") uid=invalid ;; esac
       : >"$work/paths" && : >"$work/tags" && : >"$work/description"
       ;;
     path) { printf '%s' "$arg" | base64 -d && echo; } >>"$work/paths" ;;
@@ -921,6 +946,8 @@ take() {
     target) target=$(printf '%s' "$arg" | base64 -d) ;;
     in-place) in_place=1 ;;
     end)
+      [ "$uid" = invalid ] && continue
+      told_again "$uid" && continue
       case $kind in
       ` + userset.RequestSnapshot + `) snapshot "$uid" "$name" ;;
       ` + userset.RequestRestore + `) restore "$uid" "$name" ;;
@@ -943,6 +970,7 @@ while :; do
     call_timeout=$((hold + 60))
     if call "$GUESTBACKUP_CLIENT_URL/requests?` + clientdist.WaitParam + `=$hold" "$work/poll" 2>"$work/poll.err"; then
       take
+      forget_told
     else
       log "cannot ask $GUESTBACKUP_CLIENT_URL for requests: $(tail -n 1 "$work/poll.err")"
     fi

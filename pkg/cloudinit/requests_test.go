@@ -3,6 +3,7 @@ package cloudinit
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,6 +37,9 @@ type desk struct {
 	// looks of polls at what is pending.
 	changed chan struct{}
 	polled  int
+	// lose is how many endings to fail to record, as a server whose
+	// ConfigMap cannot be written now.
+	lose int
 }
 
 func (d *desk) Changed(string) <-chan struct{} {
@@ -73,6 +77,10 @@ func (d *desk) Result(_ context.Context, user, uid, phase, message string) error
 	defer d.mu.Unlock()
 	for _, r := range d.requests {
 		if r.User == user && r.UID == uid && !d.withdrawn[uid] {
+			if phase != "Running" && d.lose > 0 {
+				d.lose--
+				return errors.New("the activity cannot be recorded now")
+			}
 			d.answers = append(d.answers, uid+" "+phase+" "+message)
 			return nil
 		}
@@ -200,6 +208,38 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 		t.Errorf("a withdrawn request took snapshots: %v %v", taken, err)
 	}
 
+	// An ending the server did not hear is told again when the request is
+	// listed again, and the request is not carried out twice.
+	lost := userset.Request{UID: "8c2d0000-0000-4000-8000-000000000008", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "lost", Paths: []string{data}}
+	d.mu.Lock()
+	d.lose = 1
+	d.mu.Unlock()
+	d.add(lost)
+	ended := filepath.Join(box.root, StateDir, "requests", "ended", lost.UID)
+	for i := range 2 {
+		if out, err := box.run(RequestsScript); err != nil {
+			t.Fatalf("requests: %v\n%s", err, out)
+		}
+		if _, err := os.Stat(ended); i == 0 && err != nil {
+			t.Fatalf("the ending the server did not hear is not kept: %v", err)
+		}
+	}
+	if got := d.got(); !slices.Equal(got[len(got)-2:], []string{lost.UID + " Running ", lost.UID + " Succeeded "}) {
+		t.Errorf("answers %q, want the lost request started once and its ending told again", got)
+	}
+	if err := r.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if taken, err := activityscan.RequestSnapshots(ctx, r, "web@team-a", lost.UID); err != nil || len(taken) != 1 {
+		t.Errorf("the request whose ending was lost took %d snapshots (%v), want 1", len(taken), err)
+	}
+	if out, err := box.run(RequestsScript); err != nil {
+		t.Fatalf("requests: %v\n%s", err, out)
+	}
+	if kept, _ := filepath.Glob(filepath.Join(box.root, StateDir, "requests", "ended", "*")); len(kept) != 0 {
+		t.Errorf("endings the server heard are kept: %v", kept)
+	}
+
 	if err := os.WriteFile(filepath.Join(box.root, RequestsOff), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -211,7 +251,7 @@ func TestRequestsScriptTakesTheSnapshotsAskedFor(t *testing.T) {
 	if out, err := box.run(RequestsScript); err != nil {
 		t.Fatalf("requests: %v\n%s", err, out)
 	}
-	if got := d.got(); len(got) != 3 || !strings.HasPrefix(got[2], refused.UID+" Failed remote requests are turned off in this guest") {
+	if got := d.got(); len(got) != 5 || !strings.HasPrefix(got[4], refused.UID+" Failed remote requests are turned off in this guest") {
 		t.Fatalf("answers %q, want the request refused by the off switch", got)
 	}
 	if err := r.Refresh(ctx); err != nil {
