@@ -76,6 +76,28 @@ func Newest(user string, snapshots []Snapshot) []Snapshot {
 	return out
 }
 
+// MaxCatalogueShardBytes bounds a catalogue ConfigMap's content, under
+// the 1 MiB a ConfigMap may hold: a shard that holds more guests than
+// CatalogueShards plans for (tenants may name their VMs into one) lists
+// fewer snapshots of each, never none of some.
+const MaxCatalogueShardBytes = 900 << 10
+
+// FitCatalogues is EncodeCatalogues of catalogues, each cut to its newest
+// snapshots as far as the shard needs to fit MaxCatalogueShardBytes (one
+// each at least); a shard of so many guests that one each does not fit
+// is left to the API server to refuse.
+func FitCatalogues(catalogues map[string][]Snapshot) []byte {
+	data := EncodeCatalogues(catalogues)
+	for keep := v1alpha1.MaxRecentSnapshots - 1; len(data) > MaxCatalogueShardBytes && keep >= 1; keep-- {
+		cut := make(map[string][]Snapshot, len(catalogues))
+		for user, snaps := range catalogues {
+			cut[user] = snaps[:min(len(snaps), keep)]
+		}
+		data = EncodeCatalogues(cut)
+	}
+	return data
+}
+
 // EncodeCatalogues renders the catalogues of guests, by user, as JSON
 // lines sorted by user, so unchanged catalogues give an unchanged
 // ConfigMap.

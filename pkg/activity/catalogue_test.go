@@ -95,3 +95,41 @@ func TestCataloguesRoundTrip(t *testing.T) {
 		t.Errorf("a malformed catalogue: %v", err)
 	}
 }
+
+// A shard that holds more guests than planned (a tenant may name its VMs
+// into one) fits a ConfigMap all the same: each guest keeps its newest
+// snapshots, fewer of them, and none loses all.
+func TestFitCatalogues(t *testing.T) {
+	end := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	catalogues := map[string][]Snapshot{}
+	for g := range 700 {
+		user := fmt.Sprintf("vm-%04d@team-a", g)
+		var snaps []Snapshot
+		for i := range v1alpha1.MaxRecentSnapshots {
+			snaps = append(snaps, Snapshot{ID: fmt.Sprintf("%016x%016x", g, i), Path: "/var/lib/guestbackup/some/quite/long/path",
+				Start: end.Add(-time.Duration(i) * time.Hour), End: end.Add(-time.Duration(i) * time.Hour), Bytes: 1 << 40, Files: 1 << 30})
+		}
+		catalogues[user] = Newest(user, snaps)
+	}
+	if whole := EncodeCatalogues(catalogues); len(whole) <= MaxCatalogueShardBytes {
+		t.Fatalf("the spec wants a shard over the bound: %d bytes", len(whole))
+	}
+	data := FitCatalogues(catalogues)
+	if len(data) > MaxCatalogueShardBytes {
+		t.Errorf("the shard takes %d bytes, more than %d", len(data), MaxCatalogueShardBytes)
+	}
+	fitted, err := DecodeCatalogues(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for user, snaps := range catalogues {
+		got := fitted[user]
+		if len(got) == 0 || got[0].ID != snaps[0].ID {
+			t.Fatalf("%s keeps %v, want its newest first", user, got)
+		}
+	}
+	small := map[string][]Snapshot{"web@team-a": catalogues["vm-0000@team-a"]}
+	if got, want := FitCatalogues(small), EncodeCatalogues(small); !slices.Equal(got, want) {
+		t.Error("a shard within the bound is cut")
+	}
+}

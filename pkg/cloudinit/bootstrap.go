@@ -969,6 +969,7 @@ while :; do
     # request starts within seconds of its listing.
     call_timeout=$((hold + 60))
     if call "$GUESTBACKUP_CLIENT_URL/requests?` + clientdist.WaitParam + `=$hold" "$work/poll" 2>"$work/poll.err"; then
+      call_timeout=60
       take
       forget_told
     else
@@ -978,11 +979,16 @@ while :; do
     rm -f "$work/header" "$work/wgetrc"
   fi
   [ "${GUESTBACKUP_REQUESTS_ONCE:-}" = 1 ] && exit 0
-  # A held poll ended with a request or its hold: the next goes at once.
-  # One answered sooner (nothing pending from a server that holds no
-  # polls, an error) waits out the poll interval.
+  # A poll held for its whole hold, or one whose requests took longer
+  # than the poll interval, is followed at once. One answered sooner
+  # (nothing pending from a server that holds no polls, an error, a
+  # request quickly done) waits out the poll interval. A clock stepped
+  # back counts as no time.
   took=$(($(date +%s) - began))
-  [ "$took" -lt "$poll" ] && sleep $((poll - took))
+  [ "$took" -lt 0 ] && took=0
+  if [ "$took" -lt "$poll" ] && { [ "$hold" -eq 0 ] || [ "$took" -lt "$hold" ]; }; then
+    sleep $((poll - took))
+  fi
 done
 `
 

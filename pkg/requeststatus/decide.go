@@ -210,7 +210,7 @@ func Decide(in Inputs) Decision {
 			d.Status.Files, d.Status.Bytes = 0, 0
 			d.Status.History = history(res.History)
 			d.Status.Message = fmt.Sprintf("listed %d versions of %s, newest first; nothing was written", len(d.Status.History), r.Path)
-			d.Events = append(d.Events, Event{"Normal", ReasonRestoreListed, fmt.Sprintf("%s listed the versions of %s: %d snapshots hold it", asked, r.Path, len(d.Status.History))})
+			d.Events = append(d.Events, Event{"Normal", ReasonRestoreListed, fmt.Sprintf("%s listed the versions of %s: %d, newest first", asked, r.Path, len(d.Status.History))})
 		case d.Status.Phase == v1alpha1.PhaseSucceeded && r.DryRun:
 			// A dry run writes nothing: what it counts is what a restore
 			// would write.

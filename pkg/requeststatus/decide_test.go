@@ -245,7 +245,7 @@ func TestDecideRestore(t *testing.T) {
 					{ID: "k2", Start: started.Add(-time.Hour), Type: "file", Size: 20, ModTime: started.Add(-time.Hour)},
 				}})},
 			phase: v1alpha1.PhaseSucceeded, message: "listed 2 versions of /etc/nginx/nginx.conf, newest first; nothing was written",
-			events: "Normal RestoreListed Restore requested by alice (nginx-config) listed the versions of /etc/nginx/nginx.conf: 2 snapshots hold it",
+			events: "Normal RestoreListed Restore requested by alice (nginx-config) listed the versions of /etc/nginx/nginx.conf: 2, newest first",
 		},
 		"failed in the guest: nothing counted as written": {
 			restore: restoreOf(v1alpha1.PhaseRunning, same),

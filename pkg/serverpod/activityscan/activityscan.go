@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -182,10 +183,16 @@ func (s *Scanner) catalogue(ctx context.Context, r repo.Repository, top map[stri
 		for _, e := range entries {
 			snap, ok := known[string(e.ID)]
 			if !ok {
-				var err error
-				if snap, err = readSnapshot(ctx, r, user, e.ID); err != nil {
+				m, err := readManifest(ctx, r, user, e.ID)
+				if err != nil {
 					return changed, err
 				}
+				if m.IncompleteReason != "" {
+					// A checkpoint, or a snapshot its guest cancelled:
+					// nothing to restore from.
+					continue
+				}
+				snap = snapshotOf(e.ID, m)
 			}
 			snaps = append(snaps, snap)
 		}
@@ -197,16 +204,30 @@ func (s *Scanner) catalogue(ctx context.Context, r repo.Repository, top map[stri
 
 // readSnapshot reads manifest id of user as an activity.Snapshot.
 func readSnapshot(ctx context.Context, r repo.Repository, user string, id manifest.ID) (activity.Snapshot, error) {
+	m, err := readManifest(ctx, r, user, id)
+	if err != nil {
+		return activity.Snapshot{}, err
+	}
+	return snapshotOf(id, m), nil
+}
+
+// readManifest reads snapshot manifest id of user.
+func readManifest(ctx context.Context, r repo.Repository, user string, id manifest.ID) (*snapshot.Manifest, error) {
 	var m snapshot.Manifest
 	if _, err := r.GetManifest(ctx, id, &m); err != nil {
-		return activity.Snapshot{}, fmt.Errorf("read snapshot %s of %s: %w", id, user, err)
+		return nil, fmt.Errorf("read snapshot %s of %s: %w", id, user, err)
 	}
-	files, bytes := contents(&m)
+	return &m, nil
+}
+
+// snapshotOf is manifest m, of ID id, as an activity.Snapshot.
+func snapshotOf(id manifest.ID, m *snapshot.Manifest) activity.Snapshot {
+	files, bytes := contents(m)
 	return activity.Snapshot{
 		ID: string(id), Path: m.Source.Path,
 		Start: m.StartTime.ToTime().UTC(), End: m.EndTime.ToTime().UTC(),
 		Bytes: bytes, Files: files,
-	}, nil
+	}
 }
 
 // contents is how many files a snapshot holds, and their size. Its root's
@@ -238,8 +259,9 @@ func (s *Scanner) PublishCatalogues(ctx context.Context, configMaps corev1client
 			shards[activity.CatalogueShardOf(user)][user] = c.published
 		}
 	}
+	var errs []error
 	for shard, catalogues := range shards {
-		data := activity.EncodeCatalogues(catalogues)
+		data := activity.FitCatalogues(catalogues)
 		if s.cataloguesWritten[shard] != nil && bytes.Equal(data, s.cataloguesWritten[shard]) {
 			continue
 		}
@@ -262,11 +284,13 @@ func (s *Scanner) PublishCatalogues(ctx context.Context, configMaps corev1client
 			return nil
 		})
 		if err != nil {
-			return err
+			// The other shards are written all the same.
+			errs = append(errs, err)
+			continue
 		}
 		s.cataloguesWritten[shard] = append([]byte{}, data...)
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // Report records a guest's report in its activity; it is published with

@@ -149,3 +149,31 @@ func TestContents(t *testing.T) {
 		})
 	}
 }
+
+// A checkpoint, or a snapshot its guest cancelled, is nothing to restore
+// from: the catalogue leaves it out.
+func TestScannerCataloguesLeaveIncompleteOut(t *testing.T) {
+	ctx := context.Background()
+	r := testbed.NewRepository(t)
+	t0 := time.Date(2026, 11, 23, 2, 0, 0, 0, time.UTC)
+	snap(t, r, "web", "team-a", "/etc", t0, 100)
+	err := repo.WriteSession(ctx, r, repo.WriteSessionOptions{}, func(ctx context.Context, w repo.RepositoryWriter) error {
+		_, err := snapshot.SaveSnapshot(ctx, w, &snapshot.Manifest{
+			Source:           snapshot.SourceInfo{Host: "team-a", UserName: "web", Path: "/etc"},
+			StartTime:        fs.UTCTimestamp(t0.Add(time.Hour).UnixNano()),
+			EndTime:          fs.UTCTimestamp(t0.Add(time.Hour + time.Second).UnixNano()),
+			IncompleteReason: "canceled",
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := New()
+	if _, err := s.Scan(ctx, r); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.catalogues["web@team-a"].published; len(got) != 1 || got[0].Bytes != 100 {
+		t.Errorf("web's catalogue %+v, want its complete snapshot only", got)
+	}
+}

@@ -546,7 +546,7 @@ func pollWait(v string) (time.Duration, error) {
 	if err != nil || n < 0 {
 		return 0, fmt.Errorf("%s=%q is not a number of seconds", clientdist.WaitParam, v)
 	}
-	return min(time.Duration(n)*time.Second, clientdist.MaxPollWait), nil
+	return time.Duration(min(n, int(clientdist.MaxPollWait/time.Second))) * time.Second, nil
 }
 
 // hold takes a slot for user's held poll; false when the pod holds as

@@ -97,11 +97,60 @@ func (s *Syncer) listedRequests(user string) ([]userset.Request, error) {
 	s.mu.Lock()
 	lister := s.lister
 	s.mu.Unlock()
-	all, err := shardRequests(lister, s.opts.BSLS, userset.ShardOf(user))
+	all, err := s.decoded.of(lister, s.opts.BSLS, userset.ShardOf(user))
 	if err != nil {
 		return nil, err
 	}
-	return slices.DeleteFunc(all, func(r userset.Request) bool { return r.User != user }), nil
+	var own []userset.Request
+	for _, r := range all {
+		if r.User == user {
+			own = append(own, r)
+		}
+	}
+	return own, nil
+}
+
+// requestsCache keeps each users Secret's requests as last decoded, by the
+// Secret's version: every poll of a shard's guests reads them, and a
+// change of them wakes every poll the shard's guests hold at once.
+type requestsCache struct {
+	mu sync.Mutex
+	by map[string]decodedRequests
+}
+
+type decodedRequests struct {
+	version  string
+	requests []userset.Request
+}
+
+// of is what shardRequests returns, decoded once per version of the
+// Secret. The slice is shared: read it only.
+func (c *requestsCache) of(lister corelisters.SecretNamespaceLister, bsls string, shard int) ([]userset.Request, error) {
+	if lister == nil {
+		return nil, errNotSynced
+	}
+	name := userset.SecretName(bsls, shard)
+	secret, err := lister.Get(name)
+	if err != nil {
+		return nil, fmt.Errorf("users Secret %s: %w", name, err)
+	}
+	c.mu.Lock()
+	d, ok := c.by[name]
+	c.mu.Unlock()
+	if ok && d.version == secret.ResourceVersion && d.version != "" {
+		return d.requests, nil
+	}
+	requests, err := secretRequests(secret)
+	if err != nil {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string]decodedRequests{}
+	}
+	c.by[name] = decodedRequests{version: secret.ResourceVersion, requests: requests}
+	return requests, nil
 }
 
 // shardRequests are the requests the users Secret of shard lists.
@@ -114,9 +163,14 @@ func shardRequests(lister corelisters.SecretNamespaceLister, bsls string, shard 
 	if err != nil {
 		return nil, fmt.Errorf("users Secret %s: %w", name, err)
 	}
+	return secretRequests(secret)
+}
+
+// secretRequests are the requests users Secret secret lists.
+func secretRequests(secret *corev1.Secret) ([]userset.Request, error) {
 	requests, err := userset.DecodeRequests(secret.Data[userset.RequestsKey])
 	if err != nil {
-		return nil, fmt.Errorf("users Secret %s, key %s: %w", name, userset.RequestsKey, err)
+		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.RequestsKey, err)
 	}
 	return requests, nil
 }
@@ -261,6 +315,8 @@ func (s *Syncer) planRestore(ctx context.Context, r userset.Request, res *activi
 	case ctx.Err() != nil:
 		// The guest went, or the pod stops: nothing is decided.
 		return ctx.Err()
+	case errors.Is(bounded.Err(), context.DeadlineExceeded) && r.History:
+		err, refused = nil, restoreRefusal(fmt.Sprintf("listing the versions took longer than %s: list those of fewer snapshots (snapshot.before)", planTimeout))
 	case errors.Is(bounded.Err(), context.DeadlineExceeded):
 		err, refused = nil, restoreRefusal(fmt.Sprintf("choosing and checking what to restore took longer than %s: restore fewer or smaller paths", planTimeout))
 	case err != nil:

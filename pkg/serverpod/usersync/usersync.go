@@ -267,8 +267,9 @@ type Syncer struct {
 	ended     map[string]bool
 	verifying sync.Mutex
 	// polls wakes the polls held for a shard's guests when its users
-	// Secret's requests change.
-	polls shardSignals
+	// Secret's requests change; decoded keeps what they list.
+	polls   shardSignals
+	decoded requestsCache
 	// seenListed are the requests the users Secrets listed at some
 	// publish, by "user uid", for as long as the process lives (a request
 	// is a line of a Secret; they are few).
@@ -1031,9 +1032,11 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	if keep != nil {
 		s.asked = asked
 	}
-	// After the guests' activity, which no dry run may hold up.
+	// The catalogues right after the activity, which the audit reads
+	// with them, and both before the dry runs, which none may hold up.
+	err = s.activity.PublishCatalogues(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 	s.carryDryRuns(ctx, lister)
-	return s.activity.PublishCatalogues(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
+	return err
 }
 
 // measureRepository measures the repository's storage and index for
