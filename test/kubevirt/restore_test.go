@@ -2,7 +2,9 @@ package kubevirt
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"maps"
 	"os"
@@ -242,9 +244,11 @@ write_files:
     /usr/local/sbin/guide
     say "fromold $(cat /srv/data/report-from-old.txt)"
     i=0
-    while [ $i -lt 300 ] && ! journalctl --no-pager -u guestbackup-requests | grep -q 'answered request'; do sleep 2; i=$((i+2)); done
+    while [ $i -lt 300 ] && [ "$(journalctl --no-pager -u guestbackup-requests | grep -c 'answered request')" -lt 2 ]; do sleep 2; i=$((i+2)); done
     say "answered $(journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request //p' | head -n 1)"
+    say "answered-second $(journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request //p' | sed -n 2p)"
     say "cluster-fromold $(cat /var/lib/guestbackup/restores/new-from-old/srv/data/report.txt)"
+    say "in-place $(sha256sum </srv/data/report.txt | cut -d' ' -f1) $(stat -c %a:%U /srv/data/report.txt) $(cat /srv/data/notes.txt)"
     systemctl poweroff
 runcmd:
 - [systemd-run, --unit=report, --no-block, /usr/local/sbin/report]
@@ -274,6 +278,20 @@ runcmd:
 			return asked.Status.Phase
 		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhasePending), "the restore, handed to the new VM's server")
 
+		By("asking, after it, for the deleted VM's whole folder in place, over the new VM's own")
+		// A guest carries out its requests oldest first, by creation time
+		// (whole seconds): this one is made in a later second.
+		Eventually(func() bool { return time.Now().After(asked.CreationTimestamp.Add(time.Second)) }).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		plugin = exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/new", "/srv/data", "--source-vm", "old", "--in-place",
+			"--name", "new-in-place", "-n", vmNS, "--kubeconfig", platform.API.Kubeconfig(GinkgoT()))
+		out, err = plugin.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), string(out))
+		inPlace := &v1alpha1.GuestRestore{}
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = platform.API.Client.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "new-in-place"}, inPlace)
+			return inPlace.Status.Phase
+		}).WithTimeout(30 * time.Second).Should(Equal(v1alpha1.PhasePending))
+
 		m := run(vm, nil)
 		Expect(m["status"]).To(ContainSubstring("connected to https://10.0.2.2:"), m["logs"])
 		blocksOK(m, "guest-restore-from")
@@ -290,5 +308,17 @@ runcmd:
 		Eventually(vmEvents("new")).WithTimeout(30 * time.Second).Should(ContainElement(HavePrefix(
 			"Normal Restored: Restore requested by " + asked.Spec.Requester.Username + " (new-from-old) restored /srv/data/report.txt (" + asked.Status.Snapshots[0].ID +
 				") from VirtualMachine old's snapshots into /var/lib/guestbackup/restores/new-from-old in the guest")))
+
+		By("restoring the folder in place: the deleted VM's file at its own path, byte for byte, with its mode, and the new VM's own file left")
+		Expect(m).To(HaveKeyWithValue("answered-second", string(inPlace.UID)+": Succeeded"), m["logs"])
+		v2 := sha256.Sum256([]byte("report v2\n"))
+		Expect(m).To(HaveKeyWithValue("in-place", hex.EncodeToString(v2[:])+" 644:root new VM"), m["logs"])
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = platform.API.Client.Get(ctx, client.ObjectKeyFromObject(inPlace), inPlace)
+			return inPlace.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseSucceeded), "%+v", inPlace.Status)
+		Eventually(vmEvents("new")).WithTimeout(30 * time.Second).Should(ContainElement(HavePrefix(
+			"Normal Restored: Restore requested by " + inPlace.Spec.Requester.Username + " (new-in-place) restored /srv/data (" + inPlace.Status.Snapshots[0].ID +
+				") from VirtualMachine old's snapshots in place in the guest")))
 	})
 })

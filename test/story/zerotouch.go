@@ -292,6 +292,12 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			return b.EndTime.Compare(a.EndTime.Time)
 		})), "newest first")
 
+		By("showing the viewer, with kubectl guestbackup status, that the VM is protected: exit code 0")
+		status := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "status", "vm/web", "-n", vmNS, "--kubeconfig", bed.Kubeconfig(), "--as", viewer)
+		shown, err := status.CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "exit code %d: %s", status.ProcessState.ExitCode(), shown)
+		Expect(string(shown)).To(MatchRegexp(`(?m)^BackupFresh:\s+True`))
+
 		By("listing, as the owner, hello.txt's three versions across the snapshots, with kubectl guestbackup history")
 		plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "history", "vm/web", "/srv/data/hello.txt", "--name", "web-hello-history",
 			"-n", vmNS, "-o", "json", "--timeout", "3m", "--kubeconfig", bed.Kubeconfig())
@@ -310,7 +316,7 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			And(version(len("hello from the guest\n")), HaveField("SnapshotID", web.snapshot)),
 		), "newest first, each changed")
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElement(
-			HavePrefix("Normal RestoreListed: Restore requested by " + history.Spec.Requester.Username + " (web-hello-history) listed the versions of /srv/data/hello.txt: 3 snapshots hold it")))
+			HavePrefix("Normal RestoreListed: Restore requested by " + history.Spec.Requester.Username + " (web-hello-history) listed the versions of /srv/data/hello.txt: 3, newest first")))
 	})
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
