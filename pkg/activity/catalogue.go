@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"strings"
 
@@ -107,6 +108,63 @@ func EncodeCatalogues(catalogues map[string][]Snapshot) []byte {
 		lines[user] = catalogueLine{User: user, Snapshots: snapshots}
 	}
 	return encodeLines(lines)
+}
+
+// CatalogueIndex finds each guest's catalogue in what EncodeCatalogues
+// wrote, without keeping it decoded: the controller's cache holds the
+// ConfigMap's data already, and 10,000 catalogues decoded would take some
+// 30 MB more of its memory; one is decoded when it is read.
+type CatalogueIndex struct {
+	data string
+	at   map[string][2]int
+}
+
+// IndexCatalogues indexes data, which EncodeCatalogues wrote; the index
+// keeps data.
+func IndexCatalogues(data string) (*CatalogueIndex, error) {
+	x := &CatalogueIndex{data: data, at: map[string][2]int{}}
+	for start, n := 0, 1; start < len(data); n++ {
+		end := strings.IndexByte(data[start:], '\n')
+		if end < 0 {
+			end = len(data) - start
+		}
+		line := data[start : start+end]
+		if strings.TrimSpace(line) != "" {
+			var head struct {
+				User string `json:"user"`
+			}
+			if err := json.Unmarshal([]byte(line), &head); err != nil {
+				return nil, fmt.Errorf("catalogue line %d: %w", n, err)
+			}
+			x.at[head.User] = [2]int{start, start + end}
+		}
+		start += end + 1
+	}
+	return x, nil
+}
+
+// Users are the users the index holds a catalogue of.
+func (x *CatalogueIndex) Users() []string {
+	if x == nil {
+		return nil
+	}
+	return slices.Collect(maps.Keys(x.at))
+}
+
+// Of decodes user's catalogue; nil when the index holds none.
+func (x *CatalogueIndex) Of(user string) ([]Snapshot, error) {
+	if x == nil {
+		return nil, nil
+	}
+	at, ok := x.at[user]
+	if !ok {
+		return nil, nil
+	}
+	var l catalogueLine
+	if err := json.Unmarshal([]byte(x.data[at[0]:at[1]]), &l); err != nil {
+		return nil, fmt.Errorf("catalogue of %s: %w", user, err)
+	}
+	return l.Snapshots, nil
 }
 
 // DecodeCatalogues parses what EncodeCatalogues wrote.

@@ -133,3 +133,36 @@ func TestFitCatalogues(t *testing.T) {
 		t.Error("a shard within the bound is cut")
 	}
 }
+
+// The controller reads one guest's catalogue from an index of the data,
+// as DecodeCatalogues would have decoded it.
+func TestCatalogueIndex(t *testing.T) {
+	end := time.Date(2026, 12, 7, 5, 0, 0, 0, time.UTC)
+	in := map[string][]Snapshot{
+		"web@team-a": {{ID: "k2", Path: "/srv", Start: end, End: end, Bytes: 3, Files: 1}, {ID: "k1", Path: "/etc", Start: end, End: end}},
+		"db@team-b":  {{ID: "k9", Path: "/var/lib/db", Start: end, End: end}},
+	}
+	x, err := IndexCatalogues(string(EncodeCatalogues(in)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := x.Users(); len(got) != 2 {
+		t.Errorf("users %v", got)
+	}
+	for user, want := range in {
+		got, err := x.Of(user)
+		if err != nil || !slices.EqualFunc(got, want, func(a, b Snapshot) bool { return a.ID == b.ID && a.Path == b.Path && a.End.Equal(b.End) }) {
+			t.Errorf("%s: %+v (%v), want %+v", user, got, err, want)
+		}
+	}
+	if got, err := x.Of("nobody@team-a"); got != nil || err != nil {
+		t.Errorf("a guest without a catalogue: %v %v", got, err)
+	}
+	var none *CatalogueIndex
+	if got, err := none.Of("web@team-a"); got != nil || err != nil || none.Users() != nil {
+		t.Error("no index: want nothing")
+	}
+	if _, err := IndexCatalogues("{\"user\":\"a\"}\nnot json\n"); err == nil || !strings.Contains(err.Error(), "catalogue line 2") {
+		t.Errorf("a malformed catalogue: %v", err)
+	}
+}

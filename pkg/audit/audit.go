@@ -160,8 +160,8 @@ func vmsOfActivity(_ context.Context, o client.Object) []reconcile.Request {
 	if err != nil {
 		return nil
 	}
-	reqs := make([]reconcile.Request, 0, len(d.guests)+len(d.catalogues))
-	for _, users := range [][]string{slices.Collect(maps.Keys(d.guests)), slices.Collect(maps.Keys(d.catalogues))} {
+	reqs := make([]reconcile.Request, 0, len(d.guests))
+	for _, users := range [][]string{slices.Collect(maps.Keys(d.guests)), d.catalogues.Users()} {
 		for _, user := range users {
 			if vm, ns, ok := strings.Cut(user, "@"); ok {
 				reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: ns, Name: vm}})
@@ -306,7 +306,7 @@ func (r *Reconciler) catalogue(ctx context.Context, bsls types.NamespacedName, u
 	if d == nil || err != nil {
 		return nil, err
 	}
-	return d.catalogues[user], nil
+	return d.catalogues.Of(user)
 }
 
 // published reads ConfigMap name, which server bsls publishes its guests
@@ -364,11 +364,12 @@ type shards struct {
 }
 
 // decodedShard is what one ConfigMap publishes: the guests' activity
-// (activity.Key) or their catalogues (activity.CatalogueKey).
+// (activity.Key), decoded, or their catalogues (activity.CatalogueKey),
+// indexed.
 type decodedShard struct {
 	version    string
 	guests     map[string]activity.Guest
-	catalogues map[string][]activity.Snapshot
+	catalogues *activity.CatalogueIndex
 }
 
 // decodeShard decodes what cm publishes.
@@ -377,7 +378,7 @@ func decodeShard(cm *corev1.ConfigMap) (*decodedShard, error) {
 	if err != nil {
 		return nil, err
 	}
-	catalogues, err := activity.DecodeCatalogues([]byte(cm.Data[activity.CatalogueKey]))
+	catalogues, err := activity.IndexCatalogues(cm.Data[activity.CatalogueKey])
 	if err != nil {
 		return nil, err
 	}
