@@ -126,14 +126,11 @@ type decodedRequests struct {
 // of is what shardRequests returns, decoded once per version of the
 // Secret. The slice is shared: read it only.
 func (c *requestsCache) of(lister corelisters.SecretNamespaceLister, bsls string, shard int) ([]userset.Request, error) {
-	if lister == nil {
-		return nil, errNotSynced
-	}
-	name := userset.SecretName(bsls, shard)
-	secret, err := lister.Get(name)
+	secret, err := usersSecret(lister, bsls, shard)
 	if err != nil {
-		return nil, fmt.Errorf("users Secret %s: %w", name, err)
+		return nil, err
 	}
+	name := secret.Name
 	c.mu.Lock()
 	d, ok := c.by[name]
 	c.mu.Unlock()
@@ -155,6 +152,15 @@ func (c *requestsCache) of(lister corelisters.SecretNamespaceLister, bsls string
 
 // shardRequests are the requests the users Secret of shard lists.
 func shardRequests(lister corelisters.SecretNamespaceLister, bsls string, shard int) ([]userset.Request, error) {
+	secret, err := usersSecret(lister, bsls, shard)
+	if err != nil {
+		return nil, err
+	}
+	return secretRequests(secret)
+}
+
+// usersSecret is the users Secret of shard, as its watch last saw it.
+func usersSecret(lister corelisters.SecretNamespaceLister, bsls string, shard int) (*corev1.Secret, error) {
 	if lister == nil {
 		return nil, errNotSynced
 	}
@@ -163,7 +169,7 @@ func shardRequests(lister corelisters.SecretNamespaceLister, bsls string, shard 
 	if err != nil {
 		return nil, fmt.Errorf("users Secret %s: %w", name, err)
 	}
-	return secretRequests(secret)
+	return secret, nil
 }
 
 // secretRequests are the requests users Secret secret lists.
