@@ -56,11 +56,12 @@ type GuestProtectionStatus struct {
 	// LastSnapshot is the newest snapshot.
 	// +optional
 	LastSnapshot *GuestSnapshotSummary `json:"lastSnapshot,omitempty"`
-	// RecentSnapshots is the catalogue of the guest's snapshots, newest
-	// first: at most MaxRecentSnapshots of them, fewer when long paths
-	// would make the server's published catalogue too large (Snapshots
-	// counts them all). A snapshot that retention deleted leaves it. Pick
-	// one here to restore from (GuestRestore spec.snapshot).
+	// RecentSnapshots is the catalogue of the guest's complete snapshots,
+	// newest first: at most MaxRecentSnapshots of them, fewer when their
+	// paths are long or the server's catalogue shard holds more guests
+	// than it plans for (Snapshots counts them all). A snapshot that
+	// retention deleted leaves it. Pick one here to restore from
+	// (GuestRestore spec.snapshot).
 	// +kubebuilder:validation:MaxItems=10
 	// +listType=atomic
 	// +optional
