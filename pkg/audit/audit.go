@@ -196,11 +196,15 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	// guest's, not the audit's.
 	user := identity.OfVM(vm.Name, vm.Namespace)
 	bsls := vmsecret.Server(secret)
-	guest, err := r.guest(ctx, bsls, user)
+	server, err := r.server(ctx, bsls)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	recent, err := r.catalogue(ctx, bsls, user)
+	guest, err := r.guest(ctx, server, user)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	recent, err := r.catalogue(ctx, server, user)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -288,8 +292,11 @@ func (r *Reconciler) staleAfter() time.Duration {
 
 // guest reads a user's activity from its server's ConfigMap; nil when the
 // server has published none for it.
-func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user string) (*activity.Guest, error) {
-	d, err := r.published(ctx, bsls, activity.ConfigMapName(bsls.Name, userset.ShardOf(user)))
+func (r *Reconciler) guest(ctx context.Context, server *v1alpha1.BackupStorageLocationServer, user string) (*activity.Guest, error) {
+	if server == nil {
+		return nil, nil
+	}
+	d, err := r.published(ctx, server, activity.ConfigMapName(server.Name, userset.ShardOf(user)))
 	if d == nil || err != nil {
 		return nil, err
 	}
@@ -301,21 +308,20 @@ func (r *Reconciler) guest(ctx context.Context, bsls types.NamespacedName, user 
 
 // catalogue reads a user's catalogue from its server's ConfigMap; nil when
 // the server has published none for it.
-func (r *Reconciler) catalogue(ctx context.Context, bsls types.NamespacedName, user string) ([]activity.Snapshot, error) {
-	d, err := r.published(ctx, bsls, activity.CatalogueConfigMapName(bsls.Name, activity.CatalogueShardOf(user)))
+func (r *Reconciler) catalogue(ctx context.Context, server *v1alpha1.BackupStorageLocationServer, user string) ([]activity.Snapshot, error) {
+	if server == nil {
+		return nil, nil
+	}
+	d, err := r.published(ctx, server, activity.CatalogueConfigMapName(server.Name, activity.CatalogueShardOf(user)))
 	if d == nil || err != nil {
 		return nil, err
 	}
 	return d.catalogues.Of(user)
 }
 
-// published reads ConfigMap name, which server bsls publishes its guests
-// in, decoded; nil when there is none. Only the server's own ConfigMap
-// counts, the one its BSLS controls: the credential Secret names the
-// server by labels, and a tenant who can write such a Secret (the chart's
-// secretPolicy off) can name a namespace of hers, where she writes
-// ConfigMaps, labels and all.
-func (r *Reconciler) published(ctx context.Context, bsls types.NamespacedName, name string) (*decodedShard, error) {
+// server reads the BSLS a credential Secret names; nil when it names none
+// or none of that name exists.
+func (r *Reconciler) server(ctx context.Context, bsls types.NamespacedName) (*v1alpha1.BackupStorageLocationServer, error) {
 	if bsls.Namespace == "" || bsls.Name == "" {
 		return nil, nil
 	}
@@ -326,6 +332,17 @@ func (r *Reconciler) published(ctx context.Context, bsls types.NamespacedName, n
 		}
 		return nil, fmt.Errorf("get BackupStorageLocationServer %s: %w", bsls, err)
 	}
+	return server, nil
+}
+
+// published reads ConfigMap name, which server publishes its guests in,
+// decoded; nil when there is none. Only the server's own ConfigMap
+// counts, the one its BSLS controls: the credential Secret names the
+// server by labels, and a tenant who can write such a Secret (the chart's
+// secretPolicy off) can name a namespace of hers, where she writes
+// ConfigMaps, labels and all.
+func (r *Reconciler) published(ctx context.Context, server *v1alpha1.BackupStorageLocationServer, name string) (*decodedShard, error) {
+	bsls := client.ObjectKeyFromObject(server)
 	cm := &corev1.ConfigMap{}
 	key := types.NamespacedName{Namespace: bsls.Namespace, Name: name}
 	if err := r.Client.Get(ctx, key, cm); err != nil {
