@@ -123,8 +123,8 @@ type decodedRequests struct {
 	requests []userset.Request
 }
 
-// of is what shardRequests returns, decoded once per version of the
-// Secret. The slice is shared: read it only.
+// of is the requests the users Secret of shard lists, decoded once per
+// version of the Secret. The slice is shared: read it only.
 func (c *requestsCache) of(lister corelisters.SecretNamespaceLister, bsls string, shard int) ([]userset.Request, error) {
 	secret, err := usersSecret(lister, bsls, shard)
 	if err != nil {
@@ -148,15 +148,6 @@ func (c *requestsCache) of(lister corelisters.SecretNamespaceLister, bsls string
 	}
 	c.by[name] = decodedRequests{version: secret.ResourceVersion, requests: requests}
 	return requests, nil
-}
-
-// shardRequests are the requests the users Secret of shard lists.
-func shardRequests(lister corelisters.SecretNamespaceLister, bsls string, shard int) ([]userset.Request, error) {
-	secret, err := usersSecret(lister, bsls, shard)
-	if err != nil {
-		return nil, err
-	}
-	return secretRequests(secret)
 }
 
 // usersSecret is the users Secret of shard, as its watch last saw it.
@@ -351,7 +342,7 @@ func (s *Syncer) dryRunsListed(lister corelisters.SecretNamespaceLister) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for shard := range userset.Shards {
-		requests, _ := shardRequests(lister, s.opts.BSLS, shard)
+		requests, _ := s.decoded.of(lister, s.opts.BSLS, shard)
 		if slices.ContainsFunc(requests, func(r userset.Request) bool { return r.DryRun && !s.ended[r.UID] }) {
 			return true
 		}
@@ -368,7 +359,7 @@ func (s *Syncer) dryRunsListed(lister corelisters.SecretNamespaceLister) bool {
 func (s *Syncer) carryDryRuns(ctx context.Context, lister corelisters.SecretNamespaceLister) {
 	configMaps := s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace)
 	for shard := range userset.Shards {
-		requests, err := shardRequests(lister, s.opts.BSLS, shard)
+		requests, err := s.decoded.of(lister, s.opts.BSLS, shard)
 		if err != nil {
 			continue
 		}
@@ -463,7 +454,7 @@ func verify(res *activity.Result, r userset.Request) {
 func (s *Syncer) askedRequests(lister corelisters.SecretNamespaceLister) (keep func(user string, r activity.Result) bool, digest string) {
 	listed, uids := map[string]bool{}, map[string]bool{}
 	for shard := range userset.Shards {
-		requests, err := shardRequests(lister, s.opts.BSLS, shard)
+		requests, err := s.decoded.of(lister, s.opts.BSLS, shard)
 		if err != nil {
 			return nil, ""
 		}
