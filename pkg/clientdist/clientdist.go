@@ -245,3 +245,102 @@ func EncodePlan(plan []PlanStep) []byte {
 	}
 	return b.Bytes()
 }
+
+// Polled is one request of a poll's answer (EncodeRequests), as a client
+// that is not a shell reads it: a restore Job (package restorejob).
+type Polled struct {
+	UID, Kind, Name string
+	Paths           []string
+	// Target is a restore's folder; InPlace, whether it may overwrite.
+	Target  string
+	InPlace bool
+}
+
+// DecodeRequests reads what EncodeRequests wrote. Lines it does not know
+// are skipped, as the guest's script skips them, so that a server may say
+// more than an older client reads.
+func DecodeRequests(data []byte) ([]Polled, error) {
+	var (
+		out []Polled
+		cur *Polled
+	)
+	for n, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		if line == "" {
+			continue
+		}
+		word, rest, _ := strings.Cut(line, " ")
+		if word != "request" && word != "end" && cur == nil {
+			return nil, fmt.Errorf("requests line %d: %q outside a request", n+1, word)
+		}
+		var err error
+		switch word {
+		case "request":
+			f := strings.Fields(rest)
+			if len(f) != 3 {
+				return nil, fmt.Errorf("requests line %d: a request line names a UID, a kind and a name", n+1)
+			}
+			cur = &Polled{UID: f[0], Kind: f[1], Name: f[2]}
+		case "path":
+			var p string
+			p, err = decodeField(rest)
+			cur.Paths = append(cur.Paths, p)
+		case "target":
+			cur.Target, err = decodeField(rest)
+		case "in-place":
+			cur.InPlace = true
+		case "end":
+			if cur == nil {
+				return nil, fmt.Errorf("requests line %d: an end without a request", n+1)
+			}
+			out = append(out, *cur)
+			cur = nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("requests line %d: %w", n+1, err)
+		}
+	}
+	if cur != nil {
+		return nil, fmt.Errorf("request %s has no end: the answer was cut", cur.UID)
+	}
+	return out, nil
+}
+
+// Planned is one step of a restore's plan (EncodePlan), as a client that
+// is not a shell reads it: Source, as `kopia restore` takes it, restores
+// Path.
+type Planned struct {
+	Source, Path string
+}
+
+// DecodePlan reads what EncodePlan wrote.
+func DecodePlan(data []byte) ([]Planned, error) {
+	var out []Planned
+	for n, line := range strings.Split(strings.TrimSuffix(string(data), "\n"), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || f[0] != "from" {
+			continue
+		}
+		if len(f) != 3 {
+			return nil, fmt.Errorf("plan line %d: a from line names a source and a path", n+1)
+		}
+		source, err := decodeField(f[1])
+		if err != nil {
+			return nil, fmt.Errorf("plan line %d: %w", n+1, err)
+		}
+		p, err := decodeField(f[2])
+		if err != nil {
+			return nil, fmt.Errorf("plan line %d: %w", n+1, err)
+		}
+		out = append(out, Planned{Source: source, Path: p})
+	}
+	return out, nil
+}
+
+// decodeField decodes one base64 field of EncodeRequests or EncodePlan.
+func decodeField(s string) (string, error) {
+	b, err := base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return "", fmt.Errorf("a field is not base64: %w", err)
+	}
+	return string(b), nil
+}

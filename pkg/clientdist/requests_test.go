@@ -2,6 +2,7 @@ package clientdist
 
 import (
 	"encoding/base64"
+	"reflect"
 	"testing"
 
 	"github.com/guestbackup/guestbackup/pkg/userset"
@@ -51,5 +52,45 @@ func TestEncodePlan(t *testing.T) {
 		"from " + b64("k2/etc/nginx") + " " + b64("/etc/nginx") + "\n"
 	if got := string(EncodePlan(plan)); got != want {
 		t.Errorf("EncodePlan:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// A client that is not a shell reads back what EncodeRequests and
+// EncodePlan wrote, and refuses what was cut or is no base64.
+func TestDecodeRequestsAndPlan(t *testing.T) {
+	requests := []userset.Request{
+		{UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: userset.RequestRestore, Name: "to-claim", Paths: []string{"/srv/my files", "/etc"},
+			Source: "web@team-a", Target: "/to-claim", Job: true},
+		{UID: "bbbb0000-0000-4000-8000-000000000002", User: "web@team-a", Kind: userset.RequestRestore, Name: "back", Paths: []string{"/etc"}, Source: "web@team-a", Target: "/", InPlace: true},
+	}
+	got, err := DecodeRequests(EncodeRequests(requests))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []Polled{
+		{UID: requests[0].UID, Kind: "restore", Name: "to-claim", Paths: []string{"/srv/my files", "/etc"}, Target: "/to-claim"},
+		{UID: requests[1].UID, Kind: "restore", Name: "back", Paths: []string{"/etc"}, Target: "/", InPlace: true},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("decoded %+v, want %+v", got, want)
+	}
+	plan, err := DecodePlan(EncodePlan([]PlanStep{{ID: "k1", Root: "/srv", Path: "/srv/my files"}, {ID: "k2", Root: "/etc", Path: "/etc"}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []Planned{{Source: "k1/my files", Path: "/srv/my files"}, {Source: "k2", Path: "/etc"}}; !reflect.DeepEqual(plan, want) {
+		t.Errorf("plan %+v, want %+v", plan, want)
+	}
+	for name, data := range map[string]string{
+		"cut":              "request aaaa0000-0000-4000-8000-000000000001 restore a\npath L3Nydg==\n",
+		"a path no base64": "request aaaa0000-0000-4000-8000-000000000001 restore a\npath /srv/x\nend\n",
+		"a path alone":     "path L3Nydg==\n",
+	} {
+		if _, err := DecodeRequests([]byte(data)); err == nil {
+			t.Errorf("%s: decoded", name)
+		}
+	}
+	if _, err := DecodePlan([]byte("from k1\n")); err == nil {
+		t.Error("a from line without a path: decoded")
 	}
 }

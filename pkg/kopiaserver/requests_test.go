@@ -66,6 +66,8 @@ func TestQueueRequests(t *testing.T) {
 		{Request: userset.Request{UID: "0000000b-0000-4000-8000-000000000000", User: "db@team-a", Kind: userset.RequestSnapshot, Name: "b-running", Paths: []string{"/var/lib/db"}, Tags: map[string]string{"why": "test"}}, Order: "2026-12-07T08:00:00Z/b-running"},
 		{Request: userset.Request{UID: "00000069-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestRestore, Name: "i-restore", Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/i-restore"}, Order: "2026-12-07T08:00:00Z/i-restore"},
 		{Request: userset.Request{UID: "0000006a-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestRestore, Name: "j-in-place", Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/", InPlace: true}, Order: "2026-12-07T08:00:00Z/j-in-place"},
+		// A Job's, into the claim's folder of the request.
+		{Request: userset.Request{UID: "0000006b-0000-4000-8000-000000000000", User: "web@team-a", Kind: userset.RequestRestore, Name: "k-claim", Paths: []string{"/srv/a.txt"}, Source: "web@team-a", Target: "/k-claim", Job: true}, Order: "2026-12-07T08:00:00Z/k-claim"},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("queued %d requests, want %d: %+v", len(got), len(want), got)

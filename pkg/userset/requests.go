@@ -120,6 +120,12 @@ type Request struct {
 	// History makes a dry run a listing of its one path's versions across
 	// the source's snapshots instead.
 	History bool `json:"history,omitempty"`
+	// Job is a restore into a PersistentVolumeClaim, which a Job of the
+	// request's namespace carries out under User's identity (package
+	// restorejob), not the guest: a guest's poll never lists it, and the
+	// Job's poll names its UID (clientdist.UIDParam). Target is then a
+	// folder of the claim.
+	Job bool `json:"job,omitempty"`
 
 	// Order sorts a user's requests oldest first (Queued.Order), the order
 	// its guest carries them out in: a restore asked after a snapshot
@@ -184,7 +190,7 @@ func (r Request) Validate() error {
 // request carries none of them.
 func (r Request) validateRestore() error {
 	if r.Kind != RequestRestore {
-		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace || r.DryRun || r.History {
+		if r.Source != "" || r.SnapshotID != "" || r.Before != nil || r.Target != "" || r.InPlace || r.DryRun || r.History || r.Job {
 			return fmt.Errorf("a %s request carries restore fields", r.Kind)
 		}
 		return nil
@@ -206,6 +212,9 @@ func (r Request) validateRestore() error {
 	}
 	if (r.Target == "/") != r.InPlace {
 		return fmt.Errorf("target %q: only a restore in place writes over the guest's own paths (target /)", r.Target)
+	}
+	if r.Job && r.InPlace {
+		return fmt.Errorf("a restore into a claim writes into a folder of its own, never in place")
 	}
 	if len(r.Tags) > 0 || r.Description != "" {
 		return fmt.Errorf("a restore carries no tags or description")
@@ -282,12 +291,10 @@ func SnapshotRequest(s *v1alpha1.GuestSnapshot, vmPaths []string) (Request, erro
 // of its VM, whose annotations are vmAnnotations: the source's identity
 // is the VM's own, or the one its restore grant names (RestoreFrom, the
 // rule admission applied, checked again as the grant may have gone
-// since). Its error says, for the request's status, why g cannot be
-// carried into a running guest.
+// since). A restore into a claim is a Job's (Request.Job), into the
+// claim's folder named after g (ClaimFolder). Its error says, for the
+// request's status, why g cannot be carried out.
 func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (Request, error) {
-	if g.Spec.Target.PersistentVolumeClaim != nil {
-		return Request{}, fmt.Errorf("restoring into a PersistentVolumeClaim is not carried out by this version: restore into the running guest (omit spec.target, or set directory or inPlace) and copy from there")
-	}
 	r := Request{UID: string(g.UID), User: identity.OfVM(g.Spec.VM, g.Namespace), Kind: RequestRestore, Name: g.Name,
 		SnapshotID: g.Spec.Snapshot.ID, DryRun: g.Spec.DryRun, History: g.Spec.History}
 	r.Source = r.User
@@ -303,6 +310,8 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 		r.Before = &t
 	}
 	switch t := g.Spec.Target; {
+	case t.PersistentVolumeClaim != nil:
+		r.Target, r.Job = ClaimFolder(g.Name), true
 	case t.InPlace:
 		r.Target, r.InPlace = "/", true
 	case t.Directory != "":
@@ -317,6 +326,13 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 		return Request{}, fmt.Errorf("it cannot be handed to the guest: %w", err)
 	}
 	return r, nil
+}
+
+// ClaimFolder is the folder of its claim that a GuestRestore named name
+// writes into (each path at its full path below it): one of its own, so
+// that a restore into a claim that holds data overwrites none of it.
+func ClaimFolder(name string) string {
+	return "/" + name
 }
 
 // EncodeRequests renders requests as the content of a users Secret's

@@ -48,6 +48,8 @@ func TestDecodeRequestsRefuses(t *testing.T) {
 		"ID and time":                    {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/tmp","snapshotID":"k1","before":"2026-12-01T00:00:00Z"}`, "by ID and by time at once"},
 		"ID that climbs":                 {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/tmp","snapshotID":"../k1"}`, "is not a snapshot ID"},
 		"snapshot with a target":         {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"target":"/tmp"}`, "a snapshot request carries restore fields"},
+		"a Job's in place":               {`{"uid":"aa","user":"web@team-a","kind":"restore","name":"a","paths":["/srv"],"source":"web@team-a","target":"/","inPlace":true,"job":true}`, "a restore into a claim writes into a folder of its own"},
+		"a Job's snapshot":               {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["/srv"],"job":true}`, "a snapshot request carries restore fields"},
 		"name with a space":              {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a b","paths":["/srv"]}`, `name "a b" is not an object name`},
 		"no path":                        {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":[]}`, "names no path"},
 		"relative path":                  {`{"uid":"aa","user":"web@team-a","kind":"snapshot","name":"a","paths":["srv"]}`, `path "srv" is not a clean absolute path`},
@@ -162,7 +164,9 @@ func TestRestoreRequest(t *testing.T) {
 			wantErr: "path /srv/x lies within /srv, which the restore writes already: name one of them"},
 		"into a claim": {g: restore(func(s *v1alpha1.GuestRestoreSpec) {
 			s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
-		}), wantErr: "restoring into a PersistentVolumeClaim is not carried out by this version"},
+		}), want: Request{
+			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
+			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/nginx-config", Job: true}},
 		"a dry run": {g: restore(func(s *v1alpha1.GuestRestoreSpec) { s.DryRun = true }), want: Request{
 			UID: "aaaa0000-0000-4000-8000-000000000001", User: "web@team-a", Kind: RequestRestore, Name: "nginx-config",
 			Paths: []string{"/etc/nginx", "/srv/a.txt"}, Source: "web@team-a", Target: "/var/lib/guestbackup/restores/nginx-config", DryRun: true}},

@@ -492,6 +492,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, err.Error(), http.StatusBadRequest)
 		return
 	}
+	uid := r.URL.Query().Get(clientdist.UIDParam)
 	user, ok := s.authenticate(w, r)
 	if !ok {
 		return
@@ -508,6 +509,7 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "the requests cannot be read now; try again shortly", http.StatusServiceUnavailable)
 			return
 		}
+		pending = addressed(pending, uid)
 		if len(pending) > 0 || wait == 0 {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			_, _ = w.Write(clientdist.EncodeRequests(pending))
@@ -534,6 +536,21 @@ func (s *Server) requests(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+}
+
+// addressed are those of pending that a poll naming uid is answered
+// with: a guest's poll names none, and is answered with the requests its
+// guest carries out; a restore Job's names its request's UID, and is
+// answered with that request alone, if it is a Job's (userset.Request.Job).
+// So neither takes the other's: the guest never writes into a claim it
+// has not mounted, and a Job carries out nothing in the guest.
+func addressed(pending []userset.Request, uid string) []userset.Request {
+	return slices.DeleteFunc(pending, func(r userset.Request) bool {
+		if uid == "" {
+			return r.Job
+		}
+		return !r.Job || r.UID != uid
+	})
 }
 
 // pollWait is how long a poll asks to be held: v seconds, at most

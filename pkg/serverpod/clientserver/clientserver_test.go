@@ -588,6 +588,54 @@ func TestRequestsAreTheGuestsOwn(t *testing.T) {
 	}
 }
 
+// A restore into a claim is a Job's: the guest's poll never lists it, and
+// the Job's poll, naming its UID, lists it alone; neither the guest's other
+// requests nor another VM's Job request.
+func TestJobRequestsAreTheJobsAlone(t *testing.T) {
+	tools := testbed.MustTools(t)
+	guest := userset.Request{UID: "70b00000-0000-4000-8000-000000000001", User: "web@team-a", Kind: userset.RequestSnapshot, Name: "before-upgrade", Paths: []string{"/srv"}}
+	job := userset.Request{UID: "70b00000-0000-4000-8000-000000000002", User: "web@team-a", Kind: userset.RequestRestore, Name: "to-claim", Paths: []string{"/srv"},
+		Source: "web@team-a", Target: userset.ClaimFolder("to-claim"), Job: true}
+	other := userset.Request{UID: "70b00000-0000-4000-8000-000000000003", User: "db@team-a", Kind: userset.RequestRestore, Name: "db-to-claim", Paths: []string{"/var/lib/db"},
+		Source: "db@team-a", Target: userset.ClaimFolder("db-to-claim"), Job: true}
+	d := &desk{requests: []userset.Request{guest, job, other}}
+	srv, err := Open(Options{Binaries: map[string]string{"amd64": tools.Kopia}, Authenticator: d, Reporter: d, Requests: d})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Close)
+	ts := httptest.NewServer(srv.Handler())
+	t.Cleanup(ts.Close)
+	poll := func(user, query string) string {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, ts.URL+clientdist.RequestsPath+query, nil)
+		req.SetBasicAuth(user, "pw-of-"+user+"-0123456789")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s's poll %q: status %d: %s", user, query, resp.StatusCode, body)
+		}
+		return string(body)
+	}
+	for _, tt := range []struct {
+		name, user, query string
+		want              []userset.Request
+	}{
+		{"the guest's poll", "web@team-a", "", []userset.Request{guest}},
+		{"the Job's poll", "web@team-a", "?uid=" + job.UID, []userset.Request{job}},
+		{"a poll naming the guest's own request", "web@team-a", "?uid=" + guest.UID, nil},
+		{"a poll naming another VM's Job request", "web@team-a", "?uid=" + other.UID, nil},
+	} {
+		if got, want := poll(tt.user, tt.query), string(clientdist.EncodeRequests(tt.want)); got != want {
+			t.Errorf("%s: answered\n%s\nwant\n%s", tt.name, got, want)
+		}
+	}
+}
+
 // A poll that asks to wait is held until a request is addressed to its
 // guest, its wait ends, or the pod stops; a guest holds no more than its
 // share, and a wait that is no number is refused.
