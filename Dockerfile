@@ -1,5 +1,6 @@
 # One image for every guestbackup process: the controller, the webhook, the
-# server pod's helper (guestbackup-server) and kopia, all static, built from
+# server pod's helper (guestbackup-server), what restore Jobs run
+# (guestbackup-restore) and kopia, all static, built from
 # the module versions this repository pins.
 #
 #   docker build -t guestbackup:dev .
@@ -26,11 +27,12 @@ RUN for cmd in controller webhook; do \
 		go build -trimpath -ldflags=-s -o /out/$cmd ./cmd/$cmd || exit 1; \
 	done && \
 	go build -trimpath -ldflags=-s -o /out/guestbackup-server ./cmd/server && \
+	go build -trimpath -ldflags=-s -o /out/guestbackup-restore ./cmd/restore && \
 	cd hack/tools/kopia && go build -trimpath -ldflags=-s -o /out/kopia github.com/kopia/kopia && \
 	GOARCH=arm64 go build -trimpath -ldflags=-s -o /out/kopia-linux-arm64 github.com/kopia/kopia
 
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/controller /out/webhook /out/guestbackup-server /out/kopia /usr/local/bin/
+COPY --from=build /out/controller /out/webhook /out/guestbackup-server /out/guestbackup-restore /out/kopia /usr/local/bin/
 # Server pods hand guests the kopia client of their own image: this one to
 # arm64 guests, /usr/local/bin/kopia to amd64 ones (pkg/serverpod/clientserver).
 COPY --from=build /out/kopia-linux-arm64 /usr/local/share/guestbackup/

@@ -4,8 +4,8 @@
 #
 #   hack/image.sh [OUT]     default OUT: bin/guestbackup-image.tar
 #
-# The same image as the Dockerfile's: controller, webhook, guestbackup-server
-# and kopia (plus kopia for linux/arm64, which server pods hand to arm64
+# The same image as the Dockerfile's: controller, webhook, guestbackup-server,
+# guestbackup-restore and kopia (plus kopia for linux/arm64, which server pods hand to arm64
 # guests), static, from the pinned modules; plus the CA bundle kopia
 # needs for S3 over TLS. IMAGE_TAG names it in the layout's index.
 set -euo pipefail
@@ -26,9 +26,9 @@ CA_BUNDLE=/etc/ssl/certs/ca-certificates.crt
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 start=$SECONDS
-for cmd in controller webhook server; do
+for cmd in controller webhook server restore; do
 	name=$cmd
-	[[ $cmd == server ]] && name=guestbackup-server
+	[[ $cmd == server || $cmd == restore ]] && name=guestbackup-$cmd
 	CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags=-s -o "$work/$name" "./cmd/$cmd"
 done
 mkdir -p "$(dirname "$OUT")"
@@ -36,6 +36,7 @@ mkdir -p "$(dirname "$OUT")"
 	-file "/usr/local/bin/controller=$work/controller" \
 	-file "/usr/local/bin/webhook=$work/webhook" \
 	-file "/usr/local/bin/guestbackup-server=$work/guestbackup-server" \
+	-file "/usr/local/bin/guestbackup-restore=$work/guestbackup-restore" \
 	-file "/usr/local/bin/kopia=$GUESTBACKUP_KOPIA" \
 	-file "/usr/local/share/guestbackup/kopia-linux-arm64=$GUESTBACKUP_KOPIA_ARM64" \
 	-file "/etc/ssl/certs/ca-certificates.crt=$CA_BUNDLE" \

@@ -29,6 +29,8 @@ var binaries = map[string]string{
 	"controller": module + "/cmd/controller",
 	"webhook":    module + "/cmd/webhook",
 	"server pod": module + "/cmd/server",
+	// A restore Job (package restorejob) runs in the VM's namespace.
+	"restore job": module + "/cmd/restore",
 	// The kubectl plugin runs on the owner's or admin's machine.
 	"kubectl plugin": module + "/cmd/kubectl-guestbackup",
 }
@@ -106,6 +108,8 @@ func TestNoProcessLinksAnothersCode(t *testing.T) {
 	}{
 		{binaries["webhook"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiaserver", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/credentials"}},
 		{binaries["controller"], []string{"github.com/kopia/kopia/", module + "/pkg/kopiauser", module + "/pkg/serverpod", module + "/pkg/mutate"}},
+		{binaries["restore job"], []string{"github.com/kopia/kopia/", "sigs.k8s.io/controller-runtime/pkg/client", "sigs.k8s.io/controller-runtime/pkg/manager", "k8s.io/client-go", module + "/pkg/kopiaserver", module + "/pkg/serverpod", module + "/pkg/credentials",
+			module + "/pkg/mutate", module + "/pkg/audit", module + "/pkg/requests", module + "/pkg/requeststatus", module + "/internal/"}},
 		{binaries["server pod"], []string{"github.com/cert-manager/", module + "/pkg/kopiaserver", module + "/pkg/mutate", module + "/pkg/credentials", module + "/pkg/audit", module + "/pkg/requeststatus"}},
 		// The plugin only reads the API: none of the product's processes.
 		{binaries["kubectl plugin"], []string{"github.com/kopia/kopia/", "github.com/cert-manager/", "kubevirt.io/", module + "/pkg/kopiaserver", module + "/pkg/serverpod", module + "/pkg/credentials",

@@ -127,7 +127,7 @@ func TestMakeImageBuildsARunnableOCIImage(t *testing.T) {
 		f.Close()
 		found[filepath.Base(h.Name)] = true
 	}
-	for _, cmd := range []string{"controller", "webhook", "guestbackup-server", "kopia"} {
+	for _, cmd := range []string{"controller", "webhook", "guestbackup-server", "guestbackup-restore", "kopia"} {
 		if !found[cmd] {
 			t.Errorf("the image has no /usr/local/bin/%s", cmd)
 			continue
