@@ -4,6 +4,7 @@ import (
 	"maps"
 	"strings"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -38,7 +39,9 @@ func Cache() cache.Options {
 		DefaultTransform: transformFor(schema.GroupKind{}),
 		NewInformer:      newInformer,
 		ByObject: map[client.Object]cache.ByObject{
-			&corev1.Pod{}:       {Label: managed},
+			&corev1.Pod{}: {Label: managed},
+			// Restore Jobs (package requeststatus), in the VMs' namespaces.
+			&batchv1.Job{}:      {Label: managed},
 			&corev1.ConfigMap{}: {Label: managed},
 			&corev1.Secret{}:    {Label: managed, Transform: transformFor(secretKind)},
 			// The reconcilers watch VMs as metadata only

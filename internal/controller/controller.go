@@ -98,7 +98,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		return fmt.Errorf("set up the guest activity audit: %w", err)
 	}
 	if o.Requests {
-		if err := (&requeststatus.Reconciler{}).SetupWithManager(mgr); err != nil {
+		if err := (&requeststatus.Reconciler{Image: o.Image}).SetupWithManager(mgr); err != nil {
 			return fmt.Errorf("set up the GuestSnapshot controller: %w", err)
 		}
 	}

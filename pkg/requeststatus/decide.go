@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
@@ -67,6 +68,9 @@ type Request struct {
 	Requester *v1alpha1.Requester
 	// Where says where a restore writes, for its messages.
 	Where string
+	// Carrier is who carries it out, for its messages: the guest, or a
+	// restore's Job (IntoClaim).
+	Carrier string
 	// DryRun is a restore that only lists what it would write.
 	DryRun bool
 	// History is a dry run that lists its path's versions instead; Path
@@ -111,9 +115,14 @@ type Inputs struct {
 	// exist. Admitted is whether it admits the request's namespace.
 	Server   *v1alpha1.BackupStorageLocationServer
 	Admitted bool
+	// Namespace is the request's, read with Server.
+	Namespace *corev1.Namespace
 	// Guest is the activity the VM's server published for its guest; nil
 	// when it published none.
 	Guest *activity.Guest
+	// Job is a restore's Job and claim, for a restore into a claim
+	// (IntoClaim); nil for any other request.
+	Job *JobState
 	// Now stamps the end of a request the controller fails itself.
 	Now time.Time
 }
@@ -124,6 +133,9 @@ type Decision struct {
 	Status Status
 	// Events go on the request and on its VM.
 	Events []Event
+	// CreateClaim and CreateJob create a restore's claim and Job
+	// (RestoreClaim, RestoreJob), before the status is written.
+	CreateClaim, CreateJob bool
 }
 
 // Event is one Event to record.
@@ -134,14 +146,17 @@ type Event struct {
 // words are a kind's Event reasons and phrases.
 type words struct {
 	requested, started, done, failed string
-	// running is the status message while the guest works.
+	// running is the status message while the carrier works.
 	running string
 }
 
 var kindWords = map[string]words{
-	RequestSnapshot: {ReasonSnapshotRequested, ReasonSnapshotStarted, ReasonSnapshotTaken, ReasonSnapshotFailed, "the guest is taking the snapshots"},
-	RequestRestore:  {ReasonRestoreRequested, ReasonRestoreStarted, ReasonRestored, ReasonRestoreFailed, "the guest is restoring"},
+	RequestSnapshot: {ReasonSnapshotRequested, ReasonSnapshotStarted, ReasonSnapshotTaken, ReasonSnapshotFailed, "is taking the snapshots"},
+	RequestRestore:  {ReasonRestoreRequested, ReasonRestoreStarted, ReasonRestored, ReasonRestoreFailed, "is restoring"},
 }
+
+// theGuest carries out every request but a restore into a claim.
+const theGuest = "the guest"
 
 // Decide is what becomes of a request. One that ended stays as it is; one
 // whose VM cannot carry it out fails at once, saying what to fix;
@@ -154,11 +169,24 @@ func Decide(in Inputs) Decision {
 		return d
 	}
 	asked := fmt.Sprintf("%s requested by %s (%s)", r.Kind, requester(r), r.Name)
-	if problem := unfit(in); problem != "" {
+	fail := func(problem string) Decision {
 		now := metav1.NewTime(in.Now)
 		d.Status.Phase, d.Status.Message, d.Status.CompletionTime = v1alpha1.PhaseFailed, problem, &now
+		if r.Kind == RequestRestore {
+			d.Status.Files, d.Status.Bytes = 0, 0
+		}
 		d.Events = append(d.Events, Event{"Warning", w.failed, fmt.Sprintf("%s failed: %s", asked, problem)})
+		d.CreateClaim, d.CreateJob = false, false
 		return d
+	}
+	if problem := unfit(in); problem != "" {
+		return fail(problem)
+	}
+	if j := in.Job; j != nil {
+		if j.ClaimProblem != "" {
+			return fail(j.ClaimProblem)
+		}
+		d.CreateJob, d.CreateClaim = !j.Exists, !j.Exists && j.CreateClaim
 	}
 	var res *activity.Result
 	if in.Guest != nil {
@@ -166,10 +194,17 @@ func Decide(in Inputs) Decision {
 			res = &in.Guest.Results[i]
 		}
 	}
+	if j := in.Job; j != nil && j.Failed != "" && (res == nil || res.Phase == string(v1alpha1.PhaseRunning)) {
+		return fail(fmt.Sprintf("Job %s failed before it told how the restore ended (%s): what it wrote into PersistentVolumeClaim %s is unknown; kubectl logs -n %s job/%s says why",
+			j.Name, j.Failed, j.Claim, r.Namespace, j.Name))
+	}
 	if res == nil {
 		if in.Status.Phase == "" {
 			d.Status.Phase = v1alpha1.PhasePending
 			d.Status.Message = fmt.Sprintf("waiting for the guest of VirtualMachine %s to take it: a running guest polls its server for requests", r.VM)
+			if j := in.Job; j != nil {
+				d.Status.Message = fmt.Sprintf("waiting for Job %s to restore under VirtualMachine %s's identity", j.Name, r.VM)
+			}
 			d.Events = append(d.Events, Event{"Normal", w.requested, asked})
 		}
 		return d
@@ -192,8 +227,8 @@ func Decide(in Inputs) Decision {
 			d.Status.Files, d.Status.Bytes = 0, 0
 		}
 		if in.Status.Phase != v1alpha1.PhaseRunning {
-			d.Status.Phase, d.Status.Message = v1alpha1.PhaseRunning, w.running
-			message := asked + " started in the guest"
+			d.Status.Phase, d.Status.Message = v1alpha1.PhaseRunning, carrier(r)+" "+w.running
+			message := asked + " started " + startedBy(r)
 			if r.Kind == RequestRestore {
 				message += ": " + strings.Join(from, ", ") + " " + r.Where
 			}
@@ -232,6 +267,9 @@ func Decide(in Inputs) Decision {
 			d.Status.Message = res.Message
 			if d.Status.Message == "" {
 				d.Status.Message = "the guest reported a failure without saying why: see its journal (journalctl -u guestbackup-requests)"
+				if in.Job != nil {
+					d.Status.Message = fmt.Sprintf("Job %s reported a failure without saying why: kubectl logs -n %s job/%s", in.Job.Name, r.Namespace, in.Job.Name)
+				}
 			}
 			d.Events = append(d.Events, Event{"Warning", w.failed, fmt.Sprintf("%s failed: %s", asked, d.Status.Message)})
 		}
@@ -261,6 +299,22 @@ func unfit(in Inputs) string {
 		return err.Error()
 	}
 	return ""
+}
+
+// carrier is who carries r out.
+func carrier(r Request) string {
+	if r.Carrier == "" {
+		return theGuest
+	}
+	return r.Carrier
+}
+
+// startedBy says, in a started Event, who started r.
+func startedBy(r Request) string {
+	if r.Carrier == "" {
+		return "in the guest"
+	}
+	return "by " + r.Carrier
 }
 
 // requester names who asked, as the webhook stamped it.
@@ -302,10 +356,17 @@ func RestoreRequest(g *v1alpha1.GuestRestore) Request {
 	case t.Directory != "":
 		where = "into " + path.Clean(t.Directory) + " in the guest"
 	}
+	var by string
+	if claim, _ := ClaimOf(g); claim != "" {
+		where = "into folder " + userset.ClaimFolder(g.Name) + " of PersistentVolumeClaim " + claim
+		if IntoClaim(g) {
+			by = "Job " + RestoreJobName(g)
+		}
+	}
 	if g.Spec.SourceVM != "" && g.Spec.SourceVM != g.Spec.VM {
 		where = "from VirtualMachine " + g.Spec.SourceVM + "'s snapshots " + where
 	}
-	r := Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where, DryRun: g.Spec.DryRun,
+	r := Request{Kind: RequestRestore, Name: g.Name, Namespace: g.Namespace, UID: string(g.UID), VM: g.Spec.VM, Requester: g.Spec.Requester, Where: where, Carrier: by, DryRun: g.Spec.DryRun,
 		History: g.Spec.History,
 		Carry:   func(a map[string]string) error { _, err := userset.RestoreRequest(g, a); return err }}
 	if len(g.Spec.Paths) > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -45,8 +46,14 @@ const vmIndex = "spec.vm"
 
 // Reconciler keeps each GuestSnapshot's and GuestRestore's status.
 type Reconciler struct {
-	Client   client.Client
-	Recorder record.EventRecorder
+	Client client.Client
+	// APIReader reads what the cache does not hold; default
+	// (SetupWithManager): the manager's.
+	APIReader client.Reader
+	Recorder  record.EventRecorder
+	// Image is the image restore Jobs run (guestbackup-restore and
+	// kopia): the server pods'.
+	Image string
 	// Clock tells the time; default (SetupWithManager): the real clock.
 	Clock clock.PassiveClock
 }
@@ -63,6 +70,11 @@ type kind[T client.Object] struct {
 	status  func(T) Status
 	apply   func(Status, T)
 	vm      func(T) string
+	// job reads a restore's Job and claim (nil for a request no Job
+	// carries out), and makeJob creates what a decision asks for; both
+	// nil for a kind no Job carries out.
+	job     func(ctx context.Context, c client.Client, obj T) (*JobState, error)
+	makeJob func(ctx context.Context, r *Reconciler, obj T, in Inputs, d Decision) (problem string, err error)
 }
 
 var snapshots = kind[*v1alpha1.GuestSnapshot]{
@@ -95,6 +107,8 @@ var restores = kind[*v1alpha1.GuestRestore]{
 	status:  func(g *v1alpha1.GuestRestore) Status { return RestoreStatus(g.Status) },
 	apply:   func(st Status, g *v1alpha1.GuestRestore) { applyRestore(st, &g.Status) },
 	vm:      func(g *v1alpha1.GuestRestore) string { return g.Spec.VM },
+	job:     jobOf,
+	makeJob: makeJob,
 }
 
 // pointers points at each item of a list.
@@ -115,6 +129,9 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	}
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorderFor("guestbackup-requests")
@@ -144,9 +161,14 @@ func setup[T client.Object](mgr ctrl.Manager, r *kindReconciler[T]) error {
 	}); err != nil {
 		return fmt.Errorf("index %s by VM: %w", k.name, err)
 	}
-	return ctrl.NewControllerManagedBy(mgr).
+	b := ctrl.NewControllerManagedBy(mgr).
 		Named(k.name).
-		For(k.object()).
+		For(k.object())
+	if k.job != nil {
+		// A Job that fails fails its request.
+		b = b.Owns(&batchv1.Job{})
+	}
+	return b.
 		// A VM deleted or opted out fails its requests (metadata only,
 		// the cache the other VM reconcilers share).
 		Watches(&kubevirtv1.VirtualMachine{}, handler.EnqueueRequestsFromMapFunc(r.requestsOfVM), builder.OnlyMetadata).
@@ -231,7 +253,26 @@ func (r *kindReconciler[T]) Reconcile(ctx context.Context, req ctrl.Request) (ct
 		}
 		in.Guest = g
 	}
+	if r.kind.job != nil && in.Server != nil && in.Admitted {
+		j, err := r.kind.job(ctx, r.Client, obj)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		in.Job = j
+	}
 	d := Decide(in)
+	if d.CreateJob || d.CreateClaim {
+		// Before the status: a request said to be Pending on a Job has
+		// one.
+		problem, err := r.kind.makeJob(ctx, r.Reconciler, obj, in, d)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if problem != "" {
+			in.Job.ClaimProblem = problem
+			d = Decide(in)
+		}
+	}
 	orig := obj.DeepCopyObject().(T)
 	r.kind.apply(d.Status, obj)
 	if equality.Semantic.DeepEqual(orig, obj) {
@@ -271,6 +312,7 @@ func (r *Reconciler) serverOf(ctx context.Context, in *Inputs) error {
 	if err := r.Client.Get(ctx, types.NamespacedName{Name: in.Request.Namespace}, ns); err != nil {
 		return fmt.Errorf("get namespace %s: %w", in.Request.Namespace, err)
 	}
+	in.Namespace = ns
 	in.Admitted, err = kopiaserver.Admits(server, ns)
 	return err
 }
@@ -301,4 +343,78 @@ func (r *Reconciler) guestOf(ctx context.Context, vm *metav1.PartialObjectMetada
 		return nil, nil
 	}
 	return &g, nil
+}
+
+// jobOf reads GuestRestore g's Job and claim, when g restores into a claim
+// (IntoClaim); nil otherwise.
+func jobOf(ctx context.Context, c client.Client, g *v1alpha1.GuestRestore) (*JobState, error) {
+	if !IntoClaim(g) {
+		return nil, nil
+	}
+	claim, create := ClaimOf(g)
+	st := &JobState{Name: RestoreJobName(g), Claim: claim}
+	job := &batchv1.Job{}
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: g.Namespace, Name: st.Name}, job); {
+	case err == nil && !metav1.IsControlledBy(job, g):
+		st.Exists, st.ClaimProblem = true, notOurs(st.Name)
+		return st, nil
+	case err == nil:
+		st.Exists, st.Failed = true, jobFailure(job)
+	case !apierrors.IsNotFound(err):
+		return nil, fmt.Errorf("get Job %s/%s: %w", g.Namespace, st.Name, err)
+	}
+	pvc := &corev1.PersistentVolumeClaim{}
+	switch err := c.Get(ctx, types.NamespacedName{Namespace: g.Namespace, Name: claim}, pvc); {
+	case apierrors.IsNotFound(err):
+		pvc = nil
+	case err != nil:
+		return nil, fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", g.Namespace, claim, err)
+	}
+	if !st.Exists {
+		// Once the Job runs, the claim is its; a claim the request
+		// created is labelled its own.
+		st.ClaimProblem = claimProblem(g, pvc, create)
+	}
+	st.CreateClaim = create && pvc == nil
+	return st, nil
+}
+
+// makeJob creates GuestRestore g's claim and Job, as decision d asks. One
+// of ours that exists already (a pass that did not see it yet) is no
+// error; a Job of its name that is not g's (one the cache, which holds
+// guestbackup's alone, does not show) is a problem the request fails with.
+func makeJob(ctx context.Context, r *Reconciler, g *v1alpha1.GuestRestore, in Inputs, d Decision) (string, error) {
+	if d.CreateClaim {
+		pvc := RestoreClaim(g)
+		if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
+			return "", fmt.Errorf("create PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+		}
+	}
+	if !d.CreateJob {
+		return "", nil
+	}
+	job := RestoreJob(g, in.Server, r.Image, kopiaserver.AssignsPodIDs(in.Namespace))
+	err := r.Client.Create(ctx, job)
+	switch {
+	case err == nil:
+		return "", nil
+	case !apierrors.IsAlreadyExists(err):
+		return "", fmt.Errorf("create Job %s/%s: %w", job.Namespace, job.Name, err)
+	}
+	// Its owner references are metadata: readable without the cache.
+	existing := &metav1.PartialObjectMetadata{}
+	existing.SetGroupVersionKind(batchv1.SchemeGroupVersion.WithKind("Job"))
+	if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(job), existing); err != nil {
+		return "", client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(existing, g) {
+		return notOurs(job.Name), nil
+	}
+	return "", nil
+}
+
+// notOurs is the problem of a Job of a request's Job's name that is not
+// the request's.
+func notOurs(name string) string {
+	return fmt.Sprintf("Job %s exists and is not this request's: delete it, then make the request again", name)
 }

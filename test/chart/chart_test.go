@@ -411,9 +411,12 @@ var _ = Describe("The chart rendered", func() {
 				if !set.requests {
 					Expect(r.text).NotTo(ContainSubstring("guestsnapshots"), "nothing of the requests without requests.enabled: no CRD, webhook or role")
 				} else {
-					// The controller's own, exactly: it reads requests and writes their status.
+					// The controller's own, exactly: it reads requests and writes their
+					// status, and creates a restore's Job and the claim it asks for.
 					name := release + "-controller-requests"
 					Expect(as[rbacv1.ClusterRole](r.find("ClusterRole", name)).Rules).To(Equal([]rbacv1.PolicyRule{
+						{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"create", "get", "list", "watch"}},
+						{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch"}},
 						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores", "guestsnapshots"}, Verbs: []string{"get", "list", "watch"}},
 						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores/status", "guestsnapshots/status"}, Verbs: []string{"patch"}},
 					}))
