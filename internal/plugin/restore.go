@@ -67,14 +67,15 @@ below it: nothing in the guest is overwritten. Or at most one of:
                    --storage-class); attach it with virtctl addvolume or
                    mount it.
 The running guest writes nothing where something already is, and follows
-no symbolic link on the way, except --in-place.
+no symbolic link on the way, except --in-place. Into a claim, a short-lived
+unprivileged Job of the namespace restores under the VM's identity, into
+the claim's folder /<request name>, each path at its full path below it;
+the files keep their modes and times and belong to the Job's user (owners
+are not kept: an unprivileged Job cannot give files away).
 
 --list restores nothing: the VM's server lists what it would write (paths,
 types, sizes, modification times; the first 100) and counts it all, even
 for a stopped VM; with --wait it prints that listing.
-
-Not carried out by this version: --pvc and --pvc-size make a request that
-fails at once, saying what to do instead.
 
 With --wait, it follows the request until it ends, printing what was
 written so far, then what was restored, from which snapshots, and where.

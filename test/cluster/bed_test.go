@@ -9,6 +9,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	"k8s.io/apimachinery/pkg/types"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -91,6 +93,24 @@ func (b *clusterBed) Boot(vm *kubevirtv1.VirtualMachine) testbed.GuestResult {
 	Expect(boot.Processes).NotTo(ContainElement(And(HaveField("Command", "qemu-system-x86_64"), HaveField("OfTestBed", true))),
 		"no QEMU started by the test bed")
 	return boot.GuestResult
+}
+
+// ClaimClass makes a local volume of size on the node, of a class of its
+// own that only a claim of that class binds, as a provisioner would.
+func (b *clusterBed) ClaimClass(name, size string) string {
+	class := "local-" + name
+	b.Node.LocalVolume(GinkgoT(), name, class, size)
+	return class
+}
+
+// ShellImage is virt-handler's image, which the node holds: a Debian root
+// with a shell and coreutils.
+func (b *clusterBed) ShellImage(ctx context.Context) (string, error) {
+	ds := &appsv1.DaemonSet{}
+	if err := b.Backend.Client.Get(ctx, types.NamespacedName{Namespace: testbed.KubeVirtNamespace, Name: "virt-handler"}, ds); err != nil {
+		return "", fmt.Errorf("get virt-handler's DaemonSet: %w", err)
+	}
+	return ds.Spec.Template.Spec.Containers[0].Image, nil
 }
 
 // lastLines is the last n lines of s.

@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 	kubevirtv1 "kubevirt.io/api/core/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -51,10 +52,29 @@ type Bed interface {
 	Kubeconfig() string
 }
 
+// JobBed is a Bed whose node runs the pods of Jobs (a kubelet and
+// kube-controller-manager's Job controller): restores into claims run there.
+type JobBed interface {
+	Bed
+	// ClaimClass makes a volume of size on the node that one claim of the
+	// returned storage class binds, as an admin's provisioner would.
+	ClaimClass(name, size string) string
+	// ShellImage is an image the node holds that has a POSIX shell and
+	// coreutils, for a pod that reads a claim back.
+	ShellImage(ctx context.Context) (string, error)
+}
+
+// Option adds specs to a story for what its bed can do.
+type Option int
+
+// WithJobs adds the specs that need a JobBed: a stopped VM's restore into
+// a claim, written by a Job and read back by a pod.
+const WithJobs Option = iota + 1
+
 // ZeroTouch is the zero-touch story, on the bed start makes: an admin's
 // BSLS, two owners' VMs whose guests connect and snapshot with only what
 // was injected, their isolation, and a deleted VM's revocation.
-func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...string) Bed) {
+func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...string) Bed, opts ...Option) {
 	const (
 		bslsNS = "backup"
 		vmNS   = "team-a"
@@ -318,6 +338,72 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElement(
 			HavePrefix("Normal RestoreListed: Restore requested by " + history.Spec.Requester.Username + " (web-hello-history) listed the versions of /srv/data/hello.txt: 3, newest first")))
 	})
+
+	if slices.Contains(opts, WithJobs) {
+		It("restores a stopped VM's file into a new claim, asked with kubectl guestbackup: a Job writes it under the VM's identity, and a pod reads it back byte for byte", func() {
+			jobs, ok := bed.(JobBed)
+			Expect(ok).To(BeTrue(), "a bed that runs Jobs")
+			Expect(web.snapshot).NotTo(BeEmpty(), "the first VM's first snapshot")
+			By("the VM is stopped: its guest powered itself off")
+			Eventually(func() kubevirtv1.VirtualMachinePrintableStatus {
+				vm := &kubevirtv1.VirtualMachine{}
+				_ = c.Get(ctx, types.NamespacedName{Namespace: vmNS, Name: "web"}, vm)
+				return vm.Status.PrintableStatus
+			}).WithTimeout(2*time.Minute).Should(Equal(kubevirtv1.VirtualMachineStatusStopped), "its guest ran once (runStrategy Once) and powered off")
+
+			By("asking for hello.txt of its first snapshot in a new 1 GiB claim, and waiting for it")
+			class := jobs.ClaimClass("web-to-claim", "1Gi")
+			plugin := exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/web", "/srv/data/hello.txt", "--from", web.snapshot,
+				"--pvc-size", "1Gi", "--storage-class", class, "--name", "web-to-claim", "--wait", "--timeout", "8m", "-n", vmNS, "-o", "json", "--kubeconfig", bed.Kubeconfig())
+			var stderr bytes.Buffer
+			plugin.Stderr = &stderr
+			out, err := plugin.Output()
+			Expect(err).NotTo(HaveOccurred(), "%s\n%s", stderr.String(), testbed.DescribePods(ctx, c, vmNS))
+			restored := &v1alpha1.GuestRestore{}
+			Expect(json.Unmarshal(out, restored)).To(Succeed(), string(out))
+			Expect(restored.Status.Phase).To(Equal(v1alpha1.PhaseSucceeded), restored.Status.Message)
+			hello := []byte("hello from the guest\n")
+			Expect(restored.Status.Snapshots).To(Equal([]v1alpha1.PathSnapshot{{Path: "/srv/data/hello.txt", ID: web.snapshot}}))
+			Expect(restored.Status.Progress).To(Equal(v1alpha1.RestoreProgress{Files: 1, Bytes: int64(len(hello))}))
+
+			By("saying so, naming who asked and the claim, on the request and on the VM")
+			said := HavePrefix("Normal Restored: Restore requested by " + restored.Spec.Requester.Username + " (web-to-claim) restored /srv/data/hello.txt (" + web.snapshot +
+				") into folder /web-to-claim of PersistentVolumeClaim web-to-claim")
+			Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
+				HavePrefix("Normal RestoreStarted: Restore requested by "+restored.Spec.Requester.Username+" (web-to-claim) started by Job guestbackup-restore-"+string(restored.UID)), said))
+			Expect(bed.Events(ctx, vmNS, "GuestRestore", restored.Name)).To(ContainElement(said))
+
+			By("reading it back from a pod of another user that mounts the claim")
+			image, err := jobs.ShellImage(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			reader := &corev1.Pod{
+				ObjectMeta: metav1.ObjectMeta{Name: "read-web-to-claim", Namespace: vmNS},
+				Spec: corev1.PodSpec{
+					RestartPolicy:                corev1.RestartPolicyNever,
+					AutomountServiceAccountToken: ptr.To(false),
+					SecurityContext:              &corev1.PodSecurityContext{RunAsUser: ptr.To[int64](1000), RunAsGroup: ptr.To[int64](1000)},
+					Containers: []corev1.Container{{
+						Name: "read", Image: image, ImagePullPolicy: corev1.PullNever,
+						Command:      []string{"/bin/sh", "-c", `f=/claim/web-to-claim/srv/data/hello.txt; printf '%s %s' "$(sha256sum <"$f" | cut -d' ' -f1)" "$(stat -c %a "$f")" >/dev/termination-log`},
+						VolumeMounts: []corev1.VolumeMount{{Name: "claim", MountPath: "/claim", ReadOnly: true}},
+					}},
+					Volumes: []corev1.Volume{{Name: "claim", VolumeSource: corev1.VolumeSource{
+						PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "web-to-claim", ReadOnly: true},
+					}}},
+				},
+			}
+			Expect(c.Create(ctx, reader)).To(Succeed())
+			DeferCleanup(func() { _ = c.Delete(context.Background(), reader) })
+			Eventually(func() corev1.PodPhase {
+				_ = c.Get(ctx, client.ObjectKeyFromObject(reader), reader)
+				return reader.Status.Phase
+			}).WithTimeout(3*time.Minute).Should(Or(Equal(corev1.PodSucceeded), Equal(corev1.PodFailed)), func() string { return testbed.DescribePods(ctx, c, vmNS) })
+			Expect(reader.Status.Phase).To(Equal(corev1.PodSucceeded), testbed.DescribePods(ctx, c, vmNS))
+			sum := sha256.Sum256(hello)
+			Expect(reader.Status.ContainerStatuses).To(ConsistOf(HaveField("State.Terminated.Message", hex.EncodeToString(sum[:])+" 644")),
+				"the file as the guest wrote it: its bytes and its mode")
+		})
+	}
 
 	It("keeps the owner's own inline cloud-config: its marker file is written too", func() {
 		Expect(Markers(web.console)).To(HaveKeyWithValue("marker", "the owner's own cloud-config ran"))
