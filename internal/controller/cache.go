@@ -19,8 +19,8 @@ import (
 	"github.com/guestbackup/guestbackup/pkg/vmsecret"
 )
 
-// Cache keeps the controller's cache to guestbackup's own Pods, ConfigMaps
-// and Secrets (app.kubernetes.io/managed-by=guestbackup): it reconciles no
+// Cache keeps the controller's cache to guestbackup's own Pods, Jobs,
+// ConfigMaps and Secrets (app.kubernetes.io/managed-by=guestbackup): it reconciles no
 // others, and caching every Secret of the cluster would hold every
 // credential of every tenant in its memory. The few Secrets others own that
 // the controller reads (an admin's TLS, S3 or repository password Secret,

@@ -256,9 +256,10 @@ type Polled struct {
 	InPlace bool
 }
 
-// DecodeRequests reads what EncodeRequests wrote. Lines it does not know
-// are skipped, as the guest's script skips them, so that a server may say
-// more than an older client reads.
+// DecodeRequests reads what EncodeRequests wrote. Lines of a request that
+// it does not know are skipped, as the guest's script skips them, so that
+// a server may say more of a request than an older client reads; a line
+// outside a request is an error.
 func DecodeRequests(data []byte) ([]Polled, error) {
 	var (
 		out []Polled

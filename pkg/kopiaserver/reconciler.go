@@ -530,7 +530,11 @@ func (r *Reconciler) syncUsers(ctx context.Context, b *v1alpha1.BackupStorageLoc
 			},
 		}
 		if r.Requests {
-			s.Data[userset.RequestsKey] = userset.EncodeRequests(requests[shard])
+			guests, jobs := userset.SplitJobs(requests[shard])
+			s.Data[userset.RequestsKey] = userset.EncodeRequests(guests)
+			if len(jobs) > 0 {
+				s.Data[userset.JobRequestsKey] = userset.EncodeRequests(jobs)
+			}
 		}
 		before, err := r.grantsWritten(ctx, s, users.Grants[shard])
 		if err != nil {

@@ -202,10 +202,16 @@ func Decide(in Inputs) Decision {
 		if in.Status.Phase == "" {
 			d.Status.Phase = v1alpha1.PhasePending
 			d.Status.Message = fmt.Sprintf("waiting for the guest of VirtualMachine %s to take it: a running guest polls its server for requests", r.VM)
-			if j := in.Job; j != nil {
-				d.Status.Message = fmt.Sprintf("waiting for Job %s to restore under VirtualMachine %s's identity", j.Name, r.VM)
-			}
 			d.Events = append(d.Events, Event{"Normal", w.requested, asked})
+		}
+		if j := in.Job; j != nil {
+			// What keeps the Job's pod from running is the owner's to
+			// see (a claim that does not bind, a Secret missing) long
+			// before the Job's deadline fails it.
+			d.Status.Message = fmt.Sprintf("waiting for Job %s to restore under VirtualMachine %s's identity", j.Name, r.VM)
+			if j.Waiting != "" {
+				d.Status.Message += ": its pod does not run yet: " + j.Waiting
+			}
 		}
 		return d
 	}

@@ -318,6 +318,11 @@ func TestDecideRestoreIntoClaim(t *testing.T) {
 			phase: v1alpha1.PhaseFailed, message: "PersistentVolumeClaim data does not exist",
 			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: PersistentVolumeClaim data does not exist",
 		},
+		"the Job's pod does not run: the status says why": {
+			restore: restoreOf(v1alpha1.PhasePending, existing), in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data",
+				Waiting: `CreateContainerConfigError: secret "web-guestbackup" not found`}},
+			phase: v1alpha1.PhasePending, message: "waiting for Job " + job + " to restore under VirtualMachine web's identity: its pod does not run yet: CreateContainerConfigError: secret \"web-guestbackup\" not found",
+		},
 		"the Job exists: nothing more is created": {
 			restore: restoreOf(v1alpha1.PhasePending, fresh), in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "nginx-config"}},
 			phase: v1alpha1.PhasePending,

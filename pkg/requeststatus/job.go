@@ -20,6 +20,11 @@ import (
 // that restores, and the claim when the request asks for a new one.
 // +kubebuilder:rbac:groups=batch,resources=jobs,verbs=get;list;watch;create
 // +kubebuilder:rbac:groups="",resources=persistentvolumeclaims,verbs=get;list;watch;create
+// The Job's owner reference blocks its request's deletion until the Job
+// goes (blockOwnerDeletion), which the API server allows only to whom may
+// update the request's finalizers (OwnerReferencesPermissionEnforcement,
+// on by default on OpenShift).
+// +kubebuilder:rbac:groups=guestbackup.io,resources=guestrestores/finalizers,verbs=update
 
 // LabelRestore marks the Job, and a claim it created, of the GuestRestore
 // whose UID is its value.
@@ -80,9 +85,13 @@ func RestoreClaim(g *v1alpha1.GuestRestore) *corev1.PersistentVolumeClaim {
 // under the restricted Pod Security standard (non-root, no capability, no
 // privilege escalation, a read-only root filesystem, no service account
 // token), and writes nowhere but the claim and a scratch folder. It runs
-// as the image's user with the image's group as fsGroup, which the kubelet
-// gives the claim's root so that the user may write there; where the
-// platform assigns both (platformAssignsIDs, OpenShift's restricted SCCs,
+// as the image's user. Into a claim it creates, its fsGroup is the
+// image's group, which the kubelet gives the fresh claim's root so that
+// the user may write there; an existing claim's files are left as they
+// are (an fsGroup would change the group of every one), so its root must
+// be writable by that user or group already (one an earlier restore
+// created is). Where the platform assigns users and groups
+// (platformAssignsIDs, OpenShift's restricted SCCs,
 // kopiaserver.AssignsPodIDs), it names neither, as the server pods do.
 func RestoreJob(g *v1alpha1.GuestRestore, server *v1alpha1.BackupStorageLocationServer, image string, platformAssignsIDs bool) *batchv1.Job {
 	claim, _ := ClaimOf(g)
@@ -101,7 +110,7 @@ func RestoreJob(g *v1alpha1.GuestRestore, server *v1alpha1.BackupStorageLocation
 		SeccompProfile:      &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
 		FSGroupChangePolicy: ptr.To(corev1.FSGroupChangeOnRootMismatch),
 	}
-	if !platformAssignsIDs {
+	if _, create := ClaimOf(g); create && !platformAssignsIDs {
 		security.FSGroup = ptr.To[int64](kopiaserver.ImageGroup)
 	}
 	if server.Status.Client != nil {
@@ -111,9 +120,15 @@ func RestoreJob(g *v1alpha1.GuestRestore, server *v1alpha1.BackupStorageLocation
 		ObjectMeta: metav1.ObjectMeta{Name: RestoreJobName(g), Namespace: g.Namespace, Labels: labels,
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(g, v1alpha1.GroupVersion.WithKind("GuestRestore"))}},
 		Spec: batchv1.JobSpec{
-			// A second attempt finds the request ended, or restores
-			// where the first wrote nothing.
-			BackoffLimit:          ptr.To[int32](2),
+			// A second attempt tells the ending the first kept but could
+			// not tell, or restores again, throwing away what the first
+			// left (package runner). A configuration error (exit 2) is
+			// not tried again.
+			BackoffLimit: ptr.To[int32](2),
+			PodFailurePolicy: &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{
+				Action:      batchv1.PodFailurePolicyActionFailJob,
+				OnExitCodes: &batchv1.PodFailurePolicyOnExitCodesRequirement{Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{2}},
+			}}},
 			ActiveDeadlineSeconds: ptr.To[int64](RestoreJobDeadline),
 			Template: corev1.PodTemplateSpec{
 				ObjectMeta: metav1.ObjectMeta{Labels: labels},
@@ -159,8 +174,10 @@ type JobState struct {
 	Name   string
 	Exists bool
 	// Failed is why the Job failed (its Failed condition), "" while it
-	// has not.
-	Failed string
+	// has not. Waiting is why its pod does not run yet (podWaiting), ""
+	// when it runs or there is none.
+	Failed  string
+	Waiting string
 	// Claim is the claim's name; ClaimProblem, why the restore cannot
 	// write into it ("" when it can, or when the controller creates it).
 	Claim        string
@@ -180,6 +197,27 @@ func jobFailure(j *batchv1.Job) string {
 	return ""
 }
 
+// podWaiting says why pod does not run yet, as `kubectl describe` would:
+// it cannot be scheduled (its claim does not bind, say), or a container
+// waits (a Secret missing, an image that cannot be pulled); "" when
+// nothing keeps it.
+func podWaiting(pod *corev1.Pod) string {
+	if pod.Status.Phase != corev1.PodPending {
+		return ""
+	}
+	for _, c := range pod.Status.ContainerStatuses {
+		if w := c.State.Waiting; w != nil && w.Reason != "" && w.Reason != "ContainerCreating" && w.Reason != "PodInitializing" {
+			return strings.TrimSuffix(w.Reason+": "+w.Message, ": ")
+		}
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason != "" {
+			return strings.TrimSuffix(c.Reason+": "+c.Message, ": ")
+		}
+	}
+	return ""
+}
+
 // claimProblem says why GuestRestore g cannot restore into claim pvc (nil:
 // none of that name exists), "" when it can; create is whether g asks
 // for a new claim.
@@ -190,6 +228,8 @@ func claimProblem(g *v1alpha1.GuestRestore, pvc *corev1.PersistentVolumeClaim, c
 		return fmt.Sprintf("PersistentVolumeClaim %s does not exist in namespace %s: create it, or set spec.target.persistentVolumeClaim.size for a new one", name, g.Namespace)
 	case pvc == nil:
 		return ""
+	case !create && pvc.Spec.VolumeMode != nil && *pvc.Spec.VolumeMode == corev1.PersistentVolumeBlock:
+		return fmt.Sprintf("PersistentVolumeClaim %s is a block volume, which holds no files to restore into: restore into a claim of volumeMode Filesystem, or a new one (size)", name)
 	case create && pvc.Labels[LabelRestore] != string(g.UID):
 		return fmt.Sprintf("PersistentVolumeClaim %s exists already, and this request asks for a new one of that name: restore into it with spec.target.persistentVolumeClaim.claimName, or name the request otherwise", name)
 	case pvc.DeletionTimestamp != nil:

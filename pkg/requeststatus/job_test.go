@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	batchv1 "k8s.io/api/batch/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -38,8 +39,16 @@ func TestRestoreJob(t *testing.T) {
 				t.Errorf("platform assigns IDs %v: restricted refuses it: %s: %s", assigned, r.ForbiddenReason, r.ForbiddenDetail)
 			}
 		}
-		if got := spec.SecurityContext.FSGroup != nil; got == assigned {
-			t.Errorf("platform assigns IDs %v: fsGroup %v", assigned, spec.SecurityContext.FSGroup)
+		if spec.SecurityContext.FSGroup != nil {
+			t.Errorf("platform assigns IDs %v: fsGroup %v on an existing claim, whose every file's group the kubelet would change", assigned, *spec.SecurityContext.FSGroup)
+		}
+		fresh := g.DeepCopy()
+		fresh.Spec.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{Size: ptr.To(resource.MustParse("1Gi"))}
+		if got := RestoreJob(fresh, srv, "guestbackup:dev", assigned).Spec.Template.Spec.SecurityContext.FSGroup; (got != nil) == assigned {
+			t.Errorf("platform assigns IDs %v: fsGroup %v on a claim the controller creates", assigned, got)
+		}
+		if p := job.Spec.PodFailurePolicy; p == nil || len(p.Rules) != 1 || p.Rules[0].Action != batchv1.PodFailurePolicyActionFailJob {
+			t.Errorf("pod failure policy %+v: a configuration error is not tried again", p)
 		}
 		if spec.SecurityContext.RunAsUser != nil || spec.SecurityContext.RunAsGroup != nil {
 			t.Error("a fixed user or group, which OpenShift's restricted SCCs refuse: the image's user applies")
@@ -99,5 +108,34 @@ func TestRestoreClaim(t *testing.T) {
 	}
 	if p := claimProblem(named, other, false); p != "" {
 		t.Errorf("an existing claim named: %q", p)
+	}
+	block := other.DeepCopy()
+	block.Spec.VolumeMode = ptr.To(corev1.PersistentVolumeBlock)
+	if p := claimProblem(named, block, false); !strings.Contains(p, "is a block volume, which holds no files") {
+		t.Errorf("a block claim: %q", p)
+	}
+}
+
+// What keeps a restore Job's pod from running, as kubectl describe says it.
+func TestPodWaiting(t *testing.T) {
+	pending := func(st corev1.PodStatus) *corev1.Pod {
+		st.Phase = corev1.PodPending
+		return &corev1.Pod{Status: st}
+	}
+	for name, tt := range map[string]struct {
+		pod  *corev1.Pod
+		want string
+	}{
+		"unschedulable": {pending(corev1.PodStatus{Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: "Unschedulable",
+			Message: "0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims"}}}), "Unschedulable: 0/1 nodes are available: pod has unbound immediate PersistentVolumeClaims"},
+		"a Secret missing": {pending(corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: "CreateContainerConfigError", Message: `secret "web-guestbackup" not found`}}}}}), `CreateContainerConfigError: secret "web-guestbackup" not found`},
+		"being created": {pending(corev1.PodStatus{ContainerStatuses: []corev1.ContainerStatus{{State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+			Reason: "ContainerCreating"}}}}}), ""},
+		"running": {&corev1.Pod{Status: corev1.PodStatus{Phase: corev1.PodRunning}}, ""},
+	} {
+		if got := podWaiting(tt.pod); got != tt.want {
+			t.Errorf("%s: %q, want %q", name, got, tt.want)
+		}
 	}
 }

@@ -165,8 +165,12 @@ func setup[T client.Object](mgr ctrl.Manager, r *kindReconciler[T]) error {
 		Named(k.name).
 		For(k.object())
 	if k.job != nil {
-		// A Job that fails fails its request.
-		b = b.Owns(&batchv1.Job{})
+		// A Job that fails fails its request, and what keeps its pod
+		// from running is said in the request's status.
+		b = b.Owns(&batchv1.Job{}).
+			Watches(&corev1.Pod{}, handler.EnqueueRequestsFromMapFunc(r.restoreOfPod), builder.WithPredicates(predicate.NewPredicateFuncs(func(o client.Object) bool {
+				return o.GetLabels()[LabelRestore] != ""
+			})))
 	}
 	return b.
 		// A VM deleted or opted out fails its requests (metadata only,
@@ -190,6 +194,20 @@ func (r *kindReconciler[T]) requestsOfVM(ctx context.Context, o client.Object) [
 		if !ended(r.kind.status(item).Phase) {
 			reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(item)})
 		}
+	}
+	return reqs
+}
+
+// restoreOfPod maps a restore Job's pod to its request, by the UID its
+// label names.
+func (r *kindReconciler[T]) restoreOfPod(ctx context.Context, o client.Object) []reconcile.Request {
+	items, err := r.kind.list(ctx, r.Client, client.InNamespace(o.GetNamespace()), client.MatchingFields{uidIndex: o.GetLabels()[LabelRestore]})
+	if err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for _, item := range items {
+		reqs = append(reqs, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(item)})
 	}
 	return reqs
 }
@@ -360,6 +378,15 @@ func jobOf(ctx context.Context, c client.Client, g *v1alpha1.GuestRestore) (*Job
 		return st, nil
 	case err == nil:
 		st.Exists, st.Failed = true, jobFailure(job)
+		pods := &corev1.PodList{}
+		if err := c.List(ctx, pods, client.InNamespace(g.Namespace), client.MatchingLabels{LabelRestore: string(g.UID)}); err != nil {
+			return nil, fmt.Errorf("list the pods of Job %s/%s: %w", g.Namespace, st.Name, err)
+		}
+		for i := range pods.Items {
+			if w := podWaiting(&pods.Items[i]); w != "" && metav1.IsControlledBy(&pods.Items[i], job) {
+				st.Waiting = w
+			}
+		}
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("get Job %s/%s: %w", g.Namespace, st.Name, err)
 	}
@@ -386,20 +413,29 @@ func jobOf(ctx context.Context, c client.Client, g *v1alpha1.GuestRestore) (*Job
 func makeJob(ctx context.Context, r *Reconciler, g *v1alpha1.GuestRestore, in Inputs, d Decision) (string, error) {
 	if d.CreateClaim {
 		pvc := RestoreClaim(g)
-		if err := r.Client.Create(ctx, pvc); err != nil && !apierrors.IsAlreadyExists(err) {
-			return "", fmt.Errorf("create PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
+		created := r.Client.Create(ctx, pvc)
+		if problem, err := refused("PersistentVolumeClaim", pvc.Name, created); problem != "" || err != nil {
+			return problem, err
+		}
+		if apierrors.IsAlreadyExists(created) {
+			// Made since the cache was read: the request's own, or a
+			// claim it must not write into.
+			existing := &corev1.PersistentVolumeClaim{}
+			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pvc), existing); err != nil {
+				return "", fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, client.IgnoreNotFound(err))
+			}
+			if problem := claimProblem(g, existing, true); problem != "" {
+				return problem, nil
+			}
 		}
 	}
 	if !d.CreateJob {
 		return "", nil
 	}
 	job := RestoreJob(g, in.Server, r.Image, kopiaserver.AssignsPodIDs(in.Namespace))
-	err := r.Client.Create(ctx, job)
-	switch {
-	case err == nil:
-		return "", nil
-	case !apierrors.IsAlreadyExists(err):
-		return "", fmt.Errorf("create Job %s/%s: %w", job.Namespace, job.Name, err)
+	created := r.Client.Create(ctx, job)
+	if problem, err := refused("Job", job.Name, created); problem != "" || err != nil || created == nil {
+		return problem, err
 	}
 	// Its owner references are metadata: readable without the cache.
 	existing := &metav1.PartialObjectMetadata{}
@@ -411,6 +447,21 @@ func makeJob(ctx context.Context, r *Reconciler, g *v1alpha1.GuestRestore, in In
 		return notOurs(job.Name), nil
 	}
 	return "", nil
+}
+
+// refused sorts the error of creating a request's kind object name: one
+// the API server refuses for good (a quota of the namespace exceeded, an
+// object its admission refuses) is a problem the request fails with, in
+// the API server's words; AlreadyExists is neither (the caller looks);
+// any other is an error, tried again.
+func refused(kind, name string, err error) (problem string, _ error) {
+	switch {
+	case err == nil, apierrors.IsAlreadyExists(err):
+		return "", nil
+	case apierrors.IsForbidden(err), apierrors.IsInvalid(err):
+		return fmt.Sprintf("cannot create %s %s: %v", kind, name, err), nil
+	}
+	return "", fmt.Errorf("create %s %s: %w", kind, name, err)
 }
 
 // notOurs is the problem of a Job of a request's Job's name that is not

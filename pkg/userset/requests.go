@@ -24,6 +24,26 @@ import (
 // it travels in the Secret because that is the channel the two sides share.
 const RequestsKey = "requests"
 
+// JobRequestsKey is the key of a users Secret that holds, in RequestsKey's
+// format, the requests of its shard that restore Jobs carry out
+// (Request.Job). They have a key of their own so that a server pod of a
+// version that knows no Job, which reads RequestsKey alone, never hands
+// one to a guest while an upgrade rolls: it lists none of them.
+const JobRequestsKey = "job-requests"
+
+// SplitJobs splits requests into those guests carry out and those Jobs do
+// (Request.Job), each in its own key of a users Secret.
+func SplitJobs(requests []Request) (guests, jobs []Request) {
+	for _, r := range requests {
+		if r.Job {
+			jobs = append(jobs, r)
+		} else {
+			guests = append(guests, r)
+		}
+	}
+	return guests, jobs
+}
+
 // MaxRequestsPerUser bounds the requests a users Secret lists for one
 // user: the oldest wait their turn, so that a flood of requests to one VM
 // grows neither the Secret nor the guest's work without bound.
@@ -311,7 +331,8 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 	}
 	switch t := g.Spec.Target; {
 	case t.PersistentVolumeClaim != nil:
-		r.Target, r.Job = ClaimFolder(g.Name), true
+		// A dry run into a claim is the server's alone, as any dry run.
+		r.Target, r.Job = ClaimFolder(g.Name), !g.Spec.DryRun
 	case t.InPlace:
 		r.Target, r.InPlace = "/", true
 	case t.Directory != "":

@@ -264,3 +264,14 @@ func TestOneRequestAlwaysFitsItsShard(t *testing.T) {
 		t.Errorf("the largest request alone is not listed: %v", listed)
 	}
 }
+
+// A Job's requests go under a key of their own, which a server pod that
+// knows no Job never reads.
+func TestSplitJobs(t *testing.T) {
+	guest := request("aaaa0000-0000-4000-8000-000000000001", "web@team-a", "/srv")
+	job := Request{UID: "bbbb0000-0000-4000-8000-000000000002", User: "web@team-a", Kind: RequestRestore, Name: "to-claim", Paths: []string{"/srv"}, Source: "web@team-a", Target: ClaimFolder("to-claim"), Job: true}
+	guests, jobs := SplitJobs([]Request{job, guest})
+	if len(guests) != 1 || guests[0].UID != guest.UID || len(jobs) != 1 || jobs[0].UID != job.UID {
+		t.Errorf("guests %v, jobs %v", guests, jobs)
+	}
+}

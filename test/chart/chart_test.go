@@ -418,6 +418,7 @@ var _ = Describe("The chart rendered", func() {
 						{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"create", "get", "list", "watch"}},
 						{APIGroups: []string{"batch"}, Resources: []string{"jobs"}, Verbs: []string{"create", "get", "list", "watch"}},
 						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores", "guestsnapshots"}, Verbs: []string{"get", "list", "watch"}},
+						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores/finalizers"}, Verbs: []string{"update"}},
 						{APIGroups: []string{v1alpha1.GroupVersion.Group}, Resources: []string{"guestrestores/status", "guestsnapshots/status"}, Verbs: []string{"patch"}},
 					}))
 					binding := as[rbacv1.ClusterRoleBinding](r.find("ClusterRoleBinding", name))

@@ -92,32 +92,44 @@ func Run(ctx context.Context, c Config) error {
 		return err
 	}
 	c.Log.Info("the server lists the request", "name", listed.Name, "paths", len(listed.Paths))
-	if listed.InPlace || listed.Target == "" || listed.Target == "/" {
-		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("the server asks the Job to restore into %q, not a folder of the claim", listed.Target))
+	folder, ok := claimFolder(listed.Target)
+	if listed.InPlace || !ok {
+		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("the server asks the Job to restore into %q, not a folder of the claim named after the request", listed.Target))
+	}
+	final := filepath.Join(c.Claim, folder)
+	staging, receipt := filepath.Join(c.Claim, "."+folder+".incomplete"), filepath.Join(c.Claim, "."+folder+".ended")
+	if phase, message, ok := j.endedBefore(receipt); ok {
+		// An earlier run of this Job restored, and could not tell it.
+		c.Log.Info("an earlier run ended the request: telling the server again", "phase", phase)
+		return j.end(ctx, phase, message)
+	}
+	if _, err := os.Lstat(final); !errors.Is(err, os.ErrNotExist) {
+		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("/%s exists already in the claim: restore into a new claim, or remove it", folder))
 	}
 	if why, err := j.connect(ctx); err != nil {
 		return err
 	} else if why != "" {
 		return j.end(ctx, v1alpha1.PhaseFailed, why)
 	}
-	planData, err := j.call(ctx, http.MethodPost, clientdist.ResultPath, url.Values{clientdist.UIDParam: {c.Request}, clientdist.PhaseParam: {string(v1alpha1.PhaseRunning)}}, nil)
-	if errors.Is(err, errConflict) {
-		c.Log.Info("the request ended before this Job started it: nothing to do", "why", err.Error())
-		return ErrEnded
-	}
+	plan, err := j.start(ctx)
 	if err != nil {
-		return fmt.Errorf("start the restore: %w", err)
-	}
-	plan, err := clientdist.DecodePlan(planData)
-	if err != nil {
-		return j.end(ctx, v1alpha1.PhaseFailed, "the server's plan cannot be read: "+err.Error())
+		return err
 	}
 	if len(plan) == 0 {
 		return j.end(ctx, v1alpha1.PhaseFailed, "the server named nothing to restore: ask again, or tell the server's admin")
 	}
+	// Into a folder of the Job's own, named in the claim only once all
+	// of it is there: an earlier run's (a pod evicted, a node lost) is
+	// thrown away, and the request's folder holds all or nothing.
+	if err := os.RemoveAll(staging); err != nil {
+		return fmt.Errorf("remove an earlier run's %s: %w", staging, err)
+	}
+	if err := os.Mkdir(staging, 0o755); err != nil {
+		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("cannot create /.%s.incomplete in the claim: %v (the claim's root must be writable by the Job's user or group)", folder, err))
+	}
 	var restored, failed []string
 	for _, step := range plan {
-		summary, err := j.restore(ctx, listed.Target, step)
+		summary, err := j.restore(ctx, staging, step)
 		if err != nil {
 			failed = append(failed, step.Path+": "+err.Error())
 			continue
@@ -126,9 +138,81 @@ func Run(ctx context.Context, c Config) error {
 		restored = append(restored, step.Path+": "+summary)
 	}
 	if len(failed) > 0 {
+		if err := os.RemoveAll(staging); err != nil {
+			c.Log.Error(err, "cannot remove what the failed restore wrote", "folder", staging)
+		}
 		return j.end(ctx, v1alpha1.PhaseFailed, "the restore failed in the Job: "+strings.Join(failed, "; "))
 	}
-	return j.end(ctx, v1alpha1.PhaseSucceeded, strings.Join(restored, "; "))
+	message := strings.Join(restored, "; ")
+	if err := os.WriteFile(receipt, []byte(c.Request+"\n"+string(v1alpha1.PhaseSucceeded)+"\n"+message), 0o644); err != nil {
+		return fmt.Errorf("keep the ending in %s: %w", receipt, err)
+	}
+	if err := os.Rename(staging, final); err != nil {
+		_ = os.Remove(receipt)
+		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("cannot name the restored folder /%s in the claim: %v", folder, err))
+	}
+	return j.end(ctx, v1alpha1.PhaseSucceeded, message)
+}
+
+// claimFolder is the folder of the claim a target names: one name below
+// the claim's root (userset.ClaimFolder), no hidden one.
+func claimFolder(target string) (string, bool) {
+	name, ok := strings.CutPrefix(target, "/")
+	return name, ok && name != "" && !strings.ContainsAny(name, "/\x00") && !strings.HasPrefix(name, ".")
+}
+
+// endedBefore reads the ending an earlier run of this Job kept in receipt
+// for this request, if it kept one.
+func (j *job) endedBefore(receipt string) (v1alpha1.RequestPhase, string, bool) {
+	data, err := os.ReadFile(receipt)
+	if err != nil {
+		return "", "", false
+	}
+	uid, rest, _ := strings.Cut(string(data), "\n")
+	phase, message, _ := strings.Cut(rest, "\n")
+	if uid != j.c.Request || v1alpha1.RequestPhase(phase) != v1alpha1.PhaseSucceeded {
+		return "", "", false
+	}
+	return v1alpha1.PhaseSucceeded, message, true
+}
+
+// start answers Running and returns what the server chose to restore. A
+// replica that has not heard of the request yet (404) is asked again a few
+// times; a request that ended is ErrEnded.
+func (j *job) start(ctx context.Context) ([]clientdist.Planned, error) {
+	q := url.Values{clientdist.UIDParam: {j.c.Request}, clientdist.PhaseParam: {string(v1alpha1.PhaseRunning)}}
+	for try := 0; ; try++ {
+		data, err := j.call(ctx, http.MethodPost, clientdist.ResultPath, q, nil)
+		switch {
+		case errors.Is(err, errConflict):
+			j.c.Log.Info("the request ended before this Job started it: nothing to do", "why", err.Error())
+			return nil, ErrEnded
+		case errors.Is(err, errNotFound) && try < 3:
+			if !sleep(ctx, 5*time.Second) {
+				return nil, ctx.Err()
+			}
+			continue
+		case err != nil:
+			return nil, fmt.Errorf("start the restore: %w", err)
+		}
+		plan, err := clientdist.DecodePlan(data)
+		if err != nil {
+			return nil, j.end(ctx, v1alpha1.PhaseFailed, "the server's plan cannot be read: "+err.Error())
+		}
+		return plan, nil
+	}
+}
+
+// sleep waits for d, or until ctx ends: false then.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // job is one run.
@@ -137,8 +221,12 @@ type job struct {
 	http *http.Client
 }
 
-// errConflict is the server's 409: the request has ended.
-var errConflict = errors.New("conflict")
+// errConflict is the server's 409: the request has ended; errNotFound its
+// 404: it lists no such request for the VM (no longer, or not yet).
+var (
+	errConflict = errors.New("conflict")
+	errNotFound = errors.New("not found")
+)
 
 // pollWait is how long each poll asks the server to hold it.
 const pollWait = 60 * time.Second
@@ -152,6 +240,7 @@ func (j *job) awaitListing(ctx context.Context) (clientdist.Polled, error) {
 	q := url.Values{clientdist.UIDParam: {j.c.Request}, clientdist.WaitParam: {strconv.Itoa(int(pollWait / time.Second))}}
 	var last error
 	for {
+		asked := time.Now()
 		data, err := j.call(ctx, http.MethodGet, clientdist.RequestsPath, q, nil)
 		if err == nil {
 			polled, err := clientdist.DecodeRequests(data)
@@ -164,13 +253,16 @@ func (j *job) awaitListing(ctx context.Context) (clientdist.Polled, error) {
 				}
 			}
 			last = fmt.Errorf("the server does not list request %s (yet)", j.c.Request)
+			// A server that held the poll as asked may be asked again at
+			// once; one that could not hold it (it holds as many of the
+			// VM's polls as it may) is not asked in a tight loop.
+			if time.Since(asked) < time.Second {
+				sleep(ctx, 5*time.Second)
+			}
 		} else {
 			last = err
 			j.c.Log.Info("cannot poll the server; trying again", "error", err.Error())
-			select {
-			case <-time.After(5 * time.Second):
-			case <-ctx.Done():
-			}
+			sleep(ctx, 5*time.Second)
 		}
 		if ctx.Err() != nil {
 			return clientdist.Polled{}, fmt.Errorf("waited %s for the server to list request %s: %w (is the GuestRestore still Pending or Running?)", j.c.ListWait, j.c.Request, last)
@@ -205,6 +297,8 @@ func (j *job) call(ctx context.Context, method, p string, q url.Values, body []b
 	switch {
 	case resp.StatusCode == http.StatusConflict:
 		return nil, fmt.Errorf("%w: %s", errConflict, strings.TrimSpace(string(data)))
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, fmt.Errorf("%w: %s", errNotFound, strings.TrimSpace(string(data)))
 	case resp.StatusCode/100 != 2:
 		return nil, fmt.Errorf("%s %s: %s: %s", method, p, resp.Status, strings.TrimSpace(string(data)))
 	}
@@ -217,16 +311,19 @@ func (j *job) end(ctx context.Context, phase v1alpha1.RequestPhase, message stri
 	q := url.Values{clientdist.UIDParam: {j.c.Request}, clientdist.PhaseParam: {string(phase)}}
 	var err error
 	for try := range 5 {
-		if try > 0 {
-			select {
-			case <-time.After(time.Duration(try) * 5 * time.Second):
-			case <-ctx.Done():
-				return fmt.Errorf("tell the server the request %s: %w", phase, ctx.Err())
-			}
+		if try > 0 && !sleep(ctx, time.Duration(try)*5*time.Second) {
+			return fmt.Errorf("tell the server the request %s: %w", phase, ctx.Err())
 		}
-		if _, err = j.call(ctx, http.MethodPost, clientdist.ResultPath, q, []byte(message)); err == nil {
+		_, err = j.call(ctx, http.MethodPost, clientdist.ResultPath, q, []byte(message))
+		switch {
+		case err == nil:
 			j.c.Log.Info("told the server how the request ended", "phase", phase, "message", message)
 			return nil
+		case errors.Is(err, errNotFound):
+			// Withdrawn (deleted, or failed by the controller) meanwhile:
+			// nobody waits for this ending.
+			j.c.Log.Info("the server no longer lists the request: its ending is not told", "phase", phase, "why", err.Error())
+			return ErrEnded
 		}
 	}
 	return fmt.Errorf("tell the server the request %s (%s): %w", phase, message, err)
@@ -267,19 +364,18 @@ func (j *job) connect(ctx context.Context) (why string, err error) {
 	return "", nil
 }
 
-// restore restores one step of the plan into the claim, at
-// <claim><target><path>, where nothing may be yet (fresh); it returns
-// kopia's summary.
-func (j *job) restore(ctx context.Context, target string, step clientdist.Planned) (string, error) {
-	dest, err := fresh(j.c.Claim, path.Join(target, step.Path))
+// restore restores one step of the plan below folder, at <folder><path>,
+// where nothing may be yet (fresh); it returns kopia's summary.
+func (j *job) restore(ctx context.Context, folder string, step clientdist.Planned) (string, error) {
+	dest, err := fresh(folder, step.Path)
 	if err != nil {
 		return "", err
 	}
 	// Owners are skipped: an unprivileged Job cannot give files away, so
 	// they are the Job's user's and the claim's group (docs/requests.md).
-	out, err := j.kopia(ctx, "restore", "--skip-owners", step.Source, dest)
+	out, err := j.kopia(ctx, "restore", "--skip-owners", "--", step.Source, dest)
 	if err != nil {
-		return "", errors.New(lastLine(out, err))
+		return "", fmt.Errorf("kopia restore: %s", lastLine(out, err))
 	}
 	summary := "restored"
 	for line := range strings.SplitSeq(out, "\n") {
@@ -334,7 +430,7 @@ func fresh(root, rel string) (string, error) {
 	}
 	at = filepath.Join(at, parts[len(parts)-1])
 	if _, err := os.Lstat(at); !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("%s exists already in the claim: restore into a new claim, or remove it", strings.TrimPrefix(at, root))
+		return "", fmt.Errorf("%s exists already: name it once", strings.TrimPrefix(at, root))
 	}
 	return at, nil
 }

@@ -83,7 +83,7 @@ func (c *shardSignals) signal(shard int) {
 // requests.
 func requestsOf(o any) string {
 	if s, ok := o.(*corev1.Secret); ok {
-		return string(s.Data[userset.RequestsKey])
+		return string(s.Data[userset.RequestsKey]) + string(s.Data[userset.JobRequestsKey])
 	}
 	return ""
 }
@@ -163,13 +163,23 @@ func usersSecret(lister corelisters.SecretNamespaceLister, bsls string, shard in
 	return secret, nil
 }
 
-// secretRequests are the requests users Secret secret lists.
+// secretRequests are the requests users Secret secret lists, the guests'
+// and the Jobs'.
 func secretRequests(secret *corev1.Secret) ([]userset.Request, error) {
-	requests, err := userset.DecodeRequests(secret.Data[userset.RequestsKey])
-	if err != nil {
-		return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, userset.RequestsKey, err)
+	var all []userset.Request
+	for _, key := range []string{userset.RequestsKey, userset.JobRequestsKey} {
+		requests, err := userset.DecodeRequests(secret.Data[key])
+		if err != nil {
+			return nil, fmt.Errorf("users Secret %s, key %s: %w", secret.Name, key, err)
+		}
+		for _, r := range requests {
+			if r.Job != (key == userset.JobRequestsKey) {
+				return nil, fmt.Errorf("users Secret %s, key %s: request %s is listed under the other kind's key", secret.Name, key, r.UID)
+			}
+		}
+		all = append(all, requests...)
 	}
-	return requests, nil
+	return all, nil
 }
 
 // Result records where user's guest is with its request uid, in the
