@@ -75,7 +75,8 @@ type Reporter interface {
 // Request), and where they are with them.
 type Requests interface {
 	// Pending returns the requests addressed to user that it has yet to
-	// finish.
+	// finish, the guest's and its restore Jobs' (userset.Request.Job), in
+	// a slice the caller owns.
 	Pending(user string) ([]userset.Request, error)
 	// Result records that user is in phase with its request uid, saying
 	// message; ErrUnknownRequest when no such request is addressed to it,
