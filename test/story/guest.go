@@ -21,9 +21,12 @@ const ReportPrelude = `#!/bin/sh
 `
 
 // WebConfig is the first VM owner's own inline cloud-config: a file to back
-// up, another to back up when asked from the cluster, a marker, and a
-// report that waits for the guest's answers to that request and to the
-// restore asked after it (GuestRestore web-restore-asked), restores the
+// up, another to back up when asked from the cluster, a marker, the
+// owner's snapshot hooks (a pre-hook that refuses the request web-hooked,
+// saying why, and a post-hook that notes every request it ran after), and
+// a report that waits for the guest's answers to that request, to the
+// restore asked after it (GuestRestore web-restore-asked) and to
+// web-hooked, restores the
 // asked-for file from the snapshot it took, and restores the file from the
 // guest's first snapshot after deleting it, then changes that file twice,
 // snapshotting after each change (three versions in all), and powers the
@@ -36,14 +39,31 @@ write_files:
   content: "asked for from the cluster\n"
 - path: /var/tmp/owner-marker
   content: "the owner's own cloud-config ran\n"
+- path: /srv/hooked/db.txt
+  content: "rows the pre-hook must quiesce first\n"
+- path: /etc/guestbackup/hooks/pre-snapshot.d/10-quiesce
+  permissions: '0755'
+  content: |
+    #!/bin/sh
+    [ "$GUESTBACKUP_REQUEST" = web-hooked ] || exit 0
+    echo "quiescing $GUESTBACKUP_PATHS"
+    echo "the database is not ready: try again later" >&2
+    exit 1
+- path: /etc/guestbackup/hooks/post-snapshot.d/10-resume
+  permissions: '0755'
+  content: |
+    #!/bin/sh
+    echo "${GUESTBACKUP_REQUEST:-scheduled}" >>/var/tmp/post-hooks
 - path: /usr/local/sbin/report
   permissions: '0755'
   content: |
     ` + ReportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
     answered() { journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request \([^:]*\): \(.*\)/\1 \2/p'; }
     i=0
-    while [ $i -lt 300 ] && [ "$(answered | wc -l)" -lt 2 ]; do sleep 2; i=$((i+2)); done
+    while [ $i -lt 300 ] && [ "$(answered | wc -l)" -lt 3 ]; do sleep 2; i=$((i+2)); done
     say "requested $(answered | sed -n 1p)"
+    say "hooked $(answered | sed -n 3p)"
+    say "post-hooks $(grep -c '^web-hooked$' /var/tmp/post-hooks 2>/dev/null)"
     journalctl --no-pager -u guestbackup-requests | tail -n 12 | sed 's/^/GB-E2E-LOG /' >/dev/console
     restored=/var/lib/guestbackup/restores/web-restore-asked/srv/asked/note.txt
     say "cluster-restore $(answered | sed -n 2p) $(sha256sum <$restored | cut -d' ' -f1) $(stat -c %a:%U:%G $restored) $(stat -c %a:%U:%G /srv/asked/note.txt)"

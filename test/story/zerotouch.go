@@ -134,6 +134,9 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 	// with `kubectl guestbackup restore`, restores the file it takes.
 	asked := &v1alpha1.GuestSnapshot{}
 	askedBack := &v1alpha1.GuestRestore{}
+	// hooked is a snapshot the owner asks for after both, which the
+	// guest's own pre-snapshot hook refuses.
+	hooked := &v1alpha1.GuestSnapshot{}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
 		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
@@ -175,6 +178,21 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
 			return string(s.Data[userset.RequestsKey])
 		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(askedBack.UID)), "the restore, handed to the guest's server")
+
+		By("asking, after both, for a snapshot of /srv/hooked, which the guest's own pre-snapshot hook refuses")
+		Eventually(func() bool { return time.Now().After(askedBack.CreationTimestamp.Add(time.Second)) }).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		plugin = exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "backup", "vm/web", "--path", "/srv/hooked", "--name", "web-hooked",
+			"-n", vmNS, "-o", "json", "--kubeconfig", bed.Kubeconfig())
+		stderr.Reset()
+		plugin.Stderr = &stderr
+		created, err = plugin.Output()
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(json.Unmarshal(created, hooked)).To(Succeed(), string(created))
+		Eventually(func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
+			return string(s.Data[userset.RequestsKey])
+		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(hooked.UID)), "the hooked snapshot, handed to the guest's server")
 
 		Eventually(func() string {
 			s := &corev1.Secret{}
@@ -249,6 +267,29 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal SnapshotRequested: Snapshot requested by "+requester+" ("+asked.Name+")"), taken))
 		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", asked.Name)).To(ContainElement(taken))
+	})
+
+	It("aborts a snapshot asked from the cluster when the guest's own pre-snapshot hook fails, naming the hook and its last words on the request and the VM; the post-hooks still run", func() {
+		Expect(Markers(web.console)).To(HaveKeyWithValue("hooked", string(hooked.UID)+" Failed"), "the guest's services said:\n%s", Logs(web.console))
+		Expect(Markers(web.console)).To(HaveKeyWithValue("post-hooks", "1"), "the post-hook ran once after the refused snapshot")
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(hooked), hooked)
+			return hooked.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseFailed), "the request's status: %+v", hooked.Status)
+		const why = "pre-snapshot hook 10-quiesce failed: the database is not ready: try again later; no snapshot taken"
+		Expect(hooked.Status.Message).To(Equal(why))
+		Expect(hooked.Status.Snapshots).To(BeEmpty())
+
+		By("taking no snapshot of the path")
+		kopia := testbed.NewKopiaClient(GinkgoT())
+		out, err := kopia.ConnectPinned(ctx, serverURL(), bsls.Status.TLSFingerprint, "web@team-a", web.password)
+		Expect(err).NotTo(HaveOccurred(), out)
+		Expect(kopia.SnapshotIDs(ctx, "/srv/hooked")).To(BeEmpty())
+
+		By("saying so, naming who asked, on the request and on the VM")
+		failed := Equal("Warning SnapshotRequestFailed: Snapshot requested by " + hooked.Spec.Requester.Username + " (web-hooked) failed: " + why)
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElement(failed))
+		Expect(bed.Events(ctx, vmNS, "GuestSnapshot", hooked.Name)).To(ContainElement(failed))
 	})
 
 	It("restores when asked from the cluster: the guest writes the file back into the request's folder, byte for byte with its mode and owner, from the snapshot its server chose", func() {
