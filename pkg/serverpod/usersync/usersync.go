@@ -516,7 +516,7 @@ func (s *Syncer) do(ctx context.Context, lister corelisters.SecretNamespaceListe
 	switch item {
 	case publishActivity:
 		if err := s.publishActivity(ctx); err != nil {
-			s.opts.Log.Error(err, "guest activity not published", "retryIn", s.opts.ActivityInterval)
+			s.opts.Log.Error(err, "guest activity or catalogues not published", "retryIn", s.opts.ActivityInterval)
 		}
 		// Also queued by a guest's report: the interval's own schedule
 		// stays one (the queue keeps one waiting item per kind).
@@ -1036,7 +1036,11 @@ func (s *Syncer) publishActivity(ctx context.Context) error {
 	// with them, and both before the dry runs, which none may hold up.
 	err = s.activity.PublishCatalogues(ctx, s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace), s.opts.BSLS)
 	s.carryDryRuns(ctx, lister)
-	return err
+	if err != nil {
+		// The activity is out: only the snapshot lists lag.
+		return fmt.Errorf("the activity is published, but not every catalogue: %w", err)
+	}
+	return nil
 }
 
 // measureRepository measures the repository's storage and index for
