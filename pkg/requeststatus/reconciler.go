@@ -422,7 +422,8 @@ func makeJob(ctx context.Context, r *Reconciler, g *v1alpha1.GuestRestore, in In
 			// claim it must not write into.
 			existing := &corev1.PersistentVolumeClaim{}
 			if err := r.APIReader.Get(ctx, client.ObjectKeyFromObject(pvc), existing); err != nil {
-				return "", fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, client.IgnoreNotFound(err))
+				// Gone again (NotFound): the next pass creates it.
+				return "", fmt.Errorf("get PersistentVolumeClaim %s/%s: %w", pvc.Namespace, pvc.Name, err)
 			}
 			if problem := claimProblem(g, existing, true); problem != "" {
 				return problem, nil
