@@ -7,6 +7,9 @@
 // it restores from (a restore's) and publishes it in the guest's activity
 // (package activity); and this package records that into the request's
 // status, with Events on the request and on the VM that name who asked.
+// A restore into a claim is carried out the same way by a Job instead of
+// the guest (job.go, package restorejob), which this package creates, with
+// the claim when the request asks for a new one.
 package requeststatus
 
 import (
