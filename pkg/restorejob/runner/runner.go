@@ -99,9 +99,13 @@ func Run(ctx context.Context, c Config) error {
 	final := filepath.Join(c.Claim, folder)
 	staging, receipt := filepath.Join(c.Claim, "."+folder+".incomplete"), filepath.Join(c.Claim, "."+folder+".ended")
 	if phase, message, ok := j.endedBefore(receipt); ok {
-		// An earlier run of this Job restored, and could not tell it.
-		c.Log.Info("an earlier run ended the request: telling the server again", "phase", phase)
-		return j.end(ctx, phase, message)
+		// An earlier run of this Job restored, and could not tell it; one
+		// that stopped between keeping the ending and naming the folder
+		// restores again.
+		if _, err := os.Lstat(final); err == nil {
+			c.Log.Info("an earlier run ended the request: telling the server again", "phase", phase)
+			return j.end(ctx, phase, message)
+		}
 	}
 	if _, err := os.Lstat(final); !errors.Is(err, os.ErrNotExist) {
 		return j.end(ctx, v1alpha1.PhaseFailed, fmt.Sprintf("/%s exists already in the claim: restore into a new claim, or remove it", folder))
