@@ -72,7 +72,7 @@ type Request struct {
 	// Where says where a restore writes, for its messages.
 	Where string
 	// Carrier is who carries it out, for its messages: the guest, or a
-	// restore's Job (IntoClaim).
+	// restore's Job (userset.IntoClaim).
 	Carrier string
 	// DryRun is a restore that only lists what it would write.
 	DryRun bool
@@ -124,7 +124,7 @@ type Inputs struct {
 	// when it published none.
 	Guest *activity.Guest
 	// Job is a restore's Job and claim, for a restore into a claim
-	// (IntoClaim); nil for any other request.
+	// (userset.IntoClaim); nil for any other request.
 	Job *JobState
 	// Now stamps the end of a request the controller fails itself.
 	Now time.Time
@@ -368,7 +368,7 @@ func RestoreRequest(g *v1alpha1.GuestRestore) Request {
 	var by string
 	if claim, _ := ClaimOf(g); claim != "" {
 		where = "into folder " + userset.ClaimFolder(g.Name) + " of PersistentVolumeClaim " + claim
-		if IntoClaim(g) {
+		if userset.IntoClaim(g) {
 			by = "Job " + RestoreJobName(g)
 		}
 	}

@@ -54,12 +54,6 @@ func ClaimOf(g *v1alpha1.GuestRestore) (name string, create bool) {
 	return g.Name, true
 }
 
-// IntoClaim reports whether g restores into a claim, which a Job does (a
-// dry run into one is the server's alone, as any dry run).
-func IntoClaim(g *v1alpha1.GuestRestore) bool {
-	return g.Spec.Target.PersistentVolumeClaim != nil && !g.Spec.DryRun
-}
-
 // RestoreClaim is the claim the controller creates for g: size and class
 // as asked, ReadWriteOnce, labelled with g's UID. It is not owned by g:
 // what was restored is the owner's, and stays when the request goes.

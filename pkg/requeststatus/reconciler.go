@@ -364,9 +364,9 @@ func (r *Reconciler) guestOf(ctx context.Context, vm *metav1.PartialObjectMetada
 }
 
 // jobOf reads GuestRestore g's Job and claim, when g restores into a claim
-// (IntoClaim); nil otherwise.
+// (userset.IntoClaim); nil otherwise.
 func jobOf(ctx context.Context, c client.Client, g *v1alpha1.GuestRestore) (*JobState, error) {
-	if !IntoClaim(g) {
+	if !userset.IntoClaim(g) {
 		return nil, nil
 	}
 	claim, create := ClaimOf(g)

@@ -331,8 +331,7 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 	}
 	switch t := g.Spec.Target; {
 	case t.PersistentVolumeClaim != nil:
-		// A dry run into a claim is the server's alone, as any dry run.
-		r.Target, r.Job = ClaimFolder(g.Name), !g.Spec.DryRun
+		r.Target, r.Job = ClaimFolder(g.Name), IntoClaim(g)
 	case t.InPlace:
 		r.Target, r.InPlace = "/", true
 	case t.Directory != "":
@@ -347,6 +346,12 @@ func RestoreRequest(g *v1alpha1.GuestRestore, vmAnnotations map[string]string) (
 		return Request{}, fmt.Errorf("it cannot be handed to the guest: %w", err)
 	}
 	return r, nil
+}
+
+// IntoClaim reports whether g restores into a claim, which a Job does
+// (Request.Job); a dry run into one is the server's alone, as any dry run.
+func IntoClaim(g *v1alpha1.GuestRestore) bool {
+	return g.Spec.Target.PersistentVolumeClaim != nil && !g.Spec.DryRun
 }
 
 // ClaimFolder is the folder of its claim that a GuestRestore named name
