@@ -180,17 +180,29 @@ func restoreOf(phase v1alpha1.RequestPhase, change func(*v1alpha1.GuestRestoreSp
 }
 
 // A GuestRestore follows its guest as a GuestSnapshot does, and says what
-// it restored, from which snapshot, where, and for whom.
+// it restored, from which snapshot, where, and for whom. A restore into a
+// claim is a Job's: the decision creates the Job (and a claim asked for),
+// follows the Job's result as a guest's, and fails the request, saying
+// why, when the claim cannot be written or the Job fails before it told
+// how the restore ended.
 func TestDecideRestore(t *testing.T) {
 	ended := now.Add(-10 * time.Second)
 	plan := []activity.Snapshot{{ID: "k1", Path: "/etc/nginx", Root: "/etc", Files: 3, Bytes: 2048}}
 	same := func(*v1alpha1.GuestRestoreSpec) {}
+	existing := func(s *v1alpha1.GuestRestoreSpec) {
+		s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
+	}
+	fresh := func(s *v1alpha1.GuestRestoreSpec) {
+		s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{Size: ptr.To(resource.MustParse("1Gi"))}
+	}
+	const job = "guestbackup-restore-" + uid
 	for name, tt := range map[string]struct {
-		restore         *v1alpha1.GuestRestore
-		in              Inputs
-		phase           v1alpha1.RequestPhase
-		message, events string
-		files           int64
+		restore                *v1alpha1.GuestRestore
+		in                     Inputs
+		phase                  v1alpha1.RequestPhase
+		message, events        string
+		files                  int64
+		createJob, createClaim bool
 	}{
 		"new: handed to the server": {
 			restore: restoreOf("", same), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true},
@@ -249,6 +261,58 @@ func TestDecideRestore(t *testing.T) {
 			phase: v1alpha1.PhaseFailed, message: "exists already",
 			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: the restore failed in the guest",
 		},
+		"new, into an existing claim: the Job is created": {
+			restore: restoreOf("", existing), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Claim: "data"}},
+			phase: v1alpha1.PhasePending, message: "waiting for Job " + job + " to restore under VirtualMachine web's identity",
+			events: "Normal RestoreRequested Restore requested by alice (nginx-config)", createJob: true,
+		},
+		"new, into a new claim: the claim and the Job are created": {
+			restore: restoreOf("", fresh), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Claim: "nginx-config", CreateClaim: true}},
+			phase: v1alpha1.PhasePending, message: "waiting for Job", events: "Normal RestoreRequested", createJob: true, createClaim: true,
+		},
+		"the claim cannot be written": {
+			restore: restoreOf("", existing), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Claim: "data", ClaimProblem: "PersistentVolumeClaim data does not exist in namespace team-a: create it"}},
+			phase: v1alpha1.PhaseFailed, message: "PersistentVolumeClaim data does not exist",
+			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: PersistentVolumeClaim data does not exist",
+		},
+		"the Job's pod does not run: the status says why": {
+			restore: restoreOf(v1alpha1.PhasePending, existing), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data",
+				Waiting: `CreateContainerConfigError: secret "web-guestbackup" not found`}},
+			phase: v1alpha1.PhasePending, message: "waiting for Job " + job + " to restore under VirtualMachine web's identity: its pod does not run yet: CreateContainerConfigError: secret \"web-guestbackup\" not found",
+		},
+		"the Job exists: nothing more is created": {
+			restore: restoreOf(v1alpha1.PhasePending, fresh), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "nginx-config"}},
+			phase: v1alpha1.PhasePending,
+		},
+		"started by the Job": {
+			restore: restoreOf(v1alpha1.PhasePending, existing),
+			in:      Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data"}, Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan})},
+			phase:   v1alpha1.PhaseRunning, message: "Job " + job + " is restoring",
+			events: "Normal RestoreStarted Restore requested by alice (nginx-config) started by Job " + job + ": /etc/nginx (k1) into folder /nginx-config of PersistentVolumeClaim data",
+		},
+		"restored by the Job": {
+			restore: restoreOf(v1alpha1.PhaseRunning, existing),
+			in:      Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data"}, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan})},
+			phase:   v1alpha1.PhaseSucceeded, message: "restored 3 files, 2.0 KiB into folder /nginx-config of PersistentVolumeClaim data", files: 3,
+			events: "Normal Restored Restore requested by alice (nginx-config) restored /etc/nginx (k1) into folder /nginx-config of PersistentVolumeClaim data",
+		},
+		"the Job failed before it started": {
+			restore: restoreOf(v1alpha1.PhasePending, existing), in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "BackoffLimitExceeded: Job has reached the specified backoff limit"}},
+			phase: v1alpha1.PhaseFailed, message: "Job " + job + " failed before it told how the restore ended (BackoffLimitExceeded: Job has reached the specified backoff limit): what it wrote into PersistentVolumeClaim data is unknown; kubectl logs -n team-a job/" + job + " says why",
+			events: "Warning RestoreRequestFailed",
+		},
+		"the Job failed while it restored": {
+			restore: restoreOf(v1alpha1.PhaseRunning, existing),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "DeadlineExceeded: Job was active longer than specified deadline"},
+				Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan})},
+			phase: v1alpha1.PhaseFailed, message: "failed before it told how the restore ended (DeadlineExceeded", events: "Warning RestoreRequestFailed",
+		},
+		"the Job failed after it told the ending: the ending stands": {
+			restore: restoreOf(v1alpha1.PhaseRunning, existing),
+			in: Inputs{VM: vm(optedIn), Server: server, Admitted: true, Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "BackoffLimitExceeded"},
+				Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan})},
+			phase: v1alpha1.PhaseSucceeded, message: "restored 3 files", events: "Normal Restored", files: 3,
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tt.in.Now, tt.in.Request, tt.in.Status = now, RestoreRequest(tt.restore), RestoreStatus(tt.restore.Status)
@@ -266,6 +330,9 @@ func TestDecideRestore(t *testing.T) {
 			if d.Status.Files != tt.files {
 				t.Errorf("files %d, want %d", d.Status.Files, tt.files)
 			}
+			if d.CreateJob != tt.createJob || d.CreateClaim != tt.createClaim {
+				t.Errorf("creates the Job %v, the claim %v; want %v, %v", d.CreateJob, d.CreateClaim, tt.createJob, tt.createClaim)
+			}
 			var status v1alpha1.GuestRestoreStatus
 			applyRestore(d.Status, &status)
 			if tt.restore.Spec.History && (len(status.History) != 2 || status.History[0].SnapshotID != "k3" || !status.History[0].Changed ||
@@ -278,101 +345,6 @@ func TestDecideRestore(t *testing.T) {
 			}
 			if tt.phase != v1alpha1.PhasePending && tt.phase != v1alpha1.PhaseFailed && !tt.restore.Spec.History && (len(status.Snapshots) != 1 || status.Snapshots[0].ID != "k1" || status.StartTime == nil) {
 				t.Errorf("status %+v names not the snapshot it restores from", status)
-			}
-		})
-	}
-}
-
-// A restore into a claim is a Job's: the decision creates the Job (and a
-// claim asked for), follows the Job's result as a guest's, and fails the
-// request, saying why, when the claim cannot be written or the Job fails
-// before it told how the restore ended.
-func TestDecideRestoreIntoClaim(t *testing.T) {
-	ended := now.Add(-10 * time.Second)
-	plan := []activity.Snapshot{{ID: "k1", Path: "/etc/nginx", Root: "/etc", Files: 3, Bytes: 2048}}
-	existing := func(s *v1alpha1.GuestRestoreSpec) {
-		s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
-	}
-	fresh := func(s *v1alpha1.GuestRestoreSpec) {
-		s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{Size: ptr.To(resource.MustParse("1Gi"))}
-	}
-	const job = "guestbackup-restore-" + uid
-	for name, tt := range map[string]struct {
-		restore                *v1alpha1.GuestRestore
-		in                     Inputs
-		phase                  v1alpha1.RequestPhase
-		message, events        string
-		createJob, createClaim bool
-	}{
-		"new, into an existing claim: the Job is created": {
-			restore: restoreOf("", existing), in: Inputs{Job: &JobState{Name: job, Claim: "data"}},
-			phase: v1alpha1.PhasePending, message: "waiting for Job " + job + " to restore under VirtualMachine web's identity",
-			events: "Normal RestoreRequested Restore requested by alice (nginx-config)", createJob: true,
-		},
-		"new, into a new claim: the claim and the Job are created": {
-			restore: restoreOf("", fresh), in: Inputs{Job: &JobState{Name: job, Claim: "nginx-config", CreateClaim: true}},
-			phase: v1alpha1.PhasePending, message: "waiting for Job", events: "Normal RestoreRequested", createJob: true, createClaim: true,
-		},
-		"the claim cannot be written": {
-			restore: restoreOf("", existing), in: Inputs{Job: &JobState{Name: job, Claim: "data", ClaimProblem: "PersistentVolumeClaim data does not exist in namespace team-a: create it"}},
-			phase: v1alpha1.PhaseFailed, message: "PersistentVolumeClaim data does not exist",
-			events: "Warning RestoreRequestFailed Restore requested by alice (nginx-config) failed: PersistentVolumeClaim data does not exist",
-		},
-		"the Job's pod does not run: the status says why": {
-			restore: restoreOf(v1alpha1.PhasePending, existing), in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data",
-				Waiting: `CreateContainerConfigError: secret "web-guestbackup" not found`}},
-			phase: v1alpha1.PhasePending, message: "waiting for Job " + job + " to restore under VirtualMachine web's identity: its pod does not run yet: CreateContainerConfigError: secret \"web-guestbackup\" not found",
-		},
-		"the Job exists: nothing more is created": {
-			restore: restoreOf(v1alpha1.PhasePending, fresh), in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "nginx-config"}},
-			phase: v1alpha1.PhasePending,
-		},
-		"started by the Job": {
-			restore: restoreOf(v1alpha1.PhasePending, existing),
-			in:      Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data"}, Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan})},
-			phase:   v1alpha1.PhaseRunning, message: "Job " + job + " is restoring",
-			events: "Normal RestoreStarted Restore requested by alice (nginx-config) started by Job " + job + ": /etc/nginx (k1) into folder /nginx-config of PersistentVolumeClaim data",
-		},
-		"restored by the Job": {
-			restore: restoreOf(v1alpha1.PhaseRunning, existing),
-			in:      Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data"}, Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan})},
-			phase:   v1alpha1.PhaseSucceeded, message: "restored 3 files, 2.0 KiB into folder /nginx-config of PersistentVolumeClaim data",
-			events: "Normal Restored Restore requested by alice (nginx-config) restored /etc/nginx (k1) into folder /nginx-config of PersistentVolumeClaim data",
-		},
-		"the Job failed before it started": {
-			restore: restoreOf(v1alpha1.PhasePending, existing), in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "BackoffLimitExceeded: Job has reached the specified backoff limit"}},
-			phase: v1alpha1.PhaseFailed, message: "Job " + job + " failed before it told how the restore ended (BackoffLimitExceeded: Job has reached the specified backoff limit): what it wrote into PersistentVolumeClaim data is unknown; kubectl logs -n team-a job/" + job + " says why",
-			events: "Warning RestoreRequestFailed",
-		},
-		"the Job failed while it restored": {
-			restore: restoreOf(v1alpha1.PhaseRunning, existing),
-			in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "DeadlineExceeded: Job was active longer than specified deadline"},
-				Guest: guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan})},
-			phase: v1alpha1.PhaseFailed, message: "failed before it told how the restore ended (DeadlineExceeded", events: "Warning RestoreRequestFailed",
-		},
-		"the Job failed after it told the ending: the ending stands": {
-			restore: restoreOf(v1alpha1.PhaseRunning, existing),
-			in: Inputs{Job: &JobState{Name: job, Exists: true, Claim: "data", Failed: "BackoffLimitExceeded"},
-				Guest: guest(activity.Result{UID: uid, Phase: "Succeeded", Started: started, Ended: &ended, Snapshots: plan})},
-			phase: v1alpha1.PhaseSucceeded, message: "restored 3 files", events: "Normal Restored",
-		},
-	} {
-		t.Run(name, func(t *testing.T) {
-			tt.in.VM, tt.in.Server, tt.in.Admitted = vm(optedIn), server, true
-			tt.in.Now, tt.in.Request, tt.in.Status = now, RestoreRequest(tt.restore), RestoreStatus(tt.restore.Status)
-			d := Decide(tt.in)
-			if d.Status.Phase != tt.phase || !strings.Contains(d.Status.Message, tt.message) {
-				t.Errorf("phase %q, message %q; want %q, %q", d.Status.Phase, d.Status.Message, tt.phase, tt.message)
-			}
-			var events []string
-			for _, e := range d.Events {
-				events = append(events, e.Type+" "+e.Reason+" "+e.Message)
-			}
-			if got := strings.Join(events, "\n"); !strings.HasPrefix(got, tt.events) || tt.events == "" && got != "" {
-				t.Errorf("events %q, want %q", got, tt.events)
-			}
-			if d.CreateJob != tt.createJob || d.CreateClaim != tt.createClaim {
-				t.Errorf("creates the Job %v, the claim %v; want %v, %v", d.CreateJob, d.CreateClaim, tt.createJob, tt.createClaim)
 			}
 		})
 	}
