@@ -97,6 +97,15 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			return string(s.Data[userset.Key])
 		}
 	}
+	// requestsOfShard reads the requests a guest's server lists in the
+	// users Secret of the shard that holds user.
+	requestsOfShard := func(user string) func() string {
+		return func() string {
+			s := &corev1.Secret{}
+			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf(user))}, s)
+			return string(s.Data[userset.RequestsKey])
+		}
+	}
 	// waitForUser waits until the controller has given user to the server.
 	waitForUser := func(user string) {
 		GinkgoHelper()
@@ -155,11 +164,7 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 			_ = c.Get(ctx, client.ObjectKeyFromObject(asked), asked)
 			return asked.Status.Phase
 		}).WithTimeout(30 * time.Second).Should(Equal(v1alpha1.PhasePending))
-		Eventually(func() string {
-			s := &corev1.Secret{}
-			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
-			return string(s.Data[userset.RequestsKey])
-		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(asked.UID)), "the request, handed to the guest's server")
+		Eventually(requestsOfShard("web@team-a")).WithTimeout(30*time.Second).Should(ContainSubstring(string(asked.UID)), "the request, handed to the guest's server")
 
 		By("asking, after it, for the asked-for file back, restored into the request's own folder in the guest")
 		// A guest carries out its requests oldest first, by creation
@@ -173,11 +178,7 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		created, err = plugin.Output()
 		Expect(err).NotTo(HaveOccurred(), stderr.String())
 		Expect(json.Unmarshal(created, askedBack)).To(Succeed(), string(created))
-		Eventually(func() string {
-			s := &corev1.Secret{}
-			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
-			return string(s.Data[userset.RequestsKey])
-		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(askedBack.UID)), "the restore, handed to the guest's server")
+		Eventually(requestsOfShard("web@team-a")).WithTimeout(30*time.Second).Should(ContainSubstring(string(askedBack.UID)), "the restore, handed to the guest's server")
 
 		By("asking, after both, for a snapshot of /srv/hooked, which the guest's own pre-snapshot hook refuses")
 		Eventually(func() bool { return time.Now().After(askedBack.CreationTimestamp.Add(time.Second)) }).WithPolling(100 * time.Millisecond).Should(BeTrue())
@@ -188,11 +189,7 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		created, err = plugin.Output()
 		Expect(err).NotTo(HaveOccurred(), stderr.String())
 		Expect(json.Unmarshal(created, hooked)).To(Succeed(), string(created))
-		Eventually(func() string {
-			s := &corev1.Secret{}
-			_ = c.Get(ctx, types.NamespacedName{Namespace: bslsNS, Name: userset.SecretName("main", userset.ShardOf("web@team-a"))}, s)
-			return string(s.Data[userset.RequestsKey])
-		}).WithTimeout(30*time.Second).Should(ContainSubstring(string(hooked.UID)), "the hooked snapshot, handed to the guest's server")
+		Eventually(requestsOfShard("web@team-a")).WithTimeout(30*time.Second).Should(ContainSubstring(string(hooked.UID)), "the hooked snapshot, handed to the guest's server")
 
 		Eventually(func() string {
 			s := &corev1.Secret{}
