@@ -85,6 +85,10 @@ type Result struct {
 	// History is, for a history's dry run, its path's versions, newest
 	// first, as its server pod listed them from the repository.
 	History []Version `json:"history,omitempty"`
+	// Restored is, of a running restore, how many of Snapshots (its plan,
+	// in order) its carrier said it has restored: what it wrote so far is
+	// what they hold.
+	Restored int `json:"restored,omitempty"`
 	// Started is when the guest said it started; Ended when it said it
 	// ended (both as its server pod received them).
 	Started time.Time  `json:"started"`

@@ -84,8 +84,9 @@ func MergeResults(recorded, other []Result) []Result {
 
 // Supersede is what stands of two results to one request, have recorded
 // before next: the first ending; else next, started when have did if
-// that is earlier, and with have's snapshots when it names none (a
-// restore's are chosen when it starts, and its ending keeps them).
+// that is earlier, with have's snapshots when it names none (a restore's
+// are chosen when it starts, and its ending keeps them), and restored as
+// far as either says (progress told to two replicas never goes back).
 func Supersede(have, next Result) Result {
 	if have.Ended != nil {
 		return have
@@ -96,5 +97,6 @@ func Supersede(have, next Result) Result {
 	if len(next.Snapshots) == 0 {
 		next.Snapshots = have.Snapshots
 	}
+	next.Restored = max(next.Restored, have.Restored)
 	return next
 }

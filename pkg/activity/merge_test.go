@@ -17,6 +17,7 @@ func TestMerge(t *testing.T) {
 	snap := func(id string, end int) Snapshot {
 		return Snapshot{ID: id, Path: "/srv", Start: at(end - 1), End: at(end)}
 	}
+	restored := func(r Result, n int) Result { r.Restored = n; return r }
 	report := func(kind string, s int) *Report { return &Report{Kind: kind, At: at(s)} }
 	stillAsked := func(_ string, r Result) bool { return r.UID != "gone" }
 
@@ -45,6 +46,16 @@ func TestMerge(t *testing.T) {
 		published: map[string]Guest{"web@a": {User: "web@a", Results: []Result{done("r1", "Succeeded", 5, 9)}}},
 		mine:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{done("r1", "Failed", 5, 12)}}},
 		want:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{done("r1", "Succeeded", 5, 9)}}},
+	}, {
+		name:      "a restore's progress told to either replica never goes back",
+		published: map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 2)}}},
+		mine:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 1)}}},
+		want:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 2)}}},
+	}, {
+		name:      "a restore's later progress stands",
+		published: map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 1)}}},
+		mine:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 3)}}},
+		want:      map[string]Guest{"web@a": {User: "web@a", Results: []Result{restored(running("r1", 3), 3)}}},
 	}, {
 		name:      "results of both sides, sorted by request; those no longer asked go",
 		published: map[string]Guest{"web@a": {User: "web@a", Results: []Result{running("r2", 1), done("gone", "Succeeded", 1, 2)}}},

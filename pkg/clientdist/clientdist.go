@@ -177,6 +177,10 @@ const ResultPath = "/requests/result"
 const (
 	UIDParam   = "uid"
 	PhaseParam = "phase"
+	// RestoredParam, on a restore's repeated Running, says how far it
+	// got: the plan's first so many steps (EncodePlan) are restored. It
+	// carries no message; the server answers it with no plan.
+	RestoredParam = "restored"
 )
 
 // EncodeRequests renders requests for a POSIX shell to read line by line,

@@ -835,7 +835,7 @@ restore() {
     return
   fi
   log "restoring what request $2 asks for"
-  failed="" restored=""
+  failed="" restored="" count=0 steps=$(grep -c '^from ' "$work/plan")
   while read -r word source dest; do
     [ "$word" = from ] || continue
     source=$(printf '%s' "$source" | base64 -d) path=$(printf '%s' "$dest" | base64 -d)
@@ -850,6 +850,13 @@ restore() {
     if "$kopia" restore "$source" "$dest" </dev/null >"$work/restore.log" 2>&1; then
       log "restored $path to $dest for request $2"
       restored="$restored; $path: $(grep '^Restored' "$work/restore.log" | tail -n 1)"
+      count=$((count + 1))
+      # How far it got, for the request's status; the ending tells the
+      # rest, and tells it whatever this call did.
+      if [ -z "$failed" ] && [ "$count" -lt "$steps" ]; then
+        call "$GUESTBACKUP_CLIENT_URL/requests/result?uid=$1&phase=Running&` + clientdist.RestoredParam + `=$count" /dev/null /dev/null 2>"$work/answer.err" ||
+          log "could not tell the server how far request $2 got: $(tail -n 1 "$work/answer.err")"
+      fi
     else
       failed="$failed; $path: $(tail -n 1 "$work/restore.log")"
     fi

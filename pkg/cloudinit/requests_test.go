@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,6 +28,8 @@ type desk struct {
 	mu       sync.Mutex
 	requests []userset.Request
 	answers  []string
+	// progress are the restores' progress told, "uid restored".
+	progress []string
 	// withdrawn are listed by the poll but gone by the answer: deleted
 	// in between.
 	withdrawn map[string]bool
@@ -49,6 +52,16 @@ func (d *desk) Changed(string) <-chan struct{} {
 		d.changed = make(chan struct{})
 	}
 	return d.changed
+}
+
+func (d *desk) Progress(_ context.Context, user, uid string, restored int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.ContainsFunc(d.requests, func(r userset.Request) bool { return r.User == user && r.UID == uid }) {
+		return clientserver.ErrUnknownRequest
+	}
+	d.progress = append(d.progress, fmt.Sprintf("%s %d", uid, restored))
+	return nil
 }
 
 func (d *desk) Plan(_ context.Context, _, uid string) ([]clientdist.PlanStep, error) {
@@ -418,6 +431,10 @@ func TestRequestsScriptRestoresWhatTheServerChose(t *testing.T) {
 	got := restore("9e1f0000-0000-4000-8000-000000000001", into, false, filepath.Join(data, "sub"), filepath.Join(data, "a.txt"))
 	if len(got) != 2 || got[0] != "9e1f0000-0000-4000-8000-000000000001 Running " || !strings.HasPrefix(got[1], "9e1f0000-0000-4000-8000-000000000001 Succeeded "+filepath.Join(data, "sub")+": Restored 2 files") {
 		t.Fatalf("answers %q, want Running, then Succeeded with what kopia restored", got)
+	}
+	// How far it got, told between the paths: the ending tells the rest.
+	if want := []string{"9e1f0000-0000-4000-8000-000000000001 1"}; !slices.Equal(d.progress, want) {
+		t.Errorf("progress told %q, want %q", d.progress, want)
 	}
 	for _, name := range []string{"a.txt", "sub/b.txt", "sub/deeper/c.txt"} {
 		same(into+filepath.Join(data, name), filepath.Join(data, name))

@@ -231,17 +231,22 @@ func Decide(in Inputs) Decision {
 	size := fmt.Sprintf("%d files, %s", d.Status.Files, units.Bytes(uint64(max(d.Status.Bytes, 0))))
 	switch res.Phase {
 	case string(v1alpha1.PhaseRunning):
-		if r.Kind == RequestRestore {
-			// Until it ends, a restore has written nothing it reports.
-			d.Status.Files, d.Status.Bytes = 0, 0
-		}
 		if in.Status.Phase != v1alpha1.PhaseRunning {
-			d.Status.Phase, d.Status.Message = v1alpha1.PhaseRunning, carrier(r)+" "+w.running
+			d.Status.Phase = v1alpha1.PhaseRunning
 			message := asked + " started " + startedBy(r)
 			if r.Kind == RequestRestore {
 				message += ": " + strings.Join(from, ", ") + " " + r.Where
 			}
 			d.Events = append(d.Events, Event{"Normal", w.started, message})
+		}
+		d.Status.Message = carrier(r) + " " + w.running
+		if r.Kind == RequestRestore {
+			// What it wrote so far is what the paths it restored hold.
+			d.Status.Files, d.Status.Bytes = restoredSoFar(res)
+			if res.Restored > 0 {
+				d.Status.Message += fmt.Sprintf(": %d of %d paths restored so far, %d files, %s", min(res.Restored, len(res.Snapshots)), len(res.Snapshots),
+					d.Status.Files, units.Bytes(uint64(max(d.Status.Bytes, 0))))
+			}
 		}
 	case string(v1alpha1.PhaseSucceeded), string(v1alpha1.PhaseFailed):
 		d.Status.Phase = v1alpha1.RequestPhase(res.Phase)
@@ -284,6 +289,16 @@ func Decide(in Inputs) Decision {
 		}
 	}
 	return d
+}
+
+// restoredSoFar is what a running restore's carrier wrote of its plan:
+// what the snapshots of the paths it says it restored hold there.
+func restoredSoFar(res *activity.Result) (files, bytes int64) {
+	for _, sn := range res.Snapshots[:min(max(res.Restored, 0), len(res.Snapshots))] {
+		files += int64(sn.Files)
+		bytes += sn.Bytes
+	}
+	return files, bytes
 }
 
 // unfit says why the request's VM cannot carry it out, or "".

@@ -349,3 +349,69 @@ func TestDecideRestore(t *testing.T) {
 		})
 	}
 }
+
+// A running restore reports what it wrote so far: what the snapshots of
+// the paths its carrier says it restored hold, never more than its plan,
+// with no Event for the progress itself.
+func TestDecideRestoreProgress(t *testing.T) {
+	plan := []activity.Snapshot{
+		{ID: "k1", Path: "/etc/nginx", Root: "/etc", Files: 3, Bytes: 2048},
+		{ID: "k1", Path: "/srv/www", Root: "/srv", Files: 7, Bytes: 1 << 20},
+	}
+	same := func(*v1alpha1.GuestRestoreSpec) {}
+	running := func(restored int) *activity.Guest {
+		return guest(activity.Result{UID: uid, Phase: "Running", Started: started, Snapshots: plan, Restored: restored})
+	}
+	const job = "guestbackup-restore-" + uid
+	for name, tt := range map[string]struct {
+		restore      *v1alpha1.GuestRestore
+		in           Inputs
+		message      string
+		files, bytes int64
+		events       string
+	}{
+		"started: nothing restored yet": {
+			restore: restoreOf(v1alpha1.PhaseRunning, same), in: Inputs{Guest: running(0)},
+			message: "the guest is restoring",
+		},
+		"one path of two restored": {
+			restore: restoreOf(v1alpha1.PhaseRunning, same), in: Inputs{Guest: running(1)},
+			message: "the guest is restoring: 1 of 2 paths restored so far, 3 files, 2.0 KiB", files: 3, bytes: 2048,
+		},
+		"progress seen with the start: both told": {
+			restore: restoreOf(v1alpha1.PhasePending, same), in: Inputs{Guest: running(1)},
+			message: "the guest is restoring: 1 of 2 paths restored so far, 3 files, 2.0 KiB", files: 3, bytes: 2048,
+			events: "Normal RestoreStarted Restore requested by alice (nginx-config) started in the guest",
+		},
+		"a record beyond the plan counts the plan only": {
+			restore: restoreOf(v1alpha1.PhaseRunning, same), in: Inputs{Guest: running(9)},
+			message: "the guest is restoring: 2 of 2 paths restored so far, 10 files, 1.0 MiB", files: 10, bytes: 2048 + 1<<20,
+		},
+		"a Job's": {
+			restore: restoreOf(v1alpha1.PhaseRunning, func(s *v1alpha1.GuestRestoreSpec) {
+				s.Target.PersistentVolumeClaim = &v1alpha1.RestoreClaim{ClaimName: "data"}
+			}),
+			in:      Inputs{Guest: running(1), Job: &JobState{Name: job, Exists: true, Claim: "data"}},
+			message: "Job " + job + " is restoring: 1 of 2 paths restored so far, 3 files, 2.0 KiB", files: 3, bytes: 2048,
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tt.in.VM, tt.in.Server, tt.in.Admitted, tt.in.Now = vm(optedIn), server, true, now
+			tt.in.Request, tt.in.Status = RestoreRequest(tt.restore), RestoreStatus(tt.restore.Status)
+			d := Decide(tt.in)
+			if d.Status.Phase != v1alpha1.PhaseRunning || d.Status.Message != tt.message {
+				t.Errorf("phase %q, message %q; want Running, %q", d.Status.Phase, d.Status.Message, tt.message)
+			}
+			if d.Status.Files != tt.files || d.Status.Bytes != tt.bytes {
+				t.Errorf("so far %d files, %d bytes; want %d, %d", d.Status.Files, d.Status.Bytes, tt.files, tt.bytes)
+			}
+			var events []string
+			for _, e := range d.Events {
+				events = append(events, e.Type+" "+e.Reason+" "+e.Message)
+			}
+			if got := strings.Join(events, "\n"); tt.events == "" && got != "" || !strings.HasPrefix(got, tt.events) {
+				t.Errorf("events %q, want %q", got, tt.events)
+			}
+		})
+	}
+}

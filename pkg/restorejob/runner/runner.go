@@ -140,6 +140,9 @@ func Run(ctx context.Context, c Config) error {
 		}
 		c.Log.Info("restored", "path", step.Path, "summary", summary)
 		restored = append(restored, step.Path+": "+summary)
+		if len(failed) == 0 && len(restored) < len(plan) {
+			j.progress(ctx, len(restored))
+		}
 	}
 	if len(failed) > 0 {
 		if err := os.RemoveAll(staging); err != nil {
@@ -307,6 +310,16 @@ func (j *job) call(ctx context.Context, method, p string, q url.Values, body []b
 		return nil, fmt.Errorf("%s %s: %s: %s", method, p, resp.Status, strings.TrimSpace(string(data)))
 	}
 	return data, nil
+}
+
+// progress tells the server that the plan's first restored steps are
+// restored, for the request's status while it runs. It is told once, and
+// a failure only logged: the ending tells all.
+func (j *job) progress(ctx context.Context, restored int) {
+	q := url.Values{clientdist.UIDParam: {j.c.Request}, clientdist.PhaseParam: {string(v1alpha1.PhaseRunning)}, clientdist.RestoredParam: {strconv.Itoa(restored)}}
+	if _, err := j.call(ctx, http.MethodPost, clientdist.ResultPath, q, nil); err != nil {
+		j.c.Log.Info("cannot tell the server how far the restore got; going on", "restored", restored, "why", err.Error())
+	}
 }
 
 // end tells the server how the request ended, trying a few times: the

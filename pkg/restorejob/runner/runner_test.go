@@ -2,6 +2,7 @@ package runner
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"path/filepath"
@@ -30,6 +31,8 @@ type server struct {
 	requests       []userset.Request
 	plans          map[string][]clientdist.PlanStep
 	answers        []string
+	// progress are the restores' progress told, "uid restored".
+	progress []string
 }
 
 func (s *server) Authenticate(user, password string) bool {
@@ -60,6 +63,16 @@ func (s *server) Result(_ context.Context, user, uid, phase, message string) err
 		return clientserver.ErrRequestEnded
 	}
 	s.answers = append(s.answers, uid+" "+phase+" "+message)
+	return nil
+}
+
+func (s *server) Progress(_ context.Context, user, uid string, restored int) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !slices.ContainsFunc(s.requests, func(r userset.Request) bool { return r.User == user && r.UID == uid }) {
+		return clientserver.ErrUnknownRequest
+	}
+	s.progress = append(s.progress, fmt.Sprintf("%s %d", uid, restored))
 	return nil
 }
 
@@ -144,6 +157,10 @@ func TestRunRestoresIntoTheClaim(t *testing.T) {
 	}
 	if got := srv.got(); len(got) != 2 || got[0] != first+" Running " || !strings.HasPrefix(got[1], first+" Succeeded "+filepath.Join(data, "sub")+": Restored 2 files") {
 		t.Fatalf("answers %q, want Running, then Succeeded with what kopia restored", got)
+	}
+	// How far it got, told between the paths: the ending tells the rest.
+	if want := []string{first + " 1"}; !slices.Equal(srv.progress, want) {
+		t.Errorf("progress told %q, want %q", srv.progress, want)
 	}
 	for _, name := range []string{"a.txt", "sub/b.txt", "sub/deeper/c.txt"} {
 		original, restored := filepath.Join(data, name), filepath.Join(claim, "first", data, name)

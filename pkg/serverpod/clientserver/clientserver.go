@@ -39,6 +39,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"runtime/debug"
 	"slices"
@@ -83,6 +84,11 @@ type Requests interface {
 	// ErrRequestEnded when phase is Running and the request has ended.
 	// Repeating an ending changes nothing.
 	Result(ctx context.Context, user, uid, phase, message string) error
+	// Progress records that user's guest has restored the first restored
+	// steps of the plan of its running restore uid; ErrUnknownRequest
+	// when no such restore is addressed to it, ErrRequestEnded when it
+	// has ended. Progress that does not move on changes nothing.
+	Progress(ctx context.Context, user, uid string, restored int) error
 	// Plan is what user's guest restores for its started request uid:
 	// the snapshot of each path, chosen when it started; none for a
 	// request of another kind.
@@ -604,8 +610,17 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "cannot read the result", http.StatusBadRequest)
 		return
 	}
+	restored, progress, err := restoredParam(q, phase)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
 	user, ok := s.authenticate(w, r)
 	if !ok {
+		return
+	}
+	if progress {
+		s.progress(w, r, user, uid, restored)
 		return
 	}
 	switch err := s.opts.Requests.Result(r.Context(), user, uid, phase, Sanitize(string(body))); {
@@ -627,6 +642,38 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		s.plan(w, r, user, uid)
 	default:
 		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
+		w.WriteHeader(http.StatusNoContent)
+	}
+}
+
+// restoredParam reads a result's progress (clientdist.RestoredParam):
+// progress is false when it carries none.
+func restoredParam(q url.Values, phase string) (restored int, progress bool, err error) {
+	if !q.Has(clientdist.RestoredParam) {
+		return 0, false, nil
+	}
+	if phase != string(v1alpha1.PhaseRunning) {
+		return 0, false, fmt.Errorf("%s goes with phase %s only", clientdist.RestoredParam, v1alpha1.PhaseRunning)
+	}
+	n, err := strconv.Atoi(q.Get(clientdist.RestoredParam))
+	if err != nil || n < 1 || n > userset.MaxRequestPaths {
+		return 0, false, fmt.Errorf("%s=%q is not a count of restored paths from 1 to %d", clientdist.RestoredParam, q.Get(clientdist.RestoredParam), userset.MaxRequestPaths)
+	}
+	return n, true, nil
+}
+
+// progress records how far a guest's restore got.
+func (s *Server) progress(w http.ResponseWriter, r *http.Request, user, uid string, restored int) {
+	switch err := s.opts.Requests.Progress(r.Context(), user, uid, restored); {
+	case errors.Is(err, ErrUnknownRequest):
+		http.Error(w, fmt.Sprintf("no running restore %q is addressed to %s", uid, user), http.StatusNotFound)
+	case errors.Is(err, ErrRequestEnded):
+		http.Error(w, fmt.Sprintf("request %q: %v", uid, err), http.StatusConflict)
+	case err != nil:
+		s.opts.Log.Error(err, "cannot record a restore's progress", "user", user, "uid", uid)
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, "the progress cannot be recorded now; go on, and tell it again later", http.StatusServiceUnavailable)
+	default:
 		w.WriteHeader(http.StatusNoContent)
 	}
 }

@@ -471,6 +471,8 @@ type desk struct {
 	mu       sync.Mutex
 	requests []userset.Request
 	results  []string
+	// progress are the restores' progress told, "user uid restored".
+	progress []string
 	changed  chan struct{}
 }
 
@@ -530,6 +532,19 @@ func (d *desk) Result(_ context.Context, user, uid, phase, message string) error
 	return ErrUnknownRequest
 }
 
+func (d *desk) Progress(_ context.Context, user, uid string, restored int) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !slices.ContainsFunc(d.requests, func(r userset.Request) bool { return r.User == user && r.UID == uid }) {
+		return ErrUnknownRequest
+	}
+	if slices.ContainsFunc(d.results, func(res string) bool { return strings.HasPrefix(res, user+" "+uid+" ") }) {
+		return ErrRequestEnded
+	}
+	d.progress = append(d.progress, fmt.Sprintf("%s %s %d", user, uid, restored))
+	return nil
+}
+
 func (d *desk) Plan(context.Context, string, string) ([]clientdist.PlanStep, error) { return nil, nil }
 
 // A guest polls for its own requests and answers them, with its own
@@ -577,8 +592,32 @@ func TestRequestsAreTheGuestsOwn(t *testing.T) {
 	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Done"); code != http.StatusBadRequest {
 		t.Errorf("a phase that is none: status %d, want 400", code)
 	}
+
+	// How far a restore got: told by its guest alone, as a count of the
+	// plan's paths, and never in an ending.
+	for _, bad := range []string{"&restored=0", "&restored=-1", "&restored=65", "&restored=two", "&restored="} {
+		if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Running"+bad); code != http.StatusBadRequest {
+			t.Errorf("progress %q: status %d, want 400", bad, code)
+		}
+	}
+	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Succeeded&restored=1"); code != http.StatusBadRequest {
+		t.Errorf("progress in an ending: status %d, want 400", code)
+	}
+	if code, _ := do(http.MethodPost, "db@team-a", "?uid="+web.UID+"&phase=Running&restored=1"); code != http.StatusNotFound {
+		t.Errorf("db telling the progress of web's request: status %d, want 404", code)
+	}
+	if code, body := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Running&restored=2"); code != http.StatusNoContent || body != "" {
+		t.Errorf("web telling its own progress: status %d (%q), want 204 and no plan", code, body)
+	}
+	if want := []string{"web@team-a " + web.UID + " 2"}; !slices.Equal(d.progress, want) {
+		t.Errorf("progress recorded: %q, want %q", d.progress, want)
+	}
+
 	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Succeeded"); code != http.StatusNoContent {
 		t.Errorf("web answering its own request: status %d", code)
+	}
+	if code, _ := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Running&restored=3"); code != http.StatusConflict {
+		t.Errorf("progress after the ending: status %d, want 409", code)
 	}
 	if code, body := do(http.MethodPost, "web@team-a", "?uid="+web.UID+"&phase=Running"); code != http.StatusConflict || !strings.Contains(body, "has ended") {
 		t.Errorf("web starting its request again, after it ended: status %d (%q), want 409: the guest must not carry it out twice", code, body)

@@ -81,6 +81,10 @@ func (v *verified) Result(context.Context, string, string, string, string) error
 	return ErrUnknownRequest
 }
 
+func (v *verified) Progress(context.Context, string, string, int) error {
+	return ErrUnknownRequest
+}
+
 func (v *verified) Plan(context.Context, string, string) ([]clientdist.PlanStep, error) {
 	return nil, ErrUnknownRequest
 }

@@ -259,6 +259,48 @@ func (s *Syncer) Result(ctx context.Context, user, uid, phase, message string) e
 	return nil
 }
 
+// Progress records that user's guest (or restore Job) has restored the
+// first restored steps of the plan of its running restore uid. What that
+// wrote is what the plan's snapshots hold there, as the repository said
+// when the restore started: the carrier tells only how far it got. Each
+// step is one write of the activity ConfigMap at most, and a request has
+// at most userset.MaxRequestPaths of them.
+func (s *Syncer) Progress(ctx context.Context, user, uid string, restored int) error {
+	requests, err := s.listedRequests(user)
+	if err != nil {
+		return err
+	}
+	i := slices.IndexFunc(requests, func(r userset.Request) bool { return r.UID == uid })
+	if i < 0 || requests[i].Kind != userset.RequestRestore || requests[i].DryRun {
+		return clientserver.ErrUnknownRequest
+	}
+	configMaps := s.opts.Client.CoreV1().ConfigMaps(s.opts.Namespace)
+	prev, err := activityscan.PublishedResult(ctx, configMaps, s.opts.BSLS, user, uid)
+	switch {
+	case err != nil:
+		return err
+	case prev == nil:
+		// Not started: it has no plan to be part of.
+		return clientserver.ErrUnknownRequest
+	case prev.Ended != nil:
+		s.noteEnded(uid)
+		return fmt.Errorf("%w: %s", clientserver.ErrRequestEnded, prev.Message)
+	case restored <= prev.Restored || restored > len(prev.Snapshots):
+		return nil // no further, or beyond the plan: nothing to record
+	}
+	res := *prev
+	res.Restored = restored
+	stands, err := activityscan.RecordResult(ctx, configMaps, s.opts.BSLS, user, res)
+	if err != nil {
+		return err
+	}
+	if stands.Ended != nil {
+		s.noteEnded(uid)
+		return fmt.Errorf("%w: %s", clientserver.ErrRequestEnded, stands.Message)
+	}
+	return nil
+}
+
 // Plan is what the guest of user restores for its request uid, as its
 // Running answer recorded it: for each path, the snapshot and the path in
 // it (package clientdist's EncodePlan); none for another kind, or before

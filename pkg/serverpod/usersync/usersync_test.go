@@ -440,8 +440,26 @@ var _ = Describe("The user-sync loop", Ordered, func() {
 		Expect(start(latest)).To(ConsistOf(HaveField("ID", second)), "a repeated Running is handed the same plan")
 		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", byID.UID), HaveField("Phase", "Running"), HaveField("Snapshots", HaveLen(1)))))
 
+		By("recording how far a running restore got, as far as its plan goes, and told by its guest alone")
+		restoredOf := func(uid string) int {
+			GinkgoHelper()
+			res := activityOf(alice.user).Results
+			i := slices.IndexFunc(res, func(res activity.Result) bool { return res.UID == uid })
+			Expect(i).NotTo(BeNumerically("<", 0))
+			return res[i].Restored
+		}
+		Expect(syncer.Progress(ctx, eve.user, latest.UID, 1)).To(MatchError(clientserver.ErrUnknownRequest), "another guest's restore")
+		Expect(syncer.Progress(ctx, alice.user, unknown.UID, 1)).To(MatchError(clientserver.ErrUnknownRequest), "a restore not started has no plan")
+		Expect(syncer.Progress(ctx, alice.user, latest.UID, 2)).To(Succeed())
+		Expect(restoredOf(latest.UID)).To(BeZero(), "beyond its one-path plan: nothing recorded")
+		Expect(syncer.Progress(ctx, alice.user, latest.UID, 1)).To(Succeed())
+		Expect(restoredOf(latest.UID)).To(Equal(1))
+		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", latest.UID), HaveField("Phase", "Running"), HaveField("Snapshots", ConsistOf(HaveField("ID", second))))),
+			"the plan stands")
+
 		By("keeping the plan when the guest ends the restore")
 		Expect(syncer.Result(ctx, alice.user, byID.UID, "Succeeded", "Restored 1 files")).To(Succeed())
+		Expect(syncer.Progress(ctx, alice.user, byID.UID, 1)).To(MatchError(clientserver.ErrRequestEnded), "progress after the ending")
 		Expect(activityOf(alice.user).Results).To(ContainElement(And(HaveField("UID", byID.UID), HaveField("Phase", "Succeeded"),
 			HaveField("Snapshots", ConsistOf(HaveField("ID", first))))))
 
