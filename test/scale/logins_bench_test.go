@@ -2,7 +2,8 @@
 // per second against real Kopia servers sharing one repository on MinIO, as
 // a BSLS's replicas do, and what the controller and the webhook cost, in
 // memory and in time to settle, with many opted-in VMs in a real API
-// server. Benchmarks only: `make test` runs none of it.
+// server, and how long a request takes to reach its guest. Benchmarks
+// only: `make test` runs none of it.
 package scale
 
 import (
