@@ -25,7 +25,31 @@ const (
 	// BackupClientReasonSecretConflict (False): a Secret of the name the
 	// credentials go to exists and is not this client's.
 	BackupClientReasonSecretConflict = "SecretConflict"
+	// BackupClientReasonPasswordHashNotAllowed (False): spec.passwordHash
+	// is set on a client outside its server's namespace. Only the server's
+	// admin declares a client with a password of their own (a host outside
+	// the cluster); no user is provisioned and no credentials are kept.
+	BackupClientReasonPasswordHashNotAllowed = "PasswordHashNotAllowed"
+	// BackupClientReasonPasswordHashInvalid (False): the Secret
+	// spec.passwordHash names does not exist, or its key holds no hash
+	// that `kopia server user hash-password` printed.
+	BackupClientReasonPasswordHashInvalid = "PasswordHashInvalid"
 )
+
+// PasswordHashSource is where the admin keeps the hash of a password of
+// their own: a Secret of the BackupClient's namespace.
+type PasswordHashSource struct {
+	// SecretName is the Secret, in the client's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	SecretName string `json:"secretName"`
+	// Key holds the hash, as `kopia server user hash-password` prints it;
+	// default passwordHash.
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +optional
+	Key string `json:"key,omitempty"`
+}
 
 // ServerReference names a BackupStorageLocationServer.
 type ServerReference struct {
@@ -46,7 +70,8 @@ func (r ServerReference) String() string { return r.Namespace + "/" + r.Name }
 // BackupClientSpec is what a workload asks for.
 type BackupClientSpec struct {
 	// Server is the BackupStorageLocationServer the client backs up to. Its
-	// spec.access.namespaceSelector must select the client's namespace. It
+	// spec.access.namespaceSelector must select the client's namespace,
+	// unless the client is in the server's own namespace. It
 	// cannot change: a client that moves to another server is deleted
 	// (which revokes its user) and created again.
 	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="server is immutable: delete the BackupClient (its user is revoked) and create it again naming the new server"
@@ -64,10 +89,21 @@ type BackupClientSpec struct {
 	// Rotate issues new credentials whenever its value changes; the
 	// previous password stops authenticating as soon as the server holds
 	// the new one (restart the workload's pods that read it from their
-	// environment).
+	// environment). With passwordHash, the admin rotates by writing a new
+	// hash instead.
 	// +kubebuilder:validation:MaxLength=253
 	// +optional
 	Rotate string `json:"rotate,omitempty"`
+
+	// PasswordHash declares a client whose password only its admin knows,
+	// such as a host outside the cluster: the server holds the hash that
+	// Secret holds, no password enters the cluster, and the client's
+	// Secret carries everything else (URL, CA, user, connect line). Only
+	// in the server's own namespace, whose admin is the server's: anywhere
+	// else the client gets no user (PasswordHashNotAllowed). A new hash in
+	// the Secret is a rotation, seen within a minute.
+	// +optional
+	PasswordHash *PasswordHashSource `json:"passwordHash,omitempty"`
 }
 
 // BackupClientStatus is what the controller issued, and whether it works.
@@ -100,6 +136,9 @@ type BackupClientStatus struct {
 // (its own snapshots only); append-only when the server is; rotation;
 // revocation when it goes. The controller writes its credentials into a
 // Secret of the namespace, owned by it, which a pod mounts (docs/clients.md).
+// In the server's own namespace, its admin declares hosts outside the
+// cluster the same way, with a generated password to hand over or the hash
+// of one of their own (spec.passwordHash).
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:shortName=bclient,categories=guestbackup

@@ -40,6 +40,11 @@ type inputs struct {
 	// Provisioned is the hash the server's users Secret holds for the
 	// client's identity; nil when it holds none.
 	Provisioned *identity.Hash
+	// OwnHash is, for a client with spec.passwordHash in its server's
+	// namespace, the hash its admin's Secret holds; HashProblem says why
+	// there is none ("" when there is).
+	OwnHash     *identity.Hash
+	HashProblem string
 	// Now is when a condition that changes now changed.
 	Now metav1.Time
 }
@@ -121,6 +126,13 @@ func decide(in inputs) plan {
 		why := fmt.Sprintf("BackupStorageLocationServer %s does not admit namespace %s (its spec.access.namespaceSelector)", server, c.Namespace)
 		withdraw(why)
 		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonNamespaceNotAdmitted, why+"; no user is provisioned and no credentials are issued: ask the server's admin to admit the namespace")
+	case c.Spec.PasswordHash != nil && c.Namespace != in.Server.Namespace:
+		why := fmt.Sprintf("spec.passwordHash declares a client whose password only its admin knows, which only the admin of BackupStorageLocationServer %s does, in its namespace %s", server, in.Server.Namespace)
+		withdraw(why)
+		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonPasswordHashNotAllowed, why+"; no user is provisioned: remove spec.passwordHash to have credentials issued, or ask the server's admin to declare the client")
+	case c.Spec.PasswordHash != nil && in.HashProblem != "":
+		withdraw(in.HashProblem)
+		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonPasswordHashInvalid, in.HashProblem+"; no user is provisioned until it does")
 	case in.Secret != nil && !own:
 		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonSecretConflict,
 			fmt.Sprintf("Secret %s exists and is not this BackupClient's (%s): it is left as it is; name another in spec.secretName, or delete it", in.Secret.Name, owner(in.Secret)))
@@ -130,6 +142,11 @@ func decide(in inputs) plan {
 	}
 
 	current := clientsecret.Server{URL: in.Server.Status.Endpoint, CA: in.Server.Status.TLSCA}
+	// Whose password: one the controller generates, or the admin's own.
+	ownPassword, whose := c.Spec.PasswordHash != nil, ""
+	if ownPassword {
+		whose = fmt.Sprintf(", the password hash of Secret %s", c.Spec.PasswordHash.SecretName)
+	}
 	switch {
 	case !own, clientsecret.Generation(in.Secret) == 0, clientsecret.Hash(in.Secret) == nil:
 		p.Secret, p.Generation = secretIssue, 1
@@ -137,8 +154,17 @@ func decide(in inputs) plan {
 			p.Generation = clientsecret.Generation(in.Secret) + 1
 		}
 		p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonCredentialsIssued,
-			fmt.Sprintf("Credentials of %s for BackupStorageLocationServer %s (generation %d) written to Secret %s", p.Status.Identity, server, p.Generation, clientsecret.Name(c))})
-	case in.Secret.Annotations[clientsecret.AnnotationRotate] != c.Spec.Rotate:
+			fmt.Sprintf("Credentials of %s for BackupStorageLocationServer %s (generation %d%s) written to Secret %s", p.Status.Identity, server, p.Generation, whose, clientsecret.Name(c))})
+	case ownPassword && !clientsecret.Hash(in.Secret).Equal(*in.OwnHash):
+		p.Secret, p.Generation = secretIssue, clientsecret.Generation(in.Secret)+1
+		p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonCredentialsRotated,
+			fmt.Sprintf("Credentials of %s rotated from generation %d to %d (the password hash of Secret %s changed); the previous password stops authenticating once the server holds the new one", p.Status.Identity, p.Generation-1, p.Generation, c.Spec.PasswordHash.SecretName)})
+	case !ownPassword && len(in.Secret.Data[clientsecret.KeyPassword]) == 0:
+		// Its admin's password no longer: one is generated.
+		p.Secret, p.Generation = secretIssue, clientsecret.Generation(in.Secret)+1
+		p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonCredentialsRotated,
+			fmt.Sprintf("Credentials of %s rotated from generation %d to %d (spec.passwordHash was removed: the password is generated); the previous password stops authenticating once the server holds the new one", p.Status.Identity, p.Generation-1, p.Generation)})
+	case !ownPassword && in.Secret.Annotations[clientsecret.AnnotationRotate] != c.Spec.Rotate:
 		p.Secret, p.Generation = secretIssue, clientsecret.Generation(in.Secret)+1
 		p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonCredentialsRotated,
 			fmt.Sprintf("Credentials of %s rotated from generation %d to %d (spec.rotate changed); the previous password stops authenticating once the server holds the new one", p.Status.Identity, p.Generation-1, p.Generation)})

@@ -60,6 +60,17 @@ func TestDecide(t *testing.T) {
 	earlier := ownSecret(testClient(func(c *v1alpha1.BackupClient) { c.UID = "uid-0" }), 4, hash1, "")
 	movedServer := readyServer()
 	movedServer.Status.Endpoint = "https://backup.example.com:51515"
+	// A host the server's admin declares in the server's namespace, with
+	// the hash of their own password; a tenant asking for the same.
+	host := func(mutate ...func(*v1alpha1.BackupClient)) *v1alpha1.BackupClient {
+		return testClient(append([]func(*v1alpha1.BackupClient){func(c *v1alpha1.BackupClient) {
+			c.Namespace, c.Spec.PasswordHash = "backup", &v1alpha1.PasswordHashSource{SecretName: "dbdump-hash"}
+		}}, mutate...)...)
+	}
+	hostSecret := func(g int64, h identity.Hash) *corev1.Secret {
+		return clientsecret.Render(host(), endpoint, clientsecret.Credentials{Generation: g, Hash: h})
+	}
+	tenantsOwn := testClient(func(c *v1alpha1.BackupClient) { c.Spec.PasswordHash = &v1alpha1.PasswordHashSource{SecretName: "mine"} })
 
 	for _, tc := range []struct {
 		name        string
@@ -155,6 +166,53 @@ func TestDecide(t *testing.T) {
 		secret: secretRefresh, credentials: 1,
 		status: metav1.ConditionTrue, reason: v1alpha1.BackupClientReasonProvisioned,
 		events: []string{"Normal UserProvisioned"},
+	}, {
+		name:   "a tenant's client with a password of its own: no user",
+		in:     inputs{Client: tenantsOwn, Server: readyServer(), Admitted: true},
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonPasswordHashNotAllowed,
+		message: "only the admin of BackupStorageLocationServer backup/main does, in its namespace backup",
+		events:  []string{"Warning PasswordHashNotAllowed"},
+	}, {
+		name:   "a tenant's client switched to a password of its own: its credentials go",
+		in:     inputs{Client: tenantsOwn, Server: readyServer(), Admitted: true, Secret: ownSecret(testClient(), 1, hash1, ""), Provisioned: &hash1, OwnHash: &hash2},
+		secret: secretDelete,
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonPasswordHashNotAllowed,
+		events: []string{"Normal CredentialsWithdrawn", "Warning PasswordHashNotAllowed"},
+	}, {
+		name:   "a host whose hash cannot be read: no user",
+		in:     inputs{Client: host(), Server: readyServer(), Admitted: true, HashProblem: "Secret dbdump-hash has no key passwordHash"},
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonPasswordHashInvalid,
+		message: "Secret dbdump-hash has no key passwordHash; no user is provisioned until it does",
+		events:  []string{"Warning PasswordHashInvalid"},
+	}, {
+		name:   "a host's first credentials: its admin's hash, no password",
+		in:     inputs{Client: host(), Server: readyServer(), Admitted: true, OwnHash: &hash1},
+		secret: secretIssue, generation: 1, credentials: 1,
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonProvisioning,
+		events: []string{"Normal CredentialsIssued"},
+	}, {
+		name:        "a host provisioned with its admin's hash",
+		in:          inputs{Client: host(), Server: readyServer(), Admitted: true, OwnHash: &hash1, Secret: hostSecret(1, hash1), Provisioned: &hash1},
+		credentials: 1,
+		status:      metav1.ConditionTrue, reason: v1alpha1.BackupClientReasonProvisioned,
+		events: []string{"Normal UserProvisioned"},
+	}, {
+		name:   "a host's admin wrote a new hash: a new generation",
+		in:     inputs{Client: host(withReady(metav1.ConditionTrue, v1alpha1.BackupClientReasonProvisioned)), Server: readyServer(), Admitted: true, OwnHash: &hash2, Secret: hostSecret(1, hash1), Provisioned: &hash1},
+		secret: secretIssue, generation: 2, credentials: 2,
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonProvisioning,
+		events: []string{"Normal CredentialsRotated"},
+	}, {
+		name:        "a host's spec.rotate is not its admin's hash: nothing changes",
+		in:          inputs{Client: host(withReady(metav1.ConditionTrue, v1alpha1.BackupClientReasonProvisioned), func(c *v1alpha1.BackupClient) { c.Spec.Rotate = "x" }), Server: readyServer(), Admitted: true, OwnHash: &hash1, Secret: hostSecret(1, hash1), Provisioned: &hash1},
+		credentials: 1,
+		status:      metav1.ConditionTrue, reason: v1alpha1.BackupClientReasonProvisioned,
+	}, {
+		name:   "a host's spec.passwordHash removed: a password is generated",
+		in:     inputs{Client: host(func(c *v1alpha1.BackupClient) { c.Spec.PasswordHash = nil }), Server: readyServer(), Admitted: true, Secret: hostSecret(1, hash1), Provisioned: &hash1},
+		secret: secretIssue, generation: 2, credentials: 2,
+		status: metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonProvisioning,
+		events: []string{"Normal CredentialsRotated"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.in.Now = now
@@ -162,8 +220,8 @@ func TestDecide(t *testing.T) {
 			if p.Secret != tc.secret || p.Generation != tc.generation {
 				t.Errorf("secret: %s generation %d, want %s generation %d", p.Secret, p.Generation, tc.secret, tc.generation)
 			}
-			if p.Status.Identity != "dbdump@shop.client" {
-				t.Errorf("identity %q, want dbdump@shop.client", p.Status.Identity)
+			if want := "dbdump@" + tc.in.Client.Namespace + ".client"; p.Status.Identity != want {
+				t.Errorf("identity %q, want %s", p.Status.Identity, want)
 			}
 			if p.Status.CredentialsGeneration != tc.credentials {
 				t.Errorf("credentialsGeneration %d, want %d", p.Status.CredentialsGeneration, tc.credentials)

@@ -9,6 +9,7 @@ package backupclient
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -53,9 +54,18 @@ const retryConflict = time.Second
 // FieldOwner is the reconciler's field manager.
 const FieldOwner = "guestbackup-backupclient"
 
+// hashRecheck is how often the hash of a client's own password
+// (spec.passwordHash) is read again: its admin's Secret is not cached, and
+// a new hash in it is a rotation.
+const hashRecheck = time.Minute
+
 // Reconciler issues, rotates and withdraws BackupClients' credentials.
 type Reconciler struct {
 	Client client.Client
+	// APIReader reads the Secrets that hold the hashes of admins' own
+	// passwords (spec.passwordHash), uncached: the cache holds only
+	// guestbackup's own Secrets; default: the manager's.
+	APIReader client.Reader
 	// Recorder records Events on BackupClients; default: the manager's.
 	Recorder record.EventRecorder
 	// Clock tells the time of conditions' transitions; default: the real
@@ -70,6 +80,9 @@ type Reconciler struct {
 func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 	if r.Client == nil {
 		r.Client = mgr.GetClient()
+	}
+	if r.APIReader == nil {
+		r.APIReader = mgr.GetAPIReader()
 	}
 	if r.Recorder == nil {
 		r.Recorder = mgr.GetEventRecorderFor(FieldOwner)
@@ -146,6 +159,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		}
 		return ctrl.Result{}, err
 	}
+	if c.Spec.PasswordHash != nil && in.Server != nil && c.Namespace == in.Server.Namespace {
+		// No event says the admin wrote a new hash.
+		return ctrl.Result{RequeueAfter: hashRecheck}, nil
+	}
 	return ctrl.Result{}, nil
 }
 
@@ -165,11 +182,16 @@ func (r *Reconciler) gather(ctx context.Context, c *v1alpha1.BackupClient) (inpu
 		if err := r.Client.Get(ctx, types.NamespacedName{Name: c.Namespace}, ns); err != nil {
 			return in, fmt.Errorf("get namespace %s: %w", c.Namespace, err)
 		}
-		admitted, err := kopiaserver.Admits(server, ns)
+		admitted, err := kopiaserver.AdmitsClient(server, ns)
 		if err != nil {
 			return in, err
 		}
 		in.Admitted = admitted
+		if c.Spec.PasswordHash != nil && c.Namespace == server.Namespace {
+			if in.OwnHash, in.HashProblem, err = r.ownHash(ctx, c); err != nil {
+				return in, err
+			}
+		}
 	}
 	secret := &corev1.Secret{}
 	switch err := r.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: clientsecret.Name(c)}, secret); {
@@ -187,6 +209,29 @@ func (r *Reconciler) gather(ctx context.Context, c *v1alpha1.BackupClient) (inpu
 		in.Provisioned = h
 	}
 	return in, nil
+}
+
+// ownHash reads the hash of the password c's admin chose from the Secret
+// c's spec.passwordHash names; problem says why there is none.
+func (r *Reconciler) ownHash(ctx context.Context, c *v1alpha1.BackupClient) (h *identity.Hash, problem string, err error) {
+	src := c.Spec.PasswordHash
+	key := clientsecret.PasswordHashKey(src)
+	s := &corev1.Secret{}
+	switch err := r.APIReader.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: src.SecretName}, s); {
+	case apierrors.IsNotFound(err):
+		return nil, fmt.Sprintf("Secret %s, which spec.passwordHash names, does not exist in namespace %s", src.SecretName, c.Namespace), nil
+	case err != nil:
+		return nil, "", fmt.Errorf("get Secret %s/%s of spec.passwordHash: %w", c.Namespace, src.SecretName, err)
+	}
+	v, ok := s.Data[key]
+	if !ok {
+		return nil, fmt.Sprintf("Secret %s has no key %s: put there the hash `kopia server user hash-password` prints", src.SecretName, key), nil
+	}
+	parsed, err := identity.ParseHash(strings.TrimSpace(string(v)))
+	if err != nil {
+		return nil, fmt.Sprintf("key %s of Secret %s holds no password hash as `kopia server user hash-password` prints it: %v", key, src.SecretName, err), nil
+	}
+	return &parsed, "", nil
 }
 
 // provisioned is the hash the users Secret of username's shard holds for
@@ -220,15 +265,21 @@ func (r *Reconciler) apply(ctx context.Context, in inputs, p plan) error {
 	logger := log.FromContext(ctx)
 	switch p.Secret {
 	case secretIssue:
-		version := credentials.HashVersionOf(in.Server.Spec.Access.PasswordHash, identity.Scrypt)
-		pw := password.New()
-		h, err := identity.NewHash(pw, version)
-		if err != nil {
-			return fmt.Errorf("hash the password of BackupClient %s/%s: %w", c.Namespace, c.Name, err)
+		creds := clientsecret.Credentials{Generation: p.Generation, Rotate: c.Spec.Rotate}
+		if in.OwnHash != nil {
+			// The admin's own password: only its hash is here.
+			creds.Hash = *in.OwnHash
+		} else {
+			version := credentials.HashVersionOf(in.Server.Spec.Access.PasswordHash, identity.Scrypt)
+			creds.Password = password.New()
+			h, err := identity.NewHash(creds.Password, version)
+			if err != nil {
+				return fmt.Errorf("hash the password of BackupClient %s/%s: %w", c.Namespace, c.Name, err)
+			}
+			credentials.ObserveHash(version)
+			creds.Hash = h
 		}
-		credentials.ObserveHash(version)
-		want := clientsecret.Render(c, clientsecret.Server{URL: in.Server.Status.Endpoint, CA: in.Server.Status.TLSCA},
-			clientsecret.Credentials{Generation: p.Generation, Password: pw, Hash: h, Rotate: c.Spec.Rotate})
+		want := clientsecret.Render(c, clientsecret.Server{URL: in.Server.Status.Endpoint, CA: in.Server.Status.TLSCA}, creds)
 		if err := r.writeSecret(ctx, in.Secret, want); err != nil {
 			return err
 		}

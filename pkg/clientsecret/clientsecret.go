@@ -149,8 +149,23 @@ func CredentialsOf(s *corev1.Secret) Credentials {
 
 // Render is client c's Secret for server with creds: the whole Secret, so
 // that what a workload reads always matches the server and the generation.
+//
+// A client whose password only its admin knows (spec.passwordHash) has
+// creds without one, and its Secret has no password key.
 func Render(c *v1alpha1.BackupClient, server Server, creds Credentials) *corev1.Secret {
 	user, host, _ := strings.Cut(identity.OfClient(c.Name, c.Namespace), "@")
+	data := map[string][]byte{
+		KeyURL:          []byte(server.URL),
+		KeyCA:           []byte(server.CA),
+		KeyUsername:     []byte(user),
+		KeyHostname:     []byte(host),
+		KeyGeneration:   []byte(strconv.FormatInt(creds.Generation, 10)),
+		KeyConnect:      []byte(ConnectLine(server.URL, user, host)),
+		KeyPasswordHash: []byte(creds.Hash.String()),
+	}
+	if creds.Password != "" {
+		data[KeyPassword] = []byte(creds.Password)
+	}
 	return &corev1.Secret{
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: metav1.ObjectMeta{
@@ -163,17 +178,17 @@ func Render(c *v1alpha1.BackupClient, server Server, creds Credentials) *corev1.
 			}},
 		},
 		Type: corev1.SecretTypeOpaque,
-		Data: map[string][]byte{
-			KeyURL:          []byte(server.URL),
-			KeyCA:           []byte(server.CA),
-			KeyUsername:     []byte(user),
-			KeyHostname:     []byte(host),
-			KeyPassword:     []byte(creds.Password),
-			KeyGeneration:   []byte(strconv.FormatInt(creds.Generation, 10)),
-			KeyConnect:      []byte(ConnectLine(server.URL, user, host)),
-			KeyPasswordHash: []byte(creds.Hash.String()),
-		},
+		Data: data,
 	}
+}
+
+// PasswordHashKey is the key of the admin's Secret that holds the hash of
+// a client's own password (spec.passwordHash).
+func PasswordHashKey(src *v1alpha1.PasswordHashSource) string {
+	if src.Key != "" {
+		return src.Key
+	}
+	return KeyPasswordHash
 }
 
 // ConnectLine is the `kopia repository connect server` command of a client:

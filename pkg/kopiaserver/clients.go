@@ -39,15 +39,19 @@ type ClientInputs struct {
 // Server. Identity comes from facts, never from data (decisions 10 and 25):
 // a client's user is identity.OfClient of the BackupClient itself, which
 // can never be a VM's, and it is provisioned only while the client exists
-// (not being deleted), its namespace may use Server, and its Secret is
-// controlled by that very client (its UID) and holds a hash. A client the
-// server does not admit gets no user: its own Ready condition says why, and
-// its reconciler issues it no credentials.
+// (not being deleted), its namespace may use Server (Server's own always
+// may: its admin is the server's), and its Secret is controlled by that
+// very client (its UID) and holds a hash. A client the server does not
+// admit gets no user: its own Ready condition says why, and its reconciler
+// issues it no credentials. Nor does a client with a password of its
+// admin's own (spec.passwordHash) outside Server's namespace: only the
+// server's admin declares those.
 func CollectClients(set *UserSet, in ClientInputs) {
 	for i := range in.Clients {
 		c := &in.Clients[i]
+		own := c.Namespace == in.Server.Namespace
 		if c.Spec.Server != (v1alpha1.ServerReference{Namespace: in.Server.Namespace, Name: in.Server.Name}) ||
-			!c.DeletionTimestamp.IsZero() || !in.Allowed(c.Namespace) {
+			!c.DeletionTimestamp.IsZero() || !own && !in.Allowed(c.Namespace) || !own && c.Spec.PasswordHash != nil {
 			continue
 		}
 		username := identity.OfClient(c.Name, c.Namespace)

@@ -46,15 +46,24 @@ func TestCollectClients(t *testing.T) {
 	collides.Spec.SecretName = "db-guestbackup"
 	vmSecret := credential("team-a", "db", true)
 
+	// A host the server's admin declares in the server's namespace, which
+	// the selector does not admit, with the hash of their own password;
+	// and a tenant's client asking for the same.
+	host := backupClient(testServer.Namespace, "db01", testServer)
+	host.Spec.PasswordHash = &v1alpha1.PasswordHashSource{SecretName: "db01-hash"}
+	tenantsOwn := backupClient("team-a", "own", testServer)
+	tenantsOwn.Spec.PasswordHash = &v1alpha1.PasswordHashSource{SecretName: "own-hash"}
+
 	clients := []v1alpha1.BackupClient{
 		backupClient("team-a", "dump", testServer),
 		backupClient("team-a", "waits", testServer),
 		backupClient("team-b", "dump", testServer), // namespace not admitted
 		backupClient("team-a", "elsewhere", other),
-		deleting, recreated, collides,
+		deleting, recreated, collides, host, tenantsOwn,
 	}
 	secrets := map[types.NamespacedName]*corev1.Secret{}
-	for _, s := range []*corev1.Secret{clientSecretOf(clients[0], h), clientSecretOf(clients[2], h), clientSecretOf(clients[3], h), clientSecretOf(deleting, h), staleSecret, &vmSecret} {
+	for _, s := range []*corev1.Secret{clientSecretOf(clients[0], h), clientSecretOf(clients[2], h), clientSecretOf(clients[3], h), clientSecretOf(deleting, h), staleSecret, &vmSecret,
+		clientSecretOf(host, h), clientSecretOf(tenantsOwn, h)} {
 		secrets[types.NamespacedName{Namespace: s.Namespace, Name: s.Name}] = s
 	}
 
@@ -68,14 +77,14 @@ func TestCollectClients(t *testing.T) {
 	for _, shard := range set.Shards {
 		maps.Copy(users, shard)
 	}
-	if want := []string{"dump@team-a.client"}; !slices.Equal(slices.Sorted(maps.Keys(users)), want) {
+	if want := []string{"db01@" + testServer.Namespace + ".client", "dump@team-a.client"}; !slices.Equal(slices.Sorted(maps.Keys(users)), want) {
 		t.Errorf("users = %v, want %v", slices.Sorted(maps.Keys(users)), want)
 	}
 	if got := set.Shards[userset.ShardOf("dump@team-a.client")]["dump@team-a.client"]; !got.Equal(h) {
 		t.Errorf("dump@team-a.client has hash %v, want its Secret's", got)
 	}
-	if set.Count != 1 {
-		t.Errorf("Count = %d, want 1", set.Count)
+	if set.Count != 2 {
+		t.Errorf("Count = %d, want 2", set.Count)
 	}
 	if want := []string{"team-a/again-backupclient", "team-a/db-guestbackup", "team-a/waits-backupclient"}; !slices.Equal(set.Pending, want) {
 		t.Errorf("Pending = %v, want %v", set.Pending, want)

@@ -782,6 +782,16 @@ func Admits(b *v1alpha1.BackupStorageLocationServer, ns *corev1.Namespace) (bool
 	return sel.Matches(labels.Set(ns.Labels)), nil
 }
 
+// AdmitsClient is whether b's server provisions a BackupClient of
+// namespace ns: one Admits admits, or one of b's own namespace, whose admin
+// is b's (a host outside the cluster it declares).
+func AdmitsClient(b *v1alpha1.BackupStorageLocationServer, ns *corev1.Namespace) (bool, error) {
+	if ns.Name == b.Namespace {
+		return true, nil
+	}
+	return Admits(b, ns)
+}
+
 // allowedNamespaces returns whether a namespace's VMs may use b's server:
 // the BSLS's own namespace when it has no selector, else the namespaces
 // the selector matches.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -18,6 +19,7 @@ import (
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/internal/testbed"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
+	"github.com/guestbackup/guestbackup/pkg/identity"
 )
 
 // Workloads that are not VMs (a CronJob that dumps a database, a sidecar)
@@ -186,6 +188,103 @@ var _ = Describe("A workload with a BackupClient", Ordered, func() {
 		Expect(err).To(refusedLogin(), "the client's password logs in as the VM")
 	})
 
+	// A host outside the cluster is a BackupClient its server's admin
+	// declares in the server's namespace, with the hash of a password of
+	// their own, which the real kopia CLI computes (`kopia server user
+	// hash-password`): the cluster never holds the password.
+	It("declared by the server's admin with a password of their own, is a host: it logs in with it, rotates by a new hash, appends only, and is revoked when it goes", func() {
+		admin, err := platform.Repository(ctx, GinkgoT(), s.BSLS)
+		Expect(err).NotTo(HaveOccurred())
+		hashOf := func(password string) []byte {
+			GinkgoHelper()
+			out, err := admin.Run(ctx, "server", "user", "hash-password", "--user-password="+password)
+			Expect(err).NotTo(HaveOccurred(), out)
+			return []byte(strings.TrimSpace(out))
+		}
+		first := testbed.RandomPassword()
+		hashSecret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: storageNS, Name: "db01-password-hash"},
+			Data:       map[string][]byte{"passwordHash": hashOf(first)},
+		}
+		Expect(platform.API.Client.Create(ctx, hashSecret)).To(Succeed())
+		Expect(platform.API.Client.Create(ctx, &v1alpha1.BackupClient{
+			ObjectMeta: metav1.ObjectMeta{Namespace: storageNS, Name: "db01"},
+			Spec:       v1alpha1.BackupClientSpec{Server: server, PasswordHash: &v1alpha1.PasswordHashSource{SecretName: hashSecret.Name}},
+		})).To(Succeed())
+		c := waitClientReady(storageNS, "db01")
+		Expect(c.Status.Identity).To(Equal("db01@" + storageNS + ".client"))
+		Eventually(events(storageNS, "db01")).WithTimeout(provisionTimeout).Should(ContainElement(
+			HavePrefix("Normal CredentialsIssued: Credentials of db01@" + storageNS + ".client for BackupStorageLocationServer " + server.String() + " (generation 1, the password hash of Secret db01-password-hash)")))
+		secret := &corev1.Secret{}
+		Expect(platform.API.Client.Get(ctx, types.NamespacedName{Namespace: storageNS, Name: "db01-backupclient"}, secret)).To(Succeed())
+		Expect(secret.Data).NotTo(HaveKey(clientsecret.KeyPassword), "the cluster holds the host's password")
+
+		By("the host's kopia connecting with the connect line and the admin's own password")
+		connect := func(password string) *testbed.KopiaClient {
+			GinkgoHelper()
+			return connectWithSecret(secret, password)
+		}
+		kopia := connect(first)
+		dir := guestSnapshot(kopia, "the host's /etc\n")
+		ids, err := kopia.SnapshotIDs(ctx, dir)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ids).To(HaveLen(1))
+		out, err := kopia.Run(ctx, "snapshot", "delete", ids[0], "--delete")
+		Expect(err).To(HaveOccurred(), "the host deleted its snapshot on an append-only server: %s", out)
+
+		By("the admin writing a new hash, and saying so with spec.rotate: the old password stops, the new one logs in")
+		username := c.Status.Identity
+		held := guestOpen(s, username, first)
+		Expect(heldReads(held)()).To(Succeed())
+		second := testbed.RandomPassword()
+		hashSecret.Data["passwordHash"] = hashOf(second)
+		Expect(platform.API.Client.Update(ctx, hashSecret)).To(Succeed())
+		patch := client.MergeFrom(c.DeepCopy())
+		c.Spec.Rotate = "2026-12"
+		Expect(platform.API.Client.Patch(ctx, c, patch)).To(Succeed())
+		Eventually(events(storageNS, "db01")).WithTimeout(provisionTimeout).Should(ContainElement(
+			HavePrefix("Normal CredentialsRotated: Credentials of db01@" + storageNS + ".client rotated from generation 1 to 2 (the password hash of Secret db01-password-hash changed)")))
+		Eventually(heldReads(held)).WithTimeout(guestACLSyncTimeout).WithPolling(2*time.Second).Should(HaveOccurred(),
+			"a session opened with the old password still reads the repository")
+		_, err = loginAs(s, username, first)
+		Expect(err).To(refusedLogin(), "the old password still logs in")
+		connect(second)
+
+		By("deleting the BackupClient revoking the host")
+		Expect(platform.API.Client.Delete(ctx, c)).To(Succeed())
+		Eventually(func() string { return usersOf(s.BSLS, username) }).WithTimeout(provisionTimeout).
+			ShouldNot(ContainSubstring(username+" "), "the users Secrets still list %s", username)
+		Eventually(func() error { _, err := loginAs(s, username, second); return err }).
+			WithTimeout(guestACLSyncTimeout).WithPolling(2 * time.Second).Should(refusedLogin())
+	})
+
+	It("cannot be declared a host by a tenant: not in the server's namespace, nor with a password of its own in the tenant's", func() {
+		err := team.Client.Create(ctx, &v1alpha1.BackupClient{
+			ObjectMeta: metav1.ObjectMeta{Namespace: storageNS, Name: "mine"},
+			Spec:       v1alpha1.BackupClientSpec{Server: server},
+		})
+		Expect(err).To(MatchError(ContainSubstring("forbidden")), "a tenant declared a client in the server's namespace")
+
+		password := testbed.RandomPassword()
+		h, err := identity.NewHash(password, identity.Scrypt)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(team.Client.Create(ctx, &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: "mine-hash"},
+			Data:       map[string][]byte{"passwordHash": []byte(h.String())},
+		})).To(Succeed())
+		Expect(team.Client.Create(ctx, &v1alpha1.BackupClient{
+			ObjectMeta: metav1.ObjectMeta{Namespace: teamNS, Name: "mine"},
+			Spec:       v1alpha1.BackupClientSpec{Server: server, PasswordHash: &v1alpha1.PasswordHashSource{SecretName: "mine-hash"}},
+		})).To(Succeed())
+		Eventually(events(teamNS, "mine")).WithTimeout(provisionTimeout).Should(ContainElement(
+			HavePrefix("Warning PasswordHashNotAllowed: spec.passwordHash declares a client whose password only its admin knows, which only the admin of BackupStorageLocationServer " + server.String() + " does")))
+		username := "mine@" + teamNS + ".client"
+		Expect(usersOf(s.BSLS, username)).NotTo(ContainSubstring(username+" "), "the users Secrets list %s", username)
+		Expect(team.Client.Get(ctx, types.NamespacedName{Namespace: teamNS, Name: "mine-backupclient"}, &corev1.Secret{})).To(MatchError(ContainSubstring("not found")))
+		_, err = loginAs(s, username, password)
+		Expect(err).To(refusedLogin(), "the tenant's own password logs in")
+	})
+
 	It("in a namespace the server does not admit, gets no credentials and no user, and says why", func() {
 		createClient(outside, outsideNS, "dbdump", server, "")
 		Eventually(events(outsideNS, "dbdump")).WithTimeout(provisionTimeout).Should(ContainElement(
@@ -256,11 +355,17 @@ func clientSecret(t *Tenant, namespace, name string) *corev1.Secret {
 // and nothing else, as a pod that mounts it: its connect line, its password
 // in KOPIA_PASSWORD and its CA as the only trust. The server's users may
 // lag the Secret by a user sync, so it tries until the login is accepted.
-func connectWithSecret(secret *corev1.Secret) *testbed.KopiaClient {
+//
+// A host's Secret holds no password: its admin gives theirs.
+func connectWithSecret(secret *corev1.Secret, adminsPassword ...string) *testbed.KopiaClient {
 	GinkgoHelper()
 	kopia := testbed.NewKopiaClient(GinkgoT())
+	password := string(secret.Data[clientsecret.KeyPassword])
+	if len(adminsPassword) > 0 {
+		password = adminsPassword[0]
+	}
 	Eventually(func() error {
-		out, err := kopia.ConnectLine(ctx, string(secret.Data[clientsecret.KeyConnect]), secret.Data[clientsecret.KeyCA], string(secret.Data[clientsecret.KeyPassword]))
+		out, err := kopia.ConnectLine(ctx, string(secret.Data[clientsecret.KeyConnect]), secret.Data[clientsecret.KeyCA], password)
 		if err != nil {
 			return fmt.Errorf("%w: %s", err, out)
 		}
