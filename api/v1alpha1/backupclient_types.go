@@ -122,6 +122,14 @@ type BackupClientStatus struct {
 	// ObservedGeneration is the metadata.generation the status describes.
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Snapshots is how many snapshots the repository holds under the
+	// client's identity, as its server last published them.
+	// +optional
+	Snapshots int32 `json:"snapshots,omitempty"`
+	// LastSnapshot is the newest of them (a SnapshotCreated Event
+	// announces each new one).
+	// +optional
+	LastSnapshot *GuestSnapshotSummary `json:"lastSnapshot,omitempty"`
 	// Conditions: Ready, with the reasons BackupClientReason*.
 	// +listType=map
 	// +listMapKey=type
@@ -145,6 +153,7 @@ type BackupClientStatus struct {
 // +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
 // +kubebuilder:printcolumn:name="Reason",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].reason`
 // +kubebuilder:printcolumn:name="Identity",type=string,JSONPath=`.status.identity`
+// +kubebuilder:printcolumn:name="Last Snapshot",type=date,JSONPath=`.status.lastSnapshot.endTime`
 // +kubebuilder:printcolumn:name="Secret",type=string,JSONPath=`.status.secretName`,priority=1
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 type BackupClient struct {

@@ -2,12 +2,15 @@ package backupclient
 
 import (
 	"fmt"
+	"math"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
@@ -24,6 +27,10 @@ const (
 	ReasonCredentialsWithdrawn = "CredentialsWithdrawn"
 	// ReasonUserProvisioned: the server holds the client's current password.
 	ReasonUserProvisioned = "UserProvisioned"
+	// ReasonSnapshotCreated: the server published a new snapshot of the
+	// client, as a VM's audit announces its guest's (the same reason and
+	// words).
+	ReasonSnapshotCreated = "SnapshotCreated"
 )
 
 // inputs is everything decide decides from.
@@ -45,6 +52,9 @@ type inputs struct {
 	// there is none ("" when there is).
 	OwnHash     *identity.Hash
 	HashProblem string
+	// Activity is what the server last published of the client's
+	// snapshots; nil when it published none.
+	Activity *activity.Guest
 	// Now is when a condition that changes now changed.
 	Now metav1.Time
 }
@@ -83,11 +93,43 @@ type plan struct {
 type event struct{ Type, Reason, Message string }
 
 // decide is the whole policy of the reconciler: a pure function of what it
-// read. Credentials exist only while the client's namespace may use an
-// existing server; the Secret is never written over when another object
-// owns it; a new spec.rotate issues a new generation; the client is Ready
-// once the server holds the hash of its current password.
+// read. Its credentials (decideCredentials), then what its server published
+// of its snapshots (observe).
 func decide(in inputs) plan {
+	p := decideCredentials(in)
+	observe(&p, in)
+	return p
+}
+
+// observe records in p what the server published of the client's
+// snapshots: their count, the newest, and an Event for a new newest. What
+// it no longer publishes (its server gone, say) keeps its last value, as
+// the age of the last snapshot is what an admin watches.
+func observe(p *plan, in inputs) {
+	p.Status.Snapshots, p.Status.LastSnapshot = in.Client.Status.Snapshots, in.Client.Status.LastSnapshot
+	g := in.Activity
+	if g == nil {
+		return
+	}
+	p.Status.Snapshots = int32(min(g.Snapshots, math.MaxInt32)) //nolint:gosec // bounded above
+	if g.Last.ID == "" || p.Status.LastSnapshot != nil && p.Status.LastSnapshot.ID == g.Last.ID {
+		return
+	}
+	p.Status.LastSnapshot = &v1alpha1.GuestSnapshotSummary{
+		ID: g.Last.ID, Path: g.Last.Path, Bytes: g.Last.Bytes, Files: g.Last.Files,
+		StartTime: metav1.NewTime(g.Last.Start).Rfc3339Copy(), EndTime: metav1.NewTime(g.Last.End).Rfc3339Copy(),
+	}
+	p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonSnapshotCreated,
+		fmt.Sprintf("Snapshot %s of %s: %d bytes in %d files, taken in %s, ended %s; snapshots kept: %d",
+			g.Last.ID, g.Last.Path, g.Last.Bytes, g.Last.Files, g.Last.End.Sub(g.Last.Start).Round(time.Millisecond), g.Last.End.UTC().Format(time.RFC3339), g.Snapshots)})
+}
+
+// decideCredentials decides the client's credentials and Ready.
+// Credentials exist only while the client's namespace may use an existing
+// server; the Secret is never written over when another object owns it; a
+// new spec.rotate issues a new generation; the client is Ready once the
+// server holds the hash of its current password.
+func decideCredentials(in inputs) plan {
 	c := in.Client
 	server := c.Spec.Server.String()
 	own := in.Secret != nil && clientsecret.IsOf(in.Secret, c)

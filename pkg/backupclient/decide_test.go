@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
@@ -242,6 +243,65 @@ func TestDecide(t *testing.T) {
 			}
 			if strings.Join(events, ",") != strings.Join(tc.events, ",") {
 				t.Errorf("events %v, want %v", events, tc.events)
+			}
+		})
+	}
+}
+
+// What the server publishes of a client's snapshots reaches its status,
+// and each new newest snapshot is an Event, as a VM's audit announces its
+// guest's.
+func TestObserve(t *testing.T) {
+	at := time.Date(2026, 12, 7, 7, 0, 0, 0, time.UTC)
+	published := func(id string, count int) *activity.Guest {
+		return &activity.Guest{User: "dbdump@shop.client", Snapshots: count, First: at,
+			Last: activity.Snapshot{ID: id, Path: "/data", Start: at, End: at.Add(1500 * time.Millisecond), Bytes: 2048, Files: 3}}
+	}
+	seen := func(id string, count int32) func(*v1alpha1.BackupClient) {
+		return func(c *v1alpha1.BackupClient) {
+			c.Status.Snapshots = count
+			c.Status.LastSnapshot = &v1alpha1.GuestSnapshotSummary{ID: id, Path: "/data"}
+		}
+	}
+	for _, tc := range []struct {
+		name     string
+		client   *v1alpha1.BackupClient
+		activity *activity.Guest
+		lastID   string
+		count    int32
+		event    string
+	}{{
+		name: "nothing published, nothing seen", client: testClient(),
+	}, {
+		name: "a first snapshot", client: testClient(), activity: published("k1", 1),
+		lastID: "k1", count: 1,
+		event: "Normal SnapshotCreated Snapshot k1 of /data: 2048 bytes in 3 files, taken in 1.5s, ended 2026-12-07T07:00:01Z; snapshots kept: 1",
+	}, {
+		name: "the same newest snapshot: said once", client: testClient(seen("k1", 1)), activity: published("k1", 1),
+		lastID: "k1", count: 1,
+	}, {
+		name: "a newer one", client: testClient(seen("k1", 1)), activity: published("k2", 2),
+		lastID: "k2", count: 2, event: "Normal SnapshotCreated Snapshot k2 of /data",
+	}, {
+		name: "no longer published: the last known stays", client: testClient(seen("k2", 2)),
+		lastID: "k2", count: 2,
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := decide(inputs{Client: tc.client, Server: readyServer(), Admitted: true, Activity: tc.activity, Now: now})
+			if got := p.Status.LastSnapshot; tc.lastID == "" && got != nil || tc.lastID != "" && (got == nil || got.ID != tc.lastID) {
+				t.Errorf("lastSnapshot %+v, want %q", got, tc.lastID)
+			}
+			if p.Status.Snapshots != tc.count {
+				t.Errorf("snapshots %d, want %d", p.Status.Snapshots, tc.count)
+			}
+			var events []string
+			for _, e := range p.Events {
+				if e.Reason == ReasonSnapshotCreated {
+					events = append(events, e.Type+" "+e.Reason+" "+e.Message)
+				}
+			}
+			if got := strings.Join(events, "\n"); tc.event == "" && got != "" || !strings.HasPrefix(got, tc.event) {
+				t.Errorf("events %q, want %q", got, tc.event)
 			}
 		})
 	}

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
+	"github.com/guestbackup/guestbackup/pkg/activity"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -45,6 +46,7 @@ import (
 // +kubebuilder:rbac:groups=guestbackup.io,resources=backupstoragelocationservers,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=namespaces,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=configmaps,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // retryConflict is how soon a pass that another write overtook is tried
@@ -97,7 +99,30 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.BackupStorageLocationServer{}, handler.EnqueueRequestsFromMapFunc(r.clientsOfServer)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.clientsOfUsersSecret)).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.clientsInNamespace), builder.WithPredicates(predicate.LabelChangedPredicate{})).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(clientsOfActivity)).
 		Complete(r)
+}
+
+// clientsOfActivity maps an activity ConfigMap to the BackupClients whose
+// identities it lists (identity.ClientOf).
+func clientsOfActivity(_ context.Context, o client.Object) []reconcile.Request {
+	cm, ok := o.(*corev1.ConfigMap)
+	// Most servers have no client: their shards, up to 10,000 VMs' worth,
+	// are not decoded again for none.
+	if !ok || cm.Labels[activity.Label] == "" || !strings.Contains(cm.Data[activity.Key], identity.ClientHostSuffix+`"`) {
+		return nil
+	}
+	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	if err != nil {
+		return nil
+	}
+	var reqs []reconcile.Request
+	for user := range guests {
+		if name, namespace, ok := identity.ClientOf(user); ok {
+			reqs = append(reqs, reconcile.Request{NamespacedName: types.NamespacedName{Namespace: namespace, Name: name}})
+		}
+	}
+	return reqs
 }
 
 // clientsWhere lists the clients keep selects, as requests.
@@ -142,6 +167,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 	if err := r.Client.Get(ctx, req.NamespacedName, c); err != nil {
 		// A deleted client's Secret goes with it (its owner reference), and
 		// its user with the BSLS's next pass, which no longer finds it.
+		if apierrors.IsNotFound(err) {
+			forgetSeries(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !c.DeletionTimestamp.IsZero() {
@@ -152,6 +180,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Resu
 		return ctrl.Result{}, err
 	}
 	p := decide(in)
+	exportSeries(c, p.Status)
 	if err := r.apply(ctx, in, p); err != nil {
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) {
 			// Another write overtook this pass: its event brings us back.
@@ -202,13 +231,43 @@ func (r *Reconciler) gather(ctx context.Context, c *v1alpha1.BackupClient) (inpu
 	}
 	in.Secret = secret
 	if server != nil {
-		h, err := r.provisioned(ctx, server, identity.OfClient(c.Name, c.Namespace))
+		user := identity.OfClient(c.Name, c.Namespace)
+		h, err := r.provisioned(ctx, server, user)
 		if err != nil {
 			return in, err
 		}
 		in.Provisioned = h
+		if in.Activity, err = r.activityOf(ctx, server, user); err != nil {
+			return in, err
+		}
 	}
 	return in, nil
+}
+
+// activityOf is what server published of user's snapshots; nil when it
+// published none. Only the server's own activity ConfigMap counts, the one
+// its BSLS controls.
+func (r *Reconciler) activityOf(ctx context.Context, server *v1alpha1.BackupStorageLocationServer, user string) (*activity.Guest, error) {
+	key := types.NamespacedName{Namespace: server.Namespace, Name: activity.ConfigMapName(server.Name, userset.ShardOf(user))}
+	cm := &corev1.ConfigMap{}
+	if err := r.Client.Get(ctx, key, cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, nil //nolint:nilnil // nothing published yet
+		}
+		return nil, fmt.Errorf("get activity ConfigMap %s: %w", key, err)
+	}
+	if !metav1.IsControlledBy(cm, server) {
+		return nil, nil //nolint:nilnil // not the server's own: believed in nothing
+	}
+	guests, err := activity.Decode([]byte(cm.Data[activity.Key]))
+	if err != nil {
+		log.FromContext(ctx).Error(err, "activity ConfigMap unreadable", "configMap", key)
+		return nil, nil //nolint:nilnil // what cannot be read announces nothing
+	}
+	if g, ok := guests[user]; ok {
+		return &g, nil
+	}
+	return nil, nil //nolint:nilnil // no snapshot of the client yet
 }
 
 // ownHash reads the hash of the password c's admin chose from the Secret

@@ -21,6 +21,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"regexp"
+	"strings"
 
 	"golang.org/x/crypto/scrypt"
 )
@@ -77,6 +78,17 @@ const ClientHostSuffix = ".client"
 // client's identity is ever a VM's (docs/security.md, "Identities"); the
 // host part names the namespace, so two clients' identities differ too.
 func OfClient(name, namespace string) string { return name + "@" + namespace + ClientHostSuffix }
+
+// ClientOf is the BackupClient whose identity user is (OfClient): its name
+// and namespace; false for any other user, a VM's for one.
+func ClientOf(user string) (name, namespace string, ok bool) {
+	name, host, ok := strings.Cut(user, "@")
+	if !ok {
+		return "", "", false
+	}
+	namespace, ok = strings.CutSuffix(host, ClientHostSuffix)
+	return name, namespace, ok && name != "" && namespace != "" && !strings.Contains(namespace, ".")
+}
 
 // Hash is a hashed password: salt followed by the derived key, and the
 // algorithm that derived it.

@@ -157,5 +157,18 @@ func TestOfClient(t *testing.T) {
 		if errs := validation.IsDNS1123Label(host); len(errs) == 0 {
 			t.Errorf("OfClient(%q, %q) has host %q, a valid namespace name: some VM's identity could equal it", tc.name, tc.namespace, host)
 		}
+		if name, namespace, ok := ClientOf(got); !ok || name != tc.name || namespace != tc.namespace {
+			t.Errorf("ClientOf(%q) = %q, %q, %v; want %q, %q", got, name, namespace, ok, tc.name, tc.namespace)
+		}
+	}
+}
+
+// ClientOf names the BackupClient of a client's identity, and none of any
+// other user's.
+func TestClientOfOthers(t *testing.T) {
+	for _, user := range []string{"web@team-a", "web", "@shop.client", "x@.client", "x@a.b.client", "x@shop.clients", "x@shop"} {
+		if name, namespace, ok := ClientOf(user); ok {
+			t.Errorf("ClientOf(%q) = %q, %q: a client's", user, name, namespace)
+		}
 	}
 }

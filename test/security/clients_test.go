@@ -85,6 +85,15 @@ var _ = Describe("A workload with a BackupClient", Ordered, func() {
 		Expect(err).NotTo(HaveOccurred(), out)
 		Expect(out).To(ContainSubstring("dbdump@"+teamNS+".client:"+dir), "the snapshot carries the client's identity")
 
+		By("the snapshot reaching the BackupClient's status and Events, as a VM's does")
+		Eventually(func() *v1alpha1.GuestSnapshotSummary {
+			Expect(team.Client.Get(ctx, types.NamespacedName{Namespace: teamNS, Name: "dbdump"}, c)).To(Succeed())
+			return c.Status.LastSnapshot
+		}).WithTimeout(provisionTimeout).Should(And(Not(BeNil()), HaveField("ID", ids[0]), HaveField("Path", dir)))
+		Expect(c.Status.Snapshots).To(BeEquivalentTo(1))
+		Eventually(events(teamNS, "dbdump")).WithTimeout(provisionTimeout).Should(ContainElement(
+			HavePrefix("Normal SnapshotCreated: Snapshot " + ids[0] + " of " + dir + ":")))
+
 		restored := filepath.Join(GinkgoT().TempDir(), "restored")
 		out, err = kopia.Run(ctx, "snapshot", "restore", ids[0], restored)
 		Expect(err).NotTo(HaveOccurred(), out)
