@@ -623,7 +623,24 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		s.progress(w, r, user, uid, restored)
 		return
 	}
-	switch err := s.opts.Requests.Result(r.Context(), user, uid, phase, Sanitize(string(body))); {
+	if s.refused(w, s.opts.Requests.Result(r.Context(), user, uid, phase, Sanitize(string(body))), user, uid, "result") {
+		return
+	}
+	s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
+	if phase == string(v1alpha1.PhaseRunning) {
+		s.plan(w, r, user, uid)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// refused answers a guest whose result (what: its ending or start, or its
+// progress) could not be recorded, saying why; false when err is nil and
+// nothing was answered.
+func (s *Server) refused(w http.ResponseWriter, err error, user, uid, what string) bool {
+	switch {
+	case err == nil:
+		return false
 	case errors.Is(err, ErrUnknownRequest):
 		// The same answer whether the request does not exist or is
 		// another guest's: a guest learns nothing of others' requests.
@@ -633,17 +650,12 @@ func (s *Server) result(w http.ResponseWriter, r *http.Request) {
 		// ending, or a restore that cannot be carried out: the guest's
 		// Running answer fails, and it carries nothing out.
 		http.Error(w, fmt.Sprintf("request %q: %v", uid, err), http.StatusConflict)
-	case err != nil:
-		s.opts.Log.Error(err, "cannot record a guest's result", "user", user, "uid", uid)
-		w.Header().Set("Retry-After", "10")
-		http.Error(w, "the result cannot be recorded now; try again shortly", http.StatusServiceUnavailable)
-	case phase == string(v1alpha1.PhaseRunning):
-		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
-		s.plan(w, r, user, uid)
 	default:
-		s.opts.Log.Info("guest answered a request", "user", user, "uid", uid, "phase", phase)
-		w.WriteHeader(http.StatusNoContent)
+		s.opts.Log.Error(err, "cannot record a guest's "+what, "user", user, "uid", uid)
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, "the "+what+" cannot be recorded now; try again shortly", http.StatusServiceUnavailable)
 	}
+	return true
 }
 
 // restoredParam reads a result's progress (clientdist.RestoredParam):
@@ -664,16 +676,7 @@ func restoredParam(q url.Values, phase string) (restored int, progress bool, err
 
 // progress records how far a guest's restore got.
 func (s *Server) progress(w http.ResponseWriter, r *http.Request, user, uid string, restored int) {
-	switch err := s.opts.Requests.Progress(r.Context(), user, uid, restored); {
-	case errors.Is(err, ErrUnknownRequest):
-		http.Error(w, fmt.Sprintf("no running restore %q is addressed to %s", uid, user), http.StatusNotFound)
-	case errors.Is(err, ErrRequestEnded):
-		http.Error(w, fmt.Sprintf("request %q: %v", uid, err), http.StatusConflict)
-	case err != nil:
-		s.opts.Log.Error(err, "cannot record a restore's progress", "user", user, "uid", uid)
-		w.Header().Set("Retry-After", "10")
-		http.Error(w, "the progress cannot be recorded now; go on, and tell it again later", http.StatusServiceUnavailable)
-	default:
+	if !s.refused(w, s.opts.Requests.Progress(r.Context(), user, uid, restored), user, uid, "progress") {
 		w.WriteHeader(http.StatusNoContent)
 	}
 }
