@@ -214,10 +214,17 @@ func (r *Reconciler) waitingFor(ctx context.Context, b *v1alpha1.BackupStorageLo
 	if err != nil {
 		return nil, nil, err
 	}
+	allowed, err := r.allowedNamespaces(ctx, b)
+	if err != nil {
+		return nil, nil, err
+	}
 	now := r.Clock.Now()
 	for i := range named {
 		c := &named[i]
-		if !c.DeletionTimestamp.IsZero() {
+		if !mayUse(c, server, allowed) {
+			// It has no user to lose: a client the server refuses,
+			// which anyone may create in their namespace, holds no
+			// rotation up.
 			continue
 		}
 		s := clientSecrets[types.NamespacedName{Namespace: c.Namespace, Name: clientsecret.Name(c)}]

@@ -49,9 +49,7 @@ type ClientInputs struct {
 func CollectClients(set *UserSet, in ClientInputs) {
 	for i := range in.Clients {
 		c := &in.Clients[i]
-		own := c.Namespace == in.Server.Namespace
-		if c.Spec.Server != (v1alpha1.ServerReference{Namespace: in.Server.Namespace, Name: in.Server.Name}) ||
-			!c.DeletionTimestamp.IsZero() || !own && !in.Allowed(c.Namespace) || !own && c.Spec.PasswordHash != nil {
+		if !mayUse(c, in.Server, in.Allowed) {
 			continue
 		}
 		username := identity.OfClient(c.Name, c.Namespace)
@@ -72,6 +70,16 @@ func CollectClients(set *UserSet, in ClientInputs) {
 		set.Count++
 	}
 	slices.Sort(set.Pending)
+}
+
+// mayUse is whether BackupClient c may have a user on server: it names
+// server and is not being deleted; its namespace may use server (server's
+// own always may: its admin is the server's); and it has a password of its
+// admin's own (spec.passwordHash) only in server's namespace.
+func mayUse(c *v1alpha1.BackupClient, server types.NamespacedName, allowed func(namespace string) bool) bool {
+	own := c.Namespace == server.Namespace
+	return c.Spec.Server == v1alpha1.ServerReference{Namespace: server.Namespace, Name: server.Name} &&
+		c.DeletionTimestamp.IsZero() && (own || allowed(c.Namespace) && c.Spec.PasswordHash == nil)
 }
 
 // clientsOf reads, from the cache, the BackupClients that name server

@@ -472,6 +472,14 @@ var _ = Describe("The BackupStorageLocationServer controller", Ordered, func() {
 					return d.Spec.Template.Annotations[kopiaserver.AnnotationTLSChecksum]
 				}
 				servedBefore := checksum()
+				// A client the server refuses (anyone may create one in
+				// their namespace) has no user to lose: it holds no
+				// rotation up.
+				Expect(api.Client.Create(ctx, &v1alpha1.BackupClient{
+					ObjectMeta: metav1.ObjectMeta{Namespace: "team-a", Name: "refused"},
+					Spec: v1alpha1.BackupClientSpec{Server: v1alpha1.ServerReference{Namespace: bsls.Namespace, Name: bsls.Name},
+						PasswordHash: &v1alpha1.PasswordHashSource{SecretName: "chosen-by-a-tenant"}},
+				})).To(Succeed())
 				ca.Annotations[kopiaserver.AnnotationRotateCA] = "yearly, change 2026-12"
 				Expect(api.Client.Update(ctx, ca)).To(Succeed())
 
