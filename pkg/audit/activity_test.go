@@ -44,8 +44,8 @@ func TestIsServersActivity(t *testing.T) {
 			if tc.label != "" {
 				cm.Labels = map[string]string{activity.Label: tc.label}
 			}
-			if got := isServersActivity(cm); got != tc.want {
-				t.Errorf("isServersActivity = %v, want %v", got, tc.want)
+			if got := IsServersActivity(cm); got != tc.want {
+				t.Errorf("IsServersActivity = %v, want %v", got, tc.want)
 			}
 		})
 	}

@@ -113,7 +113,7 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Named("guest-activity").
 		For(&kubevirtv1.VirtualMachine{}, builder.OnlyMetadata).
 		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(vmsOfActivity),
-			builder.WithPredicates(predicate.NewPredicateFuncs(isServersActivity))).
+			builder.WithPredicates(predicate.NewPredicateFuncs(IsServersActivity))).
 		// An instance bears its VM's name; its status updates pass none.
 		// Watched whole, not as metadata: the credential hasher watches
 		// instances whole, and one informer (trimmed to what either
@@ -132,11 +132,11 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 // serverKind is the kind that controls the activity ConfigMaps.
 var serverKind = v1alpha1.GroupVersion.WithKind("BackupStorageLocationServer").GroupKind()
 
-// isServersActivity is whether o is an activity ConfigMap controlled by
+// IsServersActivity is whether o is an activity ConfigMap controlled by
 // the BSLS it is labelled for, as the BSLS reconciler creates them. Any
 // other is not worth decoding, however it is labelled: guest believes
-// none but a server's own.
-func isServersActivity(o client.Object) bool {
+// none but a server's own, and neither does the BackupClient reconciler.
+func IsServersActivity(o client.Object) bool {
 	server := o.GetLabels()[activity.Label]
 	if server == "" {
 		return false

@@ -172,8 +172,12 @@ func decideCredentials(in inputs) plan {
 		why := fmt.Sprintf("spec.passwordHash declares a client whose password only its admin knows, which only the admin of BackupStorageLocationServer %s does, in its namespace %s", server, in.Server.Namespace)
 		withdraw(why)
 		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonPasswordHashNotAllowed, why+"; no user is provisioned: remove spec.passwordHash to have credentials issued, or ask the server's admin to declare the client")
+	case c.Spec.PasswordHash != nil && in.HashProblem != "" && own && clientsecret.Hash(in.Secret) != nil:
+		// A Secret replaced, or a new hash mistyped, revokes no working
+		// host: it keeps the hash it has until a valid one comes.
+		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonPasswordHashInvalid,
+			fmt.Sprintf("%s; the server keeps the hash of credentials generation %d until it does (delete the BackupClient to revoke the host)", in.HashProblem, clientsecret.Generation(in.Secret)))
 	case c.Spec.PasswordHash != nil && in.HashProblem != "":
-		withdraw(in.HashProblem)
 		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonPasswordHashInvalid, in.HashProblem+"; no user is provisioned until it does")
 	case in.Secret != nil && !own:
 		return ready(metav1.ConditionFalse, v1alpha1.BackupClientReasonSecretConflict,

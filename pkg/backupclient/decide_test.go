@@ -186,6 +186,13 @@ func TestDecide(t *testing.T) {
 		message: "Secret dbdump-hash has no key passwordHash; no user is provisioned until it does",
 		events:  []string{"Warning PasswordHashInvalid"},
 	}, {
+		name:        "a working host whose hash Secret went or holds a typo: it keeps its hash",
+		in:          inputs{Client: host(withReady(metav1.ConditionTrue, v1alpha1.BackupClientReasonProvisioned)), Server: readyServer(), Admitted: true, HashProblem: "Secret dbdump-hash, which spec.passwordHash names, does not exist in namespace backup", Secret: hostSecret(2, hash1), Provisioned: &hash1},
+		credentials: 2,
+		status:      metav1.ConditionFalse, reason: v1alpha1.BackupClientReasonPasswordHashInvalid,
+		message: "does not exist in namespace backup; the server keeps the hash of credentials generation 2 until it does",
+		events:  []string{"Warning PasswordHashInvalid"},
+	}, {
 		name:   "a host's first credentials: its admin's hash, no password",
 		in:     inputs{Client: host(), Server: readyServer(), Admitted: true, OwnHash: &hash1},
 		secret: secretIssue, generation: 1, credentials: 1,

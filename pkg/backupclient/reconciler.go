@@ -29,6 +29,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/credentials"
 	"github.com/guestbackup/guestbackup/pkg/identity"
@@ -99,7 +100,8 @@ func (r *Reconciler) SetupWithManager(mgr ctrl.Manager) error {
 		Watches(&v1alpha1.BackupStorageLocationServer{}, handler.EnqueueRequestsFromMapFunc(r.clientsOfServer)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.clientsOfUsersSecret)).
 		Watches(&corev1.Namespace{}, handler.EnqueueRequestsFromMapFunc(r.clientsInNamespace), builder.WithPredicates(predicate.LabelChangedPredicate{})).
-		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(clientsOfActivity)).
+		Watches(&corev1.ConfigMap{}, handler.EnqueueRequestsFromMapFunc(clientsOfActivity),
+			builder.WithPredicates(predicate.NewPredicateFuncs(audit.IsServersActivity))).
 		Complete(r)
 }
 
@@ -217,7 +219,7 @@ func (r *Reconciler) gather(ctx context.Context, c *v1alpha1.BackupClient) (inpu
 		}
 		in.Admitted = admitted
 		if c.Spec.PasswordHash != nil && c.Namespace == server.Namespace {
-			if in.OwnHash, in.HashProblem, err = r.ownHash(ctx, c); err != nil {
+			if in.OwnHash, in.HashProblem, err = r.ownHash(ctx, c, server); err != nil {
 				return in, err
 			}
 		}
@@ -271,8 +273,10 @@ func (r *Reconciler) activityOf(ctx context.Context, server *v1alpha1.BackupStor
 }
 
 // ownHash reads the hash of the password c's admin chose from the Secret
-// c's spec.passwordHash names; problem says why there is none.
-func (r *Reconciler) ownHash(ctx context.Context, c *v1alpha1.BackupClient) (h *identity.Hash, problem string, err error) {
+// c's spec.passwordHash names; problem says why there is none, or why
+// server may not take it: a server set to one algorithm (FIPS's pbkdf2)
+// takes no hash of another.
+func (r *Reconciler) ownHash(ctx context.Context, c *v1alpha1.BackupClient, server *v1alpha1.BackupStorageLocationServer) (h *identity.Hash, problem string, err error) {
 	src := c.Spec.PasswordHash
 	key := clientsecret.PasswordHashKey(src)
 	s := &corev1.Secret{}
@@ -289,6 +293,10 @@ func (r *Reconciler) ownHash(ctx context.Context, c *v1alpha1.BackupClient) (h *
 	parsed, err := identity.ParseHash(strings.TrimSpace(string(v)))
 	if err != nil {
 		return nil, fmt.Sprintf("key %s of Secret %s holds no password hash as `kopia server user hash-password` prints it: %v", key, src.SecretName, err), nil
+	}
+	if want := server.Spec.Access.PasswordHash; want != "" && parsed.Version != credentials.HashVersionOf(want, parsed.Version) {
+		return nil, fmt.Sprintf("key %s of Secret %s holds a %s hash, and BackupStorageLocationServer %s/%s takes %s hashes only (spec.access.passwordHash), which `kopia server user hash-password` does not make: remove spec.passwordHash to have a password generated",
+			key, src.SecretName, parsed.Version, server.Namespace, server.Name, want), nil
 	}
 	return &parsed, "", nil
 }

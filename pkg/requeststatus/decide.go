@@ -244,8 +244,9 @@ func Decide(in Inputs) Decision {
 			// What it wrote so far is what the paths it restored hold.
 			d.Status.Files, d.Status.Bytes = restoredSoFar(res)
 			if res.Restored > 0 {
-				d.Status.Message += fmt.Sprintf(": %d of %d paths restored so far, %d files, %s", min(res.Restored, len(res.Snapshots)), len(res.Snapshots),
-					d.Status.Files, units.Bytes(uint64(max(d.Status.Bytes, 0))))
+				// The figures are status.progress's, which the plugin
+				// prints beside this message.
+				d.Status.Message += fmt.Sprintf(": %d of %d paths restored so far", min(res.Restored, len(res.Snapshots)), len(res.Snapshots))
 			}
 		}
 	case string(v1alpha1.PhaseSucceeded), string(v1alpha1.PhaseFailed):

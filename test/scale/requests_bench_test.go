@@ -94,15 +94,21 @@ func BenchmarkRequestStart(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
+	g.logf = b.Logf
 	b.Logf("the guest polls every %s, each poll held up to %s", g.poll, clientdist.MaxPollWait)
 	guestCtx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- g.run(guestCtx) }()
-	defer func() {
-		stop()
-		if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		err := g.run(guestCtx)
+		if !errors.Is(err, context.Canceled) {
 			b.Error(err)
 		}
+		g.stopped <- err
+	}()
+	defer func() {
+		stop()
+		<-done
 	}()
 
 	var toGuest, toStatus []time.Duration
@@ -161,6 +167,7 @@ func BenchmarkRequestStart(b *testing.B) {
 // whose certificate names that address).
 type benchGuest struct {
 	http           *http.Client
+	logf           func(format string, args ...any)
 	url            string
 	user, password string
 	poll           time.Duration
@@ -174,6 +181,8 @@ type benchGuest struct {
 	released map[string]chan struct{}
 	endings  int
 	ended    time.Time
+	// stopped tells why run ended.
+	stopped chan error
 }
 
 func newBenchGuest(ctx context.Context, c client.Client, bsls *v1alpha1.BackupStorageLocationServer, clientPort int, namespace, vm string) (*benchGuest, error) {
@@ -212,6 +221,8 @@ func newBenchGuest(ctx context.Context, c client.Client, bsls *v1alpha1.BackupSt
 		arrived:  make(chan struct{}),
 		released: map[string]chan struct{}{},
 		ended:    time.Now(),
+		stopped:  make(chan error, 1),
+		logf:     func(string, ...any) {},
 	}
 	// Its user reaches the server pod within seconds of the Secret.
 	err = testbed.WaitFor(2*time.Minute, 200*time.Millisecond, func() (bool, error) {
@@ -234,7 +245,10 @@ func (g *benchGuest) run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if err != nil {
-			return fmt.Errorf("poll: %w", err)
+			// As the script does: said, and asked again after the
+			// interval.
+			g.logf("the guest's poll failed: %v", err)
+			data = nil
 		}
 		polled, err := clientdist.DecodeRequests(data)
 		if err != nil {
@@ -305,6 +319,8 @@ func (g *benchGuest) received(ctx context.Context, uid string) (time.Time, error
 			return time.Time{}, ctx.Err()
 		case <-deadline:
 			return time.Time{}, fmt.Errorf("request %s never reached the guest in %s", uid, requestTimeout)
+		case err := <-g.stopped:
+			return time.Time{}, fmt.Errorf("the guest stopped before request %s reached it: %w", uid, err)
 		case <-arrived:
 		}
 	}

@@ -288,7 +288,8 @@ var _ = Describe("A workload with a BackupClient", Ordered, func() {
 		Eventually(events(teamNS, "mine")).WithTimeout(provisionTimeout).Should(ContainElement(
 			HavePrefix("Warning PasswordHashNotAllowed: spec.passwordHash declares a client whose password only its admin knows, which only the admin of BackupStorageLocationServer " + server.String() + " does")))
 		username := "mine@" + teamNS + ".client"
-		Expect(usersOf(s.BSLS, username)).NotTo(ContainSubstring(username+" "), "the users Secrets list %s", username)
+		Consistently(func() string { return usersOf(s.BSLS, username) }).WithTimeout(3*time.Second).
+			ShouldNot(ContainSubstring(username+" "), "the users Secrets list %s", username)
 		Expect(team.Client.Get(ctx, types.NamespacedName{Namespace: teamNS, Name: "mine-backupclient"}, &corev1.Secret{})).To(MatchError(ContainSubstring("not found")))
 		_, err = loginAs(s, username, password)
 		Expect(err).To(refusedLogin(), "the tenant's own password logs in")
