@@ -23,10 +23,12 @@ const ReportPrelude = `#!/bin/sh
 // WebConfig is the first VM owner's own inline cloud-config: a file to back
 // up, another to back up when asked from the cluster, a marker, the
 // owner's snapshot hooks (a pre-hook that refuses the request web-hooked,
-// saying why, and a post-hook that notes every request it ran after), and
-// a report that waits for the guest's answers to that request, to the
-// restore asked after it (GuestRestore web-restore-asked) and to
-// web-hooked, restores the
+// saying why, after writing over /srv/asked/note.txt by mistake and adding
+// a file beside it, and a post-hook that notes every request it ran after),
+// and a report that waits for the guest's answers to that request, to the
+// restore asked after it (GuestRestore web-restore-asked), to web-hooked
+// and to the restore of /srv/asked in place after it (web-in-place),
+// restores the
 // asked-for file from the snapshot it took, and restores the file from the
 // guest's first snapshot after deleting it, then changes that file twice,
 // snapshotting after each change (three versions in all), and powers the
@@ -47,6 +49,9 @@ write_files:
     #!/bin/sh
     [ "$GUESTBACKUP_REQUEST" = web-hooked ] || exit 0
     echo "quiescing $GUESTBACKUP_PATHS"
+    # The owner's slip, which the restore in place after it mends.
+    echo "written over by mistake" >/srv/asked/note.txt
+    echo "kept beside the restore" >/srv/asked/later.txt
     echo "the database is not ready: try again later" >&2
     exit 1
 - path: /etc/guestbackup/hooks/post-snapshot.d/10-resume
@@ -60,9 +65,10 @@ write_files:
     ` + ReportPrelude + `    say "marker $(cat /var/tmp/owner-marker)"
     answered() { journalctl --no-pager -u guestbackup-requests | sed -n 's/.*guestbackup: answered request \([^:]*\): \(.*\)/\1 \2/p'; }
     i=0
-    while [ $i -lt 300 ] && [ "$(answered | wc -l)" -lt 3 ]; do sleep 2; i=$((i+2)); done
+    while [ $i -lt 300 ] && [ "$(answered | wc -l)" -lt 4 ]; do sleep 2; i=$((i+2)); done
     say "requested $(answered | sed -n 1p)"
     say "hooked $(answered | sed -n 3p)"
+    say "in-place $(answered | sed -n 4p) $(sha256sum </srv/asked/note.txt | cut -d' ' -f1) $(cat /srv/asked/later.txt)"
     say "post-hooks $(grep -c '^web-hooked$' /var/tmp/post-hooks 2>/dev/null)"
     journalctl --no-pager -u guestbackup-requests | tail -n 12 | sed 's/^/GB-E2E-LOG /' >/dev/console
     restored=/var/lib/guestbackup/restores/web-restore-asked/srv/asked/note.txt

@@ -144,8 +144,10 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 	asked := &v1alpha1.GuestSnapshot{}
 	askedBack := &v1alpha1.GuestRestore{}
 	// hooked is a snapshot the owner asks for after both, which the
-	// guest's own pre-snapshot hook refuses.
+	// guest's own pre-snapshot hook refuses; inPlace, asked after it,
+	// restores /srv/asked over itself, which that hook wrote over.
 	hooked := &v1alpha1.GuestSnapshot{}
+	inPlace := &v1alpha1.GuestRestore{}
 
 	It("boots an opted-in VM whose guest connects and snapshots with only what was injected, and says so on the VM", func() {
 		stored := CreateStored(ctx, c, bed.Guest(OwnersVM(vmNS, "web", bslsNS+"/main", "/srv/data", WebConfig)))
@@ -190,6 +192,17 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Expect(err).NotTo(HaveOccurred(), stderr.String())
 		Expect(json.Unmarshal(created, hooked)).To(Succeed(), string(created))
 		Eventually(requestsOfShard("web@team-a")).WithTimeout(30*time.Second).Should(ContainSubstring(string(hooked.UID)), "the hooked snapshot, handed to the guest's server")
+
+		By("asking, last, for the folder /srv/asked back in place, over what the hook wrote")
+		Eventually(func() bool { return time.Now().After(hooked.CreationTimestamp.Add(time.Second)) }).WithPolling(100 * time.Millisecond).Should(BeTrue())
+		plugin = exec.Command(testbed.Build(GinkgoT(), "./cmd/kubectl-guestbackup"), "restore", "vm/web", "/srv/asked", "--in-place", "--name", "web-in-place",
+			"-n", vmNS, "-o", "json", "--kubeconfig", bed.Kubeconfig())
+		stderr.Reset()
+		plugin.Stderr = &stderr
+		created, err = plugin.Output()
+		Expect(err).NotTo(HaveOccurred(), stderr.String())
+		Expect(json.Unmarshal(created, inPlace)).To(Succeed(), string(created))
+		Eventually(requestsOfShard("web@team-a")).WithTimeout(30*time.Second).Should(ContainSubstring(string(inPlace.UID)), "the restore in place, handed to the guest's server")
 
 		Eventually(func() string {
 			s := &corev1.Secret{}
@@ -311,6 +324,24 @@ func ZeroTouch(start func(ctx context.Context, bslsNS string, namespaces ...stri
 		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElements(
 			HavePrefix("Normal RestoreRequested: Restore requested by "+askedBack.Spec.Requester.Username+" (web-restore-asked)"), restored))
 		Expect(bed.Events(ctx, vmNS, "GuestRestore", askedBack.Name)).To(ContainElement(restored))
+	})
+
+	It("restores a folder in place when asked from the cluster: what was written over comes back byte for byte, and what the snapshot does not hold stays", func() {
+		Expect(asked.Status.Snapshots).To(HaveLen(1), "the snapshot asked before")
+		from := asked.Status.Snapshots[0].ID
+		Eventually(func() v1alpha1.RequestPhase {
+			_ = c.Get(ctx, client.ObjectKeyFromObject(inPlace), inPlace)
+			return inPlace.Status.Phase
+		}).WithTimeout(30*time.Second).Should(Equal(v1alpha1.PhaseSucceeded), "the restore's status: %+v", inPlace.Status)
+		note := sha256.Sum256([]byte("asked for from the cluster\n"))
+		Expect(Markers(web.console)).To(HaveKeyWithValue("in-place", string(inPlace.UID)+" Succeeded "+hex.EncodeToString(note[:])+" kept beside the restore"),
+			"the guest's services said:\n%s", Logs(web.console))
+		Expect(inPlace.Status.Snapshots).To(Equal([]v1alpha1.PathSnapshot{{Path: "/srv/asked", ID: from}}), "the latest snapshot holding the folder")
+
+		By("saying so, naming who asked, on the request and on the VM")
+		restored := HavePrefix("Normal Restored: Restore requested by " + inPlace.Spec.Requester.Username + " (web-in-place) restored /srv/asked (" + from + ") in place in the guest")
+		Eventually(vmEvents("web")).WithTimeout(30 * time.Second).Should(ContainElement(restored))
+		Expect(bed.Events(ctx, vmNS, "GuestRestore", inPlace.Name)).To(ContainElement(restored))
 	})
 
 	It("lists the VM's snapshots, newest first, to an owner who holds only the namespace's view rules, and a file's versions to its owner, from the cluster", func() {
