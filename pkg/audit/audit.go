@@ -465,6 +465,14 @@ func Period(schedule string) time.Duration {
 	return 0
 }
 
+// SnapshotCreatedMessage is the SnapshotCreated Event's message for guest's
+// newest snapshot: on a VM, and on a BackupClient (package backupclient).
+func SnapshotCreatedMessage(guest *activity.Guest) string {
+	return fmt.Sprintf("Snapshot %s of %s: %d bytes in %d files, taken in %s, ended %s; snapshots kept: %d",
+		guest.Last.ID, guest.Last.Path, guest.Last.Bytes, guest.Last.Files,
+		guest.Last.End.Sub(guest.Last.Start).Round(time.Millisecond), guest.Last.End.UTC().Format(time.RFC3339), guest.Snapshots)
+}
+
 // Decide compares a guest's activity with what was announced. Only the
 // newest snapshot is reported: several between two looks are one Event,
 // and the count is in the metrics. A VM with paths is stale when it has
@@ -485,10 +493,7 @@ func Decide(vmAnnotations, announced map[string]string, guest *activity.Guest, i
 				d.Events = append(d.Events, vmevent.Normal(ReasonGuestConnected,
 					fmt.Sprintf("Guest backs up as %s: first snapshot at %s", guest.User, guest.First.UTC().Format(time.RFC3339))))
 			}
-			d.Events = append(d.Events, vmevent.Normal(ReasonSnapshotCreated,
-				fmt.Sprintf("Snapshot %s of %s: %d bytes in %d files, taken in %s, ended %s; snapshots kept: %d",
-					guest.Last.ID, guest.Last.Path, guest.Last.Bytes, guest.Last.Files,
-					guest.Last.End.Sub(guest.Last.Start).Round(time.Millisecond), guest.Last.End.UTC().Format(time.RFC3339), guest.Snapshots)))
+			d.Events = append(d.Events, vmevent.Normal(ReasonSnapshotCreated, SnapshotCreatedMessage(guest)))
 			d.Annotations[AnnotationLastSnapshot] = guest.Last.ID
 			if stale {
 				d.Events = append(d.Events, vmevent.Normal(ReasonBackupResumed,

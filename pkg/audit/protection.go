@@ -61,10 +61,10 @@ func ProtectionStatus(in ProtectionInputs) v1alpha1.GuestProtectionStatus {
 		if !g.First.IsZero() {
 			s.FirstSnapshotTime = ptr.To(stored(g.First))
 		}
-		s.LastSnapshot = ptr.To(summary(g.Last))
+		s.LastSnapshot = ptr.To(Summary(g.Last))
 	}
 	for _, snap := range in.Recent[:min(len(in.Recent), v1alpha1.MaxRecentSnapshots)] {
-		s.RecentSnapshots = append(s.RecentSnapshots, summary(snap))
+		s.RecentSnapshots = append(s.RecentSnapshots, Summary(snap))
 	}
 	connected := metav1.Condition{Type: v1alpha1.ConditionGuestConnected, Status: metav1.ConditionUnknown, Reason: ReasonNoSnapshotYet,
 		Message: "no snapshot of this guest has reached its server yet"}
@@ -96,8 +96,9 @@ func ProtectionStatus(in ProtectionInputs) v1alpha1.GuestProtectionStatus {
 	return s
 }
 
-// summary is snap as its owner sees it.
-func summary(snap activity.Snapshot) v1alpha1.GuestSnapshotSummary {
+// Summary is snap as its owner sees it: in a GuestProtection, and in a
+// BackupClient's status (package backupclient).
+func Summary(snap activity.Snapshot) v1alpha1.GuestSnapshotSummary {
 	return v1alpha1.GuestSnapshotSummary{
 		ID: snap.ID, Path: snap.Path, Bytes: snap.Bytes, Files: snap.Files,
 		StartTime: stored(snap.Start), EndTime: stored(snap.End),

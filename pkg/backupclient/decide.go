@@ -3,7 +3,6 @@ package backupclient
 import (
 	"fmt"
 	"math"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -11,6 +10,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
@@ -27,10 +27,6 @@ const (
 	ReasonCredentialsWithdrawn = "CredentialsWithdrawn"
 	// ReasonUserProvisioned: the server holds the client's current password.
 	ReasonUserProvisioned = "UserProvisioned"
-	// ReasonSnapshotCreated: the server published a new snapshot of the
-	// client, as a VM's audit announces its guest's (the same reason and
-	// words).
-	ReasonSnapshotCreated = "SnapshotCreated"
 )
 
 // inputs is everything decide decides from.
@@ -115,13 +111,10 @@ func observe(p *plan, in inputs) {
 	if g.Last.ID == "" || p.Status.LastSnapshot != nil && p.Status.LastSnapshot.ID == g.Last.ID {
 		return
 	}
-	p.Status.LastSnapshot = &v1alpha1.GuestSnapshotSummary{
-		ID: g.Last.ID, Path: g.Last.Path, Bytes: g.Last.Bytes, Files: g.Last.Files,
-		StartTime: metav1.NewTime(g.Last.Start).Rfc3339Copy(), EndTime: metav1.NewTime(g.Last.End).Rfc3339Copy(),
-	}
-	p.Events = append(p.Events, event{corev1.EventTypeNormal, ReasonSnapshotCreated,
-		fmt.Sprintf("Snapshot %s of %s: %d bytes in %d files, taken in %s, ended %s; snapshots kept: %d",
-			g.Last.ID, g.Last.Path, g.Last.Bytes, g.Last.Files, g.Last.End.Sub(g.Last.Start).Round(time.Millisecond), g.Last.End.UTC().Format(time.RFC3339), g.Snapshots)})
+	// In a VM's words: the audit's SnapshotCreated.
+	last := audit.Summary(g.Last)
+	p.Status.LastSnapshot = &last
+	p.Events = append(p.Events, event{corev1.EventTypeNormal, audit.ReasonSnapshotCreated, audit.SnapshotCreatedMessage(g)})
 }
 
 // decideCredentials decides the client's credentials and Ready.

@@ -12,6 +12,7 @@ import (
 
 	v1alpha1 "github.com/guestbackup/guestbackup/api/v1alpha1"
 	"github.com/guestbackup/guestbackup/pkg/activity"
+	"github.com/guestbackup/guestbackup/pkg/audit"
 	"github.com/guestbackup/guestbackup/pkg/clientsecret"
 	"github.com/guestbackup/guestbackup/pkg/identity"
 )
@@ -303,7 +304,7 @@ func TestObserve(t *testing.T) {
 			}
 			var events []string
 			for _, e := range p.Events {
-				if e.Reason == ReasonSnapshotCreated {
+				if e.Reason == audit.ReasonSnapshotCreated {
 					events = append(events, e.Type+" "+e.Reason+" "+e.Message)
 				}
 			}
